@@ -1,0 +1,171 @@
+"""The Whitney error hierarchy: one class per error type of whitney-api.md."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WhitneyError(Exception):
+    """Any failure talking to Whitney; `retryable` says whether resending the same call is safe."""
+
+    type: str = "error"
+    retryable: bool = False
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        type: str | None = None,
+        details: dict[str, Any] | None = None,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        if type is not None:
+            self.type = type
+        self.details = dict(details or {})
+        self.retry_after = retry_after
+
+    def __str__(self) -> str:
+        prefix = f"{self.status} " if self.status is not None else ""
+        return f"{prefix}{self.type}: {self.message}"
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(status={self.status!r}, type={self.type!r}, message={self.message!r})"
+
+
+class TransportError(WhitneyError):
+    """The request never got an answer: connection refused or dropped, or a timeout."""
+
+    type = "transport_error"
+    retryable = True
+
+
+class InvalidRequest(WhitneyError):
+    type = "invalid_request"
+
+
+class Unauthorized(WhitneyError):
+    type = "unauthorized"
+
+
+class NotFound(WhitneyError):
+    type = "not_found"
+
+
+class Conflict(WhitneyError):
+    """A 409: the call conflicts with the run's state or its journal."""
+
+    type = "conflict"
+
+
+class SeqConflict(Conflict):
+    type = "seq_conflict"
+
+
+class SeqGap(Conflict):
+    type = "seq_gap"
+
+
+class RunNotActive(Conflict):
+    type = "run_not_active"
+
+
+class IdempotencyConflict(Conflict):
+    type = "idempotency_conflict"
+
+
+class Unprocessable(WhitneyError):
+    """A 422: the payload is well formed but the provider refuses it."""
+
+    type = "unprocessable"
+
+
+class InvalidDatum(Unprocessable):
+    type = "invalid_datum"
+
+
+class UnsupportedLoss(Unprocessable):
+    type = "unsupported_loss"
+
+
+class InvalidLossConfig(Unprocessable):
+    type = "invalid_loss_config"
+
+
+class RateLimited(WhitneyError):
+    type = "rate_limited"
+    retryable = True
+
+
+class ServerError(WhitneyError):
+    """A 5xx answer; the same call may be resent."""
+
+    type = "internal"
+    retryable = True
+
+
+class InternalError(ServerError):
+    type = "internal"
+
+
+class Unavailable(ServerError):
+    type = "unavailable"
+
+
+class OperationFailed(WhitneyError):
+    """The operation was accepted and executed, but ended `failed` or `cancelled`."""
+
+    type = "operation_failed"
+
+
+class OperationTimeout(WhitneyError):
+    """An operation or run did not reach a terminal status within the caller's bound."""
+
+    type = "operation_timeout"
+    retryable = True
+
+
+ERRORS_BY_TYPE: dict[str, type[WhitneyError]] = {
+    cls.type: cls
+    for cls in (
+        InvalidRequest,
+        Unauthorized,
+        NotFound,
+        SeqConflict,
+        SeqGap,
+        RunNotActive,
+        IdempotencyConflict,
+        InvalidDatum,
+        UnsupportedLoss,
+        InvalidLossConfig,
+        RateLimited,
+        InternalError,
+        Unavailable,
+    )
+}
+
+ERRORS_BY_STATUS: dict[int, type[WhitneyError]] = {
+    400: InvalidRequest,
+    401: Unauthorized,
+    404: NotFound,
+    409: Conflict,
+    422: Unprocessable,
+    429: RateLimited,
+}
+
+
+def error_for(
+    status: int,
+    type: str | None,
+    message: str,
+    details: dict[str, Any] | None = None,
+    retry_after: float | None = None,
+) -> WhitneyError:
+    """The typed error for an HTTP status and an error body's `type`."""
+    cls = ERRORS_BY_TYPE.get(type or "")
+    if cls is None:
+        cls = ERRORS_BY_STATUS.get(status, ServerError if status >= 500 else WhitneyError)
+    return cls(message, status=status, type=type, details=details, retry_after=retry_after)
