@@ -33,7 +33,10 @@ class WhitneyError(Exception):
         return f"{prefix}{self.type}: {self.message}"
 
     def __repr__(self) -> str:
-        return f"{type(self).__name__}(status={self.status!r}, type={self.type!r}, message={self.message!r})"
+        return (
+            f"{type(self).__name__}(status={self.status!r}, type={self.type!r}, "
+            f"message={self.message!r})"
+        )
 
 
 class TransportError(WhitneyError):

@@ -76,7 +76,7 @@ PER_TOKEN_CLIP_PROVIDERS: frozenset[str] = frozenset({"tinker", "local"})
 def require_advertised_loss(
     provider: str, loss_function: str, support: dict[str, frozenset[str]]
 ) -> None:
-    """Fail closed before allocation when a loss name isn't one Whitney forwards for this provider."""
+    """Fail closed before allocation when a loss name isn't one Whitney forwards for this provider."""  # noqa: E501
     supported = support.get(provider)
     if supported is None:
         raise ValueError(f"Unknown provider {provider!r}")

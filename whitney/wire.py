@@ -10,7 +10,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
-RunStatus = Literal["allocating", "ready", "finishing", "finished", "cancelling", "cancelled", "failed"]
+RunStatus = Literal[
+    "allocating", "ready", "finishing", "finished", "cancelling", "cancelled", "failed"
+]
 OperationStatus = Literal["pending", "running", "succeeded", "failed", "cancelled"]
 Provider = Literal["modal", "tinker", "local"]
 Role = Literal["policy", "critic"]
@@ -31,6 +33,8 @@ RUN_OPERATION_KINDS: frozenset[str] = frozenset(
 SAMPLER_OPERATION_KINDS: frozenset[str] = frozenset({"sample", "logprobs"})
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
+StrictFiniteFloat = Annotated[float, Field(allow_inf_nan=False, strict=True)]
+"""A tensor value: a real number (an int is widened), never a bool, a string, NaN or infinity."""
 TokenId = Annotated[StrictInt, Field(ge=0)]
 
 
@@ -49,7 +53,7 @@ class ResponseModel(BaseModel):
 class Tensor(RequestModel):
     dtype: Literal["int64", "float32"]
     shape: list[Annotated[StrictInt, Field(ge=0)]] = Field(min_length=1, max_length=1)
-    values: list[StrictInt] | list[FiniteFloat]
+    values: list[StrictInt] | list[StrictFiniteFloat]
 
     @model_validator(mode="after")
     def _values_match_shape_and_dtype(self) -> Tensor:
@@ -122,7 +126,9 @@ class LogprobsRequest(RequestModel):
 class NamedPayload(RequestModel):
     """Payload of `save_weights_for_sampler` and `save_state`: an optional name."""
 
-    name: str | None = Field(default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$")
+    name: str | None = Field(
+        default=None, min_length=1, max_length=128, pattern=r"^[A-Za-z0-9._-]+$"
+    )
 
 
 class LoadStatePayload(RequestModel):
@@ -258,7 +264,7 @@ class Operation(ResponseModel):
     status: OperationStatus
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
-    usage: dict[str, int] = Field(default_factory=dict)
+    usage: dict[str, int | float] = Field(default_factory=dict)
     submitted_at: str | None = None
     finished_at: str | None = None
 
