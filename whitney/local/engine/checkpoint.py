@@ -1,0 +1,153 @@
+"""Checkpoints (a directory of safetensors + json, base weights included) and the PEFT export
+(one deterministic tar: same weights, same bytes)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from safetensors.torch import load_file, save, save_file
+from torch import Tensor
+
+from whitney.local.engine.lora import Lora
+from whitney.local.engine.model import PROJECTIONS, ModelConfig
+
+FORMAT_VERSION = 1
+BASE_FILE, ADAPTER_FILE, OPTIMIZER_FILE, STATE_FILE = (
+    "base_model.safetensors",
+    "adapter.safetensors",
+    "optimizer.safetensors",
+    "state.json",
+)
+
+
+@dataclass
+class Checkpoint:
+    """What a checkpoint directory holds. `meta`: base_model, model_config, lora_rank, lora_alpha,
+    role, step, optimizer_t."""
+
+    meta: dict
+    base_weights: dict[str, Tensor]
+    adapter: dict[str, Tensor]
+    optimizer: dict[str, Tensor]
+
+    @property
+    def config(self) -> ModelConfig:
+        fields = dict(self.meta["model_config"])
+        fields["eos_token_ids"] = tuple(fields["eos_token_ids"])
+        return ModelConfig(**fields)
+
+
+def save_state(directory: Path, checkpoint: Checkpoint) -> None:
+    """Write a checkpoint directory (created if missing)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    save_file(checkpoint.base_weights, directory / BASE_FILE)
+    save_file(checkpoint.adapter, directory / ADAPTER_FILE)
+    save_file(checkpoint.optimizer, directory / OPTIMIZER_FILE)
+    meta = checkpoint.meta | {"format": FORMAT_VERSION}
+    (directory / STATE_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+
+
+def load_state(directory: Path) -> Checkpoint:
+    """Read a checkpoint directory written by save_state."""
+    meta = json.loads((directory / STATE_FILE).read_text())
+    if meta.get("format") != FORMAT_VERSION:
+        raise ValueError(f"checkpoint format {meta.get('format')!r} is not {FORMAT_VERSION}")
+    return Checkpoint(
+        meta=meta,
+        base_weights=load_file(directory / BASE_FILE),
+        adapter=load_file(directory / ADAPTER_FILE),
+        optimizer=load_file(directory / OPTIMIZER_FILE),
+    )
+
+
+def hf_llama_config(cfg: ModelConfig) -> dict:
+    """A transformers config.json that makes LlamaForCausalLM load the base weights."""
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "vocab_size": cfg.vocab_size,
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_layers,
+        "num_attention_heads": cfg.num_heads,
+        "num_key_value_heads": cfg.kv_heads,
+        "head_dim": cfg.dim_head,
+        "max_position_embeddings": cfg.max_positions,
+        "rms_norm_eps": cfg.rms_eps,
+        "rope_theta": cfg.rope_theta,
+        "hidden_act": "silu",
+        "attention_bias": False,
+        "mlp_bias": False,
+        "tie_word_embeddings": False,
+        "eos_token_id": list(cfg.eos_token_ids),
+        "torch_dtype": "float32",
+    }
+
+
+def peft_files(base_model: str, lora: Lora) -> dict[str, bytes]:
+    """adapter_config.json and adapter_model.safetensors in PEFT's layout."""
+    config = {
+        "base_model_name_or_path": base_model,
+        "bias": "none",
+        "fan_in_fan_out": False,
+        "inference_mode": True,
+        "init_lora_weights": True,
+        "lora_alpha": lora.alpha,
+        "lora_dropout": 0.0,
+        "modules_to_save": None,
+        "peft_type": "LORA",
+        "r": lora.rank,
+        "target_modules": sorted(p.split(".")[-1] for p in PROJECTIONS),
+        "task_type": "CAUSAL_LM",
+        "use_rslora": False,
+    }
+    tensors = {}
+    for name in lora.A:
+        tensors[f"base_model.model.{name}.lora_A.weight"] = lora.A[name].detach().contiguous()
+        tensors[f"base_model.model.{name}.lora_B.weight"] = lora.B[name].detach().contiguous()
+    return {
+        "adapter_config.json": canonical_json(config),
+        "adapter_model.safetensors": save(tensors, metadata={"format": "pt"}),
+    }
+
+
+def export_lora(
+    path: Path,
+    *,
+    base_model: str,
+    cfg: ModelConfig,
+    base_weights: dict[str, Tensor],
+    lora: Lora,
+    extra: dict[str, Tensor] | None = None,
+) -> tuple[str, int]:
+    """Write the PEFT adapter (top level), the base weights as a transformers model directory
+    (base_model/) and, for a critic, value_head.safetensors, as one tar (sorted, mtime 0);
+    returns (sha256, bytes)."""
+    files = peft_files(base_model, lora) | {
+        "base_model/config.json": canonical_json(hf_llama_config(cfg)),
+        "base_model/model.safetensors": save(base_weights, metadata={"format": "pt"}),
+    }
+    if extra:
+        files["value_head.safetensors"] = save(extra, metadata={"format": "pt"})
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(files[name]), 0, 0o644
+            tar.addfile(info, io.BytesIO(files[name]))
+    data = buffer.getvalue()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+    return hashlib.sha256(data).hexdigest(), len(data)
+
+
+def canonical_json(obj: dict) -> bytes:
+    return (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode()

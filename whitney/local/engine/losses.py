@@ -1,0 +1,166 @@
+"""The eight Whitney losses of losses.md over right-padded [B, T] tensors: per-token terms times
+w_t, summed (ppo_critic: a mean over datums). Returns (loss, metrics)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from whitney.local.engine.errors import EngineError
+
+# loss_inputs padded to [B, T]: 0 past each datum's end, NaN where a datum lacks an optional tensor
+Inputs = dict[str, Tensor]
+Result = tuple[Tensor, dict[str, float]]
+
+CRITIC_LOSSES = ("ppo_critic", "ppo")  # on a critic run, ppo is routed to the critic loss
+REQUIRED_INPUTS: dict[str, tuple[str, ...]] = {
+    "cross_entropy": ("target_tokens",),
+    "importance_sampling": ("target_tokens", "logprobs", "advantages"),
+    "ppo": ("target_tokens", "logprobs", "advantages"),
+    "cispo": ("target_tokens", "logprobs", "advantages"),
+    "dro": ("target_tokens", "logprobs", "advantages"),
+    "gspo": ("target_tokens", "logprobs", "advantages"),
+    "dppo": ("target_tokens", "logprobs", "advantages"),
+    "ppo_critic": ("values", "returns"),
+}
+DEFAULTS: dict[str, dict[str, float]] = {
+    "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+    "cispo": {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},
+    "dro": {"beta": 0.05},
+    "gspo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
+    "dppo": {"delta_low": 0.2, "delta_high": 0.2},
+    "ppo_critic": {"value_clip": 0.2},
+}
+
+
+def config_value(loss: str, config: dict[str, float], key: str) -> float:
+    """A scalar loss_config value, or the losses.md default."""
+    value = config.get(key, DEFAULTS[loss][key])
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
+        raise EngineError(
+            "invalid_loss_config", f"loss_config.{key} must be a number, got {value!r}"
+        )
+    return float(value)
+
+
+def wmean(x: Tensor, w: Tensor) -> float:
+    """Weighted mean over all tokens (0 when no token has weight)."""
+    total = w.sum()
+    return float((x * w).sum() / total) if total > 0 else 0.0
+
+
+def ratio(lp: Tensor, q: Tensor) -> Tensor:
+    return torch.exp((lp - q).clamp(-20.0, 20.0))
+
+
+def given_or(inputs: Inputs, name: str, default: Tensor) -> Tensor:
+    """A per-token input where the datum has it, else `default`."""
+    given = inputs.get(name)
+    return default if given is None else torch.where(given.isnan(), default, given)
+
+
+def clip_bounds(loss: str, inputs: Inputs, config: dict[str, float]) -> tuple[Tensor, Tensor]:
+    """Per-token clip bounds: the per-token tensors where a datum has them, else loss_config."""
+    shape = inputs["weights"].shape
+    lo = torch.full(shape, config_value(loss, config, "clip_low_threshold"))
+    hi = torch.full(shape, config_value(loss, config, "clip_high_threshold"))
+    return given_or(inputs, "clip_low_threshold", lo), given_or(inputs, "clip_high_threshold", hi)
+
+
+def base_metrics(loss: Tensor, lp: Tensor, inputs: Inputs) -> dict[str, float]:
+    w = inputs["weights"]
+    metrics = {"loss:sum": loss.item(), "tokens:sum": w.sum().item()}
+    if "logprobs" in inputs:
+        q = inputs["logprobs"]
+        has_q = ~q.isnan()
+        kl = torch.where(has_q, q - lp.detach(), 0.0)
+        metrics["kl_sample_train:mean"] = wmean(kl, w * has_q)
+    return metrics
+
+
+def cross_entropy(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
+    loss = (-lp * inputs["weights"]).sum()
+    return loss, base_metrics(loss, lp, inputs)
+
+
+def importance_sampling(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
+    r = ratio(lp, inputs["logprobs"])
+    loss = (-r * inputs["advantages"] * inputs["weights"]).sum()
+    return loss, base_metrics(loss, lp, inputs)
+
+
+def ppo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
+    A, w = inputs["advantages"], inputs["weights"]
+    lo, hi = clip_bounds("ppo", inputs, config)
+    r = ratio(lp, inputs["logprobs"])
+    loss = (-torch.minimum(r * A, torch.clamp(r, lo, hi) * A) * w).sum()
+    clipped = ((r < lo) | (r > hi)).float()
+    return loss, base_metrics(loss, lp, inputs) | {"clip_fraction:mean": wmean(clipped, w)}
+
+
+def cispo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
+    A, w = inputs["advantages"], inputs["weights"]
+    lo, hi = clip_bounds("cispo", inputs, config)
+    r = ratio(lp, inputs["logprobs"]).detach()
+    loss = (-torch.clamp(r, lo, hi) * A * lp * w).sum()
+    clipped = ((r < lo) | (r > hi)).float()
+    return loss, base_metrics(loss, lp, inputs) | {"clip_fraction:mean": wmean(clipped, w)}
+
+
+def dro(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
+    A, q, w = inputs["advantages"], inputs["logprobs"], inputs["weights"]
+    beta = config_value("dro", config, "beta")
+    loss = (-(lp * A - 0.5 * beta * (lp - q) ** 2) * w).sum()
+    return loss, base_metrics(loss, lp, inputs)
+
+
+def gspo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
+    """GSPO-token: the sequence ratio s (geometric mean of token ratios over the mask, log clamped
+    to [-20, 20]) in value, each token's own ratio in gradient."""
+    A, q, w = inputs["advantages"], inputs["logprobs"], inputs["weights"]
+    lo, hi = clip_bounds("gspo", inputs, config)
+    mask = given_or(inputs, "sequence_ratio_mask", (w != 0).float())
+    log_s = ((lp.detach() - q) * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
+    s = torch.exp(log_s.clamp(-20.0, 20.0)[:, None] + lp - lp.detach())
+    loss = (-torch.minimum(s * A, torch.clamp(s, lo, hi) * A) * w).sum()
+    clipped = ((s < lo) | (s > hi)).float()
+    return loss, base_metrics(loss, lp, inputs) | {"clip_fraction:mean": wmean(clipped, w)}
+
+
+def dppo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
+    """Importance sampling with a binary total-variation trust region on p = exp(lp)."""
+    A, q, w = inputs["advantages"], inputs["logprobs"], inputs["weights"]
+    delta_low = config_value("dppo", config, "delta_low")
+    delta_high = config_value("dppo", config, "delta_high")
+    p, mu = lp.detach().exp(), q.exp()
+    outside = ((A > 0) & (p - mu > delta_high)) | ((A < 0) & (mu - p > delta_low))
+    m = (~outside).float()
+    loss = (-ratio(lp, q) * A * m * w).sum()
+    return loss, base_metrics(loss, lp, inputs) | {"masked_fraction:mean": wmean(1.0 - m, w)}
+
+
+def ppo_critic(values: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
+    """Clipped value loss: 0.5 * mean over datums of the weighted mean of max(clipped, plain)."""
+    v_old, R, w = inputs["values"], inputs["returns"], inputs["weights"]
+    c = config_value("ppo_critic", config, "value_clip")
+    v_clipped = v_old + torch.clamp(values - v_old, -c, c)
+    err = torch.maximum((v_clipped - R) ** 2, (values - R) ** 2)
+    sum_w = w.sum(-1)
+    per_datum = torch.where(sum_w > 0, (err * w).sum(-1) / sum_w.clamp(min=1e-30), 0.0)
+    loss = 0.5 * per_datum.mean()
+    clipped = ((values - v_old).abs() > c).float()
+    metrics = {"loss:sum": loss.item(), "tokens:sum": w.sum().item()}
+    return loss, metrics | {"values_clipfrac:mean": wmean(clipped, w)}
+
+
+POLICY: dict[str, Callable[[Tensor, Inputs, dict[str, float]], Result]] = {
+    "cross_entropy": cross_entropy,
+    "importance_sampling": importance_sampling,
+    "ppo": ppo,
+    "cispo": cispo,
+    "dro": dro,
+    "gspo": gspo,
+    "dppo": dppo,
+}

@@ -1,0 +1,443 @@
+"""EngineRun: one Whitney training run on the CPU (base model, LoRA, optimizer, sampler
+snapshots), with the operations the embedded server calls. No global RNG state is used."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from whitney.local.engine import checkpoint, losses
+from whitney.local.engine.errors import EngineError
+from whitney.local.engine.lora import Lora
+from whitney.local.engine.model import CONFIGS, FrozenLlama, Llama, ModelConfig, init_weights
+from whitney.local.engine.optim import AdamW, hyperparameters
+from whitney.local.engine.sampling import SamplingParams, sample
+
+BASE_MODELS: tuple[str, ...] = ("local/nano", "local/tiny", "local/small")
+FLOAT_INPUTS = (
+    "weights",
+    "logprobs",
+    "advantages",
+    "clip_low_threshold",
+    "clip_high_threshold",
+    "sequence_ratio_mask",
+    "values",
+    "returns",
+)
+SAMPLER_MODELS_KEPT = 2  # merged sampling copies kept built; older snapshots are rebuilt on use
+LOGPROBS_CHUNK = 16  # sequences per forward in `logprobs`
+
+_bases: dict[str, tuple[ModelConfig, dict[str, Tensor]]] = {}
+_bases_lock = threading.Lock()
+
+
+@dataclass(frozen=True)
+class OpOutput:
+    result: dict  # the operation's result exactly as whitney-api.md specifies
+    usage: dict[str, int]  # {"tokens": n, plus prefill/sampled/trained tokens where they apply}
+
+
+def load_base(name: str) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """A base model's config and read-only weights, built once per process and shared."""
+    with _bases_lock:
+        if name not in _bases:
+            if name in CONFIGS:
+                _bases[name] = (CONFIGS[name], init_weights(CONFIGS[name]))
+            elif name.startswith("hf:"):
+                from whitney.local.engine import hf_backend
+
+                _bases[name] = hf_backend.load(name)
+            else:
+                raise EngineError(
+                    "unsupported_base_model",
+                    f"unsupported base model {name!r}: use {', '.join(BASE_MODELS)} or hf:<repo>",
+                    {"base_model": name},
+                )
+        return _bases[name]
+
+
+def shared_if_equal(name: str, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+    """The cached base weights if a checkpoint's are equal (saves memory), else the checkpoint's."""
+    with _bases_lock:
+        cached = _bases.get(name)
+    same = cached is not None and cached[1].keys() == weights.keys()
+    if same and all(torch.equal(cached[1][n], weights[n]) for n in weights):
+        return cached[1]
+    return weights
+
+
+def datum_error(message: str, index: int, field: str) -> EngineError:
+    return EngineError("invalid_datum", message, {"index": index, "field": field})
+
+
+def numbers(values: list, dtype: torch.dtype, index: int, name: str) -> Tensor:
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
+        raise datum_error(f"data[{index}].loss_inputs.{name} must hold numbers", index, name)
+    if dtype == torch.long and not all(isinstance(v, int) for v in values):
+        raise datum_error(f"data[{index}].loss_inputs.{name} must hold integers", index, name)
+    return torch.tensor(values, dtype=dtype)
+
+
+def collate(data: list[dict], required: tuple[str, ...], cfg: ModelConfig):
+    """Right-pad datums into token ids [B, T] and loss inputs [B, T] (0 past a datum's end;
+    NaN where a datum lacks an optional tensor; `weights` defaults to 1)."""
+    if not data:
+        raise EngineError("invalid_datum", "data is empty: at least one datum is required")
+    lengths = []
+    for i, datum in enumerate(data):
+        ids = datum.get("input", {}).get("token_ids")
+        if not isinstance(ids, list) or not 0 < len(ids) <= cfg.max_positions:
+            raise datum_error(
+                f"data[{i}].input.token_ids must hold 1..{cfg.max_positions} tokens", i, "token_ids"
+            )
+        if not all(isinstance(t, int) and 0 <= t < cfg.vocab_size for t in ids):
+            raise datum_error(
+                f"data[{i}].input.token_ids: ids must be in [0, {cfg.vocab_size})", i, "token_ids"
+            )
+        loss_inputs = datum.get("loss_inputs", {})
+        for name in required:
+            if name not in loss_inputs:
+                raise datum_error(f"data[{i}].loss_inputs.{name} is required by this loss", i, name)
+        for name, tensor in loss_inputs.items():
+            values = tensor.get("values") if isinstance(tensor, dict) else None
+            if not isinstance(values, list) or len(values) != len(ids):
+                raise datum_error(
+                    f"data[{i}].loss_inputs.{name} must have {len(ids)} values", i, name
+                )
+        lengths.append(len(ids))
+    B, T = len(data), max(lengths)
+    valid = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
+    ids = torch.zeros(B, T, dtype=torch.long)
+    inputs: dict[str, Tensor] = {"weights": valid.float()}
+    for i, datum in enumerate(data):
+        ids[i, : lengths[i]] = torch.tensor(datum["input"]["token_ids"])
+        for name, tensor in datum.get("loss_inputs", {}).items():
+            if name == "target_tokens":
+                targets = numbers(tensor["values"], torch.long, i, name)
+                if targets.min() < 0 or targets.max() >= cfg.vocab_size:
+                    raise datum_error(
+                        f"data[{i}].loss_inputs.target_tokens out of vocabulary", i, name
+                    )
+                inputs.setdefault(name, torch.zeros(B, T, dtype=torch.long))[i, : lengths[i]] = (
+                    targets
+                )
+            elif name in FLOAT_INPUTS:
+                values = numbers(tensor["values"], torch.float32, i, name)
+                if not torch.isfinite(values).all():
+                    raise datum_error(
+                        f"data[{i}].loss_inputs.{name} has a non-finite value", i, name
+                    )
+                if name not in inputs:
+                    inputs[name] = torch.where(valid, torch.nan, 0.0)
+                inputs[name][i, : lengths[i]] = values
+    return ids, inputs, lengths
+
+
+class EngineRun:
+    """A run's live state: base weights (shared), LoRA, optimizer, value head, sampler snapshots."""
+
+    def __init__(
+        self,
+        base_model: str,
+        cfg: ModelConfig,
+        base_weights: dict[str, Tensor],
+        lora: Lora,
+        role: str,
+        trainable: bool,
+        value_head: dict[str, Tensor],
+    ) -> None:
+        self.base_model, self.cfg, self.base_weights = base_model, cfg, base_weights
+        self.lora = lora.requires_grad_()
+        self.role, self.trainable = role, trainable
+        self.value_head = {n: t.requires_grad_() for n, t in value_head.items()}
+        self.model = Llama(cfg, base_weights, self.lora)
+        self.optimizer = AdamW(self.trainable_parameters())
+        self.step = 0
+        self.weights_version = 0  # bumped whenever the adapter changes
+        self.snapshots: dict[int, Lora] = {}  # weights_version -> adapter snapshot
+        self.samplers: dict[str, int] = {}  # sampler_id -> weights_version
+        self.sampler_models: OrderedDict[int, FrozenLlama] = OrderedDict()
+
+    @classmethod
+    def create(
+        cls,
+        *,
+        base_model: str,
+        lora_rank: int,
+        seed: int,
+        role: str = "policy",
+        trainable: bool = True,
+        checkpoint_dir: Path | None = None,
+    ) -> EngineRun:
+        """A new run; with checkpoint_dir, its base weights, adapter, optimizer and step."""
+        if role not in ("policy", "critic"):
+            raise EngineError("invalid_request", f"role {role!r}: expected 'policy' or 'critic'")
+        if lora_rank < 1:
+            raise EngineError("invalid_request", f"lora_rank must be >= 1, got {lora_rank}")
+        cfg, weights = load_base(base_model)
+        value_head = {}
+        if role == "critic":
+            gen = torch.Generator().manual_seed(seed)
+            value_head = {
+                "value_head.weight": torch.randn(1, cfg.hidden_size, generator=gen) * 0.02,
+                "value_head.bias": torch.zeros(1),
+            }
+        run = cls(
+            base_model, cfg, weights, Lora.init(cfg, lora_rank, seed), role, trainable, value_head
+        )
+        if checkpoint_dir is not None:
+            run.restore(Path(checkpoint_dir), with_optimizer=True)
+        return run
+
+    def trainable_parameters(self) -> dict[str, Tensor]:
+        return self.lora.parameters() | self.value_head
+
+    def require_trainable(self, op: str) -> None:
+        if not self.trainable:
+            raise EngineError("invalid_request", f"{op}: this run is frozen (trainable: false)")
+
+    def require_policy(self, op: str) -> None:
+        if self.role != "policy":
+            raise EngineError("invalid_request", f"{op}: a critic run has no sampler")
+
+    # --- training -------------------------------------------------------------------------
+
+    def forward(self, payload: dict, *, backward: bool) -> OpOutput:
+        """forward / forward_backward: loss, metrics and per-token outputs; backward=True
+        accumulates gradients until the next optim_step."""
+        self.require_trainable("forward_backward" if backward else "forward")
+        name = payload.get("loss_function")
+        config = payload.get("loss_config") or {}
+        if self.role == "critic":
+            if name not in losses.CRITIC_LOSSES:
+                raise EngineError(
+                    "unsupported_loss",
+                    f"loss_function {name!r}: a critic run trains ppo_critic (or ppo)",
+                )
+            name = "ppo_critic"
+        elif name not in losses.POLICY:
+            why = "needs a critic run" if name == "ppo_critic" else "is not a known loss"
+            raise EngineError("unsupported_loss", f"loss_function {name!r} {why}")
+        ids, inputs, lengths = collate(
+            payload.get("data") or [], losses.REQUIRED_INPUTS[name], self.cfg
+        )
+        with torch.enable_grad() if backward else torch.no_grad():
+            hidden = self.model.hidden(ids)
+            if self.role == "critic":
+                values = F.linear(
+                    hidden, self.value_head["value_head.weight"], self.value_head["value_head.bias"]
+                ).squeeze(-1)
+                loss, metrics = losses.ppo_critic(values, inputs, config)
+                per_token, key = values, "values"
+            else:
+                logp = self.model.logits(hidden).log_softmax(-1)
+                lp = logp.gather(-1, inputs["target_tokens"].unsqueeze(-1)).squeeze(-1)
+                loss, metrics = losses.POLICY[name](lp, inputs, config)
+                per_token, key = lp, "logprobs"
+            if backward:
+                loss.backward()
+        outputs = [{key: per_token[i, :n].tolist()} for i, n in enumerate(lengths)]
+        tokens = sum(lengths)
+        usage = {"tokens": tokens} | ({"trained_tokens": tokens} if backward else {})
+        return OpOutput({"loss": loss.item(), "metrics": metrics, "outputs": outputs}, usage)
+
+    def optim_step(self, optimizer: dict) -> OpOutput:
+        """One AdamW update from the accumulated gradients; clears them."""
+        self.require_trainable("optim_step")
+        hp = hyperparameters(optimizer)
+        grad_norm = self.optimizer.step(hp)
+        self.step += 1
+        self.weights_version += 1
+        metrics = {"grad_norm": grad_norm, "learning_rate": hp["learning_rate"]}
+        return OpOutput({"step": self.step, "metrics": metrics}, {"tokens": 0})
+
+    # --- samplers -------------------------------------------------------------------------
+
+    def save_weights_for_sampler(self, sampler_id: str) -> OpOutput:
+        """Snapshot the adapter under sampler_id: later training does not change it."""
+        self.require_policy("save_weights_for_sampler")
+        if sampler_id in self.samplers:
+            raise EngineError("invalid_request", f"sampler_id {sampler_id!r} already exists")
+        if self.weights_version not in self.snapshots:  # unchanged weights share one snapshot
+            self.snapshots[self.weights_version] = self.lora.snapshot()
+        self.samplers[sampler_id] = self.weights_version
+        return OpOutput({"sampler_id": sampler_id}, {"tokens": 0})
+
+    def sampler_model(self, sampler_id: str) -> FrozenLlama:
+        """The snapshot's merged sampling copy (W + scale * B @ A), built on first use."""
+        self.require_policy("sampler operation")
+        if sampler_id not in self.samplers:
+            raise EngineError("not_found", f"sampler_id {sampler_id!r} does not exist in this run")
+        version = self.samplers[sampler_id]
+        if version not in self.sampler_models:
+            merged = self.snapshots[version].merged(self.base_weights)
+            self.sampler_models[version] = FrozenLlama(self.cfg, merged)
+            while len(self.sampler_models) > SAMPLER_MODELS_KEPT:
+                self.sampler_models.popitem(last=False)
+        self.sampler_models.move_to_end(version)
+        return self.sampler_models[version]
+
+    def sample(
+        self, sampler_id: str, requests: list[dict], default_seeds: list[int]
+    ) -> list[OpOutput]:
+        """One SampleResult per request. Each request decodes as its own batch of num_samples
+        rows, so its result is bitwise the same whatever else is in `requests`."""
+        model = self.sampler_model(sampler_id)
+        parsed = [sample_args(r, s, self.cfg) for r, s in zip(requests, default_seeds, strict=True)]
+        outputs = []
+        with torch.inference_mode():
+            for prompt, n, params, seed in parsed:
+                sequences = sample(model, prompt, n, params, seed)
+                sampled = sum(len(s["tokens"]) for s in sequences)
+                result = {"sequences": sequences, "prompt_tokens": len(prompt)}
+                usage = {
+                    "tokens": len(prompt) + sampled,
+                    "prefill_tokens": len(prompt),
+                    "sampled_tokens": sampled,
+                }
+                outputs.append(OpOutput(result, usage))
+        return outputs
+
+    def logprobs(self, sampler_id: str, request: dict) -> OpOutput:
+        """log p(token i | tokens before i) at temperature 1 under the snapshot; first is None."""
+        model = self.sampler_model(sampler_id)
+        sequences = [s.get("token_ids") for s in request.get("sequences") or []]
+        for i, ids in enumerate(sequences):
+            if (
+                not isinstance(ids, list)
+                or not 0 < len(ids) <= self.cfg.max_positions
+                or not all(isinstance(t, int) and 0 <= t < self.cfg.vocab_size for t in ids)
+            ):
+                raise EngineError(
+                    "invalid_request",
+                    f"sequences[{i}].token_ids: 1..{self.cfg.max_positions} ids in "
+                    f"[0, {self.cfg.vocab_size})",
+                )
+        result: list[list[float | None]] = []
+        with torch.inference_mode():
+            for start in range(0, len(sequences), LOGPROBS_CHUNK):
+                chunk = sequences[start : start + LOGPROBS_CHUNK]
+                T = max(len(s) for s in chunk)
+                ids = torch.zeros(len(chunk), T, dtype=torch.long)
+                for i, s in enumerate(chunk):
+                    ids[i, : len(s)] = torch.tensor(s)
+                logp = model.logits(model.hidden(ids)).log_softmax(-1)[:, :-1]
+                lp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+                result += [[None] + lp[i, : len(s) - 1].tolist() for i, s in enumerate(chunk)]
+        return OpOutput({"logprobs": result}, {"tokens": sum(len(s) for s in sequences)})
+
+    # --- checkpoints ----------------------------------------------------------------------
+
+    def save_state(self, directory: Path) -> OpOutput:
+        """Base weights, adapter (and value head), optimizer moments and step, in `directory`."""
+        self.require_trainable("save_state")
+        meta = {
+            "base_model": self.base_model,
+            "model_config": dataclasses.asdict(self.cfg),
+            "lora_rank": self.lora.rank,
+            "lora_alpha": self.lora.alpha,
+            "role": self.role,
+            "step": self.step,
+            "optimizer_t": self.optimizer.t,
+        }
+        params = {n: t.detach() for n, t in self.trainable_parameters().items()}
+        checkpoint.save_state(
+            Path(directory),
+            checkpoint.Checkpoint(meta, self.base_weights, params, self.optimizer.state()),
+        )
+        return OpOutput({"step": self.step}, {"tokens": 0})
+
+    def load_state(self, directory: Path, *, with_optimizer: bool = True) -> OpOutput:
+        """Replace weights (base included), adapter, step and, with_optimizer, the moments."""
+        self.require_trainable("load_state")
+        self.restore(Path(directory), with_optimizer=with_optimizer)
+        return OpOutput({"step": self.step}, {"tokens": 0})
+
+    def restore(self, directory: Path, *, with_optimizer: bool) -> None:
+        try:
+            ckpt = checkpoint.load_state(directory)
+        except (OSError, ValueError) as exc:
+            raise EngineError("invalid_request", f"cannot read checkpoint: {exc}") from exc
+        meta = ckpt.meta
+        for key, mine in (
+            ("base_model", self.base_model),
+            ("lora_rank", self.lora.rank),
+            ("role", self.role),
+        ):
+            if meta[key] != mine:
+                raise EngineError(
+                    "invalid_request",
+                    f"checkpoint {key} {meta[key]!r} does not match the run's {mine!r}",
+                )
+        self.cfg = ckpt.config
+        self.base_weights = shared_if_equal(self.base_model, ckpt.base_weights)
+        self.model = Llama(self.cfg, self.base_weights, self.lora)
+        with torch.no_grad():
+            for name, param in self.trainable_parameters().items():
+                param.copy_(ckpt.adapter[name])
+                param.grad = None
+        if with_optimizer:
+            self.optimizer.load(ckpt.optimizer, meta["optimizer_t"])
+        else:
+            self.optimizer = AdamW(self.trainable_parameters())
+        self.step = meta["step"]
+        self.weights_version += 1
+
+    def export_lora(self, archive_path: Path) -> OpOutput:
+        """The adapter in PEFT layout plus the base weights, as one deterministic tar archive."""
+        self.require_trainable("export_lora")
+        sha256, size = checkpoint.export_lora(
+            Path(archive_path),
+            base_model=self.base_model,
+            cfg=self.cfg,
+            base_weights=self.base_weights,
+            lora=self.lora,
+            extra={n: t.detach() for n, t in self.value_head.items()} or None,
+        )
+        return OpOutput({"format": "peft", "sha256": sha256, "bytes": size}, {"tokens": 0})
+
+
+def sample_args(request: dict, default_seed: int, cfg: ModelConfig):
+    """Validate a SampleRequest: (prompt, num_samples, SamplingParams, seed)."""
+    prompt = (request.get("prompt") or {}).get("token_ids")
+    sp = request.get("sampling_params") or {}
+    n = request.get("num_samples", 1)
+    max_tokens = sp.get("max_tokens")
+    if (
+        not isinstance(prompt, list)
+        or not prompt
+        or not all(isinstance(t, int) and 0 <= t < cfg.vocab_size for t in prompt)
+    ):
+        raise EngineError("invalid_request", f"prompt.token_ids: 1+ ids in [0, {cfg.vocab_size})")
+    if not isinstance(n, int) or n < 1:
+        raise EngineError("invalid_request", "num_samples must be a positive integer")
+    if not isinstance(max_tokens, int) or max_tokens < 1:
+        raise EngineError("invalid_request", "sampling_params.max_tokens must be >= 1")
+    if len(prompt) + max_tokens > cfg.max_positions:
+        raise EngineError(
+            "invalid_request",
+            f"prompt + max_tokens exceeds the model's {cfg.max_positions} positions",
+        )
+    temperature = float(sp.get("temperature", 1.0))
+    top_p = float(sp.get("top_p", 1.0))
+    top_k = sp.get("top_k")
+    if not (math.isfinite(temperature) and temperature >= 0):
+        raise EngineError("invalid_request", "sampling_params.temperature must be >= 0")
+    if not 0 < top_p <= 1:
+        raise EngineError("invalid_request", "sampling_params.top_p must be in (0, 1]")
+    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        raise EngineError("invalid_request", "sampling_params.top_k must be null or >= 1")
+    stops = sp.get("stop_token_ids") or []
+    if not all(isinstance(t, int) for t in stops):
+        raise EngineError("invalid_request", "sampling_params.stop_token_ids must be integers")
+    seed = sp.get("seed")
+    params = SamplingParams(max_tokens, temperature, top_p, top_k, tuple(stops))
+    return prompt, n, params, default_seed if seed is None else int(seed)
