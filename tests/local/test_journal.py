@@ -1,0 +1,73 @@
+"""The journal and the executor's deterministic names and seeds, without HTTP."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from whitney.local.executor import default_sampler_id, default_seed, default_state_name
+from whitney.local.journal import Journal, canonical_hash, operation_dict, render_operation
+
+
+def test_canonical_hash_ignores_key_order_only():
+    a = {"data": [{"x": 1, "y": [1.0, 2.0]}], "loss_function": "ppo"}
+    b = {"loss_function": "ppo", "data": [{"y": [1.0, 2.0], "x": 1}]}
+    assert canonical_hash(a) == canonical_hash(b)
+    assert canonical_hash(a) != canonical_hash({**a, "loss_function": "cispo"})
+
+
+def test_default_seeds_and_names_are_deterministic_across_processes():
+    here = [default_seed(0, seq) for seq in range(1, 6)]
+    code = (
+        "from whitney.local.executor import default_seed\n"
+        "print([default_seed(0, s) for s in range(1, 6)])"
+    )
+    there = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout
+    assert json.loads(there) == here
+    assert len(set(here)) == 5 and all(0 <= s < 2**63 for s in here)
+    assert default_seed(1, 1) != default_seed(0, 1)
+    assert default_sampler_id(7) == "sampler-7"
+    assert default_state_name(7) == "seq-7"
+
+
+def test_journal_rows_render_as_the_wire_operation(tmp_path):
+    journal = Journal(tmp_path / "j.sqlite3")
+    journal.insert_session("sess-1", "tenant", {"a": "b"})
+    journal.insert_run(
+        {
+            "run_id": "run-1",
+            "tenant": "tenant",
+            "session_id": "sess-1",
+            "provider": "local",
+            "base_model": "local/nano",
+            "lora_rank": 8,
+            "seed": 0,
+            "role": "policy",
+            "trainable": True,
+            "from_checkpoint": None,
+            "labels": {},
+            "status": "ready",
+        }
+    )
+    journal.insert_operation("run-1", 1, "forward", None, "h", '{"x":1}')
+    journal.insert_operation("run-1", 2, "sample", 's"1', "h", "{}")
+    journal.mark_running("run-1", [1])
+    journal.finish_operation(
+        "run-1", 1, "succeeded", result={"loss": float("nan"), "v": [1.5]}, usage={"tokens": 3}
+    )
+    first = operation_dict(journal.get_operation("run-1", 1))
+    assert first["status"] == "succeeded" and first["usage"] == {"tokens": 3}
+    assert first["result"]["v"] == [1.5] and first["result"]["loss"] != first["result"]["loss"]
+    second = json.loads(render_operation(journal.get_operation("run-1", 2)))
+    assert second["sampler_id"] == 's"1' and second["status"] == "pending"
+    assert second["result"] is None and second["usage"] == {}
+    assert journal.get_run("run-1")["next_seq_id"] == 3
+
+    journal.recover_after_restart()
+    assert journal.get_run("run-1")["status"] == "failed"
+    assert operation_dict(journal.get_operation("run-1", 2))["status"] == "cancelled"
+    assert operation_dict(journal.get_operation("run-1", 1))["status"] == "succeeded"
+    journal.close()

@@ -1,0 +1,309 @@
+"""The HTTP face of the embedded Whitney (FastAPI): every route of whitney-api.md.
+
+Handlers parse and authenticate, run the service call in a worker thread, and answer JSON.
+Every refusal is `{"error": {"type", "message", "details"}}`; FastAPI's own validation and
+routing errors are rewritten into that body; an unexpected exception is logged here and
+answered 500 `internal` with a short message, never a traceback.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import anyio.to_thread
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, Response
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from whitney.local.api_errors import ApiError
+from whitney.local.config import MAX_WAIT_S
+from whitney.local.service import RawJson, WhitneyService
+
+log = logging.getLogger("whitney.local.app")
+
+THREADPOOL_TOKENS = 256
+_CLOSE_MARKER = "whitney-fault-dropped-connection"
+
+
+def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    if isinstance(content, RawJson):
+        body = content.text.encode()
+    else:
+        body = json.dumps(content, separators=(",", ":")).encode()
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+def error_response(exc: ApiError) -> Response:
+    headers = None
+    if exc.retry_after is not None:
+        headers = {"Retry-After": f"{exc.retry_after:g}"}
+    return _json(exc.body(), exc.status, headers)
+
+
+def _internal() -> Response:
+    return error_response(ApiError("internal", "internal server error"))
+
+
+class _DroppedConnection(Response):
+    """A fault: headers promise a body that never comes, then the connection closes."""
+
+    def __init__(self) -> None:
+        super().__init__(b"")
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 200,
+                "headers": [
+                    (b"content-type", b"application/json"),
+                    (b"content-length", b"4096"),
+                    (b"x-whitney-fault", _CLOSE_MARKER.encode()),
+                ],
+            }
+        )
+        # returning without the body makes uvicorn close the transport
+
+
+class _DroppedConnectionLogFilter(logging.Filter):
+    """uvicorn reports an injected dropped connection as an error; it is on purpose."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "returned without completing response" not in record.getMessage()
+
+
+def install_log_filter() -> None:
+    target = logging.getLogger("uvicorn.error")
+    if not any(isinstance(f, _DroppedConnectionLogFilter) for f in target.filters):
+        target.addFilter(_DroppedConnectionLogFilter())
+
+
+class LatencyMiddleware:
+    """A fault: every answer is delayed by `delay_s`."""
+
+    def __init__(self, app: ASGIApp, delay_s: float) -> None:
+        self.app = app
+        self.delay_s = delay_s
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        delayed = False
+
+        async def send_delayed(message: Message) -> None:
+            nonlocal delayed
+            if message["type"] == "http.response.start" and not delayed:
+                delayed = True
+                await asyncio.sleep(self.delay_s)
+            await send(message)
+
+        await self.app(scope, receive, send_delayed)
+
+
+def _field_from_loc(loc: tuple[Any, ...]) -> str:
+    parts = [p for p in loc if p not in ("path", "query", "header", "body")]
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "request"
+
+
+def create_app(service: WhitneyService) -> FastAPI:
+    """The FastAPI app serving `service`."""
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI):  # type: ignore[no-untyped-def]
+        anyio.to_thread.current_default_thread_limiter().total_tokens = THREADPOOL_TOKENS
+        yield
+
+    app = FastAPI(
+        title="Whitney (embedded)",
+        version="1",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    faults = service.faults
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_: Request, exc: RequestValidationError) -> Response:
+        errors = exc.errors()
+        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+        loc = tuple(first.get("loc", ()))
+        field = _field_from_loc(loc)
+        message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+        details: dict[str, Any] = {"field": field}
+        if "data" in loc:
+            index = loc.index("data")
+            if index + 1 < len(loc) and isinstance(loc[index + 1], int):
+                details["datum"] = loc[index + 1]
+                if "loss_inputs" in loc and loc.index("loss_inputs") + 1 < len(loc):
+                    details["tensor"] = loc[loc.index("loss_inputs") + 1]
+                return error_response(ApiError("invalid_datum", f"{field}: {message}", details))
+        return error_response(ApiError("invalid_request", f"{field}: {message}", details))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404:
+            return error_response(ApiError("not_found", "no such route"))
+        if exc.status_code == 405:
+            return error_response(
+                ApiError("invalid_request", "method not allowed on this route", status=405)
+            )
+        return error_response(ApiError("invalid_request", str(exc.detail), status=exc.status_code))
+
+    async def call(
+        request: Request,
+        fn: Callable[..., Any],
+        *args: Any,
+        body: bool = False,
+        wrap: Callable[[Any], Response] | None = None,
+    ) -> Response:
+        """Authenticate, parse the body if asked, run `fn(tenant, *args[, body])` in a thread."""
+        try:
+            tenant = service.authenticate(request.headers.get("authorization"))
+            call_args: list[Any] = [tenant, *args]
+            if body:
+                call_args.append(await _read_json(request))
+            result = await run_in_threadpool(fn, *call_args)
+        except ApiError as exc:
+            return error_response(exc)
+        except Exception:
+            log.exception("%s %s failed", request.method, request.url.path)
+            return _internal()
+        return _json(result) if wrap is None else wrap(result)
+
+    @app.get("/v1/training/capabilities")
+    async def capabilities(request: Request) -> Response:
+        return await call(request, lambda tenant: service.capabilities())
+
+    @app.post("/v1/sessions")
+    async def create_session(request: Request) -> Response:
+        key = request.headers.get("idempotency-key")
+        return await call(request, lambda t, b: service.create_session(t, b, key), body=True)
+
+    @app.get("/v1/sessions")
+    async def list_sessions(request: Request) -> Response:
+        labels = request.query_params.getlist("label")
+        return await call(request, service.list_sessions, labels)
+
+    @app.get("/v1/sessions/{session_id}")
+    async def get_session(request: Request, session_id: str) -> Response:
+        return await call(request, service.get_session, session_id)
+
+    @app.post("/v1/sessions/{session_id}/close")
+    async def close_session(request: Request, session_id: str) -> Response:
+        return await call(request, service.close_session, session_id)
+
+    @app.post("/v1/training/runs")
+    async def create_run(request: Request) -> Response:
+        key = request.headers.get("idempotency-key")
+        return await call(request, lambda t, b: service.create_run(t, b, key), body=True)
+
+    @app.get("/v1/training/runs/{run_id}")
+    async def get_run(request: Request, run_id: str) -> Response:
+        return await call(request, service.get_run, run_id)
+
+    @app.post("/v1/training/runs/{run_id}/finish")
+    async def finish_run(request: Request, run_id: str) -> Response:
+        return await call(request, service.finish_run, run_id)
+
+    @app.post("/v1/training/runs/{run_id}/cancel")
+    async def cancel_run(request: Request, run_id: str) -> Response:
+        return await call(request, service.cancel_run, run_id)
+
+    def submit_operation(tenant: str, run_id: str, sampler_id: str | None, body: Any) -> Any:
+        if faults.fail_before():
+            raise ApiError(
+                "unavailable",
+                "injected fault: unavailable before journaling",
+                {"fault": "fail_before"},
+                retry_after=0,
+            )
+        return service.submit_operation(tenant, run_id, sampler_id, body)
+
+    def answer_operation(op: Any) -> Response:
+        drop = faults.drop_after_commit()
+        if drop == "close":
+            return _DroppedConnection()
+        if drop == "unavailable":
+            return error_response(
+                ApiError(
+                    "unavailable",
+                    "injected fault: answer dropped after commit",
+                    {"fault": "drop_after_commit"},
+                    retry_after=0,
+                )
+            )
+        return _json(op)
+
+    async def submit(request: Request, run_id: str, sampler_id: str | None) -> Response:
+        return await call(
+            request, submit_operation, run_id, sampler_id, body=True, wrap=answer_operation
+        )
+
+    @app.post("/v1/training/runs/{run_id}/operations")
+    async def run_operation(request: Request, run_id: str) -> Response:
+        return await submit(request, run_id, None)
+
+    @app.post("/v1/training/runs/{run_id}/samplers/{sampler_id}/operations")
+    async def sampler_operation(request: Request, run_id: str, sampler_id: str) -> Response:
+        return await submit(request, run_id, sampler_id)
+
+    @app.get("/v1/training/runs/{run_id}/operations/{seq_id}")
+    async def get_operation(
+        request: Request, run_id: str, seq_id: int, wait_s: float = 0.0
+    ) -> Response:
+        if not 0 <= wait_s < float("inf"):
+            return error_response(
+                ApiError(
+                    "invalid_request", f"wait_s: must be >= 0, got {wait_s}", {"field": "wait_s"}
+                )
+            )
+        return await call(request, service.get_operation, run_id, seq_id, min(wait_s, MAX_WAIT_S))
+
+    @app.get("/v1/training/runs/{run_id}/operations")
+    async def list_operations(
+        request: Request, run_id: str, after_seq: int = 0, limit: int | None = None
+    ) -> Response:
+        return await call(request, service.list_operations, run_id, after_seq, limit)
+
+    @app.get("/v1/artifacts/{artifact_id}")
+    async def get_artifact(request: Request, artifact_id: str) -> Response:
+        def file(found: tuple[Any, dict[str, Any]]) -> Response:
+            path, artifact = found
+            return FileResponse(
+                path,
+                media_type="application/x-tar",
+                filename=f"{artifact_id}.tar",
+                headers={"X-Whitney-SHA256": artifact["sha256"]},
+            )
+
+        return await call(request, service.artifact_path, artifact_id, wrap=file)
+
+    if faults.latency_s > 0:
+        app.add_middleware(LatencyMiddleware, delay_s=faults.latency_s)
+    install_log_filter()
+    return app
+
+
+async def _read_json(request: Request) -> Any:
+    raw = await request.body()
+    if not raw.strip():
+        return {}
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(
+            "invalid_request", f"body: invalid JSON ({exc})", {"field": "body"}
+        ) from None

@@ -1,0 +1,184 @@
+"""`whitney-flows serve` / `python -m whitney.local serve`: run the embedded Whitney server.
+
+Start-up failures (port in use, unwritable data directory, missing torch) print one line on
+stderr and exit 2, with no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sqlite3
+import sys
+from pathlib import Path
+
+from whitney.local.config import (
+    API_KEYS_ENV,
+    DEFAULT_GAP_TIMEOUT_S,
+    ServerConfig,
+    api_keys_from_env,
+    default_data_dir,
+    generate_api_key,
+)
+from whitney.local.embedded import (
+    ServerStartError,
+    bind_socket,
+    check_data_dir,
+    check_dependencies,
+    make_uvicorn,
+)
+
+PROG = "whitney-flows serve"
+EXIT_START_FAILURE = 2
+
+
+def _rate(text: str) -> float:
+    value = float(text)
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be within [0, 1], got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Run the embedded Whitney server: the Whitney training API on a local "
+        "CPU engine that trains small LoRA models.",
+    )
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8765, help="port (0: a free one)")
+    parser.add_argument(
+        "--data-dir",
+        type=Path,
+        default=None,
+        help=f"journal, checkpoints and artifacts (default: {default_data_dir()})",
+    )
+    parser.add_argument(
+        "--api-key",
+        action="append",
+        default=[],
+        metavar="KEY",
+        help=f"an accepted API key, one tenant each; repeatable; also ${API_KEYS_ENV} "
+        "(comma-separated); with none, a fresh key is generated and printed",
+    )
+    faults = parser.add_argument_group("fault injection (off by default)")
+    faults.add_argument(
+        "--latency-ms", type=_non_negative, default=0.0, help="added to every answer"
+    )
+    faults.add_argument(
+        "--fail-before-rate",
+        type=_rate,
+        default=0.0,
+        help="share of operation POSTs answered 503 before they are journaled",
+    )
+    faults.add_argument(
+        "--drop-after-commit-rate",
+        type=_rate,
+        default=0.0,
+        help="share of operation POSTs whose answer is replaced by a 503 or a closed "
+        "connection after the operation was journaled",
+    )
+    faults.add_argument("--fault-seed", type=int, default=0, help="seed of the fault draws")
+    parser.add_argument(
+        "--gap-timeout-s",
+        type=_positive,
+        default=DEFAULT_GAP_TIMEOUT_S,
+        help="how long an operation waits for a missing seq_id before failing with seq_gap",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="warning",
+        choices=["debug", "info", "warning", "error"],
+        help="server log level",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve until interrupted; 0 on a clean stop, 2 when the server cannot start."""
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] == "serve":
+        args_list = args_list[1:]
+    args = build_parser().parse_args(args_list)
+    logging.basicConfig(
+        level=args.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        check_dependencies()
+        data_dir = check_data_dir(args.data_dir or default_data_dir())
+        keys = [*args.api_key, *api_keys_from_env()]
+        generated = not keys
+        if generated:
+            keys = [generate_api_key()]
+        sock = bind_socket(args.host, args.port)
+        from whitney.local.app import create_app
+        from whitney.local.service import WhitneyService
+
+        config = ServerConfig(
+            data_dir=data_dir,
+            api_keys=keys,
+            latency_ms=args.latency_ms,
+            fail_before_rate=args.fail_before_rate,
+            drop_after_commit_rate=args.drop_after_commit_rate,
+            fault_seed=args.fault_seed,
+            gap_timeout_s=args.gap_timeout_s,
+        )
+        try:
+            service = WhitneyService(config)
+        except (sqlite3.Error, OSError) as exc:
+            sock.close()
+            raise ServerStartError(
+                f"cannot open the journal under {str(data_dir)!r}: {exc}"
+            ) from None
+    except ServerStartError as exc:
+        print(f"{PROG}: {exc}", file=sys.stderr)
+        return EXIT_START_FAILURE
+    service.preload_engine()
+    host, port = sock.getsockname()[:2]
+    shown_host = f"[{host}]" if ":" in host else host
+    server = make_uvicorn(create_app(service), args.host, port, log_level=args.log_level)
+    if generated:
+        print(f"API key (generated for this start; pass --api-key to choose one): {keys[0]}")
+    print(
+        f"Whitney embedded server ready at http://{shown_host}:{port} "
+        f"(data dir {data_dir}, {len(keys)} API key{'s' if len(keys) != 1 else ''}); "
+        "Ctrl-C stops it",
+        flush=True,
+    )
+    # uvicorn stops gracefully on SIGINT / SIGTERM, then re-raises the signal under the
+    # handlers found at start: make SIGTERM, like SIGINT, end here so the cleanup below runs
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        service.wake_waiters()
+        service.shutdown()
+    print("Whitney embedded server stopped", flush=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,441 @@
+"""The ordered executor: one worker thread per run runs its operations strictly in seq_id order.
+
+An operation is journaled `pending` before it gets here. The worker executes the operation at
+the run's frontier (the lowest seq_id not yet terminal); an operation ahead of a missing seq_id
+waits for the gap to fill, and fails with `seq_gap` once it has waited `gap_timeout_s` (the
+POST that submitted it had already been answered: the failure is the operation's terminal
+status, with `error.type == "seq_gap"`). Consecutive `sample` operations on one sampler run as
+one batched engine call when the engine declares batching bitwise batch-invariant.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from whitney.local.api_errors import ApiError
+from whitney.local.journal import Journal
+
+log = logging.getLogger("whitney.local.executor")
+
+MAX_SAMPLE_BATCH = 64
+
+
+def default_seed(run_seed: int, seq_id: int) -> int:
+    """The seed of an operation that names none: a hash of (run seed, seq_id), 63 bits."""
+    digest = hashlib.sha256(f"whitney-local:{run_seed}:{seq_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") >> 1
+
+
+def default_sampler_id(seq_id: int) -> str:
+    return f"sampler-{seq_id}"
+
+
+def default_state_name(seq_id: int) -> str:
+    return f"seq-{seq_id}"
+
+
+class Engine(Protocol):
+    """What the worker needs of `whitney.local.engine.EngineRun`."""
+
+    step: int
+
+    def forward(self, payload: dict, *, backward: bool) -> Any: ...
+    def optim_step(self, optimizer: dict) -> Any: ...
+    def save_weights_for_sampler(self, sampler_id: str) -> Any: ...
+    def sample(self, sampler_id: str, requests: list[dict], default_seeds: list[int]) -> Any: ...
+    def logprobs(self, sampler_id: str, request: dict) -> Any: ...
+    def save_state(self, directory: Path) -> Any: ...
+    def load_state(self, directory: Path, *, with_optimizer: bool = True) -> Any: ...
+    def export_lora(self, archive_path: Path) -> Any: ...
+
+
+@dataclass
+class Ticket:
+    """An accepted operation not yet terminal, as the worker holds it."""
+
+    seq_id: int
+    kind: str
+    sampler_id: str | None
+    payload: dict[str, Any]
+    submitted_at: str = ""
+    submitted: float = field(default_factory=time.monotonic)
+    done: threading.Event = field(default_factory=threading.Event)
+    running: bool = False
+    final: dict[str, Any] | None = None  # the terminal operation, once done
+
+
+@dataclass
+class Outcome:
+    status: str
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    usage: dict[str, int] = field(default_factory=lambda: {"tokens": 0})
+
+
+class RunHooks(Protocol):
+    """What the worker asks of the service: where files go and what a checkpoint URI means."""
+
+    def state_dir(self, run_id: str, name: str) -> Path: ...
+    def checkpoint_uri(self, run_id: str, name: str) -> str: ...
+    def resolve_checkpoint(self, tenant: str, uri: str) -> Path: ...
+    def new_artifact_path(self) -> tuple[str, Path]: ...
+
+
+class RunWorker:
+    """Owns one run's engine and executes its journaled operations in seq_id order."""
+
+    def __init__(
+        self,
+        *,
+        run: dict[str, Any],
+        engine: Engine,
+        journal: Journal,
+        hooks: RunHooks,
+        gap_timeout_s: float,
+        batch_samples: bool,
+        on_exit: Callable[[str], None] | None = None,
+        frontier: int = 1,
+    ) -> None:
+        self.run = dict(run)
+        self.run_id: str = run["run_id"]
+        self.tenant: str = run["tenant"]
+        self.run_seed: int = run["seed"]
+        self.role: str = run["role"]
+        self.status: str = run["status"]
+        self.engine: Engine | None = engine
+        self.journal = journal
+        self.hooks = hooks
+        self.gap_timeout_s = gap_timeout_s
+        self.batch_samples = batch_samples
+        self.on_exit = on_exit
+        self.cond = threading.Condition()
+        self.tickets: dict[int, Ticket] = {}
+        self.terminal_ahead: set[int] = set()  # terminal seq_ids beyond the frontier
+        self.frontier = frontier
+        self.samplers: set[str] = set()
+        self._gap_since: float | None = None
+        self._stopping = False
+        self._thread = threading.Thread(
+            target=self._loop, name=f"whitney-run-{self.run_id}", daemon=True
+        )
+
+    # ------------------------------------------------------------------ control
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def add(self, ticket: Ticket) -> None:
+        """Queue an operation just journaled (the caller holds `cond`)."""
+        self.tickets[ticket.seq_id] = ticket
+        self.cond.notify_all()
+
+    def ticket(self, seq_id: int) -> Ticket | None:
+        with self.cond:
+            return self.tickets.get(seq_id)
+
+    def finish(self) -> None:
+        """ready -> finishing: the queue drains, then the run is `finished`."""
+        with self.cond:
+            if self.status in ("ready", "allocating"):
+                self._set_status("finishing")
+                self.cond.notify_all()
+
+    def cancel(self) -> None:
+        """-> cancelling: pending operations end `cancelled`; the running one completes."""
+        with self.cond:
+            if self.status not in ("ready", "allocating", "finishing"):
+                return
+            self._set_status("cancelling")
+            for ticket in sorted(self.tickets.values(), key=lambda t: t.seq_id):
+                if not ticket.running:
+                    self._conclude(
+                        ticket,
+                        Outcome(
+                            "cancelled",
+                            error={
+                                "type": "cancelled",
+                                "message": f"run {self.run_id} was cancelled before "
+                                f"operation {ticket.seq_id} ran",
+                                "details": {},
+                            },
+                        ),
+                    )
+            self.cond.notify_all()
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Server shutdown: finish the running operation, leave the rest pending, exit."""
+        with self.cond:
+            self._stopping = True
+            for ticket in self.tickets.values():
+                ticket.done.set()  # wake waiters; they read the journal
+            self.cond.notify_all()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def wait_exit(self, timeout: float) -> bool:
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    # ------------------------------------------------------------------ state
+
+    def _set_status(self, status: str, error: dict[str, Any] | None = None) -> None:
+        self.status = status
+        self.journal.set_run_status(self.run_id, status, error=error)
+
+    def _conclude(self, ticket: Ticket, outcome: Outcome) -> None:
+        """Journal a terminal operation and wake its waiters (the caller holds `cond`)."""
+        finished_at = self.journal.finish_operation(
+            self.run_id,
+            ticket.seq_id,
+            outcome.status,
+            result=outcome.result,
+            error=outcome.error,
+            usage=outcome.usage,
+        )
+        ticket.final = {
+            "status": outcome.status,
+            "result": outcome.result,
+            "error": outcome.error,
+            "usage": outcome.usage,
+            "finished_at": finished_at,
+        }
+        self.tickets.pop(ticket.seq_id, None)
+        if ticket.seq_id >= self.frontier:
+            self.terminal_ahead.add(ticket.seq_id)
+        while self.frontier in self.terminal_ahead:
+            self.terminal_ahead.discard(self.frontier)
+            self.frontier += 1
+        ticket.done.set()
+
+    def _fail_gap(self, ticket: Ticket, immediate: bool = False) -> None:
+        missing = self.frontier
+        reason = (
+            "the run is finishing, so it can never be filled"
+            if immediate
+            else f"it stayed open for {self.gap_timeout_s:g} s (gap_timeout_s)"
+        )
+        self._conclude(
+            ticket,
+            Outcome(
+                "failed",
+                error={
+                    "type": "seq_gap",
+                    "message": f"operation {ticket.seq_id} waited for seq_id {missing}, "
+                    f"which never arrived: {reason}",
+                    "details": {"seq_id": ticket.seq_id, "missing_seq_id": missing},
+                },
+            ),
+        )
+
+    # ------------------------------------------------------------------ the loop
+
+    def _next_batch(self) -> list[Ticket] | None:
+        """Wait for the frontier operation (with cond held); None when the worker must exit."""
+        while True:
+            if self._stopping:
+                return None
+            if self.status == "cancelling":
+                return None
+            head = self.tickets.get(self.frontier)
+            if head is not None:
+                self._gap_since = None
+                return self._batch_from(head)
+            if not self.tickets:
+                self._gap_since = None
+                if self.status == "finishing":
+                    return None
+                self.cond.wait()
+                continue
+            # operations wait ahead of a gap
+            if self.status == "finishing":
+                for ticket in sorted(self.tickets.values(), key=lambda t: t.seq_id):
+                    self._fail_gap(ticket, immediate=True)
+                continue
+            now = time.monotonic()
+            if self._gap_since is None:
+                self._gap_since = now
+            next_deadline = None
+            for ticket in sorted(self.tickets.values(), key=lambda t: t.seq_id):
+                deadline = max(self._gap_since, ticket.submitted) + self.gap_timeout_s
+                if deadline <= now:
+                    self._fail_gap(ticket)
+                elif next_deadline is None or deadline < next_deadline:
+                    next_deadline = deadline
+            if next_deadline is not None:
+                self.cond.wait(max(0.0, next_deadline - now))
+
+    def _batch_from(self, head: Ticket) -> list[Ticket]:
+        batch = [head]
+        if head.kind == "sample" and self.batch_samples:
+            seq = head.seq_id + 1
+            while len(batch) < MAX_SAMPLE_BATCH:
+                nxt = self.tickets.get(seq)
+                if nxt is None or nxt.kind != "sample" or nxt.sampler_id != head.sampler_id:
+                    break
+                batch.append(nxt)
+                seq += 1
+        return batch
+
+    def _loop(self) -> None:
+        try:
+            while True:
+                with self.cond:
+                    batch = self._next_batch()
+                    if batch is None:
+                        break
+                    for ticket in batch:
+                        ticket.running = True
+                self.journal.mark_running(self.run_id, [t.seq_id for t in batch])
+                outcomes = self._execute(batch)
+                with self.cond:
+                    for ticket, outcome in zip(batch, outcomes, strict=True):
+                        ticket.running = False
+                        self._conclude(ticket, outcome)
+                    self.cond.notify_all()
+            with self.cond:
+                if not self._stopping:
+                    final = "cancelled" if self.status == "cancelling" else "finished"
+                    self._set_status(final)
+                    self.engine = None  # release the weights
+        except Exception:  # pragma: no cover - a bug in the worker itself
+            log.exception("run worker %s crashed", self.run_id)
+            with self.cond:
+                error = {"type": "internal", "message": "the run's worker failed", "details": {}}
+                for ticket in list(self.tickets.values()):
+                    self._conclude(ticket, Outcome("failed", error=error))
+                self._set_status("failed", error=error)
+                self.engine = None
+        finally:
+            if self.on_exit is not None and not self._stopping:
+                self.on_exit(self.run_id)
+
+    # ------------------------------------------------------------------ execution
+
+    def _execute(self, batch: list[Ticket]) -> list[Outcome]:
+        if len(batch) > 1:
+            return self._guard(batch, self._sample_batch)
+        return self._guard(batch, lambda tickets: [self._execute_one(tickets[0])])
+
+    def _guard(
+        self, batch: list[Ticket], fn: Callable[[list[Ticket]], list[Outcome]]
+    ) -> list[Outcome]:
+        from whitney.local.engine import EngineError  # the engine is loaded by now
+
+        try:
+            return fn(batch)
+        except (EngineError, ApiError) as exc:
+            error = {"type": exc.type, "message": exc.message, "details": dict(exc.details)}
+            return [Outcome("failed", error=error) for _ in batch]
+        except Exception:
+            log.exception(
+                "run %s: %s at seq_id %d failed", self.run_id, batch[0].kind, batch[0].seq_id
+            )
+            error = {
+                "type": "internal",
+                "message": f"internal error while executing {batch[0].kind}",
+                "details": {},
+            }
+            return [Outcome("failed", error=error) for _ in batch]
+
+    @staticmethod
+    def _ok(output: Any, extra: dict[str, Any] | None = None) -> Outcome:
+        result = dict(output.result)
+        if extra:
+            result.update(extra)
+        usage = {key: int(value) for key, value in dict(output.usage).items()}
+        usage.setdefault("tokens", 0)
+        return Outcome("succeeded", result=result, usage=usage)
+
+    def _require_sampler(self, sampler_id: str | None) -> str:
+        if sampler_id is None or sampler_id not in self.samplers:
+            raise ApiError(
+                "not_found",
+                f"sampler {sampler_id!r} does not exist on run {self.run_id} (no earlier "
+                "save_weights_for_sampler produced it)",
+                {"sampler_id": sampler_id},
+            )
+        return sampler_id
+
+    def _sample_batch(self, batch: list[Ticket]) -> list[Outcome]:
+        assert self.engine is not None
+        sampler_id = self._require_sampler(batch[0].sampler_id)
+        outputs = self.engine.sample(
+            sampler_id,
+            [ticket.payload for ticket in batch],
+            [default_seed(self.run_seed, ticket.seq_id) for ticket in batch],
+        )
+        return [self._ok(output) for output in outputs]
+
+    def _execute_one(self, ticket: Ticket) -> Outcome:
+        engine = self.engine
+        assert engine is not None
+        kind, payload, seq = ticket.kind, ticket.payload, ticket.seq_id
+        if kind in ("forward", "forward_backward"):
+            return self._ok(engine.forward(payload, backward=kind == "forward_backward"))
+        if kind == "optim_step":
+            outcome = self._ok(engine.optim_step(payload["optimizer"]))
+            self.journal.set_run_step(self.run_id, engine.step)
+            return outcome
+        if kind == "save_weights_for_sampler":
+            sampler_id = payload.get("name") or default_sampler_id(seq)
+            if sampler_id in self.samplers:
+                raise ApiError(
+                    "seq_conflict",
+                    f"payload.name: sampler {sampler_id!r} already exists on run {self.run_id}",
+                    {"sampler_id": sampler_id},
+                )
+            outcome = self._ok(engine.save_weights_for_sampler(sampler_id))
+            self.samplers.add(sampler_id)
+            return outcome
+        if kind == "sample":
+            return self._sample_batch([ticket])[0]
+        if kind == "logprobs":
+            return self._ok(engine.logprobs(self._require_sampler(ticket.sampler_id), payload))
+        if kind == "save_state":
+            name = payload.get("name") or default_state_name(seq)
+            if self.journal.get_checkpoint(self.run_id, name) is not None:
+                raise ApiError(
+                    "seq_conflict",
+                    f"payload.name: checkpoint {name!r} already exists on run {self.run_id}",
+                    {"name": name},
+                )
+            directory = self.hooks.state_dir(self.run_id, name)
+            output = engine.save_state(directory)
+            uri = self.hooks.checkpoint_uri(self.run_id, name)
+            outcome = self._ok(output, {"checkpoint": uri})
+            self.journal.insert_checkpoint(
+                self.run_id, name, seq, int(output.result.get("step", engine.step)), str(directory)
+            )
+            return outcome
+        if kind == "load_state":
+            directory = self.hooks.resolve_checkpoint(self.tenant, payload["checkpoint"])
+            outcome = self._ok(
+                engine.load_state(directory, with_optimizer=payload.get("with_optimizer", True))
+            )
+            self.journal.set_run_step(self.run_id, engine.step)
+            return outcome
+        if kind == "export_lora":
+            artifact_id, path = self.hooks.new_artifact_path()
+            output = engine.export_lora(path)
+            outcome = self._ok(output, {"artifact_id": artifact_id})
+            self.journal.insert_artifact(
+                {
+                    "artifact_id": artifact_id,
+                    "tenant": self.tenant,
+                    "run_id": self.run_id,
+                    "seq_id": seq,
+                    "path": str(path),
+                    "format": str(output.result.get("format", "peft")),
+                    "sha256": str(output.result["sha256"]),
+                    "bytes": int(output.result["bytes"]),
+                }
+            )
+            return outcome
+        raise ApiError("invalid_request", f"kind: unknown operation kind {kind!r}")

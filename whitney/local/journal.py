@@ -1,0 +1,485 @@
+"""The journal: sessions, runs and every operation in SQLite, written before anything executes.
+
+One connection (WAL, synchronous=NORMAL) shared by every thread behind a lock: each statement
+is sub-millisecond, and serialising them keeps SQLite free of `database is locked` retries.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+import threading
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pydantic_core
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sessions (
+    session_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    status TEXT NOT NULL,
+    labels TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    closed_at TEXT
+);
+CREATE INDEX IF NOT EXISTS sessions_tenant ON sessions (tenant, created_at);
+CREATE TABLE IF NOT EXISTS session_labels (
+    session_id TEXT NOT NULL,
+    key TEXT NOT NULL,
+    value TEXT NOT NULL,
+    PRIMARY KEY (session_id, key)
+);
+CREATE INDEX IF NOT EXISTS session_labels_kv ON session_labels (key, value);
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    session_id TEXT NOT NULL,
+    provider TEXT NOT NULL,
+    base_model TEXT NOT NULL,
+    lora_rank INTEGER NOT NULL,
+    seed INTEGER NOT NULL,
+    role TEXT NOT NULL,
+    trainable INTEGER NOT NULL,
+    from_checkpoint TEXT,
+    labels TEXT NOT NULL,
+    status TEXT NOT NULL,
+    step INTEGER NOT NULL DEFAULT 0,
+    error TEXT,
+    created_at TEXT NOT NULL,
+    finished_at TEXT
+);
+CREATE INDEX IF NOT EXISTS runs_session ON runs (session_id, created_at);
+CREATE TABLE IF NOT EXISTS operations (
+    run_id TEXT NOT NULL,
+    seq_id INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    sampler_id TEXT,
+    payload_hash TEXT NOT NULL,
+    payload TEXT NOT NULL,
+    status TEXT NOT NULL,
+    result TEXT,
+    error TEXT,
+    usage TEXT NOT NULL DEFAULT '{}',
+    executions INTEGER NOT NULL DEFAULT 0,
+    submitted_at TEXT NOT NULL,
+    started_at TEXT,
+    finished_at TEXT,
+    PRIMARY KEY (run_id, seq_id)
+);
+CREATE TABLE IF NOT EXISTS checkpoints (
+    run_id TEXT NOT NULL,
+    name TEXT NOT NULL,
+    seq_id INTEGER NOT NULL,
+    step INTEGER NOT NULL,
+    path TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (run_id, name)
+);
+CREATE TABLE IF NOT EXISTS artifacts (
+    artifact_id TEXT PRIMARY KEY,
+    tenant TEXT NOT NULL,
+    run_id TEXT NOT NULL,
+    seq_id INTEGER NOT NULL,
+    path TEXT NOT NULL,
+    format TEXT NOT NULL,
+    sha256 TEXT NOT NULL,
+    bytes INTEGER NOT NULL,
+    created_at TEXT NOT NULL
+);
+CREATE TABLE IF NOT EXISTS idempotency (
+    tenant TEXT NOT NULL,
+    scope TEXT NOT NULL,
+    key TEXT NOT NULL,
+    body_hash TEXT NOT NULL,
+    resource_id TEXT NOT NULL,
+    created_at TEXT NOT NULL,
+    PRIMARY KEY (tenant, scope, key)
+);
+"""
+
+RUN_NON_TERMINAL = ("allocating", "ready", "finishing", "cancelling")
+OP_NON_TERMINAL = ("pending", "running")
+
+
+def utcnow() -> str:
+    """Now, as ISO 8601 UTC with microseconds (what every timestamp in the journal is)."""
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def canonical_json(value: Any) -> str:
+    """The canonical form compared for exactly-once: sorted keys, no spaces."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def canonical_hash(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+def fast_json(value: Any) -> str:
+    """Compact JSON of an engine result (pydantic-core's serialiser: several times faster than
+    `json.dumps` on long float lists; a non-finite float is written NaN / Infinity as Python's
+    json module would)."""
+    return pydantic_core.to_json(value, inf_nan_mode="constants").decode()
+
+
+def _dumps(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+def _loads(text: str | None) -> Any:
+    return None if text is None else json.loads(text)
+
+
+def _str(value: str | None) -> str:
+    return "null" if value is None else json.dumps(value)
+
+
+def render_operation(row: sqlite3.Row) -> str:
+    """An operation row as the wire's Operation JSON, splicing the stored JSON texts."""
+    return (
+        f'{{"run_id":{_str(row["run_id"])},"seq_id":{int(row["seq_id"])},'
+        f'"kind":{_str(row["kind"])},"sampler_id":{_str(row["sampler_id"])},'
+        f'"status":{_str(row["status"])},"result":{row["result"] or "null"},'
+        f'"error":{row["error"] or "null"},"usage":{row["usage"] or "{}"},'
+        f'"submitted_at":{_str(row["submitted_at"])},"started_at":{_str(row["started_at"])},'
+        f'"finished_at":{_str(row["finished_at"])}}}'
+    )
+
+
+def operation_dict(row: sqlite3.Row) -> dict[str, Any]:
+    """An operation row as a dict (what `render_operation` writes, parsed)."""
+    return json.loads(render_operation(row))
+
+
+class Journal:
+    """Typed access to the SQLite journal under `data_dir/journal.sqlite3`."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self._lock = threading.RLock()
+        self._conn = sqlite3.connect(
+            str(self.path), check_same_thread=False, isolation_level=None, timeout=30.0
+        )
+        self._conn.row_factory = sqlite3.Row
+        with self._lock:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=NORMAL")
+            self._conn.execute("PRAGMA foreign_keys=OFF")
+            self._conn.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    @contextmanager
+    def transaction(self) -> Iterator[sqlite3.Connection]:
+        """One atomic write (BEGIN IMMEDIATE ... COMMIT) under the journal's lock."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+    def _one(self, sql: str, params: Iterable[Any] = ()) -> sqlite3.Row | None:
+        with self._lock:
+            return self._conn.execute(sql, tuple(params)).fetchone()
+
+    def _all(self, sql: str, params: Iterable[Any] = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._conn.execute(sql, tuple(params)).fetchall()
+
+    def _write(self, sql: str, params: Iterable[Any] = ()) -> int:
+        with self._lock:
+            return self._conn.execute(sql, tuple(params)).rowcount
+
+    # ----------------------------------------------------------------- recovery
+
+    def recover_after_restart(self) -> None:
+        """Runs left non-terminal by an earlier process lost their engine: mark them failed.
+
+        Their operations that never finished end `cancelled`; the journal, checkpoints and
+        artifacts stay usable (`from_checkpoint` resumes from a checkpoint).
+        """
+        now = utcnow()
+        error = {
+            "type": "internal",
+            "message": "the server restarted while the run was active; its in-memory state is "
+            "lost (resume from a checkpoint with from_checkpoint)",
+            "details": {},
+        }
+        with self.transaction() as conn:
+            conn.execute(
+                "UPDATE operations SET status='cancelled', finished_at=?, error=? "
+                "WHERE status IN ('pending','running')",
+                (
+                    now,
+                    _dumps({"type": "internal", "message": "server restarted", "details": {}}),
+                ),
+            )
+            conn.execute(
+                "UPDATE runs SET status='failed', error=?, finished_at=? "
+                "WHERE status IN ('allocating','ready','finishing','cancelling')",
+                (_dumps(error), now),
+            )
+
+    # ----------------------------------------------------------------- sessions
+
+    def insert_session(self, session_id: str, tenant: str, labels: dict[str, str]) -> None:
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO sessions (session_id, tenant, status, labels, created_at) "
+                "VALUES (?, ?, 'open', ?, ?)",
+                (session_id, tenant, _dumps(labels), utcnow()),
+            )
+            conn.executemany(
+                "INSERT INTO session_labels (session_id, key, value) VALUES (?, ?, ?)",
+                [(session_id, key, value) for key, value in labels.items()],
+            )
+
+    def get_session(self, session_id: str) -> dict[str, Any] | None:
+        row = self._one("SELECT * FROM sessions WHERE session_id=?", (session_id,))
+        return None if row is None else self._session(row)
+
+    def list_sessions(self, tenant: str, labels: list[tuple[str, str]]) -> list[dict[str, Any]]:
+        sql = "SELECT s.* FROM sessions s WHERE s.tenant=?"
+        params: list[Any] = [tenant]
+        for key, value in labels:
+            sql += (
+                " AND EXISTS (SELECT 1 FROM session_labels l WHERE l.session_id=s.session_id"
+                " AND l.key=? AND l.value=?)"
+            )
+            params += [key, value]
+        sql += " ORDER BY s.created_at, s.session_id"
+        return [self._session(row) for row in self._all(sql, params)]
+
+    def close_session(self, session_id: str) -> None:
+        self._write(
+            "UPDATE sessions SET status='closed', closed_at=? WHERE session_id=? AND status='open'",
+            (utcnow(), session_id),
+        )
+
+    def session_run_ids(self, session_id: str) -> list[str]:
+        rows = self._all(
+            "SELECT run_id FROM runs WHERE session_id=? ORDER BY created_at, run_id", (session_id,)
+        )
+        return [row["run_id"] for row in rows]
+
+    @staticmethod
+    def _session(row: sqlite3.Row) -> dict[str, Any]:
+        return {
+            "session_id": row["session_id"],
+            "tenant": row["tenant"],
+            "status": row["status"],
+            "labels": _loads(row["labels"]),
+            "created_at": row["created_at"],
+        }
+
+    # ----------------------------------------------------------------- runs
+
+    def insert_run(self, run: dict[str, Any]) -> None:
+        with self.transaction() as conn:
+            conn.execute(
+                "INSERT INTO runs (run_id, tenant, session_id, provider, base_model, lora_rank,"
+                " seed, role, trainable, from_checkpoint, labels, status, step, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run["run_id"],
+                    run["tenant"],
+                    run["session_id"],
+                    run["provider"],
+                    run["base_model"],
+                    run["lora_rank"],
+                    run["seed"],
+                    run["role"],
+                    1 if run["trainable"] else 0,
+                    run["from_checkpoint"],
+                    _dumps(run["labels"]),
+                    run["status"],
+                    run.get("step", 0),
+                    utcnow(),
+                ),
+            )
+
+    def delete_run(self, run_id: str) -> None:
+        self._write("DELETE FROM runs WHERE run_id=?", (run_id,))
+
+    def get_run(self, run_id: str) -> dict[str, Any] | None:
+        row = self._one("SELECT * FROM runs WHERE run_id=?", (run_id,))
+        if row is None:
+            return None
+        run = {key: row[key] for key in row.keys()}  # noqa: SIM118 - sqlite3.Row
+        run["trainable"] = bool(run["trainable"])
+        run["labels"] = _loads(run["labels"])
+        run["error"] = _loads(run["error"])
+        nxt = self._one("SELECT MAX(seq_id) AS m FROM operations WHERE run_id=?", (run_id,))
+        run["next_seq_id"] = (nxt["m"] or 0) + 1
+        return run
+
+    def set_run_status(
+        self, run_id: str, status: str, *, error: dict[str, Any] | None = None
+    ) -> None:
+        finished = utcnow() if status in ("finished", "cancelled", "failed") else None
+        self._write(
+            "UPDATE runs SET status=?, error=COALESCE(?, error),"
+            " finished_at=COALESCE(?, finished_at) WHERE run_id=?",
+            (status, _dumps(error), finished, run_id),
+        )
+
+    def set_run_step(self, run_id: str, step: int) -> None:
+        self._write("UPDATE runs SET step=? WHERE run_id=?", (step, run_id))
+
+    # ----------------------------------------------------------------- operations
+
+    def insert_operation(
+        self,
+        run_id: str,
+        seq_id: int,
+        kind: str,
+        sampler_id: str | None,
+        payload_hash: str,
+        payload_json: str,
+    ) -> str:
+        """Journal a `pending` operation (its canonical payload text); its submitted_at."""
+        now = utcnow()
+        self._write(
+            "INSERT INTO operations (run_id, seq_id, kind, sampler_id, payload_hash, payload,"
+            " status, usage, submitted_at) VALUES (?, ?, ?, ?, ?, ?, 'pending', '{}', ?)",
+            (run_id, seq_id, kind, sampler_id, payload_hash, payload_json, now),
+        )
+        return now
+
+    def get_operation_header(self, run_id: str, seq_id: int) -> dict[str, Any] | None:
+        """kind, sampler_id, payload_hash and status: what a resend is compared against."""
+        row = self._one(
+            "SELECT kind, sampler_id, payload_hash, status FROM operations"
+            " WHERE run_id=? AND seq_id=?",
+            (run_id, seq_id),
+        )
+        return None if row is None else dict(row)
+
+    def get_operation(self, run_id: str, seq_id: int) -> sqlite3.Row | None:
+        """The operation's row; `result`, `error` and `usage` are JSON text (see render)."""
+        return self._one(
+            "SELECT run_id, seq_id, kind, sampler_id, status, result, error, usage, executions,"
+            " submitted_at, started_at, finished_at FROM operations WHERE run_id=? AND seq_id=?",
+            (run_id, seq_id),
+        )
+
+    def get_operation_payload(self, run_id: str, seq_id: int) -> dict[str, Any] | None:
+        row = self._one(
+            "SELECT payload FROM operations WHERE run_id=? AND seq_id=?", (run_id, seq_id)
+        )
+        return None if row is None else _loads(row["payload"])
+
+    def list_operations(self, run_id: str, after_seq: int, limit: int) -> list[sqlite3.Row]:
+        return self._all(
+            "SELECT run_id, seq_id, kind, sampler_id, status, result, error, usage, executions,"
+            " submitted_at, started_at, finished_at FROM operations"
+            " WHERE run_id=? AND seq_id>? ORDER BY seq_id LIMIT ?",
+            (run_id, after_seq, limit),
+        )
+
+    def names_in_use(self, run_id: str, kind: str) -> dict[str, int]:
+        """Explicit `name`s of the run's journaled `kind` operations -> their seq_id."""
+        rows = self._all(
+            "SELECT seq_id, json_extract(payload, '$.name') AS name FROM operations"
+            " WHERE run_id=? AND kind=? AND json_extract(payload, '$.name') IS NOT NULL",
+            (run_id, kind),
+        )
+        return {row["name"]: row["seq_id"] for row in rows}
+
+    def mark_running(self, run_id: str, seq_ids: list[int]) -> str:
+        now = utcnow()
+        with self.transaction() as conn:
+            conn.executemany(
+                "UPDATE operations SET status='running', started_at=?, executions=executions+1"
+                " WHERE run_id=? AND seq_id=?",
+                [(now, run_id, seq) for seq in seq_ids],
+            )
+        return now
+
+    def finish_operation(
+        self,
+        run_id: str,
+        seq_id: int,
+        status: str,
+        *,
+        result: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
+        usage: dict[str, int] | None = None,
+    ) -> str:
+        now = utcnow()
+        self._write(
+            "UPDATE operations SET status=?, result=?, error=?, usage=?, finished_at=?"
+            " WHERE run_id=? AND seq_id=?",
+            (
+                status,
+                None if result is None else fast_json(result),
+                _dumps(error),
+                _dumps(usage or {}),
+                now,
+                run_id,
+                seq_id,
+            ),
+        )
+        return now
+
+    # ----------------------------------------------------------------- checkpoints, artifacts
+
+    def insert_checkpoint(self, run_id: str, name: str, seq_id: int, step: int, path: str) -> None:
+        self._write(
+            "INSERT INTO checkpoints (run_id, name, seq_id, step, path, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (run_id, name, seq_id, step, path, utcnow()),
+        )
+
+    def get_checkpoint(self, run_id: str, name: str) -> dict[str, Any] | None:
+        row = self._one("SELECT * FROM checkpoints WHERE run_id=? AND name=?", (run_id, name))
+        return None if row is None else dict(row)
+
+    def insert_artifact(self, artifact: dict[str, Any]) -> None:
+        self._write(
+            "INSERT INTO artifacts (artifact_id, tenant, run_id, seq_id, path, format, sha256,"
+            " bytes, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                artifact["artifact_id"],
+                artifact["tenant"],
+                artifact["run_id"],
+                artifact["seq_id"],
+                artifact["path"],
+                artifact["format"],
+                artifact["sha256"],
+                artifact["bytes"],
+                utcnow(),
+            ),
+        )
+
+    def get_artifact(self, artifact_id: str) -> dict[str, Any] | None:
+        row = self._one("SELECT * FROM artifacts WHERE artifact_id=?", (artifact_id,))
+        return None if row is None else dict(row)
+
+    # ----------------------------------------------------------------- idempotency
+
+    def get_idempotent(self, tenant: str, scope: str, key: str) -> dict[str, Any] | None:
+        row = self._one(
+            "SELECT body_hash, resource_id FROM idempotency WHERE tenant=? AND scope=? AND key=?",
+            (tenant, scope, key),
+        )
+        return None if row is None else dict(row)
+
+    def put_idempotent(
+        self, tenant: str, scope: str, key: str, body_hash: str, resource_id: str
+    ) -> None:
+        self._write(
+            "INSERT INTO idempotency (tenant, scope, key, body_hash, resource_id, created_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (tenant, scope, key, body_hash, resource_id, utcnow()),
+        )

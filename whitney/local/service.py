@@ -1,0 +1,640 @@
+"""The Whitney service behind the HTTP app: sessions, runs, operations, artifacts.
+
+Everything here is plain Python called from worker threads; every refusal is an ApiError
+carrying the status and error body of whitney-api.md. The HTTP layer (`app.py`) only parses,
+authenticates and serialises.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import secrets
+import threading
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from whitney import wire
+from whitney.local import providers
+from whitney.local.api_errors import ApiError, from_validation_error, not_found
+from whitney.local.config import MAX_WAIT_S, ServerConfig
+from whitney.local.executor import (
+    RunWorker,
+    Ticket,
+    default_sampler_id,
+    default_state_name,
+)
+from whitney.local.faults import FaultInjector
+from whitney.local.journal import (
+    Journal,
+    canonical_hash,
+    canonical_json,
+    render_operation,
+)
+
+log = logging.getLogger("whitney.local")
+
+CHECKPOINT_URI = re.compile(r"^whitney://runs/(?P<run_id>[A-Za-z0-9_-]+)/states/(?P<name>[^/]+)$")
+NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
+DEFAULT_MAX_LORA_RANK = 64
+MAX_LIST_LIMIT = 1000
+DEFAULT_LIST_LIMIT = 100
+RUN_TERMINAL = wire.RUN_TERMINAL
+OP_TERMINAL = wire.OPERATION_TERMINAL
+HF_PREFIX = "hf:"  # `hf:<repo id>` base models go to the engine, which loads them offline
+
+
+@dataclass(frozen=True)
+class RawJson:
+    """An answer already serialised (operations: the journal's JSON texts spliced together)."""
+
+    text: str
+
+
+def tenant_of(api_key: str) -> str:
+    """The tenant an API key speaks for: a digest, so no key is ever stored or logged."""
+    return hashlib.sha256(b"whitney-tenant:" + api_key.encode()).hexdigest()[:32]
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(8)}"
+
+
+def _valid_name(name: str) -> bool:
+    return bool(NAME.match(name)) and name not in (".", "..")
+
+
+def _engine_module() -> Any:
+    from whitney.local import engine  # torch: imported on first use, preloaded at start
+
+    return engine
+
+
+class WhitneyService:
+    """The embedded Whitney: journal-first, one ordered worker per active run."""
+
+    def __init__(self, config: ServerConfig) -> None:
+        self.config = config
+        self.data_dir = Path(config.data_dir)
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        (self.data_dir / "runs").mkdir(exist_ok=True)
+        (self.data_dir / "artifacts").mkdir(exist_ok=True)
+        self.journal = Journal(self.data_dir / "journal.sqlite3")
+        self.journal.recover_after_restart()
+        self.faults = FaultInjector(
+            latency_ms=config.latency_ms,
+            fail_before_rate=config.fail_before_rate,
+            drop_after_commit_rate=config.drop_after_commit_rate,
+            seed=config.fault_seed,
+        )
+        self._tenant_by_digest = {
+            hashlib.sha256(key.encode()).digest(): tenant_of(key) for key in config.api_keys
+        }
+        self._workers: dict[str, RunWorker] = {}
+        self._workers_lock = threading.Lock()
+        self._idempotency_lock = threading.Lock()
+        self._closing = threading.Event()
+        self._preload: threading.Thread | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def preload_engine(self) -> None:
+        """Import the engine (torch) in the background so the first run does not wait for it."""
+
+        def load() -> None:
+            try:
+                _engine_module()
+            except Exception:  # reported when a run is created
+                log.debug("engine preload failed", exc_info=True)
+
+        self._preload = threading.Thread(target=load, name="whitney-engine-preload", daemon=True)
+        self._preload.start()
+
+    def shutdown(self) -> None:
+        """Stop every worker (the running operation completes), then close the journal."""
+        self._closing.set()
+        with self._workers_lock:
+            workers = list(self._workers.values())
+            self._workers.clear()
+        for worker in workers:
+            worker.stop()
+        if self._preload is not None:
+            self._preload.join()
+        self.journal.close()
+
+    def wake_waiters(self) -> None:
+        """Server stopping: wake every long-poll so it answers now."""
+        self._closing.set()
+        with self._workers_lock:
+            workers = list(self._workers.values())
+        for worker in workers:
+            with worker.cond:
+                for ticket in worker.tickets.values():
+                    ticket.done.set()
+
+    # ------------------------------------------------------------------ auth
+
+    def authenticate(self, authorization: str | None) -> str:
+        if not authorization:
+            raise ApiError("unauthorized", "missing Authorization: Bearer <api key> header")
+        scheme, _, token = authorization.partition(" ")
+        token = token.strip()
+        if scheme.lower() != "bearer" or not token:
+            raise ApiError("unauthorized", "the Authorization header must be 'Bearer <api key>'")
+        tenant = self._tenant_by_digest.get(hashlib.sha256(token.encode()).digest())
+        if tenant is None:
+            raise ApiError("unauthorized", "invalid API key")
+        return tenant
+
+    # ------------------------------------------------------------------ capabilities
+
+    def capabilities(self) -> dict[str, Any]:
+        engine = self._engine()
+        max_rank = int(getattr(engine, "MAX_LORA_RANK", DEFAULT_MAX_LORA_RANK))
+        return providers.capabilities(list(engine.BASE_MODELS), max_rank)
+
+    def _engine(self) -> Any:
+        try:
+            return _engine_module()
+        except ImportError as exc:
+            log.error("the training engine cannot be imported: %s", exc)
+            raise ApiError(
+                "unavailable",
+                "the training engine is not installed (pip install 'whitney-flows[local]')",
+            ) from None
+
+    # ------------------------------------------------------------------ idempotency
+
+    def _idempotent(self, tenant: str, scope: str, key: str | None, body_hash: str) -> str | None:
+        if key is None:
+            return None
+        record = self.journal.get_idempotent(tenant, scope, key)
+        if record is None:
+            return None
+        if record["body_hash"] != body_hash:
+            raise ApiError(
+                "idempotency_conflict",
+                f"Idempotency-Key {key!r} was used before with another body",
+                {"idempotency_key": key},
+            )
+        return record["resource_id"]
+
+    @staticmethod
+    def _check_idempotency_key(key: str | None) -> None:
+        if key is not None and not 1 <= len(key) <= 255:
+            raise ApiError(
+                "invalid_request",
+                "Idempotency-Key must have 1 to 255 characters",
+                {"field": "Idempotency-Key"},
+            )
+
+    # ------------------------------------------------------------------ sessions
+
+    def create_session(
+        self, tenant: str, body: dict[str, Any], idempotency_key: str | None
+    ) -> dict[str, Any]:
+        self._check_idempotency_key(idempotency_key)
+        try:
+            request = wire.SessionCreate.model_validate(body)
+        except ValidationError as exc:
+            raise from_validation_error(exc) from None
+        normalized = request.model_dump(mode="json")
+        body_hash = canonical_hash(normalized)
+        with self._idempotency_lock if idempotency_key else nullcontext():
+            existing = self._idempotent(tenant, "sessions", idempotency_key, body_hash)
+            if existing is not None:
+                return self.get_session(tenant, existing)
+            session_id = _new_id("sess")
+            self.journal.insert_session(session_id, tenant, request.labels)
+            if idempotency_key:
+                self.journal.put_idempotent(
+                    tenant, "sessions", idempotency_key, body_hash, session_id
+                )
+        return self.get_session(tenant, session_id)
+
+    def _own_session(self, tenant: str, session_id: str) -> dict[str, Any]:
+        session = self.journal.get_session(session_id)
+        if session is None or session["tenant"] != tenant:
+            raise not_found("session", session_id)
+        return session
+
+    def get_session(self, tenant: str, session_id: str) -> dict[str, Any]:
+        session = self._own_session(tenant, session_id)
+        return self._session_out(session, self.journal.session_run_ids(session_id))
+
+    @staticmethod
+    def _session_out(session: dict[str, Any], run_ids: list[str] | None) -> dict[str, Any]:
+        out = {key: value for key, value in session.items() if key != "tenant"}
+        if run_ids is not None:
+            out["run_ids"] = run_ids
+        return out
+
+    def list_sessions(self, tenant: str, label_filters: list[str]) -> dict[str, Any]:
+        pairs: list[tuple[str, str]] = []
+        for raw in label_filters:
+            key, sep, value = raw.partition(":")
+            if not sep or not key:
+                raise ApiError(
+                    "invalid_request",
+                    f"label: expected KEY:VALUE, got {raw!r}",
+                    {"field": "label"},
+                )
+            pairs.append((key, value))
+        sessions = self.journal.list_sessions(tenant, pairs)
+        return {
+            "sessions": [
+                self._session_out(s, self.journal.session_run_ids(s["session_id"]))
+                for s in sessions
+            ]
+        }
+
+    def close_session(self, tenant: str, session_id: str) -> dict[str, Any]:
+        self._own_session(tenant, session_id)
+        for run_id in self.journal.session_run_ids(session_id):
+            run = self.journal.get_run(run_id)
+            if run is not None and run["status"] not in RUN_TERMINAL:
+                self._cancel(run_id)
+        self.journal.close_session(session_id)
+        return self.get_session(tenant, session_id)
+
+    # ------------------------------------------------------------------ runs
+
+    def create_run(
+        self, tenant: str, body: dict[str, Any], idempotency_key: str | None
+    ) -> dict[str, Any]:
+        self._check_idempotency_key(idempotency_key)
+        try:
+            request = wire.RunCreate.model_validate(body)
+        except ValidationError as exc:
+            raise from_validation_error(exc) from None
+        normalized = request.model_dump(mode="json")
+        body_hash = canonical_hash(normalized)
+        with self._idempotency_lock if idempotency_key else nullcontext():
+            existing = self._idempotent(tenant, "runs", idempotency_key, body_hash)
+            if existing is not None:
+                return self.get_run(tenant, existing)
+            run_id = self._create_run(tenant, request)
+            if idempotency_key:
+                self.journal.put_idempotent(tenant, "runs", idempotency_key, body_hash, run_id)
+        return self.get_run(tenant, run_id)
+
+    def _create_run(self, tenant: str, request: wire.RunCreate) -> str:
+        session = self._own_session(tenant, request.session_id)
+        if session["status"] != "open":
+            raise ApiError(
+                "run_not_active",
+                f"session {request.session_id} is closed: it accepts no new run",
+                {"session_id": request.session_id},
+            )
+        providers.check_run_role(request.provider, request.role)
+        engine = self._engine()
+        base_models = tuple(engine.BASE_MODELS)
+        if request.base_model not in base_models and not request.base_model.startswith(HF_PREFIX):
+            raise ApiError(
+                "unsupported_base_model",
+                f"base_model: unknown base model {request.base_model!r} (served: "
+                f"{', '.join(base_models)}, or hf:<repo id> from the local Hugging Face cache)",
+                {"field": "base_model"},
+                status=422,
+            )
+        max_rank = int(getattr(engine, "MAX_LORA_RANK", DEFAULT_MAX_LORA_RANK))
+        if request.lora_rank > max_rank:
+            raise ApiError(
+                "invalid_request",
+                f"lora_rank: {request.lora_rank} exceeds max_lora_rank {max_rank}",
+                {"field": "lora_rank", "max_lora_rank": max_rank},
+            )
+        checkpoint_dir = None
+        if request.from_checkpoint is not None:
+            checkpoint_dir = self.resolve_checkpoint(
+                tenant, request.from_checkpoint, field="from_checkpoint"
+            )
+        seed = 0 if request.seed is None else request.seed
+        if not -(2**63) <= seed < 2**63:
+            raise ApiError("invalid_request", "seed: must fit in 64 bits", {"field": "seed"})
+        run_id = _new_id("run")
+        run = {
+            "run_id": run_id,
+            "tenant": tenant,
+            "session_id": request.session_id,
+            "provider": request.provider,
+            "base_model": request.base_model,
+            "lora_rank": request.lora_rank,
+            "seed": seed,
+            "role": request.role,
+            "trainable": request.trainable,
+            "from_checkpoint": request.from_checkpoint,
+            "labels": request.labels,
+            "status": "allocating",
+        }
+        self.journal.insert_run(run)
+        try:
+            engine_run = engine.EngineRun.create(
+                base_model=request.base_model,
+                lora_rank=request.lora_rank,
+                seed=seed,
+                role=request.role,
+                trainable=request.trainable,
+                checkpoint_dir=checkpoint_dir,
+            )
+        except engine.EngineError as exc:
+            self.journal.delete_run(run_id)
+            raise ApiError(exc.type, exc.message, exc.details) from None
+        except Exception:
+            log.exception("allocating run %s failed", run_id)
+            self.journal.delete_run(run_id)
+            raise ApiError("internal", "allocating the run failed") from None
+        self.journal.set_run_step(run_id, int(engine_run.step))
+        self.journal.set_run_status(run_id, "ready")
+        run["status"] = "ready"
+        worker = RunWorker(
+            run=run,
+            engine=engine_run,
+            journal=self.journal,
+            hooks=self,
+            gap_timeout_s=self.config.gap_timeout_s,
+            batch_samples=bool(getattr(engine, "SAMPLE_BATCH_INVARIANT", False)),
+            on_exit=self._worker_exited,
+        )
+        with self._workers_lock:
+            if self._closing.is_set():
+                error = ApiError("unavailable", "the server is shutting down")
+                self.journal.set_run_status(run_id, "failed", error=error.as_error())
+                raise error
+            self._workers[run_id] = worker
+        worker.start()
+        if self.journal.get_session(request.session_id)["status"] != "open":
+            self._cancel(run_id)  # the session closed while the run was allocated
+        return run_id
+
+    def _worker_exited(self, run_id: str) -> None:
+        with self._workers_lock:
+            self._workers.pop(run_id, None)
+
+    def _worker(self, run_id: str) -> RunWorker | None:
+        with self._workers_lock:
+            return self._workers.get(run_id)
+
+    def _own_run(self, tenant: str, run_id: str, live: bool = False) -> dict[str, Any]:
+        """The caller's run (404 for another tenant's); `live`: an active run's fixed fields
+        from memory, without a journal read (not its status, step or next_seq_id)."""
+        if live:
+            worker = self._worker(run_id)
+            if worker is not None:
+                if worker.tenant != tenant:
+                    raise not_found("run", run_id)
+                return worker.run
+        run = self.journal.get_run(run_id)
+        if run is None or run["tenant"] != tenant:
+            raise not_found("run", run_id)
+        return run
+
+    @staticmethod
+    def _run_out(run: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "run_id": run["run_id"],
+            "session_id": run["session_id"],
+            "provider": run["provider"],
+            "base_model": run["base_model"],
+            "lora_rank": run["lora_rank"],
+            "role": run["role"],
+            "trainable": run["trainable"],
+            "status": run["status"],
+            "next_seq_id": run["next_seq_id"],
+            "step": run["step"],
+            "error": run["error"],
+            "created_at": run["created_at"],
+            "finished_at": run["finished_at"],
+            "seed": run["seed"],
+            "from_checkpoint": run["from_checkpoint"],
+            "labels": run["labels"],
+        }
+
+    def get_run(self, tenant: str, run_id: str) -> dict[str, Any]:
+        return self._run_out(self._own_run(tenant, run_id))
+
+    def finish_run(self, tenant: str, run_id: str) -> dict[str, Any]:
+        self._own_run(tenant, run_id)
+        worker = self._worker(run_id)
+        if worker is not None:
+            worker.finish()
+            worker.wait_exit(self.config.post_wait_s)
+        return self.get_run(tenant, run_id)
+
+    def cancel_run(self, tenant: str, run_id: str) -> dict[str, Any]:
+        self._own_run(tenant, run_id)
+        self._cancel(run_id)
+        return self.get_run(tenant, run_id)
+
+    def _cancel(self, run_id: str) -> None:
+        worker = self._worker(run_id)
+        if worker is not None:
+            worker.cancel()
+            worker.wait_exit(self.config.post_wait_s)
+
+    # ------------------------------------------------------------------ checkpoints, files
+
+    def state_dir(self, run_id: str, name: str) -> Path:
+        return self.data_dir / "runs" / run_id / "states" / name
+
+    def checkpoint_uri(self, run_id: str, name: str) -> str:
+        return f"whitney://runs/{run_id}/states/{name}"
+
+    def new_artifact_path(self) -> tuple[str, Path]:
+        artifact_id = _new_id("art")
+        return artifact_id, self.data_dir / "artifacts" / f"{artifact_id}.tar"
+
+    def _parse_checkpoint(self, tenant: str, uri: str, field: str) -> tuple[str, str]:
+        match = CHECKPOINT_URI.match(uri)
+        if match is None or not _valid_name(match["name"]):
+            raise ApiError(
+                "invalid_request",
+                f"{field}: expected whitney://runs/<run_id>/states/<name>, got {uri!r}",
+                {"field": field},
+            )
+        owner = self.journal.get_run(match["run_id"])
+        if owner is None or owner["tenant"] != tenant:
+            raise ApiError("not_found", f"{field}: checkpoint {uri!r} not found", {"field": field})
+        return match["run_id"], match["name"]
+
+    def resolve_checkpoint(self, tenant: str, uri: str, field: str = "checkpoint") -> Path:
+        """The directory of a `whitney://runs/{run_id}/states/{name}` checkpoint of `tenant`."""
+        run_id, name = self._parse_checkpoint(tenant, uri, field)
+        record = self.journal.get_checkpoint(run_id, name)
+        if record is None or not Path(record["path"]).is_dir():
+            raise ApiError("not_found", f"{field}: checkpoint {uri!r} not found", {"field": field})
+        return Path(record["path"])
+
+    def artifact_path(self, tenant: str, artifact_id: str) -> tuple[Path, dict[str, Any]]:
+        artifact = self.journal.get_artifact(artifact_id)
+        if artifact is None or artifact["tenant"] != tenant or not Path(artifact["path"]).exists():
+            raise not_found("artifact", artifact_id)
+        return Path(artifact["path"]), artifact
+
+    # ------------------------------------------------------------------ operations
+
+    def submit_operation(
+        self, tenant: str, run_id: str, sampler_id: str | None, body: Any
+    ) -> RawJson:
+        """Journal an operation (or find its stored twin) and answer once it is terminal or
+        after `post_wait_s`."""
+        run = self._own_run(tenant, run_id, live=True)
+        if not isinstance(body, dict):
+            raise ApiError("invalid_request", "body: expected a JSON object", {"field": "body"})
+        try:
+            request = wire.OperationRequest.model_validate(body)
+        except ValidationError as exc:
+            raise from_validation_error(exc) from None
+        if sampler_id is not None and not _valid_name(sampler_id):
+            raise ApiError(
+                "invalid_request",
+                f"sampler_id: invalid sampler id {sampler_id!r}",
+                {"field": "sampler_id"},
+            )
+        kind, seq_id = request.kind, request.seq_id
+        if seq_id >= 2**63:
+            raise ApiError("invalid_request", "seq_id: must fit in 64 bits", {"field": "seq_id"})
+        providers.check_route(kind, sampler_id is not None, run_id)
+        try:
+            model = wire.validate_payload(kind, request.payload)
+        except ValidationError as exc:
+            raise from_validation_error(exc, "payload") from None
+        payload = model.model_dump(mode="json")
+        payload_json = canonical_json(payload)
+        payload_hash = hashlib.sha256(payload_json.encode()).hexdigest()
+
+        worker = self._worker(run_id)
+        if worker is None:
+            # not active: only a resend of a journaled operation gets an answer
+            self._existing(run_id, seq_id, kind, sampler_id, payload_hash)
+            return self._render(run_id, seq_id)
+        with worker.cond:
+            header = self._existing(run_id, seq_id, kind, sampler_id, payload_hash)
+            if header is not None:
+                ticket = worker.tickets.get(seq_id)
+            else:
+                if worker.status != "ready":
+                    raise ApiError(
+                        "run_not_active",
+                        f"run {run_id} is {worker.status}: it accepts no new operation",
+                        {"run_id": run_id, "status": worker.status},
+                    )
+                providers.check_operation(run, kind, payload)
+                self._check_names(run_id, seq_id, kind, payload)
+                if kind == "load_state":
+                    self._parse_checkpoint(tenant, payload["checkpoint"], "payload.checkpoint")
+                submitted_at = self.journal.insert_operation(
+                    run_id, seq_id, kind, sampler_id, payload_hash, payload_json
+                )
+                ticket = Ticket(
+                    seq_id=seq_id,
+                    kind=kind,
+                    sampler_id=sampler_id,
+                    payload=payload,
+                    submitted_at=submitted_at,
+                )
+                worker.add(ticket)
+        if ticket is not None and not self._closing.is_set():
+            ticket.done.wait(self.config.post_wait_s)
+        return self._render(run_id, seq_id)
+
+    def _render(self, run_id: str, seq_id: int) -> RawJson:
+        row = self.journal.get_operation(run_id, seq_id)
+        if row is None:  # pragma: no cover - journaled before we look
+            raise ApiError("internal", "operation vanished from the journal")
+        return RawJson(render_operation(row))
+
+    def _existing(
+        self, run_id: str, seq_id: int, kind: str, sampler_id: str | None, payload_hash: str
+    ) -> dict[str, Any] | None:
+        header = self.journal.get_operation_header(run_id, seq_id)
+        if header is None:
+            worker = self._worker(run_id)
+            if worker is None:
+                run = self.journal.get_run(run_id)
+                status = run["status"] if run else "unknown"
+                raise ApiError(
+                    "run_not_active",
+                    f"run {run_id} is {status}: it accepts no new operation",
+                    {"run_id": run_id, "status": status},
+                )
+            return None
+        if (header["kind"], header["sampler_id"], header["payload_hash"]) != (
+            kind,
+            sampler_id,
+            payload_hash,
+        ):
+            differs = (
+                "kind"
+                if header["kind"] != kind
+                else "sampler_id"
+                if header["sampler_id"] != sampler_id
+                else "payload"
+            )
+            raise ApiError(
+                "seq_conflict",
+                f"seq_id: operation {seq_id} of run {run_id} was journaled with another "
+                f"{differs} (stored kind {header['kind']!r})",
+                {"seq_id": seq_id, "stored_kind": header["kind"], "differs": differs},
+            )
+        return header
+
+    def _check_names(self, run_id: str, seq_id: int, kind: str, payload: dict[str, Any]) -> None:
+        if kind not in ("save_weights_for_sampler", "save_state"):
+            return
+        name = payload.get("name")
+        if name is None:
+            return
+        if name in (".", ".."):
+            raise ApiError("invalid_request", f"payload.name: invalid name {name!r}")
+        used = self.journal.names_in_use(run_id, kind)
+        default = default_sampler_id if kind == "save_weights_for_sampler" else default_state_name
+        match = re.fullmatch(r"(?:sampler|seq)-(\d+)", name)
+        taken_by_default = (
+            match is not None
+            and default(int(match[1])) == name
+            and self.journal.get_operation_header(run_id, int(match[1])) is not None
+        )
+        if (name in used and used[name] != seq_id) or taken_by_default:
+            what = "sampler" if kind == "save_weights_for_sampler" else "checkpoint"
+            raise ApiError(
+                "seq_conflict",
+                f"payload.name: {what} name {name!r} was used before in run {run_id}",
+                {"name": name, "seq_id": seq_id},
+            )
+
+    def get_operation(self, tenant: str, run_id: str, seq_id: int, wait_s: float) -> RawJson:
+        self._own_run(tenant, run_id, live=True)
+        row = self.journal.get_operation(run_id, seq_id)
+        if row is None:
+            raise ApiError(
+                "not_found",
+                f"operation {seq_id} of run {run_id} not found",
+                {"run_id": run_id, "seq_id": seq_id},
+            )
+        if row["status"] not in OP_TERMINAL and wait_s > 0:
+            worker = self._worker(run_id)
+            ticket = worker.ticket(seq_id) if worker is not None else None
+            if ticket is not None and not self._closing.is_set():
+                ticket.done.wait(min(wait_s, MAX_WAIT_S))
+            return self._render(run_id, seq_id)
+        return RawJson(render_operation(row))
+
+    def list_operations(
+        self, tenant: str, run_id: str, after_seq: int, limit: int | None
+    ) -> RawJson:
+        self._own_run(tenant, run_id)
+        limit = DEFAULT_LIST_LIMIT if limit is None else limit
+        if limit < 1 or limit > MAX_LIST_LIMIT:
+            raise ApiError(
+                "invalid_request",
+                f"limit: must be within 1..{MAX_LIST_LIMIT}, got {limit}",
+                {"field": "limit"},
+            )
+        rows = self.journal.list_operations(run_id, after_seq, limit)
+        return RawJson('{"operations":[' + ",".join(render_operation(r) for r in rows) + "]}")
