@@ -98,6 +98,12 @@ class InvalidLossConfig(Unprocessable):
     type = "invalid_loss_config"
 
 
+class UnsupportedBaseModel(Unprocessable):
+    """A base model the provider does not serve (or, for `hf:` models, has not cached)."""
+
+    type = "unsupported_base_model"
+
+
 class RateLimited(WhitneyError):
     type = "rate_limited"
     retryable = True
@@ -144,6 +150,7 @@ ERRORS_BY_TYPE: dict[str, type[WhitneyError]] = {
         InvalidDatum,
         UnsupportedLoss,
         InvalidLossConfig,
+        UnsupportedBaseModel,
         RateLimited,
         InternalError,
         Unavailable,

@@ -338,6 +338,7 @@ def test_4xx_are_never_retried(mock, client, fake_time, status, type_):
         (422, "invalid_datum", errors.InvalidDatum, False),
         (422, "unsupported_loss", errors.UnsupportedLoss, False),
         (422, "invalid_loss_config", errors.InvalidLossConfig, False),
+        (422, "unsupported_base_model", errors.UnsupportedBaseModel, False),
         (429, "rate_limited", errors.RateLimited, True),
         (500, "internal", errors.InternalError, True),
         (503, "unavailable", errors.Unavailable, True),
