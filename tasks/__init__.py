@@ -1,0 +1,1 @@
+"""Prefect tasks, one per Whitney operation, and their retry policy."""

@@ -1,0 +1,213 @@
+"""Orchestration overhead: the RL flow against the page's plain loop, side by side in one run.
+
+Both drive the same embedded Whitney server, started in its own process (`whitney-flows
+serve`, as a remote Whitney would be, so Prefect's threads do not share its interpreter), with
+the same cycle code (`flows.rl.run_cycle`): the plain loop calls the client directly, one call
+after another, with no Prefect; the flow runs every call as a Prefect task inside a
+`cycle-{n}` subflow run and records artifacts. The flow runs twice: with sequential sampling
+(exactly the plain loop's calls) and with a cycle's sample requests fanned out on a reserved
+block of seq ids (the flow's default).
+
+A cycle's wall time is the interval between the starts of consecutive cycles, so it includes
+everything a cycle costs: subflow creation and teardown, task runs, artifacts. The figure is
+the median over the cycles after the first, and over the repeats, which interleave.
+
+First it measures what a sync subflow run costs with and without its heartbeat thread
+(Prefect 3.9 joins it at teardown: about a second per subflow run; the flow turns it off for
+its cycle subflows).
+
+    python benchmarks/orchestration_overhead.py [--cycles 12] [--latency-ms 0 100] [--repeats 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import logging
+import os
+import re
+import secrets
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+from prefect import flow
+from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+from flows.config import RLConfig
+from flows.connection import resolve_connection
+from flows.context import SequencedClient
+from flows.heartbeat import subflows_without_heartbeat
+from flows.metrics import CycleMetrics
+from flows.operation_log import OperationLog
+from flows.rl import rl_flow, run_cycle
+from flows.rl_plan import check_rl_config
+from flows.sequencing import SeqLedger
+from tasks.connection import client_for
+from whitney import wire
+
+READY = re.compile(r"ready at (http://\S+)")
+HEARTBEAT_S = 30
+
+
+class PlainClient(SequencedClient):
+    """The page's plain loop: every call straight to the Whitney client, no Prefect task."""
+
+    def execute(
+        self,
+        run_id: str,
+        kind: str,
+        payload: dict,
+        *,
+        seq_id: int | None = None,
+        sampler_id: str | None = None,
+    ) -> wire.Operation:
+        seq = self.ledger.next(run_id) if seq_id is None else seq_id
+        with self.log.timing(kind):
+            operation = client_for(self.connection).execute(
+                run_id, kind, payload, seq_id=seq, sampler_id=sampler_id
+            )
+        self.log.record(operation)
+        return operation
+
+
+@contextmanager
+def served_whitney(latency_ms: float) -> Iterator[str]:
+    """`whitney-flows serve` on a free port in a subprocess; yields its URL, sets the key."""
+    api_key = secrets.token_hex(16)
+    with tempfile.TemporaryDirectory(prefix="whitney-bench-") as data_dir:
+        command = [sys.executable, "-m", "flows.cli", "serve", "--port", "0"]
+        command += ["--api-key", api_key, "--data-dir", data_dir, "--latency-ms", str(latency_ms)]
+        server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+        try:
+            assert server.stdout is not None
+            for line in server.stdout:
+                if match := READY.search(line):
+                    break
+            else:
+                raise RuntimeError("the Whitney server did not start")
+            os.environ["WHITNEY_API_KEY"] = api_key
+            yield match.group(1)
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+
+def plain_loop(config: RLConfig) -> list[CycleMetrics]:
+    """The page's skeleton: session, run, the cycles, save_state, export_lora, finish, close."""
+    plan = check_rl_config(config)
+    connection = resolve_connection(config.api_url)
+    client = client_for(connection)
+    session = client.open_session({"benchmark": "plain-loop"})
+    run = client.create_run(
+        session.session_id,
+        config.provider,
+        config.base_model,
+        lora_rank=config.lora_rank,
+        seed=config.seed,
+    )
+    plain = PlainClient(
+        connection, SeqLedger({run.run_id: run.next_seq_id}), config.task_retry, OperationLog()
+    )
+    cycles = []
+    for cycle in range(config.cycles):
+        plain.log = OperationLog()
+        cycles.append(run_cycle(plan, plain, cycle, run.run_id))
+    plain.run_operation(run.run_id, "save_state", {})
+    plain.run_operation(run.run_id, "export_lora", {})
+    client.finish(run.run_id)
+    client.close_session(session.session_id)
+    return cycles
+
+
+def rl_flow_cycles(config: RLConfig) -> list[CycleMetrics]:
+    return rl_flow(config).cycles
+
+
+def seconds_per_cycle(cycles: list[CycleMetrics]) -> float:
+    """Median interval between consecutive cycle starts (the first cycle is a warm-up)."""
+    starts = [metrics.started_at.timestamp() for metrics in cycles[1:]]
+    return statistics.median(later - earlier for earlier, later in itertools.pairwise(starts))
+
+
+@flow
+def trivial_cycle(cycle: int) -> int:
+    return cycle
+
+
+@flow
+def subflow_costs(count: int) -> tuple[float, float]:
+    """Median wall time of a trivial sync subflow run, with and without its heartbeat."""
+    with_heartbeat, without = [], []
+    for cycle in range(count):
+        started = time.perf_counter()
+        with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: HEARTBEAT_S}):
+            trivial_cycle(cycle)
+        with_heartbeat.append(time.perf_counter() - started)
+        started = time.perf_counter()
+        with subflows_without_heartbeat():
+            trivial_cycle(cycle)
+        without.append(time.perf_counter() - started)
+    return statistics.median(with_heartbeat), statistics.median(without)
+
+
+def quiet_prefect_console() -> None:
+    """Warnings only on the console, as `whitney-flows run` does (the API still gets all)."""
+    for handler in logging.getLogger().handlers:
+        handler.setLevel(logging.WARNING)
+
+
+def main() -> None:
+    quiet_prefect_console()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=12)
+    parser.add_argument("--latency-ms", type=float, nargs="+", default=[0.0, 100.0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--base-model", default="local/tiny")
+    args = parser.parse_args()
+
+    heartbeat, no_heartbeat = subflow_costs(8)
+    print(
+        f"sync subflow run: {heartbeat:.3f} s with its heartbeat thread, "
+        f"{no_heartbeat:.3f} s without (the flow's cycle subflows)",
+        flush=True,
+    )
+    variants: dict[str, Callable[[RLConfig], list[CycleMetrics]]] = {
+        "plain": plain_loop,
+        "flow": rl_flow_cycles,
+        "fan-out": rl_flow_cycles,
+    }
+    rows = []
+    for latency_ms in args.latency_ms:
+        with served_whitney(latency_ms) as url:
+            config = RLConfig(
+                api_url=url, base_model=args.base_model, cycles=args.cycles, seed=1
+            ).model_copy(update={"concurrent_sampling": False})
+            rl_flow(config.model_copy(update={"cycles": 2}))  # warm up Prefect and the server
+            measured: dict[str, list[float]] = {name: [] for name in variants}
+            for _ in range(args.repeats):
+                for name, runner in variants.items():
+                    variant = config.model_copy(update={"concurrent_sampling": name == "fan-out"})
+                    measured[name].append(seconds_per_cycle(runner(variant)))
+            row = {name: statistics.median(values) for name, values in measured.items()}
+            print(f"latency {latency_ms:g} ms: {row}", flush=True)
+            rows.append((latency_ms, row))
+
+    print()
+    print(f"per-cycle wall time (median of cycles 2..{args.cycles}, {args.repeats} repeats)")
+    header = ("latency", "plain loop", "flow", "ratio", "flow, fan-out", "ratio")
+    print("{:>8} {:>11} {:>9} {:>7} {:>14} {:>7}".format(*header))
+    for latency_ms, row in rows:
+        plain, flow_s, fanned = row["plain"], row["flow"], row["fan-out"]
+        print(
+            f"{latency_ms:>6g}ms {plain:>10.3f}s {flow_s:>8.3f}s {flow_s / plain:>6.2f}x"
+            f" {fanned:>13.3f}s {fanned / plain:>6.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    main()

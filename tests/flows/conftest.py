@@ -1,0 +1,57 @@
+"""Fixtures of the flow tests: one Prefect test harness for the session, the shared embedded
+Whitney server (tests/conftest.py) with its key in WHITNEY_API_KEY, and a small config.
+
+This directory has no __init__.py on purpose: test modules import as top-level names, so
+helper modules here use names that cannot shadow a package (`flowtest_*`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from prefect.testing.utilities import prefect_test_harness
+
+from flows.config import RLConfig
+from tasks.retry import TaskRetrySettings
+from whitney.client import WhitneyClient
+from whitney.local import EmbeddedWhitney
+
+
+@pytest.fixture(scope="session", autouse=True)
+def prefect_harness() -> Iterator[None]:
+    """One temporary Prefect API (SQLite) for every flow test: it takes seconds to start."""
+    with prefect_test_harness(server_startup_timeout=60):
+        yield
+
+
+@pytest.fixture
+def whitney(embedded_server: EmbeddedWhitney, monkeypatch: pytest.MonkeyPatch) -> EmbeddedWhitney:
+    """The shared embedded server, its key where flows and hooks look for it."""
+    monkeypatch.setenv("WHITNEY_API_KEY", embedded_server.api_key)
+    monkeypatch.delenv("WHITNEY_API_URL", raising=False)
+    return embedded_server
+
+
+@pytest.fixture
+def inspector(whitney: EmbeddedWhitney) -> Iterator[WhitneyClient]:
+    """A client to check on the server what the flows left behind."""
+    with WhitneyClient(whitney.url, whitney.api_key, backoff_base=0.01) as client:
+        yield client
+
+
+@pytest.fixture
+def small_config(whitney: EmbeddedWhitney) -> RLConfig:
+    """A fast RL config on local/nano: learning is not the point of most tests."""
+    return RLConfig(
+        api_url=whitney.url,
+        base_model="local/nano",
+        cycles=3,
+        prompts_per_cycle=3,
+        group_size=4,
+        max_tokens=8,
+        seed=11,
+        task_retry=TaskRetrySettings(retries=3, delay_s=0.05, max_delay_s=0.5, jitter=0.2),
+        cycle_retries=1,
+        cleanup_timeout_s=30,
+    )

@@ -1,0 +1,87 @@
+"""Checks the flow tests make on the Whitney server and the Prefect API."""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from pathlib import Path
+from uuid import UUID
+
+from prefect import get_client
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterId,
+    FlowRunFilterParentFlowRunId,
+)
+from prefect.client.schemas.objects import FlowRun, TaskRun
+
+from flows.cleanup import FLOW_RUN_LABEL
+from whitney import wire
+from whitney.client import WhitneyClient
+from whitney.local import EmbeddedWhitney
+
+
+def journal_rows(server: EmbeddedWhitney, run_id: str) -> list[dict]:
+    """The run's operations from the server's SQLite journal, with `executions` counts."""
+    path = Path(server.data_dir) / "journal.sqlite3"
+    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    connection.row_factory = sqlite3.Row
+    try:
+        rows = connection.execute(
+            "SELECT seq_id, kind, status, executions FROM operations WHERE run_id=? "
+            "ORDER BY seq_id",
+            (run_id,),
+        ).fetchall()
+        return [dict(row) for row in rows]
+    finally:
+        connection.close()
+
+
+def assert_executed_once_in_order(server: EmbeddedWhitney, run_id: str) -> list[dict]:
+    """Every seq id of the run, 1..N without a gap, executed exactly once."""
+    rows = journal_rows(server, run_id)
+    assert [row["seq_id"] for row in rows] == list(range(1, len(rows) + 1))
+    assert [row["executions"] for row in rows] == [1] * len(rows)
+    assert {row["status"] for row in rows} == {"succeeded"}
+    return rows
+
+
+def flow_run_sessions(client: WhitneyClient, flow_run_id: UUID | str) -> list[wire.Session]:
+    return client.list_sessions(label=f"{FLOW_RUN_LABEL}:{flow_run_id}")
+
+
+def assert_released(client: WhitneyClient, flow_run_id: UUID | str) -> list[wire.Run]:
+    """The flow run's sessions exist, are all closed, and their runs are all cancelled."""
+    sessions = flow_run_sessions(client, flow_run_id)
+    assert sessions, f"no session bears the label of flow run {flow_run_id}"
+    runs = []
+    for session in sessions:
+        assert client.get_session(session.session_id).status == "closed"
+        for run_id in client.get_session(session.session_id).run_ids or []:
+            runs.append(client.get_run(run_id))
+    assert runs
+    assert {run.status for run in runs} == {"cancelled"}
+    return runs
+
+
+def subflow_runs(flow_run_id: UUID) -> list[FlowRun]:
+    with get_client(sync_client=True) as prefect:
+        runs = prefect.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])
+            )
+        )
+    return sorted(runs, key=lambda run: run.expected_start_time or run.created)
+
+
+def task_runs_of(flow_run_id: UUID, expected: int, timeout_s: float = 20.0) -> list[TaskRun]:
+    """The flow run's task runs, once at least `expected` are recorded (events are async)."""
+    deadline = time.monotonic() + timeout_s
+    with get_client(sync_client=True) as prefect:
+        while True:
+            runs = prefect.read_task_runs(
+                flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id]))
+            )
+            if len(runs) >= expected or time.monotonic() > deadline:
+                return runs
+            time.sleep(0.2)

@@ -1,0 +1,47 @@
+"""Plug-ins the flow tests load by import path (`flowtest_plugins:...`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from flows.context import LossContext
+from flows.environments import Completion
+from flows.environments.digits import DigitsEnvironment
+from flows.recipes import Recipe
+from flows.recipes.importance_sampling import build_loss as importance_sampling
+
+
+class BrokenAtCycle1(DigitsEnvironment):
+    """The digits environment, except that rewarding anything in cycle 1 always fails."""
+
+    def __init__(self) -> None:
+        self._cycle = 0
+
+    def prompts(self, cycle: int, count: int, seed: int) -> list[str]:
+        self._cycle = cycle
+        return super().prompts(cycle, count, seed)
+
+    def reward(self, prompt: str, completion: Completion) -> float:
+        if self._cycle == 1:
+            raise RuntimeError("injected: the reward of cycle 1 is broken")
+        return super().reward(prompt, completion)
+
+
+def build_loss_with_logprobs(
+    sample: dict[str, Any], cycle: int, request: dict[str, Any], ctx: LossContext
+) -> dict[str, Any]:
+    """importance_sampling, after an extra ordered `logprobs` call through ctx.client."""
+    prompt = request["prompt"]["token_ids"]
+    sequences = [{"token_ids": prompt + sequence["tokens"]} for sequence in sample["sequences"]]
+    result = ctx.client.sampler_operation(
+        ctx.run_id, ctx.sampler_id, "logprobs", {"sequences": sequences}
+    )
+    assert len(result["logprobs"]) == len(sequences)
+    return importance_sampling(sample, cycle, request, ctx)
+
+
+WITH_LOGPROBS = Recipe(
+    name="importance_sampling",
+    loss_function="importance_sampling",
+    build_loss=build_loss_with_logprobs,
+)

@@ -1,0 +1,79 @@
+"""What an RL flow run leaves for people: a metrics JSON line and a one-row table artifact
+per cycle, a progress artifact at 100 %, and a markdown summary naming the checkpoint and the
+exported adapter."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from uuid import UUID
+
+from flowtest_helpers import subflow_runs
+from prefect import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
+from prefect.client.schemas.objects import Artifact
+
+from flows.config import RLConfig
+from flows.rl import rl_flow
+
+METRIC_FIELDS = {
+    "cycle",
+    "started_at",
+    "seq_start",
+    "seq_end",
+    "reward_mean",
+    "reward_std",
+    "all_zero_group_share",
+    "loss",
+    "grad_norm",
+    "kl_sample_train",
+    "tokens_sampled",
+    "tokens_trained",
+    "op_seconds",
+    "wall_seconds",
+}
+
+
+def artifacts_of(flow_run_id: UUID) -> list[Artifact]:
+    with get_client(sync_client=True) as prefect:
+        return prefect.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+
+
+def test_records_of_a_flow_run(small_config: RLConfig, tmp_path: Path) -> None:
+    metrics_path = tmp_path / "metrics.jsonl"
+    config = small_config.model_copy(update={"cycles": 2, "metrics_path": str(metrics_path)})
+    state = rl_flow(config, return_state=True)
+    result = state.result()
+
+    lines = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+    assert [line["cycle"] for line in lines] == [0, 1]
+    for line in lines:
+        assert set(line) == METRIC_FIELDS
+        assert set(line["op_seconds"]) == {
+            "save_weights_for_sampler",
+            "sample",
+            "forward_backward",
+            "optim_step",
+        }
+        assert line["tokens_sampled"] > 0 and line["tokens_trained"] > 0
+        assert 0.0 <= line["all_zero_group_share"] <= 1.0
+    assert lines[1]["seq_start"] == lines[0]["seq_end"]
+
+    parent = artifacts_of(state.state_details.flow_run_id)
+    by_type = {artifact.type: artifact for artifact in parent}
+    assert set(by_type) == {"progress", "markdown"}
+    assert float(by_type["progress"].data) == 100.0
+    summary = by_type["markdown"].data
+    for needle in (result.checkpoint, result.adapter.artifact_id, result.adapter.sha256):
+        assert needle in summary
+    for cycle, run in enumerate(subflow_runs(state.state_details.flow_run_id)):
+        (table,) = artifacts_of(run.id)
+        assert table.type == "table"
+        (row,) = json.loads(table.data)
+        assert row["cycle"] == cycle
+        assert row["seconds_forward_backward"] > 0
+    for artifact in parent:
+        assert re.fullmatch(r"[a-z0-9-]+", artifact.key), artifact.key
