@@ -1,0 +1,157 @@
+"""`WhitneyCredentials`: where a Whitney endpoint is, the key to it, and how patient the client
+is, saved once on the Prefect server and loaded by name by every flow run.
+
+The API key is a `SecretStr`: the Prefect UI and API show it as `**********`, `repr` and
+`model_dump` never reveal it, and it is revealed only to build a `WhitneyClient`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+from prefect.blocks.core import Block
+from pydantic import Field, SecretStr, field_validator
+
+from whitney import wire
+from whitney.client import WhitneyClient
+
+Provider = Literal["local", "modal", "tinker"]
+
+OPERATION_KINDS: frozenset[str] = wire.RUN_OPERATION_KINDS | wire.SAMPLER_OPERATION_KINDS
+"""The keys a price table may have: every Whitney operation kind."""
+
+
+class WhitneyCredentials(Block):
+    """Credentials and connection settings of a Whitney training API endpoint: the hosted
+    service or an embedded server (`whitney-flows serve`). Flows load it by name through
+    their `whitney_block` parameter."""
+
+    _block_type_name = "Whitney Credentials"
+    _block_type_slug = "whitney-credentials"
+    _logo_url = None
+    _description = (
+        "Base URL, API key and client settings of a Whitney training API endpoint "
+        "(the hosted service, or an embedded server started by `whitney-flows serve`)."
+    )
+    _code_example = """
+```python
+from blocks import WhitneyCredentials
+
+credentials = WhitneyCredentials.load("whitney")
+with credentials.get_client() as client:
+    print(client.capabilities())
+```
+"""
+
+    base_url: str = Field(
+        default=...,
+        title="Base URL",
+        description="Whitney base URL, e.g. http://127.0.0.1:8765 for an embedded server",
+        pattern=r"^https?://\S+$",
+    )
+    api_key: SecretStr = Field(
+        default=...,
+        title="API key",
+        description="Whitney API key; stored encrypted, shown as ********** everywhere",
+    )
+    default_provider: Provider = Field(
+        default="local",
+        title="Default provider",
+        description="Provider used by a run whose config does not choose one",
+    )
+    timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        title="Request timeout (s)",
+        description="Bound of one HTTP request",
+    )
+    max_attempts: int = Field(
+        default=6, ge=1, le=100, title="Max attempts", description="HTTP attempts per client call"
+    )
+    max_retry_seconds: float = Field(
+        default=120.0,
+        ge=0,
+        le=86_400,
+        title="Max retry time (s)",
+        description="Bound of the client's retries of one call",
+    )
+    backoff_base_s: float = Field(
+        default=0.2,
+        ge=0,
+        le=600,
+        title="Backoff base (s)",
+        description="First delay of the client's full-jitter exponential backoff",
+    )
+    backoff_max_s: float = Field(
+        default=10.0, ge=0, le=3600, title="Backoff cap (s)", description="Cap of one retry delay"
+    )
+    poll_wait_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=60,
+        title="Long-poll wait (s)",
+        description="How long each long-poll GET of an operation asks the server to wait",
+    )
+    price_table: dict[str, float] | None = Field(
+        default=None,
+        title="Price table",
+        description="Optional: USD per 1,000 billed tokens by operation kind, e.g. "
+        '{"sample": 0.0002, "forward_backward": 0.0006}; used to estimate a run\'s cost',
+    )
+
+    @field_validator("base_url")
+    @classmethod
+    def _strip_slash(cls, value: str) -> str:
+        return value.rstrip("/")
+
+    @field_validator("api_key")
+    @classmethod
+    def _non_empty_key(cls, value: SecretStr) -> SecretStr:
+        if not value.get_secret_value().strip():
+            raise ValueError("api_key must not be empty")
+        return value
+
+    @field_validator("price_table")
+    @classmethod
+    def _known_kinds(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        unknown = sorted(set(value) - OPERATION_KINDS)
+        if unknown:
+            raise ValueError(
+                f"unknown operation kind(s) {', '.join(unknown)} "
+                f"(known: {', '.join(sorted(OPERATION_KINDS))})"
+            )
+        negative = sorted(kind for kind, price in value.items() if not price >= 0)
+        if negative:
+            raise ValueError(f"prices must be >= 0: {', '.join(negative)}")
+        return dict(value)
+
+    def client_settings(self) -> dict[str, float | int]:
+        """The `WhitneyClient` keyword arguments these settings stand for (no URL, no key)."""
+        return {
+            "timeout": self.timeout_s,
+            "max_attempts": self.max_attempts,
+            "max_retry_seconds": self.max_retry_seconds,
+            "backoff_base": self.backoff_base_s,
+            "backoff_max": self.backoff_max_s,
+            "poll_wait_s": self.poll_wait_s,
+        }
+
+    def get_client(self) -> WhitneyClient:
+        """A new `WhitneyClient` for this endpoint; close it (or use it as a context manager)."""
+        return WhitneyClient(
+            self.base_url, self.api_key.get_secret_value(), **self.client_settings()
+        )
+
+    def estimate_cost(self, tokens_by_kind: Mapping[str, int | float]) -> float | None:
+        """USD for the billed tokens per operation kind, from the price table; None without
+        one. A kind the table does not price costs nothing."""
+        if self.price_table is None:
+            return None
+        return sum(
+            self.price_table.get(kind, 0.0) * tokens / 1000.0
+            for kind, tokens in tokens_by_kind.items()
+        )

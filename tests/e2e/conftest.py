@@ -1,0 +1,252 @@
+"""The end-to-end stack, once per session, as the README's "Run it on a Prefect server" sets it
+up by hand:
+
+- `prefect server start` on 127.0.0.1:<free port>, with a fresh temporary PREFECT_HOME;
+- the embedded Whitney server (`whitney-flows serve`) on 127.0.0.1:<free port>, with a known
+  key (in WHITNEY_LOCAL_API_KEYS) and a temporary data directory;
+- `prefect work-pool create whitney-process --type process`;
+- `prefect block register -m blocks`, `python -m blocks save whitney --base-url ...` (the key
+  from WHITNEY_API_KEY of that one command), `python -m blocks check whitney`;
+- `prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml` from the
+  repository root;
+- `prefect worker start --pool whitney-process` with a 1 s query interval. Its environment
+  holds no Whitney URL or key: the flow runs get them from the block.
+
+Every process runs in its own process group and is stopped by PID when the session ends,
+whatever happened. Their logs go to test-artifacts/e2e-logs/. All tests here carry the `e2e`
+marker: `pytest -m e2e` selects them, `pytest -m "not e2e"` leaves them out.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from .harness import (
+    ARTIFACTS_DIR,
+    REPO_ROOT,
+    HarnessError,
+    ManagedProcess,
+    PrefectAPI,
+    executable,
+    free_port,
+    run_command,
+    wait_for,
+)
+
+E2E_DIR = Path(__file__).resolve().parent
+WORK_POOL = "whitney-process"
+BLOCK_NAME = "whitney"
+FLOW_NAME = "rl"
+RL_DEPLOYMENT = "rl-on-demand"
+LOG_DIR = ARTIFACTS_DIR / "e2e-logs"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "e2e: end-to-end tests against a real Prefect server, worker and browser"
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if E2E_DIR in Path(item.path).resolve().parents:
+            item.add_marker(pytest.mark.e2e)
+
+
+@dataclass
+class Stack:
+    """The running stack and what the tests need to reach it."""
+
+    api: PrefectAPI
+    ui_url: str
+    whitney_url: str
+    whitney_key: str
+    whitney_data: Path
+    fault_dir: Path
+    env: dict[str, str]
+    processes: list[ManagedProcess] = field(default_factory=list)
+
+    def evidence(self) -> str:
+        """The tails of every process's log, for a failure message."""
+        return "\n".join(process.tail() for process in self.processes)
+
+    def deployment(self, name: str = RL_DEPLOYMENT) -> dict[str, Any]:
+        return self.api.deployment(FLOW_NAME, name)
+
+    def check_alive(self) -> None:
+        for process in self.processes:
+            process.check_running()
+
+    def whitney_client(self) -> Any:
+        from whitney.client import WhitneyClient
+
+        return WhitneyClient(self.whitney_url, self.whitney_key, max_retry_seconds=10)
+
+
+def _child_env(prefect_home: Path, api_url: str, fault_dir: Path) -> dict[str, str]:
+    """The environment of every process the stack starts: this one's, without any Prefect or
+    Whitney setting of the caller, plus the stack's own."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PREFECT_", "WHITNEY_"))
+    }
+    env.update(
+        {
+            "PREFECT_HOME": str(prefect_home),
+            "PREFECT_API_URL": api_url,
+            "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            "PREFECT_WORKER_QUERY_SECONDS": "1",
+            "PREFECT_WORKER_PREFETCH_SECONDS": "5",
+            "PREFECT_CLI_COLORS": "false",
+            "PYTHONUNBUFFERED": "1",
+            # the e2e fault environment (e2e_faults.py) is importable by the flow runs
+            "PYTHONPATH": os.pathsep.join(
+                part for part in (str(E2E_DIR), env.get("PYTHONPATH", "")) if part
+            ),
+            "E2E_FAULT_DIR": str(fault_dir),
+            "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+        }
+    )
+    return env
+
+
+def _whitney_serve_argv(port: int, data_dir: Path) -> list[str]:
+    """The embedded server's command line (its key comes from WHITNEY_LOCAL_API_KEYS, never
+    from argv, where `ps` would show it)."""
+    args = ["--host", "127.0.0.1", "--port", str(port), "--data-dir", str(data_dir)]
+    if (REPO_ROOT / "flows" / "cli.py").exists():
+        return [executable("whitney-flows"), "serve", *args]
+    return [sys.executable, "-m", "whitney.local", "serve", *args]
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(f"e2e: signal {signum}: stopping the stack")
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    # a SIGTERM to pytest (a CI timeout) must still run the teardown that stops the stack
+    previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    root = tmp_path_factory.mktemp("e2e")
+    shutil.rmtree(LOG_DIR, ignore_errors=True)
+    LOG_DIR.mkdir(parents=True)
+    prefect_port, whitney_port = free_port(), free_port()
+    ui_url = f"http://127.0.0.1:{prefect_port}"
+    api = PrefectAPI(f"{ui_url}/api")
+    fault_dir = root / "faults"
+    fault_dir.mkdir()
+    env = _child_env(root / "prefect-home", api.api_url, fault_dir)
+    whitney_key = f"e2e-key-{secrets.token_hex(12)}"
+    prefect = executable("prefect")
+    processes: list[ManagedProcess] = []
+    stack = Stack(
+        api=api,
+        ui_url=ui_url,
+        whitney_url=f"http://127.0.0.1:{whitney_port}",
+        whitney_key=whitney_key,
+        whitney_data=root / "whitney-data",
+        fault_dir=fault_dir,
+        env=env,
+        processes=processes,
+    )
+    try:
+        processes.append(
+            ManagedProcess(
+                "prefect-server",
+                [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
+                env,
+                LOG_DIR,
+            )
+        )
+        processes.append(
+            ManagedProcess(
+                "whitney-serve",
+                _whitney_serve_argv(whitney_port, stack.whitney_data),
+                {**env, "WHITNEY_LOCAL_API_KEYS": whitney_key},
+                LOG_DIR,
+            )
+        )
+
+        def prefect_up() -> bool:
+            processes[0].check_running()
+            return api.healthy()
+
+        def whitney_up() -> bool:
+            processes[1].check_running()
+            with stack.whitney_client() as client:
+                return bool(client.capabilities().providers)
+
+        wait_for("the Prefect server", prefect_up, timeout=90, evidence=stack.evidence)
+        wait_for("the Whitney server", whitney_up, timeout=90, evidence=stack.evidence)
+
+        def cli(name: str, *argv: str, extra_env: dict[str, str] | None = None) -> str:
+            return run_command(
+                list(argv), {**env, **(extra_env or {})}, timeout=120, log_dir=LOG_DIR, name=name
+            )
+
+        cli("work-pool-create", prefect, "work-pool", "create", WORK_POOL, "--type", "process")
+        cli("block-register", prefect, "block", "register", "-m", "blocks")
+        cli(
+            "block-save",
+            sys.executable,
+            "-m",
+            "blocks",
+            "save",
+            BLOCK_NAME,
+            "--base-url",
+            stack.whitney_url,
+            extra_env={"WHITNEY_API_KEY": whitney_key},
+        )
+        cli("block-check", sys.executable, "-m", "blocks", "check", BLOCK_NAME)
+        cli(
+            "deploy",
+            prefect,
+            "--no-prompt",
+            "deploy",
+            "--all",
+            "--prefect-file",
+            "deployments/prefect.yaml",
+        )
+        processes.append(
+            ManagedProcess(
+                "prefect-worker",
+                [prefect, "worker", "start", "--pool", WORK_POOL, "--name", "e2e-worker"],
+                env,
+                LOG_DIR,
+                stop_signals=(signal.SIGINT,),  # a Prefect worker ignores SIGTERM
+            )
+        )
+
+        def worker_up() -> bool:
+            processes[2].check_running()
+            workers = api.post(f"/work_pools/{WORK_POOL}/workers/filter", json={})
+            return any(worker.get("status") == "ONLINE" for worker in workers)
+
+        wait_for("the worker to come online", worker_up, timeout=90, evidence=stack.evidence)
+        yield stack
+    finally:
+        for process in reversed(processes):  # the worker first, the Prefect server last
+            process.stop()
+        api.close()
+        signal.signal(signal.SIGTERM, previous_handler)
+
+
+@pytest.fixture
+def alive(stack: Stack) -> Stack:
+    """The stack, checked to be still running before the test."""
+    try:
+        stack.check_alive()
+    except HarnessError as error:
+        pytest.fail(f"the e2e stack is down: {error}")
+    return stack

@@ -1,0 +1,131 @@
+"""The Prefect UI in headless Debian Chromium: rl-on-demand's custom run form, filled and
+submitted as a user would (real mouse clicks and typing over the DevTools protocol); the run
+it starts carries the typed value and completes. The credentials block page never shows the
+key.
+
+Chromium is required: without it this test fails (CI installs it with apt-get).
+A screenshot of the filled form is saved as test-artifacts/rl-on-demand-custom-run-form.png.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from .cdp import Chromium, Page, find_chromium
+from .conftest import BLOCK_NAME, LOG_DIR, RL_DEPLOYMENT, Stack
+from .harness import ARTIFACTS_DIR
+
+SCREENSHOT = ARTIFACTS_DIR / "rl-on-demand-custom-run-form.png"
+CYCLES = 2
+
+pytestmark = pytest.mark.timeout(300)
+
+
+def by_text(selector: str, text: str) -> str:
+    """JavaScript for the first `selector` element whose trimmed text is `text`."""
+    return (
+        f"[...document.querySelectorAll({json.dumps(selector)})]"
+        f".find(el => el.textContent.trim() === {json.dumps(text)})"
+    )
+
+
+def form_input(label_prefix: str) -> str:
+    """JavaScript for the input of the schema-form property whose label starts so."""
+    return (
+        "[...document.querySelectorAll('.schema-form-property')].find(el => el.querySelector("
+        f"'.schema-form-property__label')?.textContent.trim().startsWith({json.dumps(label_prefix)}))"
+        "?.querySelector('input, textarea')"
+    )
+
+
+RUN_NAME_INPUT = (
+    "[...document.querySelectorAll('.p-label')].find(el => el.querySelector('.p-label__label')"
+    "?.textContent.trim() === 'Run Name')?.querySelector('input')"
+)
+
+
+@pytest.fixture(scope="session")
+def chromium() -> str:
+    """Debian's Chromium; the test fails without it (not a skip: CI must run it)."""
+    binary = find_chromium()
+    if binary is None:
+        pytest.fail(
+            "Chromium is not installed: the browser test needs Debian's chromium "
+            "(apt-get install chromium); CI installs it"
+        )
+    return binary
+
+
+@pytest.fixture
+def page(chromium: str, stack: Stack) -> Iterator[Page]:
+    browser = Chromium(chromium, LOG_DIR, stack.env)
+    try:
+        yield browser.page()
+    finally:
+        browser.stop()
+
+
+def test_the_custom_run_form_starts_a_run_with_the_typed_cycles(
+    chromium: str, stack: Stack, page: Page
+) -> None:
+    stack.check_alive()
+    page.navigate(f"{stack.ui_url}/deployments")
+    deployment_link = by_text("a", RL_DEPLOYMENT)
+    page.wait_js("the deployments list", f"!!({deployment_link})", timeout=45)
+    page.click(deployment_link)
+    page.wait_js("the deployment page", "location.pathname.startsWith('/deployments/deployment/')")
+    run_button = by_text("button", "Run")
+    page.wait_js("the Run button", f"!!({run_button})")
+    page.click(run_button)
+    custom_run = by_text("a", "Custom run")
+    page.wait_js("the Run menu", f"!!({custom_run})")
+    page.click(custom_run)
+    page.wait_js("the custom run form", "location.pathname.endsWith('/run')")
+    cycles_input = form_input("Cycles")
+    page.wait_js("the Cycles field", f"!!({cycles_input})", timeout=30)
+
+    # the pydantic config, field by field, with descriptions and defaults
+    text = page.evaluate("document.body.innerText")
+    for expected in ("Number of training cycles", "Sampling temperature", "whitney_block"):
+        assert expected in text
+    schema = stack.deployment()["parameter_openapi_schema"]
+    default_cycles = schema["definitions"]["RLConfig"]["properties"]["cycles"]["default"]
+    assert page.evaluate(f"({cycles_input}).value") == str(default_cycles) != str(CYCLES)
+    assert page.evaluate(f"({form_input('whitney_block')}).value") == BLOCK_NAME
+
+    page.click(cycles_input)
+    page.select_all()
+    page.type_text(str(CYCLES))
+    assert page.evaluate(f"({cycles_input}).value") == str(CYCLES)
+    run_name = page.evaluate(f"({RUN_NAME_INPUT}).value")
+    assert run_name
+    page.screenshot(SCREENSHOT)
+
+    page.click(by_text("button", "Submit"))
+    page.wait_js("the form to submit", "!location.pathname.endsWith('/run')", timeout=30)
+
+    runs = stack.api.post("/flow_runs/filter", json={"flow_runs": {"name": {"any_": [run_name]}}})
+    assert len(runs) == 1, runs
+    flow_run = runs[0]
+    assert flow_run["parameters"]["config"]["cycles"] == CYCLES
+    assert flow_run["parameters"]["whitney_block"] == BLOCK_NAME
+    done = stack.api.wait_flow_run(flow_run["id"], ["COMPLETED"], 180, evidence=stack.evidence)
+    cycles = stack.api.child_flow_runs(done["id"])
+    assert sorted(run["name"] for run in cycles) == [f"cycle-{n}" for n in range(CYCLES)]
+    assert {run["state_type"] for run in cycles} == {"COMPLETED"}
+
+
+def test_the_block_page_never_shows_the_key(chromium: str, stack: Stack, page: Page) -> None:
+    documents = stack.api.post(
+        "/block_documents/filter",
+        json={"block_types": {"slug": {"any_": ["whitney-credentials"]}}},
+    )
+    page.navigate(f"{stack.ui_url}/blocks/block/{documents[0]['id']}")
+    page.wait_js(
+        "the block page", f"document.body.innerText.includes({json.dumps(stack.whitney_url)})"
+    )
+    assert "********" in page.evaluate("document.body.innerText")
+    assert stack.whitney_key not in page.evaluate("document.documentElement.outerHTML")
