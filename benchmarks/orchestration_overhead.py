@@ -4,9 +4,12 @@ Both drive the same embedded Whitney server, started in its own process (`whitne
 serve`, as a remote Whitney would be, so Prefect's threads do not share its interpreter), with
 the same cycle code (`flows.rl.run_cycle`): the plain loop calls the client directly, one call
 after another, with no Prefect; the flow runs every call as a Prefect task inside a
-`cycle-{n}` subflow run and records artifacts. The flow runs twice: with sequential sampling
-(exactly the plain loop's calls) and with a cycle's sample requests fanned out on a reserved
-block of seq ids (the flow's default).
+`cycle-{n}` subflow run and records artifacts. The flow runs three ways: unpipelined with
+sequential sampling (exactly the plain loop's calls), unpipelined with a cycle's sample
+requests fanned out on a reserved block of seq ids, and pipelined (the flow's default): fanned
+out, and each cycle's forward_backward, optim_step and the save_weights_for_sampler publishing
+the next cycle's sampler submitted back to back as task futures (`flows.pipeline`). All four
+train the same adapter: the script checks the sha256s agree.
 
 A cycle's wall time is the interval between the starts of consecutive cycles, so it includes
 everything a cycle costs: subflow creation and teardown, task runs, artifacts. The figure is
@@ -17,6 +20,9 @@ First it measures what a sync subflow run costs with and without its heartbeat t
 its cycle subflows).
 
     python benchmarks/orchestration_overhead.py [--cycles 12] [--latency-ms 0 100] [--repeats 2]
+
+Aim (issue 5): at --latency-ms 100 the pipelined flow takes <= 0.8x the plain loop's wall time
+per cycle.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
@@ -97,8 +104,10 @@ def served_whitney(latency_ms: float) -> Iterator[str]:
             server.wait(timeout=30)
 
 
-def plain_loop(config: RLConfig) -> list[CycleMetrics]:
-    """The page's skeleton: session, run, the cycles, save_state, export_lora, finish, close."""
+def plain_loop(config: RLConfig) -> tuple[list[CycleMetrics], str]:
+    """The page's skeleton: session, run, the cycles, save_state, export_lora, finish, close;
+    the cycles' metrics and the adapter's sha256."""
+    config = config.model_copy(update={"pipelined": False})  # one call after another
     plan = check_rl_config(config)
     connection = resolve_connection(config.api_url)
     client = client_for(connection)
@@ -118,14 +127,15 @@ def plain_loop(config: RLConfig) -> list[CycleMetrics]:
         plain.log = OperationLog()
         cycles.append(run_cycle(plan, plain, cycle, run.run_id))
     plain.run_operation(run.run_id, "save_state", {})
-    plain.run_operation(run.run_id, "export_lora", {})
+    adapter = plain.run_operation(run.run_id, "export_lora", {})
     client.finish(run.run_id)
     client.close_session(session.session_id)
-    return cycles
+    return cycles, adapter["sha256"]
 
 
-def rl_flow_cycles(config: RLConfig) -> list[CycleMetrics]:
-    return rl_flow(config).cycles
+def rl_flow_cycles(config: RLConfig) -> tuple[list[CycleMetrics], str]:
+    result = rl_flow(config)
+    return result.cycles, result.adapter.sha256
 
 
 def seconds_per_cycle(cycles: list[CycleMetrics]) -> float:
@@ -176,37 +186,41 @@ def main() -> None:
         f"{no_heartbeat:.3f} s without (the flow's cycle subflows)",
         flush=True,
     )
-    variants: dict[str, Callable[[RLConfig], list[CycleMetrics]]] = {
-        "plain": plain_loop,
-        "flow": rl_flow_cycles,
-        "fan-out": rl_flow_cycles,
+    sequential = {"concurrent_sampling": False, "pipelined": False}
+    variants: dict[str, tuple[Callable[[RLConfig], tuple[list[CycleMetrics], str]], Any]] = {
+        "plain": (plain_loop, sequential),
+        "flow": (rl_flow_cycles, sequential),
+        "fan-out": (rl_flow_cycles, {"concurrent_sampling": True, "pipelined": False}),
+        "pipelined": (rl_flow_cycles, {"concurrent_sampling": True, "pipelined": True}),
     }
     rows = []
     for latency_ms in args.latency_ms:
         with served_whitney(latency_ms) as url:
-            config = RLConfig(
-                api_url=url, base_model=args.base_model, cycles=args.cycles, seed=1
-            ).model_copy(update={"concurrent_sampling": False})
+            config = RLConfig(api_url=url, base_model=args.base_model, cycles=args.cycles, seed=1)
             rl_flow(config.model_copy(update={"cycles": 2}))  # warm up Prefect and the server
             measured: dict[str, list[float]] = {name: [] for name in variants}
+            adapters: set[str] = set()
             for _ in range(args.repeats):
-                for name, runner in variants.items():
-                    variant = config.model_copy(update={"concurrent_sampling": name == "fan-out"})
-                    measured[name].append(seconds_per_cycle(runner(variant)))
+                for name, (runner, updates) in variants.items():
+                    cycles, sha256 = runner(config.model_copy(update=updates))
+                    measured[name].append(seconds_per_cycle(cycles))
+                    adapters.add(sha256)
+            if len(adapters) != 1:
+                raise SystemExit(f"the variants trained different adapters: {sorted(adapters)}")
             row = {name: statistics.median(values) for name, values in measured.items()}
-            print(f"latency {latency_ms:g} ms: {row}", flush=True)
+            print(f"latency {latency_ms:g} ms: {row} (one adapter: {adapters.pop()[:12]})")
             rows.append((latency_ms, row))
 
     print()
     print(f"per-cycle wall time (median of cycles 2..{args.cycles}, {args.repeats} repeats)")
-    header = ("latency", "plain loop", "flow", "ratio", "flow, fan-out", "ratio")
-    print("{:>8} {:>11} {:>9} {:>7} {:>14} {:>7}".format(*header))
+    header = ("latency", "plain loop", "flow", "ratio", "fan-out", "ratio", "pipelined", "ratio")
+    print("{:>8} {:>11} {:>9} {:>7} {:>9} {:>7} {:>10} {:>7}".format(*header))
     for latency_ms, row in rows:
-        plain, flow_s, fanned = row["plain"], row["flow"], row["fan-out"]
-        print(
-            f"{latency_ms:>6g}ms {plain:>10.3f}s {flow_s:>8.3f}s {flow_s / plain:>6.2f}x"
-            f" {fanned:>13.3f}s {fanned / plain:>6.2f}x"
-        )
+        plain = row["plain"]
+        cells = [f"{latency_ms:>6g}ms", f"{plain:>10.3f}s"]
+        for name, width in (("flow", 8), ("fan-out", 8), ("pipelined", 9)):
+            cells += [f"{row[name]:>{width}.3f}s", f"{row[name] / plain:>6.2f}x"]
+        print(" ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

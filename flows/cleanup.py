@@ -1,12 +1,12 @@
 """The cleanup hook of every flow: nothing stays allocated (and billed) after a failure, a
 crash or a cancellation.
 
-It needs no in-memory state: it finds the Whitney sessions by the label the flow put on them
-(`prefect.flow-run-id=<top-level flow run id>`), with a client built from the flow run's
-parameters and the environment, so it works in the flow's process and in a runner or worker
-that runs `on_cancellation` after the flow process was killed. It cancels every run that is
-not terminal, polls each until terminal (bounded), closes the sessions, logs what it did, is
-idempotent, and never raises past Prefect.
+It needs no in-memory state: it finds the Whitney sessions by the label the flows put on them
+(`prefect.flow-run-id=<flow run id>`, of the failing flow run or of any flow run above it),
+with a client built from the flow run's parameters and the environment, so it works in the
+flow's process and in a runner or worker that runs `on_cancellation` after the flow process
+was killed. It cancels every run that is not terminal, polls each until terminal (bounded),
+closes the sessions, logs what it did, is idempotent, and never raises past Prefect.
 """
 
 from __future__ import annotations
@@ -36,10 +36,13 @@ def session_labels(flow_run_id: UUID | str) -> dict[str, str]:
     return {FLOW_RUN_LABEL: str(flow_run_id)}
 
 
-def root_flow_run_id(flow_run: FlowRun) -> UUID:
-    """The top-level flow run above `flow_run` (itself if it is one), through the Prefect API."""
+def flow_run_lineage(flow_run: FlowRun) -> list[UUID]:
+    """`flow_run` and the flow runs above it, up to the top-level one (last), through the
+    Prefect API. A training flow called as a subflow (the SFT flow training a distillation
+    teacher) labels its sessions with its own id, so cleanup looks at every level."""
+    lineage = [flow_run.id]
     if flow_run.parent_task_run_id is None:
-        return flow_run.id
+        return lineage
     with get_client(sync_client=True) as prefect:
         current = flow_run
         while current.parent_task_run_id is not None:
@@ -47,7 +50,13 @@ def root_flow_run_id(flow_run: FlowRun) -> UUID:
             if parent_task_run.flow_run_id is None:
                 break
             current = prefect.read_flow_run(parent_task_run.flow_run_id)
-        return current.id
+            lineage.append(current.id)
+    return lineage
+
+
+def root_flow_run_id(flow_run: FlowRun) -> UUID:
+    """The top-level flow run above `flow_run` (itself if it is one), through the Prefect API."""
+    return flow_run_lineage(flow_run)[-1]
 
 
 def cancel_and_await(client: WhitneyClient, run_id: str, timeout_s: float, logger: Any) -> None:
@@ -94,9 +103,14 @@ def release_whitney(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) 
         connection = resolve_connection(config.get("api_url"), block).model_copy(
             update={"max_retry_seconds": CLEANUP_RETRY_SECONDS}
         )
-        owner = root_flow_run_id(flow_run)
-        logger.info("Flow run is %s: releasing Whitney resources of %s", state.name, owner)
-        release_sessions(client_for(connection), owner, timeout_s, logger)
+        owners = flow_run_lineage(flow_run)
+        logger.info(
+            "Flow run is %s: releasing Whitney resources of %s",
+            state.name,
+            ", ".join(str(owner) for owner in owners),
+        )
+        for owner in owners:
+            release_sessions(client_for(connection), owner, timeout_s, logger)
     except Exception as error:
         logger.error("Whitney cleanup of flow run %s failed: %r", flow_run.id, error)
 

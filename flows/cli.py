@@ -1,9 +1,14 @@
 """`whitney-flows`: run a training flow, or serve the embedded Whitney server.
 
     whitney-flows run rl [--config FILE.toml|.json] [--cycles N] [--env E] [--loss L] ...
+    whitney-flows run sft [--config FILE] [--steps N | --epochs N] [--data FILE.jsonl] ...
+    whitney-flows run distill [--config FILE] [--cycles N] [--task-runner thread|dask] ...
+    whitney-flows inspect RUN_ID [--cycle N] [--json]     (flows.commands)
+    whitney-flows runs [--json]
     whitney-flows serve [--port P] [--api-key KEY] ...
 
-`serve` goes straight to `whitney.local.cli.main` without importing Prefect (fast start).
+`serve` goes straight to `whitney.local.cli.main` without importing Prefect (fast start), and
+so do `inspect` and `runs`.
 Exit codes: 0 success, 1 the flow failed, 2 bad arguments or configuration.
 """
 
@@ -13,6 +18,8 @@ import argparse
 import os
 import sys
 from pathlib import Path
+
+from flows.commands import add_distill_parser, add_inspection_parsers, run_inspection
 
 EXIT_OK = 0
 EXIT_FLOW_FAILED = 1
@@ -45,21 +52,47 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--provider", metavar="P", help="local, modal or tinker")
     rl.add_argument("--base-model", metavar="M", help="base model, e.g. local/tiny")
     rl.add_argument("--seed", type=int, metavar="S", help="seed of run, prompts and sampling")
-    rl.add_argument(
+    add_output_options(rl)
+    sft = flows.add_parser("sft", help="SFT: (prompt, completion) pairs, cross_entropy, eval loss")
+    sft.add_argument("--config", type=Path, metavar="FILE", help="SFTConfig as .toml or .json")
+    length = sft.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, metavar="N", help="optimizer steps in total")
+    length.add_argument(
+        "--epochs", type=int, metavar="N", help="passes over the training split, one cycle each"
+    )
+    sft.add_argument(
+        "--data",
+        type=Path,
+        metavar="FILE.jsonl",
+        help='one {"prompt": ..., "completion": ...} per line (default: the built-in corpus)',
+    )
+    sft.add_argument("--provider", metavar="P", help="local, modal or tinker")
+    sft.add_argument("--base-model", metavar="M", help="base model, e.g. local/tiny")
+    sft.add_argument("--lr", type=float, metavar="X", help="peak learning rate")
+    sft.add_argument("--schedule", metavar="S", help="constant, linear or cosine (with warmup)")
+    sft.add_argument("--seed", type=int, metavar="S", help="seed of the run and the data order")
+    add_output_options(sft)
+    add_output_options(add_distill_parser(flows))
+    add_inspection_parsers(commands)
+    return parser
+
+
+def add_output_options(command: argparse.ArgumentParser) -> None:
+    """--api-url, --metrics-out and --adapter-dir: the same for every `run FLOW`."""
+    command.add_argument(
         "--api-url",
         metavar="URL",
         help="Whitney URL (default: $WHITNEY_API_URL; neither: start the embedded server); "
         "the key comes from $WHITNEY_API_KEY",
     )
-    rl.add_argument("--metrics-out", type=Path, metavar="FILE", help="metrics JSON lines")
-    rl.add_argument(
+    command.add_argument("--metrics-out", type=Path, metavar="FILE", help="metrics JSON lines")
+    command.add_argument(
         "--adapter-dir",
         type=Path,
         default=Path("adapters"),
         metavar="DIR",
         help="where the exported adapter is downloaded (default: ./adapters)",
     )
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,8 +103,18 @@ def main(argv: list[str] | None = None) -> int:
 
         return serve(arguments[1:])
     options = build_parser().parse_args(arguments)
+    if options.command in ("inspect", "runs"):
+        return run_inspection(options)
     for name, value in PREFECT_ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)
+    if options.flow == "sft":
+        from flows.run_sft import run_sft  # imports Prefect, which reads the variables above
+
+        return run_sft(options)
+    if options.flow == "distill":
+        from flows.run_distill import run_distill  # imports Prefect, as above
+
+        return run_distill(options)
     from flows.run_rl import run_rl  # imports Prefect, which reads the variables above
 
     return run_rl(options)

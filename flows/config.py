@@ -14,6 +14,9 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from flows.cost import Budget, PriceTable
+from flows.recipes.ppo_critic import CriticSettings
+from flows.recipes.reference_kl import ReferenceKLSettings
 from tasks.retry import TaskRetrySettings
 
 LossName = Literal[
@@ -79,6 +82,19 @@ class FlowConfig(BaseModel):
     cleanup_timeout_s: float = Field(
         default=60.0, gt=0, le=3600, description="How long cleanup waits for a run to end"
     )
+    checkpoint_every: int = Field(
+        default=10,
+        ge=0,
+        le=100_000,
+        description="save_state named cycle-{n} after every this many cycles: where a retried "
+        "flow run resumes (0: only the final checkpoint)",
+    )
+    resume_from: str | None = Field(
+        default=None,
+        pattern=r"^whitney://runs/[A-Za-z0-9_-]+/states/cycle-[0-9]+$",
+        description="Continue from this checkpoint (whitney://runs/<run>/states/cycle-<n>, "
+        "from any earlier flow run) on a new run, at cycle n+1",
+    )
 
 
 class RLConfig(FlowConfig):
@@ -93,10 +109,30 @@ class RLConfig(FlowConfig):
     )
     loss: LossName = Field(
         default="importance_sampling",
-        description="Loss function; its build_loss recipe comes from flows.recipes",
+        description="Loss function; its build_loss recipe comes from flows.recipes "
+        "(ppo_critic: PPO with a critic run, ppo on the policy)",
     )
     loss_config: dict[str, float] = Field(
-        default_factory=dict, description="Scalar loss_config keys the provider accepts"
+        default_factory=dict,
+        description="The loss's settings by the page's key names (clip_low_threshold, "
+        "clip_high_threshold, beta, delta_low, delta_high, value_clip); the recipe sends "
+        "them as the provider wants: clip bounds per token on tinker, scalar keys elsewhere",
+    )
+    critic: CriticSettings = Field(
+        default_factory=CriticSettings,
+        description="PPO with a critic (loss ppo_critic): GAE and the critic run's training",
+    )
+    reference_kl: ReferenceKLSettings = Field(
+        default_factory=ReferenceKLSettings,
+        description="REINFORCE++: a frozen reference run's per-token KL in the advantages",
+    )
+    resample_rounds: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="Dynamic resampling: a group whose rewards are all equal (all-zero "
+        "advantages) is sampled again, with a fresh seed, up to this many times, then "
+        "dropped from the loss; 0: off (such groups are trained on as they are)",
     )
     advantages: Literal["grpo", "grpo_no_std", "rloo"] = Field(
         default="grpo",
@@ -110,6 +146,22 @@ class RLConfig(FlowConfig):
     concurrent_sampling: bool = Field(
         default=True,
         description="Submit a cycle's sample requests together (a reserved block of seq ids)",
+    )
+    pipelined: bool = Field(
+        default=True,
+        description="Submit forward_backward, optim_step and the save_weights_for_sampler "
+        "that publishes the next cycle's sampler (named cycle-{n+1}) back to back, without "
+        "waiting in between; the same training as one call after another",
+    )
+    budget: Budget = Field(
+        default_factory=Budget,
+        description="Stop cleanly (save_state, export, finish, close) before the cycle that "
+        "would exceed max_tokens or max_cost",
+    )
+    prices: PriceTable | None = Field(
+        default=None,
+        description="USD per million sampled / prefilled / trained tokens, for the cost "
+        "estimate; empty: the credentials block's price table, if any",
     )
 
 

@@ -12,11 +12,11 @@ forward_backward payload of 64 datums that walk alone cost about 0.1 s per call.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from prefect import Task
-from prefect.futures import wait
+from prefect.futures import PrefectFuture, wait
 from prefect.utilities.annotations import quote
 
 from flows.operation_log import OperationLog
@@ -39,10 +39,25 @@ class OperationClient(Protocol):
     ) -> dict: ...
 
 
+class AuxiliaryRunRef(Protocol):
+    """An auxiliary run as a recipe sees it in `ctx.runs` (a critic, a frozen reference)."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def sampler_id(self) -> str | None: ...
+
+
 @dataclass(frozen=True)
 class LossContext:
     """The page's ctx (client, run_id, sampler_id, provider) for one group, plus the group's
-    rewards and advantages and the configured loss_config."""
+    rewards and advantages and the configured loss_config.
+
+    `runs` holds the auxiliary runs the recipe declared, by name; their calls go through
+    `client` too (each run has its own seq ids in the cycle's ledger). `scratch` is one dict
+    per cycle, shared by the cycle's build_loss calls and the recipe's finish_cycle (rebuilt
+    when a cycle replays)."""
 
     client: OperationClient
     run_id: str
@@ -51,6 +66,8 @@ class LossContext:
     loss_config: Mapping[str, float]
     rewards: list[float]
     advantages: list[float]
+    runs: Mapping[str, AuxiliaryRunRef] = field(default_factory=dict)
+    scratch: dict[str, Any] = field(default_factory=dict)
 
 
 def _task_for(kind: str, sampler_id: str | None, retry: TaskRetrySettings) -> Task[..., Any]:
@@ -106,6 +123,17 @@ class SequencedClient:
         """The page's `client.sampler_operation`: the operation's result."""
         operation = self.execute(run_id, kind, payload, seq_id=seq_id, sampler_id=sampler_id)
         return operation.result or {}
+
+    def submit(
+        self, run_id: str, kind: str, payload: dict, *, sampler_id: str | None = None
+    ) -> PrefectFuture[wire.Operation]:
+        """Submit one operation as a task future on the ledger's next id, allocated now:
+        calls made one after another get consecutive ids, whatever order they finish in.
+        The caller waits for the future and records the operation in the log."""
+        task = _task_for(kind, sampler_id, self.retry)
+        seq = self.ledger.next(run_id)
+        route = () if sampler_id is None else (sampler_id,)
+        return task.submit(self.connection, run_id, *route, seq, quote(payload))
 
     def reserve_seq_ids(self, run_id: str, count: int) -> range:
         """A block of the run's next ids, for calls a recipe submits together."""

@@ -20,6 +20,21 @@ class CycleMetrics(BaseModel):
     all_zero_group_share: float = Field(
         description="Share of groups with uniform reward: all-zero advantages, no signal"
     )
+    groups_resampled: int = Field(
+        default=0, description="Groups sampled again for having uniform reward (resampling)"
+    )
+    groups_dropped: int = Field(
+        default=0, description="Groups left out of the loss: still uniform after resampling"
+    )
+    recipe_metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="The recipe's own numbers: value_loss, values_clipfrac, critic_grad_norm "
+        "(PPO with a critic); reference_kl (REINFORCE++: mean sampled minus reference logprob)",
+    )
+    auxiliary_seq_end: dict[str, int] = Field(
+        default_factory=dict,
+        description="Seq id the next cycle starts at on each auxiliary run (critic, reference)",
+    )
     loss: float
     grad_norm: float
     kl_sample_train: float | None = Field(
@@ -27,6 +42,10 @@ class CycleMetrics(BaseModel):
     )
     tokens_sampled: int
     tokens_trained: int
+    usage: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="Billed usage counters per operation kind"
+    )
+    cost: float | None = Field(default=None, description="Estimated USD, with a price table")
     op_seconds: dict[str, float] = Field(description="Wall seconds per operation kind")
     wall_seconds: float
 
@@ -48,3 +67,13 @@ class RLResult(BaseModel):
     checkpoint: str
     adapter: AdapterExport
     cycles: list[CycleMetrics]
+    resumed_from: str | None = Field(
+        default=None, description="The checkpoint this flow run resumed from, if any"
+    )
+    usage: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="Billed usage per operation kind of the flow run"
+    )
+    cost: float | None = Field(default=None, description="Estimated USD, with a price table")
+    budget_stop: str | None = Field(
+        default=None, description="Why the flow stopped before its last cycle, if it did"
+    )

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import Any, Protocol
 from uuid import UUID
 
 from prefect.artifacts import (
@@ -15,6 +16,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from flows.cost import format_cost, format_usage
 from flows.metrics import CycleMetrics, RLResult
 
 
@@ -24,9 +26,26 @@ def artifact_key(*parts: str) -> str:
     return re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", text)).strip("-")
 
 
-def metrics_row(metrics: CycleMetrics) -> dict[str, float | int | None]:
-    """The cycle's metrics as one flat table row (seconds per operation kind as columns)."""
+class CycleRecord(Protocol):
+    """What the records need of a flow's cycle metrics (a pydantic model: CycleMetrics for
+    RL, SFTCycleMetrics for SFT)."""
+
+    cycle: int
+    op_seconds: dict[str, float]
+
+    def model_dump(self, **options: Any) -> dict[str, Any]: ...
+
+    def model_dump_json(self, **options: Any) -> str: ...
+
+
+def metrics_row(metrics: CycleRecord) -> dict[str, float | int | None]:
+    """The cycle's metrics as one flat table row: seconds per operation kind as columns;
+    nested values (an SFT cycle's evals) stay in the metrics JSON line."""
     row = metrics.model_dump(mode="json", exclude={"op_seconds"})
+    row = {name: value for name, value in row.items() if not isinstance(value, list | dict)}
+    row.update(sorted(getattr(metrics, "recipe_metrics", {}).items()))  # e.g. value_loss
+    for kind, counters in sorted((getattr(metrics, "usage", None) or {}).items()):
+        row[f"tokens_{kind}"] = int(counters.get("tokens", 0))  # billed usage (flows.cost)
     for kind, seconds in sorted(metrics.op_seconds.items()):
         row[f"seconds_{kind}"] = round(seconds, 4)
     return {
@@ -34,7 +53,7 @@ def metrics_row(metrics: CycleMetrics) -> dict[str, float | int | None]:
     }
 
 
-def record_cycle_table(metrics: CycleMetrics) -> UUID:
+def record_cycle_table(metrics: CycleRecord) -> UUID:
     """A one-row table artifact on the cycle's subflow run."""
     return create_table_artifact(
         table=[metrics_row(metrics)], description=f"Metrics of cycle {metrics.cycle}"
@@ -48,14 +67,14 @@ class RunRecords:
         self.key_prefix = artifact_key(key_prefix)
         self.total_cycles = total_cycles
         self.metrics_path = Path(metrics_path) if metrics_path else None
-        self.cycles: list[CycleMetrics] = []
+        self.cycles: list[Any] = []  # the flow's cycle metrics, in order
         self._progress_id = create_progress_artifact(
             progress=0.0,
             key=artifact_key(self.key_prefix, "progress"),
             description=f"Cycles done, of {total_cycles}",
         )
 
-    def add_cycle(self, metrics: CycleMetrics) -> None:
+    def add_cycle(self, metrics: CycleRecord) -> None:
         """Append the metrics JSON line and move the progress artifact."""
         self.cycles.append(metrics)
         if self.metrics_path is not None:
@@ -69,28 +88,48 @@ class RunRecords:
         """The final markdown summary: the checkpoint, the exported adapter, the reward."""
         first = result.cycles[: min(5, len(result.cycles))]
         last = result.cycles[-len(first) :]
-        markdown = "\n".join(
-            [
-                "# RL flow summary",
-                "",
-                "| | |",
-                "| --- | --- |",
-                f"| cycles | {len(result.cycles)} |",
-                f"| reward, first {len(first)} cycles | {_mean_reward(first):.3f} |",
-                f"| reward, last {len(last)} cycles | {_mean_reward(last):.3f} |",
-                f"| Whitney session | `{result.session_id}` |",
-                f"| Whitney run | `{result.run_id}` |",
-                f"| checkpoint (resume point) | `{result.checkpoint}` |",
-                f"| exported adapter | artifact `{result.adapter.artifact_id}` "
-                f"({result.adapter.format}, {result.adapter.bytes} bytes) |",
-                f"| adapter sha256 | `{result.adapter.sha256}` |",
-            ]
+        rows = [
+            ("cycles", str(len(result.cycles))),
+            (f"reward, first {len(first)} cycles", f"{_mean_reward(first):.3f}"),
+            (f"reward, last {len(last)} cycles", f"{_mean_reward(last):.3f}"),
+            ("tokens", format_usage(result.usage)),
+            ("estimated cost", format_cost(result.cost)),
+        ]
+        if result.budget_stop:
+            rows.append(("stopped early", result.budget_stop))
+        return self.add_markdown_summary(
+            "RL flow summary",
+            rows + run_rows(result),
+            "Checkpoint and exported adapter of the RL flow run",
         )
+
+    def add_markdown_summary(
+        self, title: str, rows: list[tuple[str, str]], description: str
+    ) -> UUID:
+        """The final summary of any flow: a markdown table of (name, value) rows."""
+        lines = [f"# {title}", "", "| | |", "| --- | --- |"]
+        lines += [f"| {name} | {value} |" for name, value in rows]
         return create_markdown_artifact(
-            markdown=markdown,
+            markdown="\n".join(lines),
             key=artifact_key(self.key_prefix, "summary"),
-            description="Checkpoint and exported adapter of the RL flow run",
+            description=description,
         )
+
+
+def run_rows(result: Any) -> list[tuple[str, str]]:
+    """Summary rows every training flow shows: its Whitney session and run, the checkpoint
+    and the exported adapter (`result` has session_id, run_id, checkpoint and adapter)."""
+    adapter = result.adapter
+    return [
+        ("Whitney session", f"`{result.session_id}`"),
+        ("Whitney run", f"`{result.run_id}`"),
+        ("checkpoint (resume point)", f"`{result.checkpoint}`"),
+        (
+            "exported adapter",
+            f"artifact `{adapter.artifact_id}` ({adapter.format}, {adapter.bytes} bytes)",
+        ),
+        ("adapter sha256", f"`{adapter.sha256}`"),
+    ]
 
 
 def _mean_reward(cycles: list[CycleMetrics]) -> float:

@@ -1,44 +1,71 @@
 """The RL flow: the page's ordered loop skeleton, one subflow run per cycle.
 
-    rl_flow(config)                       open_session (labelled), create_run
-      cycle-0 .. cycle-{n-1}              rl_cycle(config, cycle, run_id, seq_start)
-        save_weights_for_sampler[seq=k]   -> sampler_id
+    rl_flow(config)                       resume point (flows.resume), open_session
+                                          (labelled), create_run (from_checkpoint if resuming),
+                                          the recipe's auxiliary runs (flows.auxiliary)
+      cycle-{first} .. cycle-{n-1}        rl_cycle(config, cycle, run_id, seq_start, sampler_id)
+        save_weights_for_sampler[seq=k]   -> sampler_id (the first cycle, or unpipelined only)
         sample[seq=k+1 .. k+P]            one request per prompt, a reserved block of ids
         rewards, advantages, build_loss   (recipe calls through ctx take the next ids)
-        forward_backward, optim_step
-      save_state, export_lora, finish_run, close_session
+        [resampling, finish_cycle]        flows.rl_batch: uniform groups resampled or dropped;
+                                          the recipe's cycle end (a critic's update)
+        forward_backward, optim_step      the tail (flows.pipeline): pipelined, submitted
+        [save_state cycle-{n}]            together with the checkpoint when one is due and
+        [save_weights_for_sampler]        the next cycle's sampler, named cycle-{n+1}
+      save_state cycle-{n-1}, export_lora, finish_run, close_session
 
 Every operation is a task with an explicit seq id. A cycle starts at the id where the previous
 one ended and allocates deterministically, so a retried cycle replays: completed operations
-come back from the server's journal, the rest run once.
+come back from the server's journal, the rest run once. A retried flow run, or one given
+`resume_from`, continues on a new run from a `cycle-{n}` checkpoint (flows.resume).
 """
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from prefect import flow
+from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
 
+from flows.auxiliary import (
+    AuxiliaryHandle,
+    advanced,
+    finish_auxiliary_runs,
+    ledger_starts,
+    open_auxiliary_runs,
+    seq_ends,
+)
+from flows.budget import BudgetGuard, flow_cost_model
 from flows.cancellation import CancellationWatch
 from flows.cleanup import CLEANUP_HOOKS, session_labels
 from flows.config import RLConfig
 from flows.connection import resolve_connection
-from flows.context import LossContext, SequencedClient
+from flows.context import SequencedClient
 from flows.heartbeat import subflows_without_heartbeat
+from flows.inspection import RecordingLog, by_run, record_cycle_operations
 from flows.metrics import AdapterExport, CycleMetrics, RLResult
 from flows.operation_log import OperationLog
-from flows.recipes import join_payloads
+from flows.pipeline import publish_sampler, run_tail, sampler_name
 from flows.records import RunRecords, record_cycle_table
+from flows.resume import (
+    check_resume_from,
+    checkpoint_due,
+    checkpoint_name,
+    find_resume_point,
+    save_auxiliary_checkpoints,
+)
+from flows.rl_batch import build_training_batch
 from flows.rl_plan import RLPlan, check_rl_config, load_rl_plan
-from flows.scoring import GroupScore, score_group
+from flows.scoring import GroupScore
 from flows.sequencing import SeqLedger
 from tasks.lifecycle import close_session, create_run, finish_run, open_session
 from tasks.retry import with_retry
-from whitney.payloads import adamw_optimizer, result_sampler_id
+from whitney.payloads import adamw_optimizer
 
 
 def sample_groups(
@@ -82,74 +109,102 @@ def cycle_metrics(
         kl_sample_train=backward.get("metrics", {}).get("kl_sample_train:mean"),
         tokens_sampled=log.tokens("sample", "sampled_tokens"),
         tokens_trained=log.tokens("forward_backward", "trained_tokens"),
+        usage={kind: dict(counters) for kind, counters in log.usage.items()},
         op_seconds=dict(log.seconds),
         wall_seconds=wall_seconds,
     )
 
 
-def run_cycle(plan: RLPlan, client: SequencedClient, cycle: int, run_id: str) -> CycleMetrics:
-    """The page's loop body for one cycle, every call through `client` (the cycle's ledger)."""
+def run_cycle(
+    plan: RLPlan,
+    client: SequencedClient,
+    cycle: int,
+    run_id: str,
+    sampler_id: str | None = None,
+    auxiliary: Sequence[AuxiliaryHandle] = (),
+) -> CycleMetrics:
+    """The page's loop body for one cycle, every call through `client` (the cycle's ledger).
+
+    `sampler_id`: the sampler the previous cycle published (pipelined); None: this cycle
+    publishes its own first. The tail is `flows.pipeline.run_tail`. `auxiliary`: the runs
+    the recipe declared (their seq ids are in the ledger too); the middle of the cycle
+    (scores, resampling, build_loss, the recipe's finish_cycle) is `flows.rl_batch`.
+    """
     started_at = datetime.now(UTC)
     started = time.perf_counter()
     config = plan.config
     seq_start = client.ledger.position(run_id)
-    sampler = client.run_operation(run_id, "save_weights_for_sampler", {})
-    sampler_id = result_sampler_id(sampler)
+    if sampler_id is None:
+        sampler_id = publish_sampler(client, run_id, cycle, named=config.pipelined)
     prompts, requests = plan.sample_requests(cycle)
     samples = sample_groups(client, run_id, sampler_id, requests, config.concurrent_sampling)
-    scores = [
-        score_group(plan.environment, plan.tokenizer, prompt, sample, config.advantages)
-        for prompt, sample in zip(prompts, samples, strict=True)
-    ]
-    payloads = [
-        plan.recipe.build_loss(
-            sample,
-            cycle,
-            request,
-            LossContext(
-                client=client,
-                run_id=run_id,
-                sampler_id=sampler_id,
-                provider=config.provider,
-                loss_config=dict(config.loss_config),
-                rewards=score.rewards,
-                advantages=score.advantages,
-            ),
-        )
-        for sample, request, score in zip(samples, requests, scores, strict=True)
-    ]
-    backward = client.run_operation(run_id, "forward_backward", join_payloads(payloads))
+    resample = functools.partial(
+        sample_groups, client, run_id, sampler_id, concurrent=config.concurrent_sampling
+    )
+    batch = build_training_batch(
+        plan, client, cycle, run_id, sampler_id, prompts, requests, samples, resample, auxiliary
+    )
+    checkpoint = checkpoint_due(cycle, config.checkpoint_every, config.cycles)
+    if checkpoint:
+        save_auxiliary_checkpoints(client, auxiliary, cycle)  # a critic's, beside the policy's
     optimizer = adamw_optimizer(config.learning_rate, grad_clip_norm=config.grad_clip_norm)
-    optimized = client.run_operation(run_id, "optim_step", {"optimizer": optimizer})
-    return cycle_metrics(
+    tail = run_tail(
+        client,
+        run_id,
+        cycle,
+        batch.payload,
+        optimizer,
+        checkpoint=checkpoint,
+        pipelined=config.pipelined,
+        last=cycle == config.cycles - 1,
+    )
+    backward, optimized = tail.backward, tail.optimized
+    metrics = cycle_metrics(
         cycle,
         started_at,
         seq_start,
         client.ledger.position(run_id),
-        scores,
+        batch.scores,
         backward,
         optimized,
         client.log,
         time.perf_counter() - started,
     )
+    return metrics.model_copy(
+        update={
+            "groups_resampled": batch.groups_resampled,
+            "groups_dropped": batch.groups_dropped,
+            "recipe_metrics": batch.recipe_metrics,
+            "auxiliary_seq_end": seq_ends(auxiliary, client.ledger),
+        }
+    )
 
 
 @flow(name="rl-cycle", flow_run_name="cycle-{cycle}", persist_result=False, **CLEANUP_HOOKS)
 def rl_cycle(
-    config: RLConfig, cycle: int, run_id: str, seq_start: int, whitney_block: str | None = None
+    config: RLConfig,
+    cycle: int,
+    run_id: str,
+    seq_start: int,
+    whitney_block: str | None = None,
+    sampler_id: str | None = None,
+    auxiliary: list[AuxiliaryHandle] | None = None,
 ) -> CycleMetrics:
     """One RL cycle from `seq_start`; returns its metrics, with the seq id the next starts at.
+    `sampler_id`: the sampler the previous cycle published (pipelined), else None.
+    `auxiliary`: the recipe's auxiliary runs, each with the seq id this cycle starts at.
 
     Retried by replaying: the same calls with the same seq ids, answered from the journal.
     """
     client = SequencedClient(
         resolve_connection(config.api_url, whitney_block),
-        SeqLedger({run_id: seq_start}),
+        SeqLedger({run_id: seq_start, **ledger_starts(auxiliary or [])}),
         config.task_retry,
-        OperationLog(),
+        RecordingLog(),
     )
-    metrics = run_cycle(load_rl_plan(config), client, cycle, run_id)
+    metrics = run_cycle(load_rl_plan(config), client, cycle, run_id, sampler_id, auxiliary or [])
     record_cycle_table(metrics)
+    record_cycle_operations(cycle, by_run(client.log.operations, {run_id: "policy"}))
     return metrics
 
 
@@ -163,10 +218,15 @@ def rl_flow(config: RLConfig, whitney_block: str | None = None) -> RLResult:
         whitney_block: Name of a saved WhitneyCredentials block; empty: config.api_url or
             WHITNEY_API_URL, with WHITNEY_API_KEY.
     """
-    check_rl_config(config)  # fails closed before anything is allocated
+    plan = check_rl_config(config)  # fails closed before anything is allocated
+    check_resume_from(config.resume_from, config.cycles)
     connection = resolve_connection(config.api_url, whitney_block)
+    guard = BudgetGuard(config.budget, flow_cost_model(config.prices, whitney_block))
     flow_run = FlowRunContext.get().flow_run
     attempt = f"prefect-{flow_run.id}-{flow_run.run_count}"
+    start = with_retry(find_resume_point, config.task_retry)(
+        connection, flow_run.id, flow_run.run_count, config.resume_from, config.cleanup_timeout_s
+    )
     session = with_retry(open_session, config.task_retry)(
         connection, session_labels(flow_run.id), f"{attempt}-session"
     )
@@ -178,25 +238,42 @@ def rl_flow(config: RLConfig, whitney_block: str | None = None) -> RLResult:
         lora_rank=config.lora_rank,
         seed=config.seed,
         idempotency_key=f"{attempt}-policy",
+        from_checkpoint=start.checkpoint,
     )
-    records = RunRecords(f"rl-{flow_run.name}", config.cycles, config.metrics_path)
+    auxiliary = open_auxiliary_runs(
+        connection, session.session_id, config, plan.recipe, attempt, start.checkpoints
+    )
+    records = RunRecords(
+        f"rl-{flow_run.name}", config.cycles - start.first_cycle, config.metrics_path
+    )
     cycle_flow = rl_cycle.with_options(
         retries=config.cycle_retries, retry_delay_seconds=config.cycle_retry_delay_s
     )
-    seq = run.next_seq_id
+    seq, sampler_id, last_cycle = run.next_seq_id, None, start.first_cycle - 1
     with CancellationWatch(flow_run.id) as cancellation, subflows_without_heartbeat():
-        for cycle in range(config.cycles):
+        for cycle in range(start.first_cycle, config.cycles):
             cancellation.raise_if_requested()
-            metrics = cycle_flow(config, cycle, run.run_id, seq, whitney_block)
+            if (reason := guard.stop_reason(cycle)) is not None:  # flows.budget
+                get_run_logger().warning("%s: saving, exporting and closing now", reason)
+                break
+            metrics = cycle_flow(
+                config, cycle, run.run_id, seq, whitney_block, sampler_id, auxiliary=auxiliary
+            )
+            metrics = metrics.model_copy(update={"cost": guard.add_cycle(metrics.usage)})
+            last_cycle = cycle
             seq = metrics.seq_end
+            auxiliary = advanced(auxiliary, metrics.auxiliary_seq_end)
+            sampler_id = sampler_name(cycle + 1) if config.pipelined else None
             records.add_cycle(metrics)
 
-    client = SequencedClient(
-        connection, SeqLedger({run.run_id: seq}), config.task_retry, OperationLog()
-    )
-    checkpoint = client.run_operation(run.run_id, "save_state", {})
+    ledger = SeqLedger({run.run_id: seq, **ledger_starts(auxiliary)})
+    client = SequencedClient(connection, ledger, config.task_retry, OperationLog())
+    final_state = {"name": checkpoint_name(last_cycle)}  # a resume point too
+    checkpoint = client.run_operation(run.run_id, "save_state", final_state)
+    save_auxiliary_checkpoints(client, auxiliary, last_cycle)
     adapter = client.run_operation(run.run_id, "export_lora", {})
     with_retry(finish_run, config.task_retry)(connection, run.run_id)
+    finish_auxiliary_runs(connection, auxiliary, config)
     with_retry(close_session, config.task_retry)(connection, session.session_id)
     result = RLResult(
         session_id=session.session_id,
@@ -204,6 +281,10 @@ def rl_flow(config: RLConfig, whitney_block: str | None = None) -> RLResult:
         checkpoint=checkpoint["checkpoint"],
         adapter=AdapterExport.model_validate(adapter),
         cycles=records.cycles,
+        resumed_from=start.checkpoint,
+        usage=guard.used,
+        cost=guard.cost,
+        budget_stop=guard.stopped,
     )
     records.add_summary(result)
     return result

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
+from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -17,14 +19,29 @@ from flows.metrics import CycleMetrics, RLResult
 POLL_INTERVAL_S = 0.2
 
 
-class CycleProgress:
-    """A rich progress bar advanced by each metrics line the flow appends to `metrics_path`."""
+def describe_rl_cycle(line: dict[str, Any]) -> str:
+    """The progress bar's text after an RL cycle's metrics line."""
+    metrics = CycleMetrics.model_validate(line)
+    return f"reward {metrics.reward_mean:.3f}  loss {metrics.loss:+.3f}"
 
-    def __init__(self, metrics_path: Path, total_cycles: int, console: Console) -> None:
+
+class CycleProgress:
+    """A rich progress bar advanced by each metrics line the flow appends to `metrics_path`,
+    its text from `describe(line)` (an RL cycle's reward and loss by default)."""
+
+    def __init__(
+        self,
+        metrics_path: Path,
+        total_cycles: int,
+        console: Console,
+        label: str = "RL cycles",
+        describe: Callable[[dict[str, Any]], str] = describe_rl_cycle,
+    ) -> None:
         self.metrics_path = metrics_path
+        self._describe = describe
         self._offset = metrics_path.stat().st_size if metrics_path.exists() else 0
         self._progress = Progress(
-            TextColumn("[bold]RL cycles"),
+            TextColumn(f"[bold]{label}"),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[latest]}"),
@@ -66,12 +83,7 @@ class CycleProgress:
         complete = chunk[: chunk.rfind(b"\n") + 1]
         self._offset += len(complete)
         for line in complete.splitlines():
-            metrics = CycleMetrics.model_validate(json.loads(line))
-            self._progress.update(
-                self._task,
-                advance=1,
-                latest=f"reward {metrics.reward_mean:.3f}  loss {metrics.loss:+.3f}",
-            )
+            self._progress.update(self._task, advance=1, latest=self._describe(json.loads(line)))
 
 
 def mean_reward(cycles: list[CycleMetrics]) -> float:

@@ -3,26 +3,37 @@ advantage broadcast over its tokens, and the sampler's logprobs for the importan
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from flows.context import LossContext
-from flows.recipes import Recipe
-from whitney.datums import rl_datum
+from flows.recipes import Advantages, LossSettings, Recipe, group_build_loss, policy_datums
 from whitney.payloads import forward_backward_payload
 
 LOSS_FUNCTION = "importance_sampling"
 
 
-def build_loss(
-    sample: dict[str, Any], cycle: int, request: dict[str, Any], ctx: LossContext
+class ImportanceSamplingSettings(LossSettings):
+    """importance_sampling takes no loss_config keys."""
+
+
+def payload(
+    prompt_tokens: list[int],
+    sequences: list[dict[str, Any]],
+    advantages: Advantages,
+    loss_config: Mapping[str, float],
+    provider: str,
 ) -> dict[str, Any]:
     """The page's build_loss for importance_sampling: no extra calls, no clip tensors."""
-    prompt_tokens = request["prompt"]["token_ids"]
-    data = [
-        rl_datum(prompt_tokens, sequence["tokens"], sequence["logprobs"], advantage)
-        for sequence, advantage in zip(sample["sequences"], ctx.advantages, strict=True)
-    ]
-    return forward_backward_payload(data, LOSS_FUNCTION, dict(ctx.loss_config))
+    data = policy_datums(prompt_tokens, sequences, advantages)
+    return forward_backward_payload(data, LOSS_FUNCTION, dict(loss_config))
 
 
-RECIPE = Recipe(name="importance_sampling", loss_function=LOSS_FUNCTION, build_loss=build_loss)
+build_loss = group_build_loss(payload)
+
+RECIPE = Recipe(
+    name="importance_sampling",
+    loss_function=LOSS_FUNCTION,
+    build_loss=build_loss,
+    loss_settings=ImportanceSamplingSettings,
+    payload=payload,
+)

@@ -105,7 +105,7 @@ def test_the_custom_run_form_starts_a_run_with_the_typed_cycles(
     page.screenshot(SCREENSHOT)
 
     page.click(by_text("button", "Submit"))
-    page.wait_js("the form to submit", "!location.pathname.endsWith('/run')", timeout=30)
+    page.wait_js("the form to submit", "!location.pathname.endsWith('/run')", timeout=90)
 
     runs = stack.api.post("/flow_runs/filter", json={"flow_runs": {"name": {"any_": [run_name]}}})
     assert len(runs) == 1, runs

@@ -31,8 +31,15 @@ SMALL: dict[str, Any] = {
 }
 """Non-default parameters: fewer and smaller cycles than the flow's defaults."""
 
-OPS_PER_CYCLE = ["save_weights_for_sampler", "sample", "sample", "sample", "forward_backward"]
-OPS_PER_CYCLE.append("optim_step")
+
+def cycle_ops(index: int, count: int) -> list[str]:
+    """A pipelined cycle's operations, in seq order (SMALL: 3 prompts, no checkpoint): the
+    first cycle publishes its own sampler, and every cycle but the last the next one's."""
+    first = ["save_weights_for_sampler"] if index == 0 else []
+    publish_next = ["save_weights_for_sampler"] if index < count - 1 else []
+    return first + ["sample"] * 3 + ["forward_backward", "optim_step"] + publish_next
+
+
 TASK_RUN_NAME = re.compile(r"^(?P<kind>[a-z_]+)\[seq=(?P<seq>\d+)\]$")
 FAULT_ENV = "e2e_faults:FailOnceAtCycle1"
 RUN_TIMEOUT_S = 150
@@ -137,9 +144,10 @@ def check_task_runs(stack: Stack, cycles: list[dict[str, Any]], cycle_count: int
         assert len(parsed) == len(names), names
         # a retried cycle re-creates its task runs: one name per (seq, kind) and attempt
         unique = sorted(set(parsed))
-        assert [kind for _, kind in unique] == OPS_PER_CYCLE, (cycle["name"], names)
-        assert [seq_id for seq_id, _ in unique] == list(range(seq, seq + len(OPS_PER_CYCLE)))
-        seq += len(OPS_PER_CYCLE)
+        expected = cycle_ops(index, cycle_count)
+        assert [kind for _, kind in unique] == expected, (cycle["name"], names)
+        assert [seq_id for seq_id, _ in unique] == list(range(seq, seq + len(expected)))
+        seq += len(expected)
         assert cycle["name"] == f"cycle-{index}"
     assert len(cycles) == cycle_count
 
@@ -182,6 +190,30 @@ def test_the_deployment_form_is_typed(alive: Stack) -> None:
     assert not undocumented, f"config fields with no description in the UI form: {undocumented}"
 
 
+def test_the_sft_nightly_deployment_is_scheduled_and_typed(alive: Stack) -> None:
+    from flows.sft_config import SFTConfig
+
+    deployment = alive.api.deployment("sft", "sft-nightly")
+    assert deployment["work_pool_name"] == WORK_POOL
+    assert deployment["entrypoint"] == "flows/sft.py:sft_flow"
+    assert deployment["parameters"] == {"whitney_block": BLOCK_NAME}
+    assert deployment["enforce_parameter_schema"] is True
+    (schedule,) = deployment["schedules"]
+    assert schedule["active"] is True
+    assert schedule["schedule"]["cron"] == "0 2 * * *"
+    schema = deployment["parameter_openapi_schema"]
+    assert set(schema["properties"]) >= {"config", "whitney_block"}
+    sft_config = (schema.get("definitions") or schema.get("$defs"))["SFTConfig"]
+    assert set(sft_config["properties"]) == set(SFTConfig.model_fields) - {"cycles"}
+    steps = sft_config["properties"]["steps"]
+    assert steps["default"] == SFTConfig().steps and steps["minimum"] == 1
+    assert sft_config["properties"]["schedule"]["enum"] == ["constant", "linear", "cosine"]
+    undocumented = [
+        name for name, prop in sft_config["properties"].items() if not prop.get("description")
+    ]
+    assert not undocumented, f"config fields with no description in the UI form: {undocumented}"
+
+
 def test_the_block_never_shows_its_key(alive: Stack) -> None:
     documents = alive.api.post(
         "/block_documents/filter",
@@ -209,7 +241,7 @@ def test_a_triggered_run_completes_with_cycles_tasks_and_artifacts(
     check_task_runs(alive, cycles, SMALL["cycles"])
 
     parent_names = [run["name"] for run in alive.api.task_runs([flow_run["id"]])]
-    last = 1 + len(OPS_PER_CYCLE) * SMALL["cycles"]
+    last = 1 + sum(len(cycle_ops(index, SMALL["cycles"])) for index in range(SMALL["cycles"]))
     assert f"save_state[seq={last}]" in parent_names
     assert f"export_lora[seq={last + 1}]" in parent_names
 
@@ -221,8 +253,11 @@ def test_a_triggered_run_completes_with_cycles_tasks_and_artifacts(
     assert sorted(row[0]["cycle"] for row in rows) == list(range(SMALL["cycles"]))
     progress = [a for a in artifacts if a["type"] == "progress"]
     assert len(progress) == 1 and float(progress[0]["data"]) == 100.0
-    summaries = [a for a in artifacts if a["type"] == "markdown"]
+    markdown = [a for a in artifacts if a["type"] == "markdown"]
+    summaries = [a for a in markdown if a["flow_run_id"] == flow_run["id"]]
     assert len(summaries) == 1 and reference["sha256"] in summaries[0]["data"]
+    # each cycle links its journal view (seq ids, kinds, usage) as a markdown artifact
+    assert {a["flow_run_id"] for a in markdown} - {flow_run["id"]} == {run["id"] for run in cycles}
 
     # on Whitney: the labelled session is closed, its run finished after every seq id once
     assert [session.status for session in sessions_of(alive, flow_run["id"])] == ["closed"]
@@ -300,10 +335,10 @@ def test_a_failed_cycle_is_retried_by_prefect_and_replays_exactly(
     assert adapter_sha256(alive, run.run_id) == reference["sha256"]
 
 
-def test_a_failed_run_retried_from_the_ui_replays_exactly(
+def test_a_failed_run_retried_from_the_ui_resumes_exactly(
     alive: Stack, reference: dict[str, Any]
 ) -> None:
-    config = {**SMALL, "env": FAULT_ENV, "cycle_retries": 0}
+    config = {**SMALL, "env": FAULT_ENV, "cycle_retries": 0, "checkpoint_every": 1}
     flow_run = trigger(alive, config, "e2e: fails at cycle 1, then retried")
     failed = wait_run(alive, flow_run["id"], ["FAILED"])
     cycles = cycle_runs(alive, failed["id"])
@@ -322,6 +357,12 @@ def test_a_failed_run_retried_from_the_ui_replays_exactly(
     run = finished_run(alive, done["id"])
     assert set(executions(alive, run.run_id).values()) == {1}
     assert adapter_sha256(alive, run.run_id) == reference["sha256"]
+    # it resumed on a new run from the failed attempt's checkpoint after cycle 0
+    (cancelled,) = [run for run in whitney_runs(alive, done["id"]) if run.status == "cancelled"]
+    checkpoint = f"whitney://runs/{cancelled.run_id}/states/cycle-0"
+    assert run.model_extra["from_checkpoint"] == checkpoint
+    names = [cycle["name"] for cycle in alive.api.child_flow_runs(done["id"])]
+    assert sorted(names) == ["cycle-0", "cycle-1", "cycle-1", "cycle-2"]
 
 
 def test_a_missing_block_fails_the_run_before_anything_is_allocated(alive: Stack) -> None:

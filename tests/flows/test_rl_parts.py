@@ -89,8 +89,8 @@ def test_environments_load_by_name_or_import_path() -> None:
 
 def test_recipes_load_by_loss_name() -> None:
     assert load_recipe("importance_sampling").loss_function == "importance_sampling"
-    with pytest.raises(ValueError, match="no build_loss recipe for loss 'ppo'"):
-        load_recipe("ppo")
+    with pytest.raises(ValueError, match="no build_loss recipe for loss 'nope'"):
+        load_recipe("nope")
 
 
 def test_join_payloads_concatenates_groups_of_one_loss() -> None:

@@ -25,11 +25,17 @@ METRIC_FIELDS = {
     "reward_mean",
     "reward_std",
     "all_zero_group_share",
+    "groups_resampled",
+    "groups_dropped",
+    "recipe_metrics",
+    "auxiliary_seq_end",
     "loss",
     "grad_norm",
     "kl_sample_train",
     "tokens_sampled",
     "tokens_trained",
+    "usage",
+    "cost",
     "op_seconds",
     "wall_seconds",
 }
@@ -52,8 +58,7 @@ def test_records_of_a_flow_run(small_config: RLConfig, tmp_path: Path) -> None:
     assert [line["cycle"] for line in lines] == [0, 1]
     for line in lines:
         assert set(line) == METRIC_FIELDS
-        assert set(line["op_seconds"]) == {
-            "save_weights_for_sampler",
+        assert set(line["op_seconds"]) - {"save_weights_for_sampler"} == {
             "sample",
             "forward_backward",
             "optim_step",
@@ -61,6 +66,9 @@ def test_records_of_a_flow_run(small_config: RLConfig, tmp_path: Path) -> None:
         assert line["tokens_sampled"] > 0 and line["tokens_trained"] > 0
         assert 0.0 <= line["all_zero_group_share"] <= 1.0
     assert lines[1]["seq_start"] == lines[0]["seq_end"]
+    # pipelined: cycle 0 publishes its own sampler and cycle 1's; the last cycle publishes none
+    publishes = ["save_weights_for_sampler" in line["op_seconds"] for line in lines]
+    assert publishes == [True, False]
 
     parent = artifacts_of(state.state_details.flow_run_id)
     by_type = {artifact.type: artifact for artifact in parent}
@@ -70,10 +78,12 @@ def test_records_of_a_flow_run(small_config: RLConfig, tmp_path: Path) -> None:
     for needle in (result.checkpoint, result.adapter.artifact_id, result.adapter.sha256):
         assert needle in summary
     for cycle, run in enumerate(subflow_runs(state.state_details.flow_run_id)):
-        (table,) = artifacts_of(run.id)
-        assert table.type == "table"
-        (row,) = json.loads(table.data)
+        cycle_artifacts = {artifact.type: artifact for artifact in artifacts_of(run.id)}
+        assert set(cycle_artifacts) == {"table", "markdown"}  # metrics; operations (inspect)
+        (row,) = json.loads(cycle_artifacts["table"].data)
         assert row["cycle"] == cycle
         assert row["seconds_forward_backward"] > 0
+        assert row["tokens_forward_backward"] > 0
+        assert "| forward_backward | succeeded |" in cycle_artifacts["markdown"].data
     for artifact in parent:
         assert re.fullmatch(r"[a-z0-9-]+", artifact.key), artifact.key

@@ -9,28 +9,33 @@ from flowtest_helpers import assert_executed_once_in_order, subflow_runs, task_r
 
 from flows import recipes
 from flows.config import RLConfig
-from flows.context import SequencedClient
 from flows.rl import rl_flow
+from tasks import operations
 from whitney.local import EmbeddedWhitney
 
 
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "unpipelined"])
 def test_cycle_failing_after_forward_backward_replays_exactly(
-    whitney: EmbeddedWhitney, small_config: RLConfig, monkeypatch: pytest.MonkeyPatch
+    whitney: EmbeddedWhitney,
+    small_config: RLConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    pipelined: bool,
 ) -> None:
+    small_config = small_config.model_copy(update={"pipelined": pipelined})
     undisturbed = rl_flow(small_config)
 
-    execute = SequencedClient.execute
+    execute = operations._execute  # what every operation task runs, submitted or not
     backward_calls: list[int] = []
 
-    def fail_once_after_second_forward_backward(self, run_id, kind, payload, **options):
-        operation = execute(self, run_id, kind, payload, **options)
+    def fail_once_after_second_forward_backward(connection, run_id, kind, *args, **options):
+        operation = execute(connection, run_id, kind, *args, **options)
         if kind == "forward_backward":
             backward_calls.append(operation.seq_id)
             if len(backward_calls) == 2:
                 raise RuntimeError("injected: cycle 1 fails after its forward_backward")
         return operation
 
-    monkeypatch.setattr(SequencedClient, "execute", fail_once_after_second_forward_backward)
+    monkeypatch.setattr(operations, "_execute", fail_once_after_second_forward_backward)
     state = rl_flow(small_config, return_state=True)
     monkeypatch.undo()
 
@@ -73,8 +78,8 @@ def test_recipe_calls_through_ctx_take_the_next_seq_ids(
 ) -> None:
     monkeypatch.setitem(recipes.RECIPES, "importance_sampling", "flowtest_plugins:WITH_LOGPROBS")
     config = small_config.model_copy(update={"cycles": 2})
-    first = rl_flow(config)
-    second = rl_flow(config.model_copy(update={"concurrent_sampling": False}))
+    first = rl_flow(config)  # pipelined: cycle 0's tail publishes cycle 1's sampler
+    second = rl_flow(config.model_copy(update={"concurrent_sampling": False, "pipelined": False}))
     groups = config.prompts_per_cycle
     cycle_kinds = (
         ["save_weights_for_sampler"]
@@ -82,8 +87,9 @@ def test_recipe_calls_through_ctx_take_the_next_seq_ids(
         + ["logprobs"] * groups
         + ["forward_backward", "optim_step"]
     )
-    for result in (first, second):
+    for result, tail_publishes in ((first, 1), (second, 0)):
         rows = assert_executed_once_in_order(whitney, result.run_id)
         assert [row["kind"] for row in rows] == cycle_kinds * 2 + ["save_state", "export_lora"]
-        assert [cycle.seq_start for cycle in result.cycles] == [1, 1 + len(cycle_kinds)]
+        second_start = 1 + len(cycle_kinds) + tail_publishes
+        assert [cycle.seq_start for cycle in result.cycles] == [1, second_start]
     assert first.adapter.sha256 == second.adapter.sha256

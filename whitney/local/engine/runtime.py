@@ -321,17 +321,25 @@ class EngineRun:
                     f"sequences[{i}].token_ids: 1..{self.cfg.max_positions} ids in "
                     f"[0, {self.cfg.vocab_size})",
                 )
-        result: list[list[float | None]] = []
+        # Sequences of one length share a forward, unpadded: attention kernels block their work
+        # by sequence length, so padding a sequence to a longer batch mate changes its
+        # logprobs in the last bits. Without padding, each sequence's logprobs are bitwise the
+        # same whatever else the request holds (a client may chunk a batch any way it likes).
+        by_length: dict[int, list[int]] = {}
+        for index, ids in enumerate(sequences):
+            by_length.setdefault(len(ids), []).append(index)
+        result: list[list[float | None]] = [[None] for _ in sequences]
         with torch.inference_mode():
-            for start in range(0, len(sequences), LOGPROBS_CHUNK):
-                chunk = sequences[start : start + LOGPROBS_CHUNK]
-                T = max(len(s) for s in chunk)
-                ids = torch.zeros(len(chunk), T, dtype=torch.long)
-                for i, s in enumerate(chunk):
-                    ids[i, : len(s)] = torch.tensor(s)
-                logp = model.logits(model.hidden(ids)).log_softmax(-1)[:, :-1]
-                lp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-                result += [[None] + lp[i, : len(s) - 1].tolist() for i, s in enumerate(chunk)]
+            for length, indices in sorted(by_length.items()):
+                if length < 2:
+                    continue  # a single token has no logprob to report
+                for start in range(0, len(indices), LOGPROBS_CHUNK):
+                    chunk = indices[start : start + LOGPROBS_CHUNK]
+                    ids = torch.tensor([sequences[i] for i in chunk], dtype=torch.long)
+                    logp = model.logits(model.hidden(ids)).log_softmax(-1)[:, :-1]
+                    lp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+                    for row, index in enumerate(chunk):
+                        result[index] = [None, *lp[row].tolist()]
         return OpOutput({"logprobs": result}, {"tokens": sum(len(s) for s in sequences)})
 
     # --- checkpoints ----------------------------------------------------------------------

@@ -1,0 +1,500 @@
+"""What happened in cycle N: a run's journal, read back from the server, grouped into cycles.
+
+    whitney-flows inspect RUN_ID [--cycle N] [--json]
+    whitney-flows runs [--json]
+
+The server's journal is the record (DESIGN.md): every operation with its seq id, kind, status,
+timestamps, billed usage and result. Nothing here needs the flow run that made them.
+
+Cycle boundaries come from the journal alone: every cycle of every flow here begins by
+publishing a sampler (`save_weights_for_sampler`), so a journal splits at those operations.
+A sampler named `cycle-N` (pipelined RL, distillation, both of its runs) names its cycle; an
+unnamed one (`sampler-<seq>`, the page's loop) counts cycles in order; another name (the
+distillation's `eval-*` samplers) labels its group by that name. Operations before the first
+sampler are the `setup`; the trailing `save_state` / `export_lora` of the run's normal end are
+the `final` group.
+
+Two sources: the Whitney API (`--api-url`, the key from WHITNEY_API_KEY), or the embedded
+server's data directory (`--data-dir`, read-only: its SQLite journal, every tenant). No Prefect
+import at module level: the commands start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from flows.cost import add_usage, format_usage, total_tokens
+from flows.operation_log import OperationLog
+from whitney import wire
+
+JOURNAL_PAGE = 100
+CYCLE_SAMPLER = re.compile(r"^cycle-(\d+)$")
+DEFAULT_SAMPLER = re.compile(r"^sampler-\d+$")
+FINAL_KINDS = frozenset({"save_state", "export_lora"})
+
+
+# --------------------------------------------------------------------------- sources
+
+
+class JournalSource(Protocol):
+    """Where sessions, runs and journals are read from."""
+
+    def sessions(self) -> list[wire.Session]: ...
+
+    def run(self, run_id: str) -> wire.Run: ...
+
+    def operations(self, run_id: str) -> list[wire.Operation]: ...
+
+
+class ApiJournal:
+    """A Whitney endpoint, through `WhitneyClient` (the caller's sessions only)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def sessions(self) -> list[wire.Session]:
+        return [self.client.get_session(s.session_id) for s in self.client.list_sessions()]
+
+    def run(self, run_id: str) -> wire.Run:
+        return self.client.get_run(run_id)
+
+    def operations(self, run_id: str) -> list[wire.Operation]:
+        found: list[wire.Operation] = []
+        while True:
+            after = found[-1].seq_id if found else 0
+            page = self.client.journal(run_id, after_seq=after, limit=JOURNAL_PAGE)
+            found.extend(page)
+            if len(page) < JOURNAL_PAGE:
+                return found
+
+
+class RunNotFound(LookupError):
+    pass
+
+
+class DataDirJournal:
+    """An embedded server's data directory, read-only (SQLite; every tenant's sessions)."""
+
+    def __init__(self, data_dir: str | Path) -> None:
+        self.path = Path(data_dir).expanduser() / "journal.sqlite3"
+        if not self.path.is_file():
+            raise FileNotFoundError(f"no Whitney journal at {self.path}")
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        connection = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10.0)
+        connection.row_factory = sqlite3.Row
+        try:
+            return connection.execute(sql, tuple(params)).fetchall()
+        finally:
+            connection.close()
+
+    def sessions(self) -> list[wire.Session]:
+        sessions = []
+        for row in self._query("SELECT * FROM sessions ORDER BY created_at, session_id"):
+            runs = self._query(
+                "SELECT run_id FROM runs WHERE session_id=? ORDER BY created_at, run_id",
+                (row["session_id"],),
+            )
+            sessions.append(
+                wire.Session(
+                    session_id=row["session_id"],
+                    status=row["status"],
+                    labels=json.loads(row["labels"] or "{}"),
+                    created_at=row["created_at"],
+                    run_ids=[run["run_id"] for run in runs],
+                )
+            )
+        return sessions
+
+    def run(self, run_id: str) -> wire.Run:
+        rows = self._query("SELECT * FROM runs WHERE run_id=?", (run_id,))
+        if not rows:
+            raise RunNotFound(f"no run {run_id} in {self.path}")
+        row = rows[0]
+        (top,) = self._query("SELECT MAX(seq_id) AS m FROM operations WHERE run_id=?", (run_id,))
+        return wire.Run(
+            run_id=row["run_id"],
+            session_id=row["session_id"],
+            provider=row["provider"],
+            base_model=row["base_model"],
+            lora_rank=row["lora_rank"],
+            role=row["role"],
+            trainable=bool(row["trainable"]),
+            status=row["status"],
+            next_seq_id=(top["m"] or 0) + 1,
+            step=row["step"],
+            error=json.loads(row["error"]) if row["error"] else None,
+            created_at=row["created_at"],
+            finished_at=row["finished_at"],  # the API's extra fields, as it answers them
+            seed=row["seed"],
+            from_checkpoint=row["from_checkpoint"],
+            labels=json.loads(row["labels"] or "{}"),
+        )
+
+    def operations(self, run_id: str) -> list[wire.Operation]:
+        from whitney.local.journal import operation_dict
+
+        self.run(run_id)  # RunNotFound if it is not there
+        rows = self._query(
+            "SELECT run_id, seq_id, kind, sampler_id, status, result, error, usage,"
+            " submitted_at, started_at, finished_at FROM operations WHERE run_id=?"
+            " ORDER BY seq_id",
+            (run_id,),
+        )
+        return [wire.Operation.model_validate(operation_dict(row)) for row in rows]
+
+
+# --------------------------------------------------------------------------- operations
+
+
+def _time(value: Any) -> datetime | None:
+    if not isinstance(value, str) or not value:
+        return None
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def _seconds(start: Any, end: Any) -> float | None:
+    begin, finish = _time(start), _time(end)
+    if begin is None or finish is None:
+        return None
+    return round((finish - begin).total_seconds(), 6)
+
+
+def _extra(operation: wire.Operation, name: str) -> Any:
+    return (operation.model_extra or {}).get(name)
+
+
+def duration_s(operation: wire.Operation) -> float | None:
+    """Execution time on the server: started_at to finished_at."""
+    return _seconds(_extra(operation, "started_at"), operation.finished_at)
+
+
+def queued_s(operation: wire.Operation) -> float | None:
+    """Time between being journaled and starting to run (waiting for earlier seq ids)."""
+    return _seconds(operation.submitted_at, _extra(operation, "started_at"))
+
+
+def _rounded(value: Any) -> Any:
+    return round(value, 6) if isinstance(value, float) else value
+
+
+def key_metrics(operation: wire.Operation) -> dict[str, Any]:
+    """The few numbers of an operation's result worth a glance, by kind."""
+    result = operation.result or {}
+    kind = operation.kind
+    metrics: dict[str, Any] = {}
+    if kind in ("forward_backward", "forward"):
+        metrics["loss"] = result.get("loss")
+        inner = result.get("metrics") or {}
+        for name in ("tokens:sum", "kl_sample_train:mean", "clip_fraction:mean"):
+            if name in inner:
+                metrics[name] = inner[name]
+        metrics["datums"] = len(result.get("outputs") or [])
+    elif kind == "optim_step":
+        inner = result.get("metrics") or {}
+        metrics = {"step": result.get("step")} | {
+            name: inner[name] for name in ("grad_norm", "learning_rate") if name in inner
+        }
+    elif kind == "save_weights_for_sampler":
+        metrics["sampler_id"] = result.get("sampler_id")
+    elif kind == "sample":
+        sequences = result.get("sequences") or []
+        lengths = [len(sequence.get("tokens") or []) for sequence in sequences]
+        metrics["sequences"] = len(sequences)
+        metrics["prompt_tokens"] = result.get("prompt_tokens")
+        if lengths:
+            metrics["mean_length"] = sum(lengths) / len(lengths)
+            stopped = sum(sequence.get("stop_reason") == "stop" for sequence in sequences)
+            metrics["stopped"] = stopped / len(sequences)
+    elif kind == "logprobs":
+        metrics["sequences"] = len(result.get("logprobs") or [])
+    elif kind in ("save_state", "load_state"):
+        metrics = {name: result[name] for name in ("checkpoint", "step") if name in result}
+    elif kind == "export_lora":
+        metrics = {
+            name: result[name] for name in ("artifact_id", "sha256", "bytes") if name in result
+        }
+    if operation.error:
+        metrics["error"] = f"{operation.error.get('type')}: {operation.error.get('message')}"
+    return {name: _rounded(value) for name, value in metrics.items() if value is not None}
+
+
+def operation_row(operation: wire.Operation) -> dict[str, Any]:
+    """One operation as a flat record: what `inspect` prints and `--json` holds."""
+    return {
+        "seq_id": operation.seq_id,
+        "kind": operation.kind,
+        "sampler_id": operation.sampler_id,
+        "status": operation.status,
+        "duration_s": duration_s(operation),
+        "queued_s": queued_s(operation),
+        "submitted_at": operation.submitted_at,
+        "started_at": _extra(operation, "started_at"),
+        "finished_at": operation.finished_at,
+        "usage": {name: int(value) for name, value in operation.usage.items()},
+        "metrics": key_metrics(operation),
+    }
+
+
+# --------------------------------------------------------------------------- cycles
+
+
+@dataclass
+class CycleGroup:
+    """A stretch of a run's journal: a cycle (from its sampler to the next), the set-up, a
+    named sampler's group (eval) or the final checkpoint and export."""
+
+    label: str
+    cycle: int | None = None
+    operations: list[wire.Operation] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        usage: dict[str, dict[str, int]] = {}
+        for operation in self.operations:
+            add_usage(usage, {operation.kind: operation.usage})
+        seq_ids = [operation.seq_id for operation in self.operations]
+        return {
+            "label": self.label,
+            "cycle": self.cycle,
+            "seq_ids": [min(seq_ids), max(seq_ids)] if seq_ids else [],
+            "usage": usage,
+            "tokens": total_tokens(usage),
+            "operations": [operation_row(operation) for operation in self.operations],
+        }
+
+
+def _sampler_name(operation: wire.Operation) -> str | None:
+    name = (operation.result or {}).get("sampler_id")
+    return name if isinstance(name, str) else None
+
+
+def cycle_groups(operations: Iterable[wire.Operation]) -> list[CycleGroup]:
+    """The run's journal split into cycles (see the module docstring)."""
+    ordered = sorted(operations, key=lambda operation: operation.seq_id)
+    groups: list[CycleGroup] = [CycleGroup("setup")]
+    unnamed = 0
+    for operation in ordered:
+        if operation.kind == "save_weights_for_sampler":
+            name = _sampler_name(operation)
+            match = CYCLE_SAMPLER.match(name or "")
+            if match is not None:
+                groups.append(CycleGroup(f"cycle {match[1]}", int(match[1])))
+            elif name is None or DEFAULT_SAMPLER.match(name):
+                groups.append(CycleGroup(f"cycle {unnamed}", unnamed))
+                unnamed += 1
+            else:
+                groups.append(CycleGroup(name))
+        groups[-1].operations.append(operation)
+    last = groups[-1]
+    split = len(last.operations)
+    while split > 0 and last.operations[split - 1].kind in FINAL_KINDS:
+        split -= 1
+    tail = last.operations[split:]
+    if last.label != "setup" and split > 0 and any(op.kind == "export_lora" for op in tail):
+        groups.append(CycleGroup("final", None, tail))
+        del last.operations[split:]
+    return [group for group in groups if group.operations]
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def run_report(source: JournalSource, run_id: str, cycle: int | None = None) -> dict[str, Any]:
+    """A run and its journal grouped in cycles (only cycle `cycle` if given), JSON-ready."""
+    run = source.run(run_id)
+    operations = source.operations(run_id)
+    groups = cycle_groups(operations)
+    usage: dict[str, dict[str, int]] = {}
+    for operation in operations:
+        add_usage(usage, {operation.kind: operation.usage})
+    if cycle is not None:
+        groups = [group for group in groups if group.cycle == cycle]
+    return {
+        "run": run.model_dump(mode="json"),
+        "operations": len(operations),
+        "usage": usage,
+        "tokens": total_tokens(usage),
+        "cycles_in_journal": sorted(
+            {group.cycle for group in cycle_groups(operations) if group.cycle is not None}
+        ),
+        "groups": [group.as_dict() for group in groups],
+    }
+
+
+def runs_report(source: JournalSource) -> dict[str, Any]:
+    """Every session with its runs and their status, JSON-ready."""
+    sessions = []
+    for session in source.sessions():
+        runs = []
+        for run_id in session.run_ids or []:
+            run = source.run(run_id)
+            runs.append(
+                {
+                    "run_id": run.run_id,
+                    "role": run.role,
+                    "trainable": run.trainable,
+                    "provider": run.provider,
+                    "base_model": run.base_model,
+                    "status": run.status,
+                    "step": run.step,
+                    "operations": run.next_seq_id - 1,
+                    "created_at": run.created_at,
+                }
+            )
+        sessions.append(
+            {
+                "session_id": session.session_id,
+                "status": session.status,
+                "labels": session.labels,
+                "created_at": session.created_at,
+                "runs": runs,
+            }
+        )
+    return {"sessions": sessions}
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def _seconds_text(value: float | None) -> str:
+    if value is None:
+        return "-"
+    return f"{value * 1000:.0f} ms" if value < 1 else f"{value:.2f} s"
+
+
+def metrics_text(metrics: Mapping[str, Any]) -> str:
+    parts = []
+    for name, value in metrics.items():
+        if isinstance(value, float):
+            value = f"{value:.4g}"
+        elif name == "sha256" and isinstance(value, str):
+            value = value[:16] + "…"
+        parts.append(f"{name}={value}")
+    return " ".join(parts)
+
+
+def render_run_report(report: Mapping[str, Any], console: Any) -> None:
+    """Print a run report with rich: the run, then one table per group."""
+    from rich.table import Table
+
+    run = report["run"]
+    console.print(
+        f"[bold]run {run['run_id']}[/bold]  session {run['session_id']}  {run['role']}"
+        f"{'' if run['trainable'] else ' (frozen)'}  {run['provider']}/{run['base_model']}  "
+        f"status {run['status']}  step {run['step']}  {report['operations']} operations  "
+        f"{report['tokens']:,} tokens ({format_usage(report['usage'])})",
+        soft_wrap=True,
+    )
+    if not report["groups"]:
+        console.print(
+            f"no such cycle in the journal (cycles: {report['cycles_in_journal'] or 'none'})"
+        )
+    for group in report["groups"]:
+        seq = group["seq_ids"]
+        table = Table(
+            title=f"{group['label']}: seq {seq[0]}–{seq[1]}, {group['tokens']:,} tokens",
+            title_justify="left",
+        )
+        for column in ("seq", "kind", "status", "duration", "queued", "tokens", "metrics"):
+            table.add_column(column, overflow="fold", no_wrap=column != "metrics")
+        for row in group["operations"]:
+            table.add_row(
+                str(row["seq_id"]),
+                row["kind"],
+                row["status"],
+                _seconds_text(row["duration_s"]),
+                _seconds_text(row["queued_s"]),
+                f"{row['usage'].get('tokens', 0):,}",
+                metrics_text(row["metrics"]),
+            )
+        console.print(table)
+
+
+def render_runs_report(report: Mapping[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title="Whitney sessions and runs", title_justify="left")
+    for column in ("session", "status", "run", "role", "model", "run status", "step", "ops"):
+        table.add_column(column, overflow="fold")
+    for session in report["sessions"]:
+        runs = session["runs"] or [None]
+        for index, run in enumerate(runs):
+            first = index == 0
+            table.add_row(
+                session["session_id"] if first else "",
+                session["status"] if first else "",
+                run["run_id"] if run else "-",
+                (run["role"] + ("" if run["trainable"] else " (frozen)")) if run else "",
+                f"{run['provider']}/{run['base_model']}" if run else "",
+                run["status"] if run else "",
+                str(run["step"]) if run else "",
+                str(run["operations"]) if run else "",
+            )
+    console.print(table)
+
+
+def operations_markdown(title: str, runs: Mapping[str, Sequence[wire.Operation]]) -> str:
+    """A cycle's operations per run as markdown: what `inspect --cycle N` shows, for the
+    cycle subflow's artifact."""
+    lines = [f"# {title}", ""]
+    for name, operations in runs.items():
+        if not operations:
+            continue
+        lines += [
+            f"**{name}** run `{operations[0].run_id}`",
+            "",
+            "| seq | kind | status | duration | queued | tokens | metrics |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        for operation in sorted(operations, key=lambda op: op.seq_id):
+            row = operation_row(operation)
+            lines.append(
+                f"| {row['seq_id']} | {row['kind']} | {row['status']} | "
+                f"{_seconds_text(row['duration_s'])} | {_seconds_text(row['queued_s'])} | "
+                f"{row['usage'].get('tokens', 0):,} | {metrics_text(row['metrics'])} |"
+            )
+        lines.append("")
+    return "\n".join(lines)
+
+
+class RecordingLog(OperationLog):
+    """An OperationLog that also keeps the operations, for the cycle's operations artifact."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.operations: list[wire.Operation] = []
+
+    def record(self, operation: wire.Operation) -> None:
+        super().record(operation)
+        self.operations.append(operation)
+
+
+def record_cycle_operations(cycle: int, runs: Mapping[str, Sequence[wire.Operation]]) -> Any:
+    """A markdown artifact on the cycle's subflow run: its operations per run, as
+    `whitney-flows inspect RUN_ID --cycle N` shows them."""
+    from prefect.artifacts import create_markdown_artifact
+
+    return create_markdown_artifact(
+        markdown=operations_markdown(f"Cycle {cycle}: operations", runs),
+        description=f"Every Whitney operation of cycle {cycle}, as `whitney-flows inspect "
+        f"RUN_ID --cycle {cycle}` shows it",
+    )
+
+
+def by_run(
+    operations: Sequence[wire.Operation], names: Mapping[str, str]
+) -> dict[str, list[wire.Operation]]:
+    """Operations grouped per run, in order of first appearance, each under its name in
+    `names` (run id -> name), else "run <run id>"."""
+    grouped: dict[str, list[wire.Operation]] = {}
+    for operation in operations:
+        name = names.get(operation.run_id, f"run {operation.run_id}")
+        grouped.setdefault(name, []).append(operation)
+    return grouped

@@ -1,0 +1,225 @@
+"""`whitney-flows run distill`: the distillation demo.
+
+With no teacher given, it first trains a teacher by SFT on the built-in corpus (an SFT subflow
+of the distillation flow run; its final checkpoint is the teacher), then distills a fresh
+student from it: `teacher_kl` falls over the cycles, and the student's eval loss on the
+corpus's held-out split approaches the teacher's. Validate the config, then (flows.launch)
+reach Whitney (or start the embedded server), run `distillation_flow` with progress bars,
+download the student's adapter and print a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import threading
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from flows.budget import check_budget
+from flows.cli import EXIT_BAD_CONFIG
+from flows.config import ConfigError, read_config_file, validated
+from flows.cost import cost_model, format_cost, format_usage
+from flows.distill import distillation_flow
+from flows.distill_plan import (
+    DistillationConfig,
+    DistillationResult,
+    check_distill_config,
+    teacher_metrics_path,
+)
+from flows.launch import check_api_key, launch_flow
+from flows.sft_config import SFTConfig
+
+PROG = "whitney-flows run distill"
+POLL_INTERVAL_S = 0.2
+
+
+def distill_config_from(options: argparse.Namespace) -> DistillationConfig:
+    """The config file (if any) with the command-line options on top; ConfigError if bad.
+
+    No teacher in either (`--teacher-checkpoint`, or `teacher_checkpoint` / `teacher_sft` in
+    the file) means the demo's: an SFT teacher on the built-in corpus, unless `--teacher base`.
+    """
+    data: dict[str, Any] = read_config_file(options.config) if options.config else {}
+    overrides = {
+        "cycles": options.cycles,
+        "provider": options.provider,
+        "base_model": options.base_model,
+        "seed": options.seed,
+        "teacher_checkpoint": options.teacher_checkpoint,
+        "teacher_chunk_size": options.chunk_size,
+        "task_runner": options.task_runner,
+        "api_url": options.api_url,
+        "metrics_path": str(options.metrics_out) if options.metrics_out else None,
+    }
+    data.update({name: value for name, value in overrides.items() if value is not None})
+    if options.sequential_teacher:
+        data["teacher_fan_out"] = False
+    budget = dict(data.get("budget") or {})
+    if options.budget_tokens is not None:
+        budget["max_tokens"] = options.budget_tokens
+    if options.budget_cost is not None:
+        budget["max_cost"] = options.budget_cost
+    if budget:
+        data["budget"] = budget
+    wants_sft = options.teacher == "sft" or options.sft_steps is not None
+    if wants_sft and not data.get("teacher_checkpoint"):
+        sft = dict(data.get("teacher_sft") or {})
+        if options.sft_steps is not None:
+            sft["steps"] = options.sft_steps
+        data["teacher_sft"] = sft
+    elif options.teacher == "base":
+        data.pop("teacher_sft", None)
+    return validated(DistillationConfig, data)
+
+
+def checked_config(options: argparse.Namespace) -> DistillationConfig:
+    """The validated config, checked against the provider, before anything is allocated."""
+    config = distill_config_from(options)
+    check_distill_config(config)
+    check_budget(config.budget, cost_model(config.prices))  # the CLI names no block
+    check_api_key(config)
+    return config
+
+
+def sft_cycles(config: SFTConfig) -> int:
+    from flows.sft_plan import load_sft_plan
+
+    return load_sft_plan(config).cycles
+
+
+class DistillProgress:
+    """Two rich progress bars (the teacher's SFT cycles, if any, and the distillation cycles)
+    advanced by the metrics lines each flow appends to its file."""
+
+    def __init__(
+        self,
+        files: list[tuple[str, Path, int]],
+        console: Console,
+    ) -> None:
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[latest]}"),
+            TimeElapsedColumn(),
+            console=console,
+        )
+        self._files = []
+        for label, path, total in files:
+            task = self._progress.add_task(label, total=total, latest="waiting")
+            offset = path.stat().st_size if path.exists() else 0
+            self._files.append([path, task, offset, label])
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="distill-progress", daemon=True)
+
+    def __enter__(self) -> DistillProgress:
+        self._progress.start()
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stopped.set()
+        self._thread.join()
+        self._read_new_lines()
+        self._progress.stop()
+
+    def _follow(self) -> None:
+        while not self._stopped.wait(POLL_INTERVAL_S):
+            self._read_new_lines()
+
+    def _read_new_lines(self) -> None:
+        for entry in self._files:
+            path, task, offset, label = entry
+            if not path.exists():
+                continue
+            with path.open("rb") as stream:
+                stream.seek(offset)
+                chunk = stream.read()
+            complete = chunk[: chunk.rfind(b"\n") + 1]
+            entry[2] = offset + len(complete)
+            for line in complete.splitlines():
+                self._progress.update(task, advance=1, latest=describe(json.loads(line)))
+
+
+def describe(line: dict[str, Any]) -> str:
+    """The progress bar's text after a cycle's metrics line (distillation or SFT)."""
+    if "teacher_kl" in line:
+        return (
+            f"teacher_kl {line['teacher_kl']:.4f}  teacher {line['teacher_seconds']:.2f} s "
+            f"({line['teacher_chunks']} tasks)"
+        )
+    text = f"step {line.get('step_end')}  train {line.get('train_loss', 0.0):.3f}"
+    if line.get("eval_loss") is not None:
+        text += f"  eval {line['eval_loss']:.3f}"
+    return text
+
+
+def summary_table(result: DistillationResult, adapter_path: Path, wall_seconds: float) -> Table:
+    """The end-of-run table: teacher_kl first and last, eval losses, usage, cost, weights."""
+    table = Table(title="Distillation flow finished", show_header=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    table.add_row("cycles", str(len(result.cycles)))
+    table.add_row("wall time", f"{wall_seconds:.1f} s")
+    table.add_row("teacher", result.teacher)
+    if result.teacher_sft is not None and result.teacher_sft.eval_losses:
+        losses = result.teacher_sft.eval_losses
+        table.add_row("teacher SFT eval loss", f"{losses[0]:.4f} -> {losses[-1]:.4f}")
+    if result.cycles:
+        window = min(3, len(result.cycles))
+        first = sum(m.teacher_kl for m in result.cycles[:window]) / window
+        last = sum(m.teacher_kl for m in result.cycles[-window:]) / window
+        table.add_row(f"teacher_kl, first {window} cycles", f"{first:.4f}")
+        table.add_row(f"teacher_kl, last {window} cycles", f"{last:.4f}")
+    if result.eval is not None:
+        table.add_row("eval loss, teacher", f"{result.eval.teacher:.4f}")
+        table.add_row(
+            "eval loss, student",
+            f"{result.eval.student_before:.4f} -> {result.eval.student_after:.4f}",
+        )
+    table.add_row("tokens, student", format_usage(result.usage.get("student", {})))
+    table.add_row("tokens, teacher", format_usage(result.usage.get("teacher", {})))
+    table.add_row("tokens, total", f"{result.total_tokens:,}")
+    table.add_row("estimated cost", format_cost(result.cost))
+    if result.budget_stop:
+        table.add_row("stopped early", result.budget_stop)
+    table.add_row("student run", result.run_id)
+    table.add_row("teacher run", result.teacher_run_id)
+    table.add_row("checkpoint", result.checkpoint)
+    table.add_row("adapter sha256", result.adapter.sha256)
+    table.add_row("adapter file", str(adapter_path))
+    return table
+
+
+def run_distill(options: argparse.Namespace) -> int:
+    """Run the distillation flow; the exit code."""
+    try:
+        config = checked_config(options)
+        sft_config = config.teacher_sft_config()
+        teacher_cycles = sft_cycles(sft_config) if sft_config is not None else 0
+    except ConfigError as error:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+
+    def progress(metrics_path: Path, console: Console) -> DistillProgress:
+        files = [("distillation cycles", metrics_path, config.cycles)]
+        if sft_config is not None:
+            sft_path = teacher_metrics_path(str(metrics_path))
+            files.insert(0, ("teacher SFT cycles", Path(sft_path), teacher_cycles))
+        return DistillProgress(files, console)
+
+    return launch_flow(
+        PROG, config, distillation_flow, progress, summary_table, options.adapter_dir
+    )

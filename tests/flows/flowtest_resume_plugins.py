@@ -1,0 +1,59 @@
+"""Plug-ins of the pipelining and resume tests, loaded by import path
+(`flowtest_resume_plugins:...`), also by a `prefect flow-run retry` subprocess."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from flows.context import LossContext
+from flows.environments import Completion
+from flows.environments.digits import DigitsEnvironment
+from flows.recipes import Recipe
+from flows.recipes.importance_sampling import build_loss as importance_sampling
+
+FAIL_AT_CYCLE_ENV = "FLOWTEST_FAIL_AT_CYCLE"
+FAIL_MARKER_ENV = "FLOWTEST_FAIL_MARKER"
+
+
+class FailOnceAtCycle(DigitsEnvironment):
+    """The digits environment, except that rewarding cycle $FLOWTEST_FAIL_AT_CYCLE raises,
+    once: the first failure creates the file $FLOWTEST_FAIL_MARKER, and a marker that exists
+    means it already failed. Without the two variables it is the digits environment."""
+
+    def __init__(self) -> None:
+        self._cycle = 0
+
+    def prompts(self, cycle: int, count: int, seed: int) -> list[str]:
+        self._cycle = cycle
+        return super().prompts(cycle, count, seed)
+
+    def reward(self, prompt: str, completion: Completion) -> float:
+        fail_at, marker = os.environ.get(FAIL_AT_CYCLE_ENV), os.environ.get(FAIL_MARKER_ENV)
+        if fail_at is not None and marker and int(fail_at) == self._cycle:
+            try:
+                Path(marker).touch(exist_ok=False)
+            except FileExistsError:
+                pass
+            else:
+                raise RuntimeError(f"injected: the reward of cycle {self._cycle} fails once")
+        return super().reward(prompt, completion)
+
+
+def build_loss_refused_at_cycle_1(
+    sample: dict[str, Any], cycle: int, request: dict[str, Any], ctx: LossContext
+) -> dict[str, Any]:
+    """importance_sampling, except that cycle 1's payload names `ppo_critic`, which the server
+    refuses for a policy run (422) before journaling it: its seq id stays a gap."""
+    payload = importance_sampling(sample, cycle, request, ctx)
+    if cycle == 1:
+        payload = {**payload, "loss_function": "ppo_critic"}
+    return payload
+
+
+REFUSED_AT_CYCLE_1 = Recipe(
+    name="importance_sampling",
+    loss_function="importance_sampling",
+    build_loss=build_loss_refused_at_cycle_1,
+)

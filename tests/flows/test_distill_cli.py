@@ -1,0 +1,87 @@
+"""`whitney-flows run distill`: the demo's path (an SFT teacher first, then distillation) end
+to end on a small scale, and bad configs exit 2 before any session opens."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from flows.cli import main
+from whitney.client import WhitneyClient
+from whitney.local import EmbeddedWhitney
+
+PROG = "whitney-flows run distill"
+
+
+def test_the_demo_trains_an_sft_teacher_then_distills_from_it(
+    whitney: EmbeddedWhitney,
+    inspector: WhitneyClient,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")
+    metrics = tmp_path / "metrics.jsonl"
+    arguments = ["run", "distill", "--api-url", whitney.url, "--base-model", "local/nano"]
+    arguments += ["--cycles", "2", "--sft-steps", "4", "--metrics-out", str(metrics)]
+    arguments += ["--adapter-dir", str(tmp_path / "adapters")]
+    assert main(arguments) == 0, capsys.readouterr().err
+    output = capsys.readouterr().out
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [line["cycle"] for line in lines] == [0, 1]
+    assert all(line["teacher_chunks"] == 8 for line in lines)
+    teacher_lines = (tmp_path / "metrics-teacher-sft.jsonl").read_text().splitlines()
+    assert json.loads(teacher_lines[-1])["step_end"] == 4
+    (adapter,) = (tmp_path / "adapters").iterdir()
+    assert adapter.name.endswith("-adapter.tar")
+    for needle in ("teacher_kl, first", "eval loss, teacher", "tokens, teacher", str(adapter)):
+        assert needle in output, needle
+    assert "teacher SFT eval loss" in output  # the teacher was trained by the SFT subflow
+
+
+@pytest.mark.parametrize(
+    ("arguments", "field"),
+    [
+        (["--teacher-checkpoint", "s3://bucket/x"], "teacher_checkpoint"),
+        (["--budget-cost", "1.0"], "budget.max_cost"),
+        (["--cycles", "0"], "cycles"),
+        (["--base-model", "hf:not/cached"], "base_model"),
+        (["--sft-steps", "0"], "teacher_sft.steps"),
+    ],
+)
+def test_bad_configs_exit_2_naming_the_field_before_any_session(
+    arguments: list[str],
+    field: str,
+    whitney: EmbeddedWhitney,
+    inspector: WhitneyClient,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    before = len(inspector.list_sessions())
+    assert main(["run", "distill", "--api-url", whitney.url, *arguments]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"{PROG}: {field}"), error
+    assert "Traceback" not in error
+    assert len(inspector.list_sessions()) == before
+
+
+def test_a_config_file_with_options_on_top(tmp_path: Path) -> None:
+    from flows.cli import build_parser
+    from flows.run_distill import distill_config_from
+
+    (tmp_path / "d.toml").write_text(
+        "cycles = 7\nteacher_chunk_size = 3\n[budget]\nmax_tokens = 5000\n"
+        "[prices]\nsampled_per_million = 2.0\n"
+    )
+    options = build_parser().parse_args(
+        ["run", "distill", "--config", str(tmp_path / "d.toml"), "--cycles", "9"]
+        + ["--task-runner", "dask", "--sequential-teacher", "--teacher", "base"]
+    )
+    config = distill_config_from(options)
+    assert (config.cycles, config.teacher_chunk_size, config.task_runner) == (9, 3, "dask")
+    assert config.teacher_fan_out is False and config.teacher_sft is None
+    assert config.budget.max_tokens == 5000 and config.prices is not None
+    options = build_parser().parse_args(["run", "distill", "--budget-tokens", "10"])
+    config = distill_config_from(options)
+    assert config.teacher_sft is not None and config.budget.max_tokens == 10

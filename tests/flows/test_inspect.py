@@ -1,0 +1,209 @@
+"""`whitney-flows inspect` and `runs`: cycles found in journals of every shape, and the
+commands on a finished distillation run, through the API and through the data directory."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+
+import pytest
+
+from flows.cli import main
+from flows.distill import distillation_flow
+from flows.distill_plan import DistillationConfig, DistillationResult
+from flows.inspection import ApiJournal, DataDirJournal, cycle_groups, run_report
+from tasks.retry import TaskRetrySettings
+from whitney import wire
+from whitney.client import WhitneyClient
+from whitney.local import EmbeddedWhitney
+
+
+def journal_of(*specs: tuple[str, str | None]) -> list[wire.Operation]:
+    """Operations seq 1.. of (kind, sampler name for a save_weights_for_sampler)."""
+    operations = []
+    for seq, (kind, name) in enumerate(specs, start=1):
+        result = {"sampler_id": name} if kind == "save_weights_for_sampler" else {}
+        operations.append(
+            wire.Operation(run_id="run", seq_id=seq, kind=kind, status="succeeded", result=result)
+        )
+    return operations
+
+
+def labels(operations: list[wire.Operation]) -> list[tuple[str, list[int]]]:
+    return [
+        (group.label, [op.seq_id for op in group.operations]) for group in cycle_groups(operations)
+    ]
+
+
+def test_unnamed_samplers_count_cycles_and_the_end_is_final() -> None:
+    operations = journal_of(
+        ("save_weights_for_sampler", "sampler-1"),
+        ("sample", None),
+        ("forward_backward", None),
+        ("optim_step", None),
+        ("save_weights_for_sampler", "sampler-5"),
+        ("sample", None),
+        ("forward_backward", None),
+        ("optim_step", None),
+        ("save_state", None),
+        ("export_lora", None),
+    )
+    assert labels(operations) == [
+        ("cycle 0", [1, 2, 3, 4]),
+        ("cycle 1", [5, 6, 7, 8]),
+        ("final", [9, 10]),
+    ]
+
+
+def test_named_samplers_name_their_cycle_and_other_names_their_group() -> None:
+    operations = journal_of(
+        ("save_weights_for_sampler", "eval-start"),
+        ("logprobs", None),
+        ("save_weights_for_sampler", "cycle-3"),
+        ("sample", None),
+        ("forward_backward", None),
+        ("optim_step", None),
+        ("save_state", None),  # a mid-run checkpoint stays in its cycle
+        ("save_weights_for_sampler", "cycle-4"),
+        ("sample", None),
+        ("forward_backward", None),
+        ("optim_step", None),
+        ("save_weights_for_sampler", "eval-end"),
+        ("logprobs", None),
+        ("save_state", None),
+        ("export_lora", None),
+    )
+    groups = cycle_groups(operations)
+    assert [(g.label, g.cycle) for g in groups] == [
+        ("eval-start", None),
+        ("cycle 3", 3),
+        ("cycle 4", 4),
+        ("eval-end", None),
+        ("final", None),
+    ]
+    assert [op.kind for op in groups[1].operations][-1] == "save_state"
+
+
+def test_a_journal_without_samplers_is_all_setup_and_an_unfinished_one_has_no_final() -> None:
+    operations = journal_of(("forward_backward", None), ("optim_step", None))
+    assert labels(operations) == [("setup", [1, 2])]
+    unfinished = journal_of(("save_weights_for_sampler", "cycle-0"), ("save_state", None))
+    assert labels(unfinished) == [("cycle 0", [1, 2])]
+
+
+@pytest.fixture(scope="module")
+def finished(embedded_server: EmbeddedWhitney) -> Iterator[DistillationResult]:
+    """A small distillation run (3 cycles, the base model as its teacher) on the shared
+    server."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WHITNEY_API_KEY", embedded_server.api_key)
+        config = DistillationConfig(
+            api_url=embedded_server.url,
+            base_model="local/nano",
+            cycles=3,
+            prompts_per_cycle=3,
+            samples_per_prompt=2,
+            max_tokens=8,
+            teacher_chunk_size=2,
+            checkpoint_every=2,
+            eval_fraction=0.02,
+            task_retry=TaskRetrySettings(retries=2, delay_s=0.05, max_delay_s=0.2, jitter=0.1),
+        )
+        yield distillation_flow(config)
+
+
+def inspect_json(capsys: pytest.CaptureFixture[str], *arguments: str) -> dict:
+    assert main(["inspect", *arguments, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_inspect_lists_every_seq_id_of_the_journal_once(
+    finished: DistillationResult,
+    whitney: EmbeddedWhitney,
+    inspector: WhitneyClient,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for run_id in (finished.run_id, finished.teacher_run_id):
+        report = inspect_json(capsys, run_id, "--api-url", whitney.url)
+        journal = [op.seq_id for op in inspector.journal(run_id, limit=1000)]
+        listed = [row["seq_id"] for group in report["groups"] for row in group["operations"]]
+        assert listed == journal == list(range(1, len(journal) + 1))
+        assert report["cycles_in_journal"] == [0, 1, 2]
+        assert report["operations"] == len(journal)
+        assert report["run"]["run_id"] == run_id
+        for group in report["groups"]:
+            for row in group["operations"]:
+                assert row["status"] == "succeeded"
+                assert row["duration_s"] is not None and row["duration_s"] >= 0
+                assert "tokens" in row["usage"]
+    student = inspect_json(capsys, finished.run_id, "--api-url", whitney.url)
+    assert [g["label"] for g in student["groups"]] == [
+        "eval-start",
+        "cycle 0",
+        "cycle 1",
+        "cycle 2",
+        "eval-end",
+        "final",
+    ]
+    cycle_1 = student["groups"][2]
+    assert [row["kind"] for row in cycle_1["operations"]] == [
+        "save_weights_for_sampler",
+        "sample",
+        "sample",
+        "sample",
+        "forward_backward",
+        "optim_step",
+        "save_state",  # checkpoint_every=2: the state after cycle 1
+    ]
+    backward = cycle_1["operations"][4]
+    assert set(backward["metrics"]) >= {"loss", "tokens:sum", "datums"}
+    assert backward["usage"]["trained_tokens"] == cycle_1["usage"]["forward_backward"]["tokens"]
+    assert sum(g["tokens"] for g in student["groups"]) == student["tokens"]
+    teacher = inspect_json(capsys, finished.teacher_run_id, "--api-url", whitney.url)
+    kinds = [row["kind"] for row in teacher["groups"][1]["operations"]]
+    assert kinds == ["save_weights_for_sampler"] + ["logprobs"] * 3
+
+
+def test_inspect_one_cycle_as_json_and_as_tables(
+    finished: DistillationResult,
+    whitney: EmbeddedWhitney,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
+    report = inspect_json(capsys, finished.run_id, "--cycle", "1", "--api-url", whitney.url)
+    assert [group["cycle"] for group in report["groups"]] == [1]
+    assert main(["inspect", finished.run_id, "--api-url", whitney.url]) == 0
+    text = capsys.readouterr().out
+    for label in ("eval-start", "cycle 0", "cycle 2", "final", "forward_backward", "sha256="):
+        assert label in text
+    assert main(["inspect", finished.run_id, "--cycle", "7", "--api-url", whitney.url]) == 0
+    assert "no such cycle" in capsys.readouterr().out
+    assert main(["inspect", "run-nope", "--api-url", whitney.url]) == 1
+
+
+def test_the_data_directory_gives_the_same_report_as_the_api(
+    finished: DistillationResult, whitney: EmbeddedWhitney, inspector: WhitneyClient
+) -> None:
+    from_api = run_report(ApiJournal(inspector), finished.run_id)
+    from_disk = run_report(DataDirJournal(whitney.data_dir), finished.run_id)
+    assert from_disk == from_api
+
+
+def test_runs_lists_the_sessions_and_runs_with_their_status(
+    finished: DistillationResult,
+    whitney: EmbeddedWhitney,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("COLUMNS", "250")
+    assert main(["runs", "--json", "--api-url", whitney.url]) == 0
+    sessions = {s["session_id"]: s for s in json.loads(capsys.readouterr().out)["sessions"]}
+    session = sessions[finished.session_id]
+    assert session["status"] == "closed"
+    runs = {run["run_id"]: run for run in session["runs"]}
+    assert runs[finished.run_id]["status"] == "finished"
+    assert runs[finished.run_id]["trainable"] is True
+    assert runs[finished.teacher_run_id]["trainable"] is False
+    assert main(["runs", "--data-dir", str(whitney.data_dir)]) == 0
+    assert finished.teacher_run_id in capsys.readouterr().out
