@@ -12,7 +12,7 @@ A sampler named `cycle-N` (pipelined RL, distillation, both of its runs) names i
 unnamed one (`sampler-<seq>`, the page's loop) counts cycles in order; another name (the
 distillation's `eval-*` samplers) labels its group by that name. Operations before the first
 sampler are the `setup`; the trailing `save_state` / `export_lora` of the run's normal end are
-the `final` group.
+the `final` group. A journal with no sampler at all (SFT) is listed by optimizer step.
 
 Two sources: the Whitney API (`--api-url`, the key from WHITNEY_API_KEY), or the embedded
 server's data directory (`--data-dir`, read-only: its SQLite journal, every tenant). No Prefect
@@ -278,6 +278,8 @@ def _sampler_name(operation: wire.Operation) -> str | None:
 def cycle_groups(operations: Iterable[wire.Operation]) -> list[CycleGroup]:
     """The run's journal split into cycles (see the module docstring)."""
     ordered = sorted(operations, key=lambda operation: operation.seq_id)
+    if not any(op.kind == "save_weights_for_sampler" for op in ordered):
+        return step_groups(ordered)
     groups: list[CycleGroup] = [CycleGroup("setup")]
     unnamed = 0
     for operation in ordered:
@@ -292,6 +294,28 @@ def cycle_groups(operations: Iterable[wire.Operation]) -> list[CycleGroup]:
             else:
                 groups.append(CycleGroup(name))
         groups[-1].operations.append(operation)
+    return split_final(groups)
+
+
+def step_groups(ordered: Sequence[wire.Operation]) -> list[CycleGroup]:
+    """A journal without samplers (SFT) in optimizer steps: `step N` from a forward_backward
+    that follows an optim_step (or the first one) through what comes before the next (its
+    optim_step, evals, a checkpoint); what precedes the first step is the `setup`."""
+    groups: list[CycleGroup] = [CycleGroup("setup")]
+    stepped = True
+    for operation in ordered:
+        if operation.kind == "forward_backward" and stepped:
+            groups.append(CycleGroup(f"step {len(groups) - 1}"))
+            stepped = False
+        elif operation.kind == "optim_step":
+            stepped = True
+        groups[-1].operations.append(operation)
+    return split_final(groups)
+
+
+def split_final(groups: list[CycleGroup]) -> list[CycleGroup]:
+    """The trailing save_state / export_lora of the run's normal end as the `final` group;
+    empty groups dropped."""
     last = groups[-1]
     split = len(last.operations)
     while split > 0 and last.operations[split - 1].kind in FINAL_KINDS:

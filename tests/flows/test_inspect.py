@@ -84,9 +84,30 @@ def test_named_samplers_name_their_cycle_and_other_names_their_group() -> None:
     assert [op.kind for op in groups[1].operations][-1] == "save_state"
 
 
-def test_a_journal_without_samplers_is_all_setup_and_an_unfinished_one_has_no_final() -> None:
-    operations = journal_of(("forward_backward", None), ("optim_step", None))
-    assert labels(operations) == [("setup", [1, 2])]
+def test_a_journal_without_samplers_goes_by_optimizer_step() -> None:
+    operations = journal_of(
+        ("forward", None),  # the eval before the first step
+        ("forward_backward", None),
+        ("optim_step", None),
+        ("forward_backward", None),
+        ("optim_step", None),
+        ("forward", None),  # an eval after step 1
+        ("save_state", None),  # a cycle checkpoint
+        ("forward_backward", None),
+        ("optim_step", None),
+        ("save_state", None),
+        ("export_lora", None),
+    )
+    assert labels(operations) == [
+        ("setup", [1]),
+        ("step 0", [2, 3]),
+        ("step 1", [4, 5, 6, 7]),
+        ("step 2", [8, 9]),
+        ("final", [10, 11]),
+    ]
+
+
+def test_an_unfinished_journal_has_no_final() -> None:
     unfinished = journal_of(("save_weights_for_sampler", "cycle-0"), ("save_state", None))
     assert labels(unfinished) == [("cycle 0", [1, 2])]
 
