@@ -23,7 +23,7 @@ from flows.operation_log import OperationLog
 from flows.recipes import Recipe
 from flows.sequencing import SeqLedger
 from tasks.connection import WhitneyConnection
-from tasks.lifecycle import create_run, finish_run
+from tasks.lifecycle import create_run
 from tasks.retry import with_retry
 from whitney.payloads import result_sampler_id
 
@@ -106,11 +106,3 @@ def advanced(
         handle.model_copy(update={"seq_start": seq_end.get(handle.name, handle.seq_start)})
         for handle in handles
     ]
-
-
-def finish_auxiliary_runs(
-    connection: WhitneyConnection, handles: Iterable[AuxiliaryHandle], config: RLConfig
-) -> None:
-    """Finish every auxiliary run (the normal ending, before the session closes)."""
-    for handle in handles:
-        with_retry(finish_run, config.task_retry)(connection, handle.run_id)

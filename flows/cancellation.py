@@ -9,12 +9,12 @@ hook then cancels the Whitney run right away. (A deployed run is killed by its r
 
 from __future__ import annotations
 
-import contextvars
 import threading
-from types import TracebackType
 from uuid import UUID
 
 from prefect import get_client
+
+from flows.polling import PollingThread
 
 POLL_INTERVAL_S = 1.0
 
@@ -23,39 +23,21 @@ class CancellationRequested(RuntimeError):
     """The flow run was asked to cancel; raised at a cycle boundary."""
 
 
-class CancellationWatch:
+class CancellationWatch(PollingThread):
     """Polls the flow run's state; `raise_if_requested` raises once it is Cancelling."""
 
     def __init__(self, flow_run_id: UUID, interval_s: float = POLL_INTERVAL_S) -> None:
+        super().__init__("cancellation-watch", interval_s)
         self.flow_run_id = flow_run_id
-        self.interval_s = interval_s
         self._requested = threading.Event()
-        self._stopped = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def __enter__(self) -> CancellationWatch:
-        context = contextvars.copy_context()  # the flow's Prefect settings (API URL)
-        self._thread = threading.Thread(
-            target=context.run, args=(self._watch,), name="cancellation-watch", daemon=True
-        )
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stopped.set()
 
     def raise_if_requested(self) -> None:
         if self._requested.is_set():
             raise CancellationRequested(f"flow run {self.flow_run_id} was asked to cancel")
 
-    def _watch(self) -> None:
+    def poll_until_stopped(self) -> None:
         with get_client(sync_client=True) as prefect:
-            while not self._stopped.wait(self.interval_s):
+            for _ in self.ticks():
                 try:
                     state = prefect.read_flow_run(self.flow_run_id).state
                 except Exception:

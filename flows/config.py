@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -32,6 +32,24 @@ LossName = Literal[
 """The page's eight loss functions (whitney.losses.LOSS_FUNCTIONS), as a UI dropdown."""
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
+BudgetField = Annotated[
+    Budget,
+    Field(
+        default_factory=Budget,
+        description="Stop cleanly (save_state, export, finish, close) before the cycle that "
+        "would exceed max_tokens or max_cost",
+    ),
+]
+"""A flow's `budget` field (the flows with a cost estimate: RL, distillation)."""
+PricesField = Annotated[
+    PriceTable | None,
+    Field(
+        default=None,
+        description="USD per million sampled / prefilled / trained tokens, for the cost "
+        "estimate; empty: the credentials block's price table, if any",
+    ),
+]
+"""A flow's `prices` field, beside its `budget`."""
 
 
 class ConfigError(ValueError):
@@ -104,7 +122,7 @@ class RLConfig(FlowConfig):
     env: str = Field(
         default="digits",
         min_length=1,
-        description="Environment: a built-in name (digits, arithmetic) or an import path "
+        description="Environment: a built-in name (digits, lowercase) or an import path "
         "module:attr",
     )
     loss: LossName = Field(
@@ -153,16 +171,8 @@ class RLConfig(FlowConfig):
         "that publishes the next cycle's sampler (named cycle-{n+1}) back to back, without "
         "waiting in between; the same training as one call after another",
     )
-    budget: Budget = Field(
-        default_factory=Budget,
-        description="Stop cleanly (save_state, export, finish, close) before the cycle that "
-        "would exceed max_tokens or max_cost",
-    )
-    prices: PriceTable | None = Field(
-        default=None,
-        description="USD per million sampled / prefilled / trained tokens, for the cost "
-        "estimate; empty: the credentials block's price table, if any",
-    )
+    budget: BudgetField
+    prices: PricesField
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

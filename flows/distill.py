@@ -41,7 +41,7 @@ from prefect.utilities.annotations import quote
 
 from flows.budget import BudgetGuard, flow_cost_model
 from flows.cancellation import CancellationWatch
-from flows.cleanup import CLEANUP_HOOKS, session_labels
+from flows.cleanup import CLEANUP_HOOKS
 from flows.connection import resolve_connection
 from flows.context import SequencedClient
 from flows.cost import Usage, add_usage, format_cost, format_usage, usage_of
@@ -60,12 +60,17 @@ from flows.distill_plan import (
 )
 from flows.heartbeat import subflows_without_heartbeat
 from flows.inspection import RecordingLog, record_cycle_operations
-from flows.metrics import AdapterExport
 from flows.records import RunRecords, record_cycle_table, run_rows
-from flows.resume import check_resume_from, checkpoint_due, checkpoint_name, find_resume_point
+from flows.resume import check_resume_from, checkpoint_due, checkpoint_name
 from flows.sequencing import SeqLedger
 from flows.task_runners import cycle_task_runners
-from tasks.lifecycle import cancel_run, close_session, create_run, finish_run, open_session
+from flows.training import (
+    export_adapter,
+    release_training_run,
+    save_final_state,
+    start_training_run,
+)
+from tasks.lifecycle import cancel_run, create_run
 from tasks.operations import RUN_OPERATION_TASKS, SAMPLER_OPERATION_TASKS
 from tasks.retry import with_retry
 from whitney import wire
@@ -75,6 +80,8 @@ from whitney.payloads import adamw_optimizer, forward_backward_payload, result_s
 
 Call = tuple[str, dict[str, Any], str | None]
 """(kind, payload, sampler_id or None for a run operation)."""
+ROLE_LABEL = "whitney-flows.role"
+"""The run label naming the student and the teacher."""
 
 
 def submit_calls(
@@ -371,7 +378,6 @@ def distillation_flow(
     guard = BudgetGuard(config.budget, flow_cost_model(config.prices, whitney_block))
     logger = get_run_logger()
     flow_run = FlowRunContext.get().flow_run
-    attempt = f"prefect-{flow_run.id}-{flow_run.run_count}"
 
     teacher_sft = None
     teacher_checkpoint = config.teacher_checkpoint
@@ -384,39 +390,23 @@ def distillation_flow(
         teacher_checkpoint = teacher_sft.checkpoint
     teacher_label = teacher_checkpoint or f"base:{config.teacher_model}"
 
-    retry = config.task_retry
-    start = with_retry(find_resume_point, retry)(
-        connection, flow_run.id, flow_run.run_count, config.resume_from, config.cleanup_timeout_s
-    )
-    session = with_retry(open_session, retry)(
-        connection, session_labels(flow_run.id), f"{attempt}-session"
-    )
-    student = with_retry(create_run, retry)(
+    training = start_training_run(config, connection, "student", {ROLE_LABEL: "student"})
+    start, student = training.start, training.run_id
+    teacher = with_retry(create_run, config.task_retry)(
         connection,
-        session.session_id,
-        config.provider,
-        config.base_model,
-        lora_rank=config.lora_rank,
-        seed=config.seed,
-        idempotency_key=f"{attempt}-student",
-        from_checkpoint=start.checkpoint,
-        labels={"whitney-flows.role": "student"},
-    )
-    teacher = with_retry(create_run, retry)(
-        connection,
-        session.session_id,
+        training.session_id,
         config.provider,
         config.teacher_model,
         lora_rank=config.teacher_rank,
         seed=config.seed,
         trainable=False,
         from_checkpoint=teacher_checkpoint,
-        idempotency_key=f"{attempt}-teacher",
-        labels={"whitney-flows.role": "teacher"},
+        idempotency_key=f"{training.attempt}-teacher",
+        labels={ROLE_LABEL: "teacher"},
     )
     logger.info(
         "Student run %s, teacher run %s (%s): cycles %d..%d, %d teacher logprobs tasks a cycle",
-        student.run_id,
+        student,
         teacher.run_id,
         teacher_label,
         start.first_cycle,
@@ -426,20 +416,20 @@ def distillation_flow(
     log = RecordingLog()
     client = SequencedClient(
         connection,
-        SeqLedger({student.run_id: student.next_seq_id, teacher.run_id: teacher.next_seq_id}),
-        retry,
+        SeqLedger({student: training.next_seq_id, teacher.run_id: teacher.next_seq_id}),
+        config.task_retry,
         log,
     )
     before = {}
     if plan.eval_set:
-        before = evaluate(client, plan, {"eval-start": student.run_id, "eval": teacher.run_id})
+        before = evaluate(client, plan, {"eval-start": student, "eval": teacher.run_id})
     guard.add(usage_of(log.operations))
     counted = len(log.operations)
 
     records = RunRecords(
         f"distill-{flow_run.name}", config.cycles - start.first_cycle, config.metrics_path
     )
-    seq = client.ledger.position(student.run_id)
+    seq = client.ledger.position(student)
     teacher_seq = client.ledger.position(teacher.run_id)
     last_cycle = start.first_cycle - 1
     with (
@@ -459,39 +449,37 @@ def distillation_flow(
                 logger.warning("%s: saving, exporting and closing now", reason)
                 break
             metrics = cycle_flow(
-                config, cycle, student.run_id, seq, teacher.run_id, teacher_seq, whitney_block
+                config, cycle, student, seq, teacher.run_id, teacher_seq, whitney_block
             )
             metrics = metrics.model_copy(update={"cost": guard.add_cycle(metrics.usage)})
             seq, teacher_seq = metrics.seq_end, metrics.teacher_seq_end
             last_cycle = cycle
             records.add_cycle(metrics)
 
-    client.ledger = SeqLedger({student.run_id: seq, teacher.run_id: teacher_seq})
+    client.ledger = SeqLedger({student: seq, teacher.run_id: teacher_seq})
     eval_losses = None
     if plan.eval_set:
-        after = evaluate(client, plan, {"eval-end": student.run_id})
+        after = evaluate(client, plan, {"eval-end": student})
         eval_losses = EvalLosses(
             student_before=before["eval-start"][0],
             student_after=after["eval-end"][0],
             teacher=before["eval"][0],
             tokens=before["eval"][1],
         )
-    final_state = {"name": checkpoint_name(last_cycle)} if last_cycle >= 0 else {}
-    checkpoint = client.run_operation(student.run_id, "save_state", final_state)
-    adapter = client.run_operation(student.run_id, "export_lora", {})
-    with_retry(finish_run, retry)(connection, student.run_id)
-    with_retry(finish_run, retry)(connection, teacher.run_id)
-    with_retry(close_session, retry)(connection, session.session_id)
+    final_name = checkpoint_name(last_cycle) if last_cycle >= 0 else None
+    checkpoint = save_final_state(client, student, final_name)
+    adapter = export_adapter(client, student)
+    release_training_run(training, config, [teacher.run_id])
 
     guard.add(usage_of(log.operations[counted:]))  # eval and the end, after the cycles
     by_run = run_usage(log.operations, records.cycles, teacher.run_id)
     result = DistillationResult(
-        session_id=session.session_id,
-        run_id=student.run_id,
+        session_id=training.session_id,
+        run_id=student,
         teacher_run_id=teacher.run_id,
         teacher=teacher_label,
-        checkpoint=checkpoint["checkpoint"],
-        adapter=AdapterExport.model_validate(adapter),
+        checkpoint=checkpoint,
+        adapter=adapter,
         cycles=records.cycles,
         eval=eval_losses,
         usage=by_run,

@@ -26,8 +26,8 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, Field, field_validator
 
-from flows.config import ConfigError, FlowConfig
-from flows.cost import Budget, PriceTable, Usage
+from flows.config import BudgetField, ConfigError, FlowConfig, PricesField
+from flows.cost import Usage
 from flows.metrics import AdapterExport
 from flows.seeds import derive_seed
 from flows.sft_config import SFTConfig
@@ -125,16 +125,8 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
         description="Submit the student's save_weights_for_sampler and sample requests "
         "together (a reserved block of seq ids)",
     )
-    budget: Budget = Field(
-        default_factory=Budget,
-        description="Stop cleanly (save_state, export, finish, close) before the cycle that "
-        "would exceed max_tokens or max_cost",
-    )
-    prices: PriceTable | None = Field(
-        default=None,
-        description="USD per million sampled / prefilled / trained tokens, for the cost "
-        "estimate; empty: the credentials block's price table, if any",
-    )
+    budget: BudgetField
+    prices: PricesField
 
     @field_validator("teacher_sft")
     @classmethod

@@ -35,20 +35,19 @@ from prefect.context import FlowRunContext
 from flows.auxiliary import (
     AuxiliaryHandle,
     advanced,
-    finish_auxiliary_runs,
     ledger_starts,
     open_auxiliary_runs,
     seq_ends,
 )
 from flows.budget import BudgetGuard, flow_cost_model
 from flows.cancellation import CancellationWatch
-from flows.cleanup import CLEANUP_HOOKS, session_labels
+from flows.cleanup import CLEANUP_HOOKS
 from flows.config import RLConfig
 from flows.connection import resolve_connection
 from flows.context import SequencedClient
 from flows.heartbeat import subflows_without_heartbeat
 from flows.inspection import RecordingLog, by_run, record_cycle_operations
-from flows.metrics import AdapterExport, CycleMetrics, RLResult
+from flows.metrics import CycleMetrics, RLResult
 from flows.operation_log import OperationLog
 from flows.pipeline import publish_sampler, run_tail, sampler_name
 from flows.records import RunRecords, record_cycle_table
@@ -56,15 +55,18 @@ from flows.resume import (
     check_resume_from,
     checkpoint_due,
     checkpoint_name,
-    find_resume_point,
     save_auxiliary_checkpoints,
 )
 from flows.rl_batch import build_training_batch
 from flows.rl_plan import RLPlan, check_rl_config, load_rl_plan
 from flows.scoring import GroupScore
 from flows.sequencing import SeqLedger
-from tasks.lifecycle import close_session, create_run, finish_run, open_session
-from tasks.retry import with_retry
+from flows.training import (
+    export_adapter,
+    release_training_run,
+    save_final_state,
+    start_training_run,
+)
 from whitney.payloads import adamw_optimizer
 
 
@@ -223,25 +225,10 @@ def rl_flow(config: RLConfig, whitney_block: str | None = None) -> RLResult:
     connection = resolve_connection(config.api_url, whitney_block)
     guard = BudgetGuard(config.budget, flow_cost_model(config.prices, whitney_block))
     flow_run = FlowRunContext.get().flow_run
-    attempt = f"prefect-{flow_run.id}-{flow_run.run_count}"
-    start = with_retry(find_resume_point, config.task_retry)(
-        connection, flow_run.id, flow_run.run_count, config.resume_from, config.cleanup_timeout_s
-    )
-    session = with_retry(open_session, config.task_retry)(
-        connection, session_labels(flow_run.id), f"{attempt}-session"
-    )
-    run = with_retry(create_run, config.task_retry)(
-        connection,
-        session.session_id,
-        config.provider,
-        config.base_model,
-        lora_rank=config.lora_rank,
-        seed=config.seed,
-        idempotency_key=f"{attempt}-policy",
-        from_checkpoint=start.checkpoint,
-    )
+    training = start_training_run(config, connection)
+    start, run_id = training.start, training.run_id
     auxiliary = open_auxiliary_runs(
-        connection, session.session_id, config, plan.recipe, attempt, start.checkpoints
+        connection, training.session_id, config, plan.recipe, training.attempt, start.checkpoints
     )
     records = RunRecords(
         f"rl-{flow_run.name}", config.cycles - start.first_cycle, config.metrics_path
@@ -249,7 +236,7 @@ def rl_flow(config: RLConfig, whitney_block: str | None = None) -> RLResult:
     cycle_flow = rl_cycle.with_options(
         retries=config.cycle_retries, retry_delay_seconds=config.cycle_retry_delay_s
     )
-    seq, sampler_id, last_cycle = run.next_seq_id, None, start.first_cycle - 1
+    seq, sampler_id, last_cycle = training.next_seq_id, None, start.first_cycle - 1
     with CancellationWatch(flow_run.id) as cancellation, subflows_without_heartbeat():
         for cycle in range(start.first_cycle, config.cycles):
             cancellation.raise_if_requested()
@@ -257,7 +244,7 @@ def rl_flow(config: RLConfig, whitney_block: str | None = None) -> RLResult:
                 get_run_logger().warning("%s: saving, exporting and closing now", reason)
                 break
             metrics = cycle_flow(
-                config, cycle, run.run_id, seq, whitney_block, sampler_id, auxiliary=auxiliary
+                config, cycle, run_id, seq, whitney_block, sampler_id, auxiliary=auxiliary
             )
             metrics = metrics.model_copy(update={"cost": guard.add_cycle(metrics.usage)})
             last_cycle = cycle
@@ -266,20 +253,17 @@ def rl_flow(config: RLConfig, whitney_block: str | None = None) -> RLResult:
             sampler_id = sampler_name(cycle + 1) if config.pipelined else None
             records.add_cycle(metrics)
 
-    ledger = SeqLedger({run.run_id: seq, **ledger_starts(auxiliary)})
+    ledger = SeqLedger({run_id: seq, **ledger_starts(auxiliary)})
     client = SequencedClient(connection, ledger, config.task_retry, OperationLog())
-    final_state = {"name": checkpoint_name(last_cycle)}  # a resume point too
-    checkpoint = client.run_operation(run.run_id, "save_state", final_state)
+    checkpoint = save_final_state(client, run_id, checkpoint_name(last_cycle))  # a resume point
     save_auxiliary_checkpoints(client, auxiliary, last_cycle)
-    adapter = client.run_operation(run.run_id, "export_lora", {})
-    with_retry(finish_run, config.task_retry)(connection, run.run_id)
-    finish_auxiliary_runs(connection, auxiliary, config)
-    with_retry(close_session, config.task_retry)(connection, session.session_id)
+    adapter = export_adapter(client, run_id)
+    release_training_run(training, config, [handle.run_id for handle in auxiliary])
     result = RLResult(
-        session_id=session.session_id,
-        run_id=run.run_id,
-        checkpoint=checkpoint["checkpoint"],
-        adapter=AdapterExport.model_validate(adapter),
+        session_id=training.session_id,
+        run_id=run_id,
+        checkpoint=checkpoint,
+        adapter=adapter,
         cycles=records.cycles,
         resumed_from=start.checkpoint,
         usage=guard.used,

@@ -11,15 +11,11 @@ download the student's adapter and print a summary.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import threading
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from flows.budget import check_budget
@@ -35,9 +31,9 @@ from flows.distill_plan import (
 )
 from flows.launch import check_api_key, launch_flow
 from flows.sft_config import SFTConfig
+from flows.terminal import CycleProgress
 
 PROG = "whitney-flows run distill"
-POLL_INTERVAL_S = 0.2
 
 
 def distill_config_from(options: argparse.Namespace) -> DistillationConfig:
@@ -92,65 +88,6 @@ def sft_cycles(config: SFTConfig) -> int:
     from flows.sft_plan import load_sft_plan
 
     return load_sft_plan(config).cycles
-
-
-class DistillProgress:
-    """Two rich progress bars (the teacher's SFT cycles, if any, and the distillation cycles)
-    advanced by the metrics lines each flow appends to its file."""
-
-    def __init__(
-        self,
-        files: list[tuple[str, Path, int]],
-        console: Console,
-    ) -> None:
-        self._progress = Progress(
-            TextColumn("[bold]{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TextColumn("{task.fields[latest]}"),
-            TimeElapsedColumn(),
-            console=console,
-        )
-        self._files = []
-        for label, path, total in files:
-            task = self._progress.add_task(label, total=total, latest="waiting")
-            offset = path.stat().st_size if path.exists() else 0
-            self._files.append([path, task, offset, label])
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._follow, name="distill-progress", daemon=True)
-
-    def __enter__(self) -> DistillProgress:
-        self._progress.start()
-        self._thread.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stopped.set()
-        self._thread.join()
-        self._read_new_lines()
-        self._progress.stop()
-
-    def _follow(self) -> None:
-        while not self._stopped.wait(POLL_INTERVAL_S):
-            self._read_new_lines()
-
-    def _read_new_lines(self) -> None:
-        for entry in self._files:
-            path, task, offset, label = entry
-            if not path.exists():
-                continue
-            with path.open("rb") as stream:
-                stream.seek(offset)
-                chunk = stream.read()
-            complete = chunk[: chunk.rfind(b"\n") + 1]
-            entry[2] = offset + len(complete)
-            for line in complete.splitlines():
-                self._progress.update(task, advance=1, latest=describe(json.loads(line)))
 
 
 def describe(line: dict[str, Any]) -> str:
@@ -213,12 +150,12 @@ def run_distill(options: argparse.Namespace) -> int:
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_BAD_CONFIG
 
-    def progress(metrics_path: Path, console: Console) -> DistillProgress:
-        files = [("distillation cycles", metrics_path, config.cycles)]
+    def progress(metrics_path: Path, console: Console) -> CycleProgress:
+        bars = [("distillation cycles", metrics_path, config.cycles)]
         if sft_config is not None:
             sft_path = teacher_metrics_path(str(metrics_path))
-            files.insert(0, ("teacher SFT cycles", Path(sft_path), teacher_cycles))
-        return DistillProgress(files, console)
+            bars.insert(0, ("teacher SFT cycles", Path(sft_path), teacher_cycles))
+        return CycleProgress(bars, console, describe, waiting="waiting")
 
     return launch_flow(
         PROG, config, distillation_flow, progress, summary_table, options.adapter_dir

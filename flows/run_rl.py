@@ -54,7 +54,9 @@ def run_rl(options: argparse.Namespace) -> int:
         PROG,
         config,
         rl_flow,
-        lambda metrics_path, console: CycleProgress(metrics_path, config.cycles, console),
+        lambda metrics_path, console: CycleProgress(
+            [("RL cycles", metrics_path, config.cycles)], console
+        ),
         summary_table,
         options.adapter_dir,
     )

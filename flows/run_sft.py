@@ -99,7 +99,7 @@ def run_sft(options: argparse.Namespace) -> int:
         config,
         sft_flow,
         lambda metrics_path, console: CycleProgress(
-            metrics_path, plan.cycles, console, "SFT cycles", describe_sft_cycle
+            [("SFT cycles", metrics_path, plan.cycles)], console, describe_sft_cycle
         ),
         summary_table,
         options.adapter_dir,

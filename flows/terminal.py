@@ -1,20 +1,27 @@
-"""What `whitney-flows run` shows: a progress bar per cycle with the latest reward and loss
-(fed by the flow's metrics JSON lines, tailed from the file), and a summary table."""
+"""What `whitney-flows run` shows: progress bars over the cycles with the latest reward and
+loss (fed by the flows' metrics JSON lines, tailed from their files), and a summary table."""
 
 from __future__ import annotations
 
 import json
-import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 from flows.metrics import CycleMetrics, RLResult
+from flows.polling import PollingThread
 
 POLL_INTERVAL_S = 0.2
 
@@ -25,65 +32,72 @@ def describe_rl_cycle(line: dict[str, Any]) -> str:
     return f"reward {metrics.reward_mean:.3f}  loss {metrics.loss:+.3f}"
 
 
-class CycleProgress:
-    """A rich progress bar advanced by each metrics line the flow appends to `metrics_path`,
-    its text from `describe(line)` (an RL cycle's reward and loss by default)."""
+@dataclass
+class FollowedFile:
+    """A metrics file a progress bar follows, from the size it had when the bar appeared."""
+
+    path: Path
+    task: TaskID
+    offset: int
+
+    def new_lines(self) -> list[bytes]:
+        """The complete lines appended since the last call."""
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as stream:
+            stream.seek(self.offset)
+            chunk = stream.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        return complete.splitlines()
+
+
+class CycleProgress(PollingThread):
+    """Rich progress bars, one per (label, metrics file, total cycles) in `bars`, each advanced
+    by the metrics lines a flow appends to its file; its text from `describe(line)` (an RL
+    cycle's reward and loss by default), `waiting` until the first line."""
 
     def __init__(
         self,
-        metrics_path: Path,
-        total_cycles: int,
+        bars: Sequence[tuple[str, Path, int]],
         console: Console,
-        label: str = "RL cycles",
         describe: Callable[[dict[str, Any]], str] = describe_rl_cycle,
+        waiting: str = "starting Prefect and the first cycle",
     ) -> None:
-        self.metrics_path = metrics_path
+        super().__init__("cycle-progress", POLL_INTERVAL_S)
         self._describe = describe
-        self._offset = metrics_path.stat().st_size if metrics_path.exists() else 0
         self._progress = Progress(
-            TextColumn(f"[bold]{label}"),
+            TextColumn("[bold]{task.description}"),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[latest]}"),
             TimeElapsedColumn(),
             console=console,
         )
-        self._task = self._progress.add_task(
-            "cycles", total=total_cycles, latest="starting Prefect and the first cycle"
-        )
-        self._stopped = threading.Event()
-        self._thread = threading.Thread(target=self._follow, name="cycle-progress", daemon=True)
+        self._files: list[FollowedFile] = []
+        for label, path, total in bars:
+            offset = path.stat().st_size if path.exists() else 0
+            task = self._progress.add_task(label, total=total, latest=waiting)
+            self._files.append(FollowedFile(path, task, offset))
 
-    def __enter__(self) -> CycleProgress:
+    def __enter__(self) -> Self:
         self._progress.start()
-        self._thread.start()
-        return self
+        return super().__enter__()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self._stopped.set()
-        self._thread.join()
+    def poll_until_stopped(self) -> None:
+        for _ in self.ticks():
+            self._read_new_lines()
+
+    def stopped(self) -> None:
+        self.join()
         self._read_new_lines()
         self._progress.stop()
 
-    def _follow(self) -> None:
-        while not self._stopped.wait(POLL_INTERVAL_S):
-            self._read_new_lines()
-
     def _read_new_lines(self) -> None:
-        if not self.metrics_path.exists():
-            return
-        with self.metrics_path.open("rb") as stream:
-            stream.seek(self._offset)
-            chunk = stream.read()
-        complete = chunk[: chunk.rfind(b"\n") + 1]
-        self._offset += len(complete)
-        for line in complete.splitlines():
-            self._progress.update(self._task, advance=1, latest=self._describe(json.loads(line)))
+        for followed in self._files:
+            for line in followed.new_lines():
+                latest = self._describe(json.loads(line))
+                self._progress.update(followed.task, advance=1, latest=latest)
 
 
 def mean_reward(cycles: list[CycleMetrics]) -> float:

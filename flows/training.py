@@ -2,23 +2,26 @@
 
     start_training_run    resume point (flows.resume), open_session labelled with the flow
                           run id, create_run (from the resume checkpoint, if any)
-    end_training_run      save_state (named: a resume point too), export_lora, finish_run,
-                          close_session
+    save_final_state      save_state (named: a resume point too)
+    export_adapter        export_lora
+    release_training_run  finish_run (the trained run, then any other), close_session
+    end_training_run      the three above, for a flow with one run
 
-Both are made of retried tasks with idempotency keys per flow run attempt, so a retried task
+All are made of retried tasks with idempotency keys per flow run attempt, so a retried task
 never opens a second session or run. A bad ending is the cleanup hooks' business
 (flows.cleanup), found through the session label.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from prefect.context import FlowRunContext
 
 from flows.cleanup import session_labels
 from flows.config import FlowConfig
-from flows.context import SequencedClient
+from flows.context import OperationClient, SequencedClient
 from flows.metrics import AdapterExport
 from flows.operation_log import OperationLog
 from flows.resume import ResumePoint, find_resume_point
@@ -37,6 +40,8 @@ class TrainingRun:
     run_id: str
     next_seq_id: int
     start: ResumePoint
+    attempt: str
+    """The flow run attempt's prefix of idempotency keys, for any further run it creates."""
 
 
 @dataclass(frozen=True)
@@ -47,9 +52,14 @@ class FinalState:
     adapter: AdapterExport
 
 
-def start_training_run(config: FlowConfig, connection: WhitneyConnection) -> TrainingRun:
+def start_training_run(
+    config: FlowConfig,
+    connection: WhitneyConnection,
+    name: str = "policy",
+    labels: dict[str, str] | None = None,
+) -> TrainingRun:
     """Inside a flow run: find its resume point, open its labelled session and create its
-    policy run (from the checkpoint it resumes from, if any)."""
+    trainable run (from the checkpoint it resumes from, if any), keyed `name`, with `labels`."""
     flow_run = FlowRunContext.get().flow_run
     attempt = f"prefect-{flow_run.id}-{flow_run.run_count}"
     start = with_retry(find_resume_point, config.task_retry)(
@@ -65,10 +75,33 @@ def start_training_run(config: FlowConfig, connection: WhitneyConnection) -> Tra
         config.base_model,
         lora_rank=config.lora_rank,
         seed=config.seed,
-        idempotency_key=f"{attempt}-policy",
+        idempotency_key=f"{attempt}-{name}",
         from_checkpoint=start.checkpoint,
+        labels=labels,
     )
-    return TrainingRun(connection, session.session_id, run.run_id, run.next_seq_id, start)
+    return TrainingRun(connection, session.session_id, run.run_id, run.next_seq_id, start, attempt)
+
+
+def save_final_state(client: OperationClient, run_id: str, checkpoint_name: str | None) -> str:
+    """save_state named `checkpoint_name` (unnamed if None); the checkpoint URI."""
+    state = {"name": checkpoint_name} if checkpoint_name is not None else {}
+    return client.run_operation(run_id, "save_state", state)["checkpoint"]
+
+
+def export_adapter(client: OperationClient, run_id: str) -> AdapterExport:
+    """export_lora: the run's adapter artifact."""
+    return AdapterExport.model_validate(client.run_operation(run_id, "export_lora", {}))
+
+
+def release_training_run(
+    training: TrainingRun, config: FlowConfig, other_run_ids: Iterable[str] = ()
+) -> None:
+    """Finish the trained run, then `other_run_ids` (a critic, a teacher), and close the
+    session."""
+    finish = with_retry(finish_run, config.task_retry)
+    for run_id in (training.run_id, *other_run_ids):
+        finish(training.connection, run_id)
+    with_retry(close_session, config.task_retry)(training.connection, training.session_id)
 
 
 def end_training_run(
@@ -79,9 +112,7 @@ def end_training_run(
     client = SequencedClient(
         training.connection, SeqLedger({training.run_id: seq}), config.task_retry, OperationLog()
     )
-    run_id = training.run_id
-    checkpoint = client.run_operation(run_id, "save_state", {"name": checkpoint_name})
-    adapter = client.run_operation(run_id, "export_lora", {})
-    with_retry(finish_run, config.task_retry)(training.connection, run_id)
-    with_retry(close_session, config.task_retry)(training.connection, training.session_id)
-    return FinalState(checkpoint["checkpoint"], AdapterExport.model_validate(adapter))
+    checkpoint = save_final_state(client, training.run_id, checkpoint_name)
+    adapter = export_adapter(client, training.run_id)
+    release_training_run(training, config)
+    return FinalState(checkpoint, adapter)

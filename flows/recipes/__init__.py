@@ -43,6 +43,8 @@ PayloadBuilder = Callable[
 ]
 """`payload(prompt_tokens, sequences, advantages, loss_config, provider) -> ForwardPayload`."""
 FinishCycle = Callable[[int, LossContext], dict[str, float]]
+Placement = tuple[dict[str, float], dict[str, float]]
+"""Where a loss's settings go: (rl_datum keyword arguments, the payload's loss_config keys)."""
 
 CRITIC_PROVIDERS: frozenset[str] = frozenset({"modal", "local"})
 """Providers with `role: "critic"` runs (whitney-api.md, Providers): Tinker has none."""
@@ -156,8 +158,8 @@ def parse_loss_settings(recipe: Recipe, loss_config: Mapping[str, float]) -> Bas
         ) from None
 
 
-def clip_placement(provider: str, clip: ClipRange) -> tuple[dict[str, float], dict[str, float]]:
-    """Where a clip range goes on `provider`: (rl_datum keyword arguments, loss_config keys).
+def clip_placement(clip: ClipRange, provider: str) -> Placement:
+    """Where a clip range goes on `provider`.
 
     Per-token tensors on tinker, which refuses the scalar keys; scalar keys elsewhere (modal
     refuses the tensors)."""
@@ -195,9 +197,9 @@ def clipped_payload(
     advantages: Advantages,
     provider: str,
 ) -> dict[str, Any]:
-    """The payload of a clipped loss (ppo, cispo, gspo), its clip range placed for
+    """The payload of a clipped loss (ppo_critic's policy), its clip range placed for
     `provider`."""
-    datum_options, loss_config = clip_placement(provider, clip)
+    datum_options, loss_config = clip_placement(clip, provider)
     data = policy_datums(prompt_tokens, sequences, advantages, **datum_options)
     return forward_backward_payload(data, loss_function, loss_config)
 

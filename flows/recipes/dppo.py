@@ -3,13 +3,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from pydantic import Field
 
-from flows.recipes import Advantages, LossSettings, Recipe, group_build_loss, policy_datums
-from whitney.payloads import forward_backward_payload
+from flows.recipes import LossSettings
+from flows.recipes.policy_loss import policy_loss_recipe, scalar_keys
 
 LOSS_FUNCTION = "dppo"
 
@@ -21,23 +18,4 @@ class DPPOSettings(LossSettings):
     delta_high: float = Field(default=0.2, gt=0, le=1, description="Largest rise p - mu kept")
 
 
-def payload(
-    prompt_tokens: list[int],
-    sequences: list[dict[str, Any]],
-    advantages: Advantages,
-    loss_config: Mapping[str, float],
-    provider: str,
-) -> dict[str, Any]:
-    """dppo datums; the trust region as scalar loss_config keys."""
-    settings = DPPOSettings.model_validate(dict(loss_config))
-    data = policy_datums(prompt_tokens, sequences, advantages)
-    return forward_backward_payload(data, LOSS_FUNCTION, settings.model_dump())
-
-
-RECIPE = Recipe(
-    name="dppo",
-    loss_function=LOSS_FUNCTION,
-    build_loss=group_build_loss(payload),
-    loss_settings=DPPOSettings,
-    payload=payload,
-)
+RECIPE = policy_loss_recipe(LOSS_FUNCTION, DPPOSettings, scalar_keys)

@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import Field
 
-from flows.recipes import Advantages, ClipRange, Recipe, clipped_payload, group_build_loss
+from flows.recipes import ClipRange, clip_placement
+from flows.recipes.policy_loss import policy_loss_recipe
 from whitney.datums import tensor
 
 LOSS_FUNCTION = "gspo"
@@ -32,26 +33,9 @@ def sequence_ratio_mask(prompt_tokens: list[int], completion_length: int) -> dic
     return tensor("float32", [0.0] * pad + [1.0] * completion_length)
 
 
-def payload(
-    prompt_tokens: list[int],
-    sequences: list[dict[str, Any]],
-    advantages: Advantages,
-    loss_config: Mapping[str, float],
-    provider: str,
-) -> dict[str, Any]:
-    """gspo datums with their sequence ratio mask; the clip range placed for the provider."""
-    clip = GSPOSettings.model_validate(dict(loss_config))
-    built = clipped_payload(LOSS_FUNCTION, clip, prompt_tokens, sequences, advantages, provider)
-    for datum, sequence in zip(built["data"], sequences, strict=True):
-        mask = sequence_ratio_mask(prompt_tokens, len(sequence["tokens"]))
-        datum["loss_inputs"]["sequence_ratio_mask"] = mask
-    return built
+def mask_input(prompt_tokens: list[int], sequence: Mapping[str, Any]) -> dict[str, Any]:
+    """The sequence's datum's `sequence_ratio_mask` loss input."""
+    return {"sequence_ratio_mask": sequence_ratio_mask(prompt_tokens, len(sequence["tokens"]))}
 
 
-RECIPE = Recipe(
-    name="gspo",
-    loss_function=LOSS_FUNCTION,
-    build_loss=group_build_loss(payload),
-    loss_settings=GSPOSettings,
-    payload=payload,
-)
+RECIPE = policy_loss_recipe(LOSS_FUNCTION, GSPOSettings, clip_placement, mask_input)

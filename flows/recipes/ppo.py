@@ -4,12 +4,10 @@ scalar loss_config keys elsewhere."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
-
 from pydantic import Field
 
-from flows.recipes import Advantages, ClipRange, Recipe, clipped_payload, group_build_loss
+from flows.recipes import ClipRange, clip_placement
+from flows.recipes.policy_loss import policy_loss_recipe
 
 LOSS_FUNCTION = "ppo"
 
@@ -21,22 +19,4 @@ class PPOSettings(ClipRange):
     clip_high_threshold: float = Field(default=1.2, gt=0, description="Upper ratio bound")
 
 
-def payload(
-    prompt_tokens: list[int],
-    sequences: list[dict[str, Any]],
-    advantages: Advantages,
-    loss_config: Mapping[str, float],
-    provider: str,
-) -> dict[str, Any]:
-    """ppo datums with the clip range placed for the provider."""
-    clip = PPOSettings.model_validate(dict(loss_config))
-    return clipped_payload(LOSS_FUNCTION, clip, prompt_tokens, sequences, advantages, provider)
-
-
-RECIPE = Recipe(
-    name="ppo",
-    loss_function=LOSS_FUNCTION,
-    build_loss=group_build_loss(payload),
-    loss_settings=PPOSettings,
-    payload=payload,
-)
+RECIPE = policy_loss_recipe(LOSS_FUNCTION, PPOSettings, clip_placement)

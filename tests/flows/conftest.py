@@ -1,5 +1,6 @@
 """Fixtures of the flow tests: one Prefect test harness for the session, the shared embedded
-Whitney server (tests/conftest.py) with its key in WHITNEY_API_KEY, and a small config.
+Whitney server (tests/conftest.py) with its key in WHITNEY_API_KEY, a check that the CLI
+refuses a bad config, and a small config.
 
 This directory has no __init__.py on purpose: test modules import as top-level names, so
 helper modules here use names that cannot shadow a package (`flowtest_*`).
@@ -7,9 +8,11 @@ helper modules here use names that cannot shadow a package (`flowtest_*`).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import pytest
+from flowtest_cli import Refusal, assert_refused_before_any_session
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.config import RLConfig
@@ -38,6 +41,15 @@ def inspector(whitney: EmbeddedWhitney) -> Iterator[WhitneyClient]:
     """A client to check on the server what the flows left behind."""
     with WhitneyClient(whitney.url, whitney.api_key, backoff_base=0.01) as client:
         yield client
+
+
+@pytest.fixture
+def refused(
+    whitney: EmbeddedWhitney, inspector: WhitneyClient, capsys: pytest.CaptureFixture[str]
+) -> Refusal:
+    """Checks that `whitney-flows run FLOW` on the shared server refuses a bad config
+    (`flowtest_cli.assert_refused_before_any_session`)."""
+    return functools.partial(assert_refused_before_any_session, whitney.url, inspector, capsys)
 
 
 @pytest.fixture

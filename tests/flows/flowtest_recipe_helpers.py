@@ -1,14 +1,23 @@
-"""Checks the recipe tests make: the provider table as (loss, provider) pairs, and the
-payloads the server journaled."""
+"""Checks the recipe tests make: the provider table as (loss, provider) pairs, the payloads
+the server journaled, a recipe's auxiliary run, and a cycle failing after a recipe's call."""
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import pytest
+from flowtest_helpers import assert_executed_once_in_order
+
+from flows.config import RLConfig
+from flows.context import SequencedClient
 from flows.recipes import CRITIC_PROVIDERS, RECIPES, AuxiliaryRun, Recipe, load_recipe
 from flows.recipes.ppo import RECIPE as PPO
+from flows.rl import rl_flow
+from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 from whitney.losses import PROVIDER_LOSS_SUPPORT
 
@@ -46,6 +55,58 @@ def journaled(server: EmbeddedWhitney, run_id: str, kind: str | None = None) -> 
         connection.close()
     operations = [{**dict(row), "payload": json.loads(row["payload"])} for row in rows]
     return [op for op in operations if kind is None or op["kind"] == kind]
+
+
+def auxiliary_run_id(inspector: WhitneyClient, session_id: str, policy_run_id: str) -> str:
+    """The one run of the session beside the policy."""
+    (auxiliary,) = [
+        run_id
+        for run_id in inspector.get_session(session_id).run_ids or []
+        if run_id != policy_run_id
+    ]
+    return auxiliary
+
+
+def assert_replays_exactly(
+    whitney: EmbeddedWhitney,
+    inspector: WhitneyClient,
+    config: RLConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    fails_after: Callable[[str, dict[str, Any]], bool],
+    count: int,
+) -> list[int]:
+    """Run the flow undisturbed, then with its cycle failing once right after the `count`-th
+    call for which `fails_after(kind, payload)` holds was answered: the retried cycle replays,
+    so the adapter and the recipe's metrics are the same, and both runs executed every seq id
+    once. The seq ids of the matching calls, replays included."""
+    undisturbed = rl_flow(config)
+    execute = SequencedClient.execute
+    matched: list[int] = []
+
+    def fail_once(self, run_id, kind, payload, **options):
+        operation = execute(self, run_id, kind, payload, **options)
+        if fails_after(kind, payload):
+            matched.append(operation.seq_id)
+            if len(matched) == count:
+                raise RuntimeError(
+                    f"injected: the cycle fails after {kind} [seq={operation.seq_id}]"
+                )
+        return operation
+
+    with monkeypatch.context() as patch:
+        patch.setattr(SequencedClient, "execute", fail_once)
+        state = rl_flow(config, return_state=True)
+
+    assert state.is_completed(), state.message
+    result = state.result()
+    assert result.adapter.sha256 == undisturbed.adapter.sha256
+    assert [cycle.recipe_metrics for cycle in result.cycles] == [
+        cycle.recipe_metrics for cycle in undisturbed.cycles
+    ]
+    assert_executed_once_in_order(whitney, result.run_id)
+    auxiliary = auxiliary_run_id(inspector, result.session_id, result.run_id)
+    assert_executed_once_in_order(whitney, auxiliary)
+    return matched
 
 
 PPO_WITH_CRITIC = Recipe(

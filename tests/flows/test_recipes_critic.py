@@ -5,24 +5,20 @@ fails after the critic's update replays exactly, on both runs."""
 from __future__ import annotations
 
 import statistics
+from typing import Any
 
 import pytest
 from flowtest_helpers import assert_executed_once_in_order, assert_released
-from flowtest_recipe_helpers import journaled
+from flowtest_recipe_helpers import assert_replays_exactly, auxiliary_run_id, journaled
 
 from flows.config import RLConfig
-from flows.context import SequencedClient
 from flows.rl import rl_flow
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 
 
 def critic_run_id(inspector: WhitneyClient, session_id: str, policy_run_id: str) -> str:
-    (critic,) = [
-        run_id
-        for run_id in inspector.get_session(session_id).run_ids or []
-        if run_id != policy_run_id
-    ]
+    critic = auxiliary_run_id(inspector, session_id, policy_run_id)
     assert inspector.get_run(critic).role == "critic"
     return critic
 
@@ -89,32 +85,10 @@ def test_a_cycle_failing_after_the_critic_update_replays_exactly(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     config = small_config.model_copy(update={"loss": "ppo_critic"})
-    undisturbed = rl_flow(config)
+    critic_lr = config.critic.learning_rate
 
-    execute = SequencedClient.execute
-    critic_steps: list[int] = []
+    def critic_step(kind: str, payload: dict[str, Any]) -> bool:
+        return kind == "optim_step" and payload["optimizer"]["learning_rate"] == critic_lr
 
-    def fail_once_after_second_critic_step(self, run_id, kind, payload, **options):
-        operation = execute(self, run_id, kind, payload, **options)
-        critic_lr = config.critic.learning_rate
-        if kind == "optim_step" and payload["optimizer"]["learning_rate"] == critic_lr:
-            critic_steps.append(operation.seq_id)
-            if len(critic_steps) == 2:
-                raise RuntimeError("injected: cycle 1 fails after the critic's optim_step")
-        return operation
-
-    monkeypatch.setattr(SequencedClient, "execute", fail_once_after_second_critic_step)
-    state = rl_flow(config, return_state=True)
-    monkeypatch.undo()
-
-    assert state.is_completed(), state.message
-    result = state.result()
+    critic_steps = assert_replays_exactly(whitney, inspector, config, monkeypatch, critic_step, 2)
     assert critic_steps[1] == critic_steps[2]  # the replay resent the same seq id
-    assert result.adapter.sha256 == undisturbed.adapter.sha256
-    assert [cycle.recipe_metrics for cycle in result.cycles] == [
-        cycle.recipe_metrics for cycle in undisturbed.cycles
-    ]
-    assert_executed_once_in_order(whitney, result.run_id)
-    assert_executed_once_in_order(
-        whitney, critic_run_id(inspector, result.session_id, result.run_id)
-    )

@@ -9,23 +9,13 @@ import statistics
 
 import pytest
 from flowtest_helpers import assert_executed_once_in_order
-from flowtest_recipe_helpers import journaled
+from flowtest_recipe_helpers import assert_replays_exactly, auxiliary_run_id, journaled
 
 from flows.config import RLConfig
-from flows.context import SequencedClient
 from flows.recipes.reference_kl import ReferenceKLSettings
 from flows.rl import rl_flow
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
-
-
-def reference_run_id(inspector: WhitneyClient, session_id: str, policy_run_id: str) -> str:
-    (reference,) = [
-        run_id
-        for run_id in inspector.get_session(session_id).run_ids or []
-        if run_id != policy_run_id
-    ]
-    return reference
 
 
 @pytest.mark.parametrize(
@@ -53,7 +43,7 @@ def test_reference_answers_logprobs_on_every_provider(
     )
     result = rl_flow(config)
 
-    reference = reference_run_id(inspector, result.session_id, result.run_id)
+    reference = auxiliary_run_id(inspector, result.session_id, result.run_id)
     run = inspector.get_run(reference)
     assert (run.trainable, run.role, run.status, run.step) == (False, "policy", "finished", 0)
     assert run.base_model == config.base_model and run.provider == provider
@@ -106,30 +96,12 @@ def test_a_cycle_failing_after_the_reference_answered_replays_exactly(
             "reference_kl": ReferenceKLSettings(enabled=True, kl_coef=0.5, length_normalize=True)
         }
     )
-    undisturbed = rl_flow(config)
-
-    execute = SequencedClient.execute
-    answered: list[int] = []
-
-    def fail_once_after_a_reference_answer(self, run_id, kind, payload, **options):
-        operation = execute(self, run_id, kind, payload, **options)
-        if kind == "logprobs":
-            answered.append(operation.seq_id)
-            if len(answered) == config.prompts_per_cycle + 2:
-                raise RuntimeError("injected: cycle 1 fails after the reference answered")
-        return operation
-
-    monkeypatch.setattr(SequencedClient, "execute", fail_once_after_a_reference_answer)
-    state = rl_flow(config, return_state=True)
-    monkeypatch.undo()
-
-    assert state.is_completed(), state.message
-    result = state.result()
-    assert result.adapter.sha256 == undisturbed.adapter.sha256
-    assert [cycle.recipe_metrics for cycle in result.cycles] == [
-        cycle.recipe_metrics for cycle in undisturbed.cycles
-    ]
-    assert_executed_once_in_order(whitney, result.run_id)
-    assert_executed_once_in_order(
-        whitney, reference_run_id(inspector, result.session_id, result.run_id)
+    second_answer_in_cycle_1 = config.prompts_per_cycle + 2
+    assert_replays_exactly(
+        whitney,
+        inspector,
+        config,
+        monkeypatch,
+        lambda kind, _: kind == "logprobs",
+        second_answer_in_cycle_1,
     )

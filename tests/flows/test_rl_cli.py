@@ -3,53 +3,29 @@ session opens; `serve` starts without importing Prefect."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from prefect.settings import PREFECT_API_URL
+from flowtest_cli import Refusal, assert_downloaded, run_console_script
 
 from flows.cli import main
 from flows.config import ConfigError, RLConfig
 from flows.rl import rl_flow
 from whitney.client import WhitneyClient
-from whitney.local import EmbeddedWhitney
-
-CONSOLE_SCRIPT = Path(sys.executable).with_name("whitney-flows")
 
 
 def test_default_run_learns_and_downloads_its_adapter(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
-    environment = {
-        key: value for key, value in os.environ.items() if not key.startswith("WHITNEY_API_")
-    }
-    environment |= {
-        "XDG_DATA_HOME": str(tmp_path / "data"),
-        "PREFECT_API_URL": PREFECT_API_URL.value(),
-        "COLUMNS": "200",
-    }
-    completed = subprocess.run(
-        [str(CONSOLE_SCRIPT), "run", "rl", "--metrics-out", str(metrics)],
-        cwd=tmp_path,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
+    output = run_console_script("rl", tmp_path, metrics)
     rewards = [json.loads(line)["reward_mean"] for line in metrics.read_text().splitlines()]
     assert len(rewards) == RLConfig().cycles
     first, last = statistics.fmean(rewards[:5]), statistics.fmean(rewards[-5:])
     assert last > first + 0.4, (first, last)
-    (adapter,) = (tmp_path / "adapters").iterdir()
-    assert adapter.name.endswith("-adapter.tar")
-    assert hashlib.sha256(adapter.read_bytes()).hexdigest() in completed.stdout
-    assert str(adapter) in completed.stdout
+    assert_downloaded(tmp_path / "adapters", output)
 
 
 @pytest.mark.parametrize(
@@ -81,22 +57,13 @@ def test_bad_config_exits_2_naming_the_field_before_any_session(
     config: str | None,
     field: str,
     needle: str,
-    whitney: EmbeddedWhitney,
-    inspector: WhitneyClient,
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    refused: Refusal,
 ) -> None:
-    sessions_before = len(inspector.list_sessions())
     if config is not None:
         (tmp_path / "rl.toml").write_text(config)
         arguments = [*arguments, "--config", str(tmp_path / "rl.toml")]
-    code = main(["run", "rl", "--api-url", whitney.url, *arguments])
-    error = capsys.readouterr().err
-    assert code == 2
-    assert error.startswith(f"whitney-flows run rl: {field}: "), error
-    assert needle in error
-    assert "Traceback" not in error
-    assert len(inspector.list_sessions()) == sessions_before
+    refused("rl", arguments, field, needle)
 
 
 def test_flow_refuses_a_bad_config_before_any_session(

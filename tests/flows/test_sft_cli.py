@@ -4,55 +4,28 @@ session opens."""
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from prefect.settings import PREFECT_API_URL
+from flowtest_cli import Refusal, assert_downloaded, run_console_script
 
 from flows.cli import build_parser, main
 from flows.run_sft import sft_config_from
 from flows.sft_config import DEFAULT_STEPS
-from whitney.client import WhitneyClient
-from whitney.local import EmbeddedWhitney
-
-CONSOLE_SCRIPT = Path(sys.executable).with_name("whitney-flows")
 
 
 def test_default_run_halves_the_eval_loss(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
-    environment = {
-        key: value for key, value in os.environ.items() if not key.startswith("WHITNEY_API_")
-    }
-    environment |= {
-        "XDG_DATA_HOME": str(tmp_path / "data"),
-        "PREFECT_API_URL": PREFECT_API_URL.value(),
-        "COLUMNS": "200",
-    }
-    completed = subprocess.run(
-        [str(CONSOLE_SCRIPT), "run", "sft", "--metrics-out", str(metrics)],
-        cwd=tmp_path,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
+    output = run_console_script("sft", tmp_path, metrics)
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert lines[-1]["step_end"] == DEFAULT_STEPS
     evals = [point for line in lines for point in line["evals"]]
     assert evals[0]["step"] == 0 and evals[-1]["step"] == DEFAULT_STEPS
     first, last = evals[0]["loss"], evals[-1]["loss"]
     assert last <= 0.5 * first, (first, last)
-    (adapter,) = (tmp_path / "adapters").iterdir()
-    assert adapter.name.endswith("-adapter.tar")
-    assert hashlib.sha256(adapter.read_bytes()).hexdigest() in completed.stdout
-    assert str(adapter) in completed.stdout
-    assert f"{first:.4f}" in completed.stdout and f"{last:.4f}" in completed.stdout
+    assert_downloaded(tmp_path / "adapters", output)
+    assert f"{first:.4f}" in output and f"{last:.4f}" in output
 
 
 def jsonl(path: Path, *lines: str) -> Path:
@@ -86,25 +59,16 @@ def test_bad_config_exits_2_naming_the_field_before_any_session(
     data: list[str] | None,
     field: str,
     needle: str,
-    whitney: EmbeddedWhitney,
-    inspector: WhitneyClient,
     tmp_path: Path,
-    capsys: pytest.CaptureFixture[str],
+    refused: Refusal,
 ) -> None:
-    sessions_before = len(inspector.list_sessions())
     arguments = [argument.replace("{tmp}", str(tmp_path)) for argument in arguments]
     if config is not None:
         (tmp_path / "sft.toml").write_text(config)
         arguments += ["--config", str(tmp_path / "sft.toml")]
     if data is not None:
         arguments += ["--data", str(jsonl(tmp_path / "data.jsonl", *data))]
-    code = main(["run", "sft", "--api-url", whitney.url, *arguments])
-    error = capsys.readouterr().err
-    assert code == 2
-    assert error.startswith(f"whitney-flows run sft: {field}: "), error
-    assert needle in error
-    assert "Traceback" not in error
-    assert len(inspector.list_sessions()) == sessions_before
+    refused("sft", arguments, field, needle)
 
 
 def test_steps_and_epochs_exclude_each_other() -> None:

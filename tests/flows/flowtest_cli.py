@@ -1,0 +1,75 @@
+"""What the `whitney-flows run FLOW` tests share: the console script run as a user would, the
+adapter it downloads, and a bad config refused before any session opens."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from prefect.settings import PREFECT_API_URL
+
+from flows.cli import main
+from whitney.client import WhitneyClient
+
+CONSOLE_SCRIPT = Path(sys.executable).with_name("whitney-flows")
+
+
+def run_console_script(flow: str, tmp_path: Path, metrics: Path) -> str:
+    """`whitney-flows run FLOW --metrics-out METRICS` in `tmp_path`, on the embedded server
+    (no WHITNEY_API_* variables) and this session's Prefect API; it must succeed. Its stdout."""
+    environment = {
+        key: value for key, value in os.environ.items() if not key.startswith("WHITNEY_API_")
+    }
+    environment |= {
+        "XDG_DATA_HOME": str(tmp_path / "data"),
+        "PREFECT_API_URL": PREFECT_API_URL.value(),
+        "COLUMNS": "200",
+    }
+    completed = subprocess.run(
+        [str(CONSOLE_SCRIPT), "run", flow, "--metrics-out", str(metrics)],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    return completed.stdout
+
+
+def assert_downloaded(adapter_dir: Path, output: str) -> None:
+    """`adapter_dir` holds one adapter, whose path and sha256 the summary printed."""
+    (adapter,) = adapter_dir.iterdir()
+    assert adapter.name.endswith("-adapter.tar")
+    assert hashlib.sha256(adapter.read_bytes()).hexdigest() in output
+    assert str(adapter) in output
+
+
+Refusal = Callable[[str, list[str], str, str], None]
+"""`refused(flow, arguments, field, needle)`, the `refused` fixture (conftest.py)."""
+
+
+def assert_refused_before_any_session(
+    api_url: str,
+    inspector: WhitneyClient,
+    capsys: pytest.CaptureFixture[str],
+    flow: str,
+    arguments: list[str],
+    field: str,
+    needle: str,
+) -> None:
+    """`whitney-flows run FLOW --api-url API_URL ARGUMENTS` exits 2, its error naming `field`
+    and holding `needle`, with no traceback, and opens no session."""
+    sessions_before = len(inspector.list_sessions())
+    code = main(["run", flow, "--api-url", api_url, *arguments])
+    error = capsys.readouterr().err
+    assert code == 2
+    assert error.startswith(f"whitney-flows run {flow}: {field}: "), error
+    assert needle in error
+    assert "Traceback" not in error
+    assert len(inspector.list_sessions()) == sessions_before
