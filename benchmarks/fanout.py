@@ -23,43 +23,12 @@ Aim (issue 6): fanned out >= 5x faster than sequential at --latency-ms 200 with 
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import re
-import secrets
 import statistics
-import subprocess
-import sys
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
+
+from served import quiet_prefect, served_whitney
 
 from flows.distill import distillation_flow
 from flows.distill_plan import DistillationConfig
-
-READY = re.compile(r"ready at (http://\S+)")
-
-
-@contextmanager
-def served_whitney(latency_ms: float) -> Iterator[str]:
-    """`whitney-flows serve` on a free port in a subprocess; yields its URL, sets the key."""
-    api_key = secrets.token_hex(16)
-    with tempfile.TemporaryDirectory(prefix="whitney-bench-") as data_dir:
-        command = [sys.executable, "-m", "flows.cli", "serve", "--port", "0"]
-        command += ["--api-key", api_key, "--data-dir", data_dir, "--latency-ms", str(latency_ms)]
-        server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-        try:
-            assert server.stdout is not None
-            for line in server.stdout:
-                if match := READY.search(line):
-                    break
-            else:
-                raise RuntimeError("the Whitney server did not start")
-            os.environ["WHITNEY_API_KEY"] = api_key
-            yield match.group(1)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
 
 
 def teacher_phase(config: DistillationConfig) -> tuple[list[float], str]:
@@ -68,14 +37,8 @@ def teacher_phase(config: DistillationConfig) -> tuple[list[float], str]:
     return [metrics.teacher_seconds for metrics in result.cycles[1:]], result.adapter.sha256
 
 
-def quiet_prefect_console() -> None:
-    """Warnings only on the console, as `whitney-flows run` does (the API still gets all)."""
-    for handler in logging.getLogger().handlers:
-        handler.setLevel(logging.WARNING)
-
-
 def main() -> None:
-    quiet_prefect_console()
+    quiet_prefect()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--latency-ms", type=float, nargs="+", default=[0.0, 50.0, 200.0])
     parser.add_argument("--cycles", type=int, default=6)

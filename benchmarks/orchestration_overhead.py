@@ -12,8 +12,10 @@ the next cycle's sampler submitted back to back as task futures (`flows.pipeline
 train the same adapter: the script checks the sha256s agree.
 
 A cycle's wall time is the interval between the starts of consecutive cycles, so it includes
-everything a cycle costs: subflow creation and teardown, task runs, artifacts. The figure is
-the median over the cycles after the first, and over the repeats, which interleave.
+everything a cycle costs: subflow creation and teardown, task runs, artifacts. Each run's
+figure is the median over its cycles after the first; the repeats interleave the variants, and
+the script prints the median over the repeats and the best repeat of each variant (on a
+machine shared with other work, the least disturbed one).
 
 First it measures what a sync subflow run costs with and without its heartbeat thread
 (Prefect 3.9 joins it at teardown: about a second per subflow run; the flow turns it off for
@@ -29,21 +31,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import logging
-import os
-import re
-import secrets
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+from served import quiet_prefect, served_whitney
 
 from flows.config import RLConfig
 from flows.connection import resolve_connection
@@ -57,51 +52,18 @@ from flows.sequencing import SeqLedger
 from tasks.connection import client_for
 from whitney import wire
 
-READY = re.compile(r"ready at (http://\S+)")
 HEARTBEAT_S = 30
 
 
 class PlainClient(SequencedClient):
     """The page's plain loop: every call straight to the Whitney client, no Prefect task."""
 
-    def execute(
-        self,
-        run_id: str,
-        kind: str,
-        payload: dict,
-        *,
-        seq_id: int | None = None,
-        sampler_id: str | None = None,
+    def call(
+        self, run_id: str, kind: str, payload: dict, seq_id: int, sampler_id: str | None
     ) -> wire.Operation:
-        seq = self.ledger.next(run_id) if seq_id is None else seq_id
-        with self.log.timing(kind):
-            operation = client_for(self.connection).execute(
-                run_id, kind, payload, seq_id=seq, sampler_id=sampler_id
-            )
-        self.log.record(operation)
-        return operation
-
-
-@contextmanager
-def served_whitney(latency_ms: float) -> Iterator[str]:
-    """`whitney-flows serve` on a free port in a subprocess; yields its URL, sets the key."""
-    api_key = secrets.token_hex(16)
-    with tempfile.TemporaryDirectory(prefix="whitney-bench-") as data_dir:
-        command = [sys.executable, "-m", "flows.cli", "serve", "--port", "0"]
-        command += ["--api-key", api_key, "--data-dir", data_dir, "--latency-ms", str(latency_ms)]
-        server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-        try:
-            assert server.stdout is not None
-            for line in server.stdout:
-                if match := READY.search(line):
-                    break
-            else:
-                raise RuntimeError("the Whitney server did not start")
-            os.environ["WHITNEY_API_KEY"] = api_key
-            yield match.group(1)
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+        return client_for(self.connection).execute(
+            run_id, kind, payload, seq_id=seq_id, sampler_id=sampler_id
+        )
 
 
 def plain_loop(config: RLConfig) -> tuple[list[CycleMetrics], str]:
@@ -165,14 +127,8 @@ def subflow_costs(count: int) -> tuple[float, float]:
     return statistics.median(with_heartbeat), statistics.median(without)
 
 
-def quiet_prefect_console() -> None:
-    """Warnings only on the console, as `whitney-flows run` does (the API still gets all)."""
-    for handler in logging.getLogger().handlers:
-        handler.setLevel(logging.WARNING)
-
-
 def main() -> None:
-    quiet_prefect_console()
+    quiet_prefect()
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=12)
     parser.add_argument("--latency-ms", type=float, nargs="+", default=[0.0, 100.0])
@@ -207,20 +163,24 @@ def main() -> None:
                     adapters.add(sha256)
             if len(adapters) != 1:
                 raise SystemExit(f"the variants trained different adapters: {sorted(adapters)}")
-            row = {name: statistics.median(values) for name, values in measured.items()}
-            print(f"latency {latency_ms:g} ms: {row} (one adapter: {adapters.pop()[:12]})")
-            rows.append((latency_ms, row))
+            runs = {
+                name: [round(value, 3) for value in values] for name, values in measured.items()
+            }
+            print(f"latency {latency_ms:g} ms: {runs} (one adapter: {adapters.pop()[:12]})")
+            rows.append((latency_ms, measured))
 
-    print()
-    print(f"per-cycle wall time (median of cycles 2..{args.cycles}, {args.repeats} repeats)")
-    header = ("latency", "plain loop", "flow", "ratio", "fan-out", "ratio", "pipelined", "ratio")
-    print("{:>8} {:>11} {:>9} {:>7} {:>9} {:>7} {:>10} {:>7}".format(*header))
-    for latency_ms, row in rows:
-        plain = row["plain"]
-        cells = [f"{latency_ms:>6g}ms", f"{plain:>10.3f}s"]
-        for name, width in (("flow", 8), ("fan-out", 8), ("pipelined", 9)):
-            cells += [f"{row[name]:>{width}.3f}s", f"{row[name] / plain:>6.2f}x"]
-        print(" ".join(cells), flush=True)
+    for title, statistic in (("median of the repeats", statistics.median), ("best repeat", min)):
+        print()
+        print(f"per-cycle wall time (median of cycles 2..{args.cycles}), {title} of {args.repeats}")
+        header = ("latency", "plain loop", "flow", "ratio", "fan-out", "ratio", "pipelined")
+        print("{:>8} {:>11} {:>9} {:>7} {:>9} {:>7} {:>10} {:>7}".format(*header, "ratio"))
+        for latency_ms, measured in rows:
+            row = {name: statistic(values) for name, values in measured.items()}
+            plain = row["plain"]
+            cells = [f"{latency_ms:>6g}ms", f"{plain:>10.3f}s"]
+            for name, width in (("flow", 8), ("fan-out", 8), ("pipelined", 9)):
+                cells += [f"{row[name]:>{width}.3f}s", f"{row[name] / plain:>6.2f}x"]
+            print(" ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -102,14 +102,21 @@ class SequencedClient:
         seq_id: int | None = None,
         sampler_id: str | None = None,
     ) -> wire.Operation:
-        """Run one operation as a task (seq id: the given one, else the ledger's next)."""
-        task = _task_for(kind, sampler_id, self.retry)
+        """Run one operation (seq id: the given one, else the ledger's next), timed and
+        recorded in the log."""
         seq = self.ledger.next(run_id) if seq_id is None else seq_id
-        route = () if sampler_id is None else (sampler_id,)
         with self.log.timing(kind):
-            operation = task(self.connection, run_id, *route, seq, quote(payload))
+            operation = self.call(run_id, kind, payload, seq, sampler_id)
         self.log.record(operation)
         return operation
+
+    def call(
+        self, run_id: str, kind: str, payload: dict, seq_id: int, sampler_id: str | None
+    ) -> wire.Operation:
+        """One operation on seq id `seq_id`, as a Prefect task."""
+        task = _task_for(kind, sampler_id, self.retry)
+        route = () if sampler_id is None else (sampler_id,)
+        return task(self.connection, run_id, *route, seq_id, quote(payload))
 
     def run_operation(
         self, run_id: str, kind: str, payload: dict, *, seq_id: int | None = None
