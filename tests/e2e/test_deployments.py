@@ -32,12 +32,16 @@ SMALL: dict[str, Any] = {
 """Non-default parameters: fewer and smaller cycles than the flow's defaults."""
 
 
-def cycle_ops(index: int, count: int) -> list[str]:
-    """A pipelined cycle's operations, in seq order (SMALL: 3 prompts, no checkpoint): the
-    first cycle publishes its own sampler, and every cycle but the last the next one's."""
-    first = ["save_weights_for_sampler"] if index == 0 else []
+def cycle_ops(index: int, count: int, first: int = 0, checkpoint_every: int = 0) -> list[str]:
+    """A pipelined cycle's operations, in seq order (SMALL: 3 prompts): the attempt's first
+    cycle publishes its own sampler; a checkpoint, when one is due (after every
+    `checkpoint_every` cycles, but not the last), follows optim_step; every cycle but the last
+    publishes the next one's sampler."""
+    own = ["save_weights_for_sampler"] if index == first else []
+    due = checkpoint_every > 0 and (index + 1) % checkpoint_every == 0 and index < count - 1
+    checkpoint = ["save_state"] if due else []
     publish_next = ["save_weights_for_sampler"] if index < count - 1 else []
-    return first + ["sample"] * 3 + ["forward_backward", "optim_step"] + publish_next
+    return own + ["sample"] * 3 + ["forward_backward", "optim_step"] + checkpoint + publish_next
 
 
 TASK_RUN_NAME = re.compile(r"^(?P<kind>[a-z_]+)\[seq=(?P<seq>\d+)\]$")
@@ -131,10 +135,17 @@ def assert_nothing_open(stack: Stack, flow_run_id: str, timeout: float = 60) -> 
     )
 
 
-def check_task_runs(stack: Stack, cycles: list[dict[str, Any]], cycle_count: int) -> None:
-    """Each cycle subflow's task runs are `{kind}[seq=N]`, in the cycle's block of seq ids."""
+def check_task_runs(
+    stack: Stack,
+    cycles: list[dict[str, Any]],
+    cycle_count: int,
+    first: int = 0,
+    checkpoint_every: int = 0,
+) -> None:
+    """The cycle subflows of one attempt, from cycle `first`: each one's task runs are
+    `{kind}[seq=N]`, in the cycle's block of seq ids, which follow each other from 1."""
     seq = 1
-    for index, cycle in enumerate(cycles):
+    for index, cycle in enumerate(cycles, start=first):
         names = [run["name"] for run in stack.api.task_runs([cycle["id"]])]
         parsed = sorted(
             (int(match["seq"]), match["kind"])
@@ -144,12 +155,12 @@ def check_task_runs(stack: Stack, cycles: list[dict[str, Any]], cycle_count: int
         assert len(parsed) == len(names), names
         # a retried cycle re-creates its task runs: one name per (seq, kind) and attempt
         unique = sorted(set(parsed))
-        expected = cycle_ops(index, cycle_count)
+        expected = cycle_ops(index, cycle_count, first, checkpoint_every)
         assert [kind for _, kind in unique] == expected, (cycle["name"], names)
         assert [seq_id for seq_id, _ in unique] == list(range(seq, seq + len(expected)))
         seq += len(expected)
         assert cycle["name"] == f"cycle-{index}"
-    assert len(cycles) == cycle_count
+    assert len(cycles) == cycle_count - first
 
 
 @pytest.fixture(scope="module")
@@ -344,7 +355,11 @@ def test_a_failed_run_retried_from_the_ui_resumes_exactly(
     cycles = cycle_runs(alive, failed["id"])
     assert [run["state_type"] for run in cycles] == ["COMPLETED", "FAILED"]
     assert_nothing_open(alive, failed["id"])
-    assert [run.status for run in whitney_runs(alive, failed["id"])] == ["cancelled"]
+    (cancelled,) = whitney_runs(alive, failed["id"])
+    assert cancelled.status == "cancelled"
+    checkpoint = f"whitney://runs/{cancelled.run_id}/states/cycle-0"
+    saved = [op for op in journal(alive, cancelled.run_id) if op.kind == "save_state"]
+    assert [(op.status, op.result["checkpoint"]) for op in saved] == [("succeeded", checkpoint)]
 
     # the UI's Retry button on the failed deployed run
     alive.api.set_flow_run_state(
@@ -356,13 +371,28 @@ def test_a_failed_run_retried_from_the_ui_resumes_exactly(
     assert done["run_count"] == 2
     run = finished_run(alive, done["id"])
     assert set(executions(alive, run.run_id).values()) == {1}
+    assert set(executions(alive, cancelled.run_id).values()) == {1}
     assert adapter_sha256(alive, run.run_id) == reference["sha256"]
-    # it resumed on a new run from the failed attempt's checkpoint after cycle 0
-    (cancelled,) = [run for run in whitney_runs(alive, done["id"]) if run.status == "cancelled"]
-    checkpoint = f"whitney://runs/{cancelled.run_id}/states/cycle-0"
+
+    # it found the failed attempt's checkpoint after cycle 0 by its session label and went on
+    # from cycle 1 on a new run created from it: cycle 0 trained once, on the first run only
     assert run.model_extra["from_checkpoint"] == checkpoint
-    names = [cycle["name"] for cycle in alive.api.child_flow_runs(done["id"])]
-    assert sorted(names) == ["cycle-0", "cycle-1", "cycle-1", "cycle-2"]
+    count = SMALL["cycles"]
+    resumed = [op.kind for op in journal(alive, run.run_id)]
+    layout = [cycle_ops(index, count, 1, 1) for index in range(1, count)]
+    assert resumed == [kind for ops in layout for kind in ops] + ["save_state", "export_lora"]
+    first_attempt = journal(alive, cancelled.run_id)
+    trained = [op for op in first_attempt if op.kind == "optim_step"]
+    assert [op.status for op in trained] == ["succeeded"]
+    children = alive.api.child_flow_runs(done["id"])
+    names = [(cycle["name"], cycle["state_type"]) for cycle in children]
+    assert names == [
+        ("cycle-0", "COMPLETED"),
+        ("cycle-1", "FAILED"),
+        ("cycle-1", "COMPLETED"),
+        ("cycle-2", "COMPLETED"),
+    ]
+    check_task_runs(alive, children[2:], count, first=1, checkpoint_every=1)
 
 
 def test_a_missing_block_fails_the_run_before_anything_is_allocated(alive: Stack) -> None:
