@@ -22,7 +22,29 @@ OPERATION_KINDS: frozenset[str] = wire.RUN_OPERATION_KINDS | wire.SAMPLER_OPERAT
 """The keys a price table may have: every Whitney operation kind."""
 
 
-class WhitneyCredentials(Block):
+class ClientFactory:
+    """`client_settings()` and `get_client()` for a model with `base_url`, `api_key` (a
+    `SecretStr`) and the client settings of `WhitneyCredentials`."""
+
+    def client_settings(self) -> dict[str, float | int]:
+        """The `WhitneyClient` keyword arguments these settings stand for (no URL, no key)."""
+        return {
+            "timeout": self.timeout_s,
+            "max_attempts": self.max_attempts,
+            "max_retry_seconds": self.max_retry_seconds,
+            "backoff_base": self.backoff_base_s,
+            "backoff_max": self.backoff_max_s,
+            "poll_wait_s": self.poll_wait_s,
+        }
+
+    def get_client(self) -> WhitneyClient:
+        """A new `WhitneyClient` for this endpoint; close it (or use it as a context manager)."""
+        return WhitneyClient(
+            self.base_url, self.api_key.get_secret_value(), **self.client_settings()
+        )
+
+
+class WhitneyCredentials(ClientFactory, Block):
     """Credentials and connection settings of a Whitney training API endpoint: the hosted
     service or an embedded server (`whitney-flows serve`). Flows load it by name through
     their `whitney_block` parameter."""
@@ -128,23 +150,6 @@ with credentials.get_client() as client:
         if negative:
             raise ValueError(f"prices must be >= 0: {', '.join(negative)}")
         return dict(value)
-
-    def client_settings(self) -> dict[str, float | int]:
-        """The `WhitneyClient` keyword arguments these settings stand for (no URL, no key)."""
-        return {
-            "timeout": self.timeout_s,
-            "max_attempts": self.max_attempts,
-            "max_retry_seconds": self.max_retry_seconds,
-            "backoff_base": self.backoff_base_s,
-            "backoff_max": self.backoff_max_s,
-            "poll_wait_s": self.poll_wait_s,
-        }
-
-    def get_client(self) -> WhitneyClient:
-        """A new `WhitneyClient` for this endpoint; close it (or use it as a context manager)."""
-        return WhitneyClient(
-            self.base_url, self.api_key.get_secret_value(), **self.client_settings()
-        )
 
     def estimate_cost(self, tokens_by_kind: Mapping[str, int | float]) -> float | None:
         """USD for the billed tokens per operation kind, from the price table; None without

@@ -30,8 +30,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from blocks.credentials import Provider, WhitneyCredentials
-from whitney.client import API_KEY_ENV, API_URL_ENV, WhitneyClient
+from blocks.credentials import ClientFactory, Provider, WhitneyCredentials
+from whitney.client import API_KEY_ENV, API_URL_ENV
 
 Source = Literal["block", "environment", "embedded"]
 
@@ -40,7 +40,7 @@ class BlockNotFound(ValueError):
     """The named `WhitneyCredentials` block does not exist on the Prefect server."""
 
 
-class WhitneyEndpoint(BaseModel):
+class WhitneyEndpoint(ClientFactory, BaseModel):
     """A resolved Whitney endpoint: URL, key (never shown), client settings, and where they
     came from."""
 
@@ -86,23 +86,6 @@ class WhitneyEndpoint(BaseModel):
             "max_retry_seconds": self.max_retry_seconds,
             "poll_wait_s": self.poll_wait_s,
         }
-
-    def client_settings(self) -> dict[str, float | int]:
-        """The `WhitneyClient` keyword arguments (no URL, no key)."""
-        return {
-            "timeout": self.timeout_s,
-            "max_attempts": self.max_attempts,
-            "max_retry_seconds": self.max_retry_seconds,
-            "backoff_base": self.backoff_base_s,
-            "backoff_max": self.backoff_max_s,
-            "poll_wait_s": self.poll_wait_s,
-        }
-
-    def get_client(self) -> WhitneyClient:
-        """A new `WhitneyClient` for this endpoint; close it after use."""
-        return WhitneyClient(
-            self.base_url, self.api_key.get_secret_value(), **self.client_settings()
-        )
 
     def provider_for(self, requested: str, explicitly_set: bool) -> str:
         """The provider a run uses: the config's when it set one, else the block's default."""

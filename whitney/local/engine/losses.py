@@ -15,16 +15,6 @@ Inputs = dict[str, Tensor]
 Result = tuple[Tensor, dict[str, float]]
 
 CRITIC_LOSSES = ("ppo_critic", "ppo")  # on a critic run, ppo is routed to the critic loss
-REQUIRED_INPUTS: dict[str, tuple[str, ...]] = {
-    "cross_entropy": ("target_tokens",),
-    "importance_sampling": ("target_tokens", "logprobs", "advantages"),
-    "ppo": ("target_tokens", "logprobs", "advantages"),
-    "cispo": ("target_tokens", "logprobs", "advantages"),
-    "dro": ("target_tokens", "logprobs", "advantages"),
-    "gspo": ("target_tokens", "logprobs", "advantages"),
-    "dppo": ("target_tokens", "logprobs", "advantages"),
-    "ppo_critic": ("values", "returns"),
-}
 DEFAULTS: dict[str, dict[str, float]] = {
     "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "cispo": {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},

@@ -20,6 +20,7 @@ from whitney.local.engine.lora import Lora
 from whitney.local.engine.model import CONFIGS, FrozenLlama, Llama, ModelConfig, init_weights
 from whitney.local.engine.optim import AdamW, hyperparameters
 from whitney.local.engine.sampling import SamplingParams, sample
+from whitney.losses import REQUIRED_LOSS_INPUTS
 
 BASE_MODELS: tuple[str, ...] = ("local/nano", "local/tiny", "local/small")
 FLOAT_INPUTS = (
@@ -227,7 +228,7 @@ class EngineRun:
             why = "needs a critic run" if name == "ppo_critic" else "is not a known loss"
             raise EngineError("unsupported_loss", f"loss_function {name!r} {why}")
         ids, inputs, lengths = collate(
-            payload.get("data") or [], losses.REQUIRED_INPUTS[name], self.cfg
+            payload.get("data") or [], REQUIRED_LOSS_INPUTS[name], self.cfg
         )
         with torch.enable_grad() if backward else torch.no_grad():
             hidden = self.model.hidden(ids)
