@@ -27,13 +27,19 @@ from whitney.client import WhitneyClient
 from whitney.errors import WhitneyError
 
 FLOW_RUN_LABEL = "prefect.flow-run-id"
+PARENT_FLOW_RUN_LABEL = "prefect.parent-flow-run-id"
 DEFAULT_CLEANUP_TIMEOUT_S = 60.0
 CLEANUP_RETRY_SECONDS = 20.0
 
 
-def session_labels(flow_run_id: UUID | str) -> dict[str, str]:
-    """The labels a flow puts on its sessions."""
-    return {FLOW_RUN_LABEL: str(flow_run_id)}
+def session_labels(flow_run: FlowRun) -> dict[str, str]:
+    """The labels a flow puts on its sessions: its flow run id and, when it runs as a subflow
+    (the SFT flow training a distillation teacher), its parent flow run's."""
+    labels = {FLOW_RUN_LABEL: str(flow_run.id)}
+    lineage = flow_run_lineage(flow_run)
+    if len(lineage) > 1:
+        labels[PARENT_FLOW_RUN_LABEL] = str(lineage[1])
+    return labels
 
 
 def flow_run_lineage(flow_run: FlowRun) -> list[UUID]:

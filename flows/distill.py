@@ -1,7 +1,8 @@
 """The distillation flow: a student run learns a frozen teacher run's distribution on its own
 samples, with the teacher's `logprobs` fanned out as concurrent tasks.
 
-    distillation_flow(config)            check (fail closed); [sft_flow: train the teacher]
+    distillation_flow(config)            check (fail closed); [sft_flow: train the teacher,
+                                         unless an earlier attempt did: flows.distill_teacher]
                                          resume point, open_session (labelled), create the
                                          student run and the frozen teacher run
       [eval-start / eval]                eval loss of student and teacher (held-out split)
@@ -58,6 +59,7 @@ from flows.distill_plan import (
     load_distill_plan,
     reverse_kl_advantages,
 )
+from flows.distill_teacher import find_trained_teacher
 from flows.heartbeat import subflows_without_heartbeat
 from flows.inspection import RecordingLog, record_cycle_operations
 from flows.records import RunRecords, record_cycle_table, run_rows
@@ -382,7 +384,11 @@ def distillation_flow(
     teacher_sft = None
     teacher_checkpoint = config.teacher_checkpoint
     sft_config = config.teacher_sft_config()
-    if sft_config is not None:
+    if sft_config is not None and flow_run.run_count > 1:
+        teacher_checkpoint = with_retry(find_trained_teacher, config.task_retry)(
+            connection, flow_run.id
+        )
+    if sft_config is not None and teacher_checkpoint is None:
         from flows.sft import sft_flow
 
         logger.info("Training the teacher by SFT on %s", config.teacher_model)

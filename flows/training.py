@@ -66,7 +66,7 @@ def start_training_run(
         connection, flow_run.id, flow_run.run_count, config.resume_from, config.cleanup_timeout_s
     )
     session = with_retry(open_session, config.task_retry)(
-        connection, session_labels(flow_run.id), f"{attempt}-session"
+        connection, session_labels(flow_run), f"{attempt}-session"
     )
     run = with_retry(create_run, config.task_retry)(
         connection,

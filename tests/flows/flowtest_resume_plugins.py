@@ -41,6 +41,22 @@ class FailOnceAtCycle(DigitsEnvironment):
         return super().reward(prompt, completion)
 
 
+class PromptsFailOnceAtCycle(DigitsEnvironment):
+    """The digits prompts for a distillation, except that those of cycle
+    $FLOWTEST_FAIL_AT_CYCLE raise once (the marker file as in `FailOnceAtCycle`)."""
+
+    def prompts(self, cycle: int, count: int, seed: int) -> list[str]:
+        fail_at, marker = os.environ.get(FAIL_AT_CYCLE_ENV), os.environ.get(FAIL_MARKER_ENV)
+        if fail_at is not None and marker and int(fail_at) == cycle:
+            try:
+                Path(marker).touch(exist_ok=False)
+            except FileExistsError:
+                pass
+            else:
+                raise RuntimeError(f"injected: the prompts of cycle {cycle} fail once")
+        return super().prompts(cycle, count, seed)
+
+
 def build_loss_refused_at_cycle_1(
     sample: dict[str, Any], cycle: int, request: dict[str, Any], ctx: LossContext
 ) -> dict[str, Any]:

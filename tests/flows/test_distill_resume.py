@@ -1,11 +1,19 @@
 """A distillation resumed from a `cycle-N` checkpoint trains exactly as an undisturbed one:
 the student's checkpoint restores weights and optimizer, the teacher is the same checkpoint
-again, and every seed derives from (seed, cycle, prompt index)."""
+again, and every seed derives from (seed, cycle, prompt index). A retried distillation keeps
+the teacher an earlier attempt trained by SFT."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+from flowtest_resume_plugins import FAIL_AT_CYCLE_ENV, FAIL_MARKER_ENV
+
+from flows.cleanup import FLOW_RUN_LABEL, PARENT_FLOW_RUN_LABEL
 from flows.distill import distillation_flow
 from flows.distill_plan import DistillationConfig
+from flows.sft_config import SFTConfig
 from tasks.retry import TaskRetrySettings
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
@@ -39,3 +47,54 @@ def test_resume_from_a_cycle_checkpoint_gives_the_undisturbed_adapter(
     assert resumed.adapter.sha256 == undisturbed.adapter.sha256
     assert resumed.run_id != undisturbed.run_id
     assert inspector.get_session(resumed.session_id).status == "closed"
+
+
+def test_a_retried_distillation_keeps_the_teacher_an_earlier_attempt_trained(
+    whitney: EmbeddedWhitney,
+    inspector: WhitneyClient,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = DistillationConfig(
+        api_url=whitney.url,
+        base_model="local/nano",
+        prompts="flowtest_resume_plugins:PromptsFailOnceAtCycle",
+        cycles=3,
+        prompts_per_cycle=2,
+        samples_per_prompt=2,
+        max_tokens=8,
+        teacher_chunk_size=2,
+        cycle_retries=0,
+        checkpoint_every=1,
+        seed=5,
+        teacher_sft=SFTConfig(
+            steps=3, steps_per_cycle=3, batch_size=4, warmup_steps=1, eval_fraction=0.0
+        ),
+        task_retry=TaskRetrySettings(retries=2, delay_s=0.05, max_delay_s=0.2, jitter=0.1),
+    )
+    undisturbed = distillation_flow(config)
+    assert undisturbed.teacher_sft is not None
+
+    marker = tmp_path / "failed-once"
+    monkeypatch.setenv(FAIL_AT_CYCLE_ENV, "1")
+    monkeypatch.setenv(FAIL_MARKER_ENV, str(marker))
+    state = distillation_flow.with_options(retries=1)(config, return_state=True)
+    assert marker.exists(), "the first attempt did not fail at cycle 1"
+    assert state.is_completed(), state.message
+    retried = state.result()
+    flow_run_id = str(state.state_details.flow_run_id)
+
+    # the teacher was trained once, by the first attempt, and the retry distilled from it
+    (sft_session,) = inspector.list_sessions(label=f"{PARENT_FLOW_RUN_LABEL}:{flow_run_id}")
+    (sft_run,) = inspector.get_session(sft_session.session_id).run_ids or []
+    assert inspector.get_run(sft_run).status == "finished"
+    assert retried.teacher_sft is None
+    assert retried.teacher.startswith(f"whitney://runs/{sft_run}/states/")
+    teacher = inspector.get_run(retried.teacher_run_id)
+    assert teacher.model_extra["from_checkpoint"] == retried.teacher
+    # the student went on from its cycle-0 checkpoint, exactly as an undisturbed run
+    assert retried.resumed_from is not None and retried.resumed_from.endswith("/cycle-0")
+    assert [m.cycle for m in retried.cycles] == [1, 2]
+    assert retried.adapter.sha256 == undisturbed.adapter.sha256
+    sessions = inspector.list_sessions(label=f"{FLOW_RUN_LABEL}:{flow_run_id}")
+    assert len(sessions) == 2 and {s.status for s in sessions} == {"closed"}
