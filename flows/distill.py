@@ -59,7 +59,7 @@ from flows.distill_plan import (
     load_distill_plan,
     reverse_kl_advantages,
 )
-from flows.distill_teacher import find_trained_teacher
+from flows.distill_teacher import find_trained_teacher, read_teacher_sft_usage
 from flows.heartbeat import subflows_without_heartbeat
 from flows.inspection import RecordingLog, record_cycle_operations
 from flows.records import RunRecords, record_cycle_table, run_rows
@@ -349,8 +349,7 @@ def summary_rows(result: DistillationResult) -> list[tuple[str, str]]:
         rows.append(("eval loss, teacher", f"{result.eval.teacher:.4f}"))
         rows.append(("eval loss, student before", f"{result.eval.student_before:.4f}"))
         rows.append(("eval loss, student after", f"{result.eval.student_after:.4f}"))
-    rows.append(("tokens, student", format_usage(result.usage.get("student", {}))))
-    rows.append(("tokens, teacher", format_usage(result.usage.get("teacher", {}))))
+    rows += [(f"tokens, {run}", format_usage(usage)) for run, usage in result.usage.items()]
     rows.append(("tokens, total", f"{result.total_tokens:,}"))
     rows.append(("estimated cost", format_cost(result.cost)))
     if result.budget_stop:
@@ -394,6 +393,12 @@ def distillation_flow(
         logger.info("Training the teacher by SFT on %s", config.teacher_model)
         teacher_sft = sft_flow(sft_config, whitney_block)
         teacher_checkpoint = teacher_sft.checkpoint
+    sft_usage: Usage = {}
+    if sft_config is not None and teacher_checkpoint is not None:
+        sft_usage = with_retry(read_teacher_sft_usage, config.task_retry)(
+            connection, teacher_checkpoint
+        )
+        guard.add(sft_usage)  # the budget counts the teacher's training
     teacher_label = teacher_checkpoint or f"base:{config.teacher_model}"
 
     training = start_training_run(config, connection, "student", {ROLE_LABEL: "student"})
@@ -479,6 +484,8 @@ def distillation_flow(
 
     guard.add(usage_of(log.operations[counted:]))  # eval and the end, after the cycles
     by_run = run_usage(log.operations, records.cycles, teacher.run_id)
+    if sft_usage:
+        by_run["teacher_sft"] = sft_usage
     result = DistillationResult(
         session_id=training.session_id,
         run_id=student,

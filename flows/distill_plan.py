@@ -43,6 +43,13 @@ CORPUS = "corpus"
 CHECKPOINT_URI = re.compile(r"^whitney://runs/[A-Za-z0-9_-]+/states/[A-Za-z0-9._-]+$")
 
 
+def checkpoint_run_id(uri: str) -> str:
+    """The run that saved the checkpoint `uri` (whitney://runs/<run>/states/<name>)."""
+    if CHECKPOINT_URI.match(uri) is None:
+        raise ValueError(f"not a checkpoint: {uri!r} (expected whitney://runs/<run>/states/<name>)")
+    return uri.removeprefix("whitney://runs/").split("/", 1)[0]
+
+
 class DistillationConfig(FlowConfig, TaskRunnerSettings):
     """On-policy distillation: a student run samples, a frozen teacher run answers
     `logprobs` (fanned out in chunks), per-token reverse-KL advantages, importance_sampling."""
@@ -234,8 +241,8 @@ class DistillationResult(BaseModel):
     cycles: list[DistillCycleMetrics]
     eval: EvalLosses | None = None
     usage: dict[str, Usage] = Field(
-        description="Billed usage per run (student, teacher) of this flow run's distillation "
-        "(the teacher's SFT, if any, is in teacher_sft)"
+        description="Billed usage per run of this flow run: student, teacher, and teacher_sft "
+        "when the teacher was trained by SFT (by this attempt or an earlier one)"
     )
     total_tokens: int
     cost: float | None = None

@@ -1,4 +1,5 @@
-"""A retried distillation keeps the teacher an earlier attempt trained.
+"""A retried distillation keeps the teacher an earlier attempt trained; the SFT teacher's
+tokens count toward the distillation's budget.
 
 With `teacher_sft`, a distillation's first step is an SFT subflow; its session bears the label
 `prefect.parent-flow-run-id=<the distillation's flow run id>` (flows.cleanup.session_labels).
@@ -6,6 +7,9 @@ A retried attempt (the UI's Retry, `prefect flow-run retry`, flow `retries`) loo
 session whose run finished: the teacher was trained to the end and its final `save_state`
 succeeded. It then distills from that checkpoint instead of training the teacher again, which
 costs the same tokens and gives the same weights (the SFT flow is deterministic).
+
+Either way the SFT run's billed usage, read from its journal, is part of the distillation
+flow run's usage: its budget counts it before the first distillation cycle.
 """
 
 from __future__ import annotations
@@ -15,25 +19,37 @@ from uuid import UUID
 from prefect import get_run_logger, task
 
 from flows.cleanup import PARENT_FLOW_RUN_LABEL
+from flows.cost import Usage, usage_of
+from flows.distill_plan import checkpoint_run_id
 from tasks.connection import WhitneyConnection, client_for
 from tasks.operations import TASK_DEFAULTS
+from whitney import wire
 from whitney.client import WhitneyClient
 
 JOURNAL_LIMIT = 1000
 
 
+def journal(client: WhitneyClient, run_id: str) -> list[wire.Operation]:
+    """Every operation of the run's journal, in seq order."""
+    operations: list[wire.Operation] = []
+    while True:
+        after = operations[-1].seq_id if operations else 0
+        page = client.journal(run_id, after_seq=after, limit=JOURNAL_LIMIT)
+        operations += page
+        if len(page) < JOURNAL_LIMIT:
+            return operations
+
+
 def final_checkpoint(client: WhitneyClient, run_id: str) -> str | None:
     """The checkpoint of the run's last succeeded save_state, if any."""
-    checkpoint, after = None, 0
-    while True:
-        page = client.journal(run_id, after_seq=after, limit=JOURNAL_LIMIT)
-        for operation in page:
-            uri = (operation.result or {}).get("checkpoint")
-            if operation.kind == "save_state" and operation.status == "succeeded" and uri:
-                checkpoint = str(uri)
-            after = operation.seq_id
-        if len(page) < JOURNAL_LIMIT:
-            return checkpoint
+    checkpoints = [
+        str(operation.result["checkpoint"])
+        for operation in journal(client, run_id)
+        if operation.kind == "save_state"
+        and operation.status == "succeeded"
+        and (operation.result or {}).get("checkpoint")
+    ]
+    return checkpoints[-1] if checkpoints else None
 
 
 def trained_teacher(client: WhitneyClient, flow_run_id: UUID | str) -> str | None:
@@ -55,3 +71,9 @@ def find_trained_teacher(connection: WhitneyConnection, flow_run_id: UUID) -> st
     if checkpoint is not None:
         get_run_logger().info("An earlier attempt trained the teacher: %s", checkpoint)
     return checkpoint
+
+
+@task(name="read_teacher_sft_usage", **TASK_DEFAULTS)
+def read_teacher_sft_usage(connection: WhitneyConnection, checkpoint: str) -> Usage:
+    """The billed usage of the SFT run that saved the teacher `checkpoint`."""
+    return usage_of(journal(client_for(connection), checkpoint_run_id(checkpoint)))

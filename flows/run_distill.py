@@ -126,8 +126,8 @@ def summary_table(result: DistillationResult, adapter_path: Path, wall_seconds: 
             "eval loss, student",
             f"{result.eval.student_before:.4f} -> {result.eval.student_after:.4f}",
         )
-    table.add_row("tokens, student", format_usage(result.usage.get("student", {})))
-    table.add_row("tokens, teacher", format_usage(result.usage.get("teacher", {})))
+    for run, usage in result.usage.items():  # student, teacher[, teacher_sft]
+        table.add_row(f"tokens, {run}", format_usage(usage))
     table.add_row("tokens, total", f"{result.total_tokens:,}")
     table.add_row("estimated cost", format_cost(result.cost))
     if result.budget_stop:

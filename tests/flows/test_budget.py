@@ -22,6 +22,7 @@ from flows.cost import (
 from flows.distill import distillation_flow
 from flows.distill_plan import DistillationConfig, check_distill_config
 from flows.rl import rl_flow
+from flows.sft_config import SFTConfig
 from tasks.retry import TaskRetrySettings
 from whitney import wire
 from whitney.client import WhitneyClient
@@ -166,6 +167,39 @@ def test_a_budget_stops_the_flow_at_the_right_cycle_with_everything_closed(
     # stopped cleanly: saved, exported, finished, closed
     assert result.checkpoint.endswith(f"/states/cycle-{ran - 1}")
     assert len(result.adapter.sha256) == 64
+    session = inspector.get_session(result.session_id)
+    assert session.status == "closed"
+    assert {inspector.get_run(run_id).status for run_id in session.run_ids or []} == {"finished"}
+
+
+def test_the_sft_teachers_tokens_count_toward_the_distillation_budget(
+    whitney: EmbeddedWhitney, inspector: WhitneyClient
+) -> None:
+    config = DistillationConfig(
+        api_url=whitney.url,
+        base_model="local/nano",
+        prompts="digits",
+        cycles=3,
+        prompts_per_cycle=2,
+        samples_per_prompt=2,
+        max_tokens=8,
+        teacher_chunk_size=2,
+        checkpoint_every=0,
+        teacher_sft=SFTConfig(
+            steps=2, steps_per_cycle=2, batch_size=4, warmup_steps=1, eval_fraction=0.0
+        ),
+        task_retry=TaskRetrySettings(retries=2, delay_s=0.05, max_delay_s=0.2, jitter=0.1),
+    )
+    # a budget the cycles alone would fit in twice over, but not after the teacher's training
+    one_cycle = total_tokens(check_distill_config(config).cycle_usage_bound(0))
+    result = distillation_flow(
+        config.model_copy(update={"budget": Budget(max_tokens=2 * one_cycle)})
+    )
+    sft_tokens = total_tokens(result.usage["teacher_sft"])
+    assert sft_tokens > 2 * one_cycle
+    assert result.cycles == []
+    assert result.budget_stop is not None and "stopped before cycle 0" in result.budget_stop
+    assert f"{sft_tokens:,} tokens used" in result.budget_stop
     session = inspector.get_session(result.session_id)
     assert session.status == "closed"
     assert {inspector.get_run(run_id).status for run_id in session.run_ids or []} == {"finished"}

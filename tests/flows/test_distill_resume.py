@@ -98,3 +98,15 @@ def test_a_retried_distillation_keeps_the_teacher_an_earlier_attempt_trained(
     assert retried.adapter.sha256 == undisturbed.adapter.sha256
     sessions = inspector.list_sessions(label=f"{FLOW_RUN_LABEL}:{flow_run_id}")
     assert len(sessions) == 2 and {s.status for s in sessions} == {"closed"}
+
+    # the teacher's training counts in the flow run's usage, summed here from its journal
+    sft_usage: dict[str, dict[str, int]] = {}
+    for operation in inspector.journal(sft_run, limit=1000):
+        counters = sft_usage.setdefault(operation.kind, {})
+        for name, value in operation.usage.items():
+            counters[name] = counters.get(name, 0) + value
+    assert sft_usage["forward_backward"]["tokens"] > 0
+    assert retried.usage["teacher_sft"] == sft_usage
+    assert undisturbed.usage["teacher_sft"]["forward_backward"]["tokens"] > 0
+    billed = [c.get("tokens", 0) for usage in retried.usage.values() for c in usage.values()]
+    assert retried.total_tokens == sum(billed)  # the budget's count: every run, every kind
