@@ -1,5 +1,5 @@
-"""Helpers of the distillation tests: a teacher checkpoint made with the client, and what the
-server's journal says about concurrency."""
+"""Helpers of the distillation tests: a small config, a teacher checkpoint made with the
+client, and what the server's journal says about concurrency."""
 
 from __future__ import annotations
 
@@ -9,12 +9,37 @@ from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 from flows.corpus import builtin_examples
+from flows.distill_plan import DistillationConfig
+from flows.sft_config import SFTConfig
 from flows.sft_plan import example_tokens, held_out
+from tasks.retry import TaskRetrySettings
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.datums import sft_datum
 from whitney.payloads import adamw_optimizer, forward_backward_payload
 from whitney.tokenizers import get_tokenizer
+
+
+def small_distill_config(api_url: str, **settings: object) -> DistillationConfig:
+    """A fast distillation on local/nano (2 prompts x 2 samples x 8 tokens a cycle), with
+    `settings` on top."""
+    defaults: dict[str, object] = {
+        "api_url": api_url,
+        "base_model": "local/nano",
+        "prompts_per_cycle": 2,
+        "samples_per_prompt": 2,
+        "max_tokens": 8,
+        "teacher_chunk_size": 2,
+        "task_retry": TaskRetrySettings(retries=2, delay_s=0.05, max_delay_s=0.2, jitter=0.1),
+    }
+    return DistillationConfig.model_validate({**defaults, **settings})
+
+
+def small_sft_teacher(steps: int) -> SFTConfig:
+    """An SFT teacher of `steps` steps of 4 pairs, in one cycle, with no eval split."""
+    return SFTConfig(
+        steps=steps, steps_per_cycle=steps, batch_size=4, warmup_steps=1, eval_fraction=0.0
+    )
 
 
 def make_teacher_checkpoint(

@@ -17,10 +17,23 @@ FAIL_AT_CYCLE_ENV = "FLOWTEST_FAIL_AT_CYCLE"
 FAIL_MARKER_ENV = "FLOWTEST_FAIL_MARKER"
 
 
+def fail_once_at(cycle: int, what: str) -> None:
+    """Raise if `cycle` is $FLOWTEST_FAIL_AT_CYCLE and it has not failed yet: the first
+    failure creates the file $FLOWTEST_FAIL_MARKER, and a marker that exists means it already
+    failed. Without the two variables, nothing."""
+    fail_at, marker = os.environ.get(FAIL_AT_CYCLE_ENV), os.environ.get(FAIL_MARKER_ENV)
+    if fail_at is None or not marker or int(fail_at) != cycle:
+        return
+    try:
+        Path(marker).touch(exist_ok=False)
+    except FileExistsError:
+        return
+    raise RuntimeError(f"injected: the {what} of cycle {cycle} fails once")
+
+
 class FailOnceAtCycle(DigitsEnvironment):
     """The digits environment, except that rewarding cycle $FLOWTEST_FAIL_AT_CYCLE raises,
-    once: the first failure creates the file $FLOWTEST_FAIL_MARKER, and a marker that exists
-    means it already failed. Without the two variables it is the digits environment."""
+    once (`fail_once_at`)."""
 
     def __init__(self) -> None:
         self._cycle = 0
@@ -30,30 +43,16 @@ class FailOnceAtCycle(DigitsEnvironment):
         return super().prompts(cycle, count, seed)
 
     def reward(self, prompt: str, completion: Completion) -> float:
-        fail_at, marker = os.environ.get(FAIL_AT_CYCLE_ENV), os.environ.get(FAIL_MARKER_ENV)
-        if fail_at is not None and marker and int(fail_at) == self._cycle:
-            try:
-                Path(marker).touch(exist_ok=False)
-            except FileExistsError:
-                pass
-            else:
-                raise RuntimeError(f"injected: the reward of cycle {self._cycle} fails once")
+        fail_once_at(self._cycle, "reward")
         return super().reward(prompt, completion)
 
 
 class PromptsFailOnceAtCycle(DigitsEnvironment):
     """The digits prompts for a distillation, except that those of cycle
-    $FLOWTEST_FAIL_AT_CYCLE raise once (the marker file as in `FailOnceAtCycle`)."""
+    $FLOWTEST_FAIL_AT_CYCLE raise, once (`fail_once_at`)."""
 
     def prompts(self, cycle: int, count: int, seed: int) -> list[str]:
-        fail_at, marker = os.environ.get(FAIL_AT_CYCLE_ENV), os.environ.get(FAIL_MARKER_ENV)
-        if fail_at is not None and marker and int(fail_at) == cycle:
-            try:
-                Path(marker).touch(exist_ok=False)
-            except FileExistsError:
-                pass
-            else:
-                raise RuntimeError(f"injected: the prompts of cycle {cycle} fail once")
+        fail_once_at(cycle, "prompts")
         return super().prompts(cycle, count, seed)
 
 

@@ -5,6 +5,7 @@ exported, finished and closed."""
 from __future__ import annotations
 
 import pytest
+from flowtest_distill import small_distill_config, small_sft_teacher
 
 from blocks import WhitneyCredentials
 from flows.budget import BudgetGuard, flow_cost_model
@@ -22,7 +23,6 @@ from flows.cost import (
 from flows.distill import distillation_flow
 from flows.distill_plan import DistillationConfig, check_distill_config
 from flows.rl import rl_flow
-from flows.sft_config import SFTConfig
 from tasks.retry import TaskRetrySettings
 from whitney import wire
 from whitney.client import WhitneyClient
@@ -175,20 +175,12 @@ def test_a_budget_stops_the_flow_at_the_right_cycle_with_everything_closed(
 def test_the_sft_teachers_tokens_count_toward_the_distillation_budget(
     whitney: EmbeddedWhitney, inspector: WhitneyClient
 ) -> None:
-    config = DistillationConfig(
-        api_url=whitney.url,
-        base_model="local/nano",
+    config = small_distill_config(
+        whitney.url,
         prompts="digits",
         cycles=3,
-        prompts_per_cycle=2,
-        samples_per_prompt=2,
-        max_tokens=8,
-        teacher_chunk_size=2,
         checkpoint_every=0,
-        teacher_sft=SFTConfig(
-            steps=2, steps_per_cycle=2, batch_size=4, warmup_steps=1, eval_fraction=0.0
-        ),
-        task_retry=TaskRetrySettings(retries=2, delay_s=0.05, max_delay_s=0.2, jitter=0.1),
+        teacher_sft=small_sft_teacher(steps=2),
     )
     # a budget the cycles alone would fit in twice over, but not after the teacher's training
     one_cycle = total_tokens(check_distill_config(config).cycle_usage_bound(0))

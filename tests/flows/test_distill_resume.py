@@ -8,13 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from flowtest_distill import small_distill_config, small_sft_teacher
 from flowtest_resume_plugins import FAIL_AT_CYCLE_ENV, FAIL_MARKER_ENV
 
 from flows.cleanup import FLOW_RUN_LABEL, PARENT_FLOW_RUN_LABEL
 from flows.distill import distillation_flow
-from flows.distill_plan import DistillationConfig
-from flows.sft_config import SFTConfig
-from tasks.retry import TaskRetrySettings
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 
@@ -22,18 +20,8 @@ from whitney.local import EmbeddedWhitney
 def test_resume_from_a_cycle_checkpoint_gives_the_undisturbed_adapter(
     whitney: EmbeddedWhitney, inspector: WhitneyClient
 ) -> None:
-    config = DistillationConfig(
-        api_url=whitney.url,
-        base_model="local/nano",
-        prompts="lowercase",
-        cycles=4,
-        prompts_per_cycle=2,
-        samples_per_prompt=2,
-        max_tokens=8,
-        teacher_chunk_size=2,
-        checkpoint_every=2,
-        seed=3,
-        task_retry=TaskRetrySettings(retries=2, delay_s=0.05, max_delay_s=0.2, jitter=0.1),
+    config = small_distill_config(
+        whitney.url, prompts="lowercase", cycles=4, checkpoint_every=2, seed=3
     )
     undisturbed = distillation_flow(config)
     assert [m.checkpoint is not None for m in undisturbed.cycles] == [False, True, False, False]
@@ -55,22 +43,14 @@ def test_a_retried_distillation_keeps_the_teacher_an_earlier_attempt_trained(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    config = DistillationConfig(
-        api_url=whitney.url,
-        base_model="local/nano",
+    config = small_distill_config(
+        whitney.url,
         prompts="flowtest_resume_plugins:PromptsFailOnceAtCycle",
         cycles=3,
-        prompts_per_cycle=2,
-        samples_per_prompt=2,
-        max_tokens=8,
-        teacher_chunk_size=2,
         cycle_retries=0,
         checkpoint_every=1,
         seed=5,
-        teacher_sft=SFTConfig(
-            steps=3, steps_per_cycle=3, batch_size=4, warmup_steps=1, eval_fraction=0.0
-        ),
-        task_retry=TaskRetrySettings(retries=2, delay_s=0.05, max_delay_s=0.2, jitter=0.1),
+        teacher_sft=small_sft_teacher(steps=3),
     )
     undisturbed = distillation_flow(config)
     assert undisturbed.teacher_sft is not None

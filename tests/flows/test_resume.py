@@ -18,7 +18,7 @@ from flowtest_resume_plugins import FAIL_AT_CYCLE_ENV, FAIL_MARKER_ENV
 from prefect import get_client
 from prefect.settings import PREFECT_API_URL
 
-from flows.cleanup import FLOW_RUN_LABEL, session_labels
+from flows.cleanup import FLOW_RUN_LABEL
 from flows.config import ConfigError, RLConfig
 from flows.metrics import RLResult
 from flows.resume import check_resume_from, checkpoint_due, latest_checkpoints, run_checkpoints
@@ -191,7 +191,7 @@ def test_resume_from_a_checkpoint_of_another_flow_run(
 def test_checkpoints_behind_a_failed_operation_are_not_trusted(
     inspector: WhitneyClient,
 ) -> None:
-    session = inspector.open_session(session_labels("resume-unit-test"))
+    session = inspector.open_session({FLOW_RUN_LABEL: "resume-unit-test"})
     run = inspector.create_run(session.session_id, "local", "local/nano", lora_rank=4, seed=3)
     inspector.run_operation(run.run_id, "save_weights_for_sampler", {}, seq_id=1)
     inspector.run_operation(run.run_id, "save_state", {"name": "cycle-0"}, seq_id=2)
