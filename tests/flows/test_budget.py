@@ -23,7 +23,6 @@ from flows.cost import (
 from flows.distill import distillation_flow
 from flows.distill_plan import DistillationConfig, check_distill_config
 from flows.rl import rl_flow
-from tasks.retry import TaskRetrySettings
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
@@ -125,18 +124,12 @@ def test_a_budget_stops_the_flow_at_the_right_cycle_with_everything_closed(
     limit: str, whitney: EmbeddedWhitney, inspector: WhitneyClient
 ) -> None:
     prices = PriceTable(sampled_per_million=3.0, prefilled_per_million=1.0, trained_per_million=2.0)
-    config = DistillationConfig(
-        api_url=whitney.url,
-        base_model="local/nano",
+    config = small_distill_config(
+        whitney.url,
         prompts="digits",  # no eval set: the cycles are all the flow bills
         cycles=8,
-        prompts_per_cycle=2,
-        samples_per_prompt=2,
-        max_tokens=8,
-        teacher_chunk_size=2,
         checkpoint_every=0,
         prices=prices,
-        task_retry=TaskRetrySettings(retries=2, delay_s=0.05, max_delay_s=0.2, jitter=0.1),
     )
     bound = check_distill_config(config).cycle_usage_bound(0)
     if limit == "max_tokens":
