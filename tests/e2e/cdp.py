@@ -132,7 +132,16 @@ class Page:
         return box[0], box[1]
 
     def click(self, selector_js: str) -> None:
-        self.click_at(*self.center_of(selector_js))
+        """Click the element's center once it holds still: on a page still laying out (after
+        a resize, say) a click at a stale position lands beside the element."""
+
+        def steady() -> tuple[float, float] | None:
+            before = self.center_of(selector_js)
+            time.sleep(0.1)
+            after = self.center_of(selector_js)
+            return after if after == before else None
+
+        self.click_at(*wait_for(f"{selector_js[:80]} to hold still", steady, 10, interval=0.1))
 
     def key(self, key: str, code: str, key_code: int, modifiers: int = 0) -> None:
         for kind in ("rawKeyDown", "keyUp"):
@@ -178,6 +187,7 @@ class Page:
         finally:
             if full_page:
                 self.send("Emulation.clearDeviceMetricsOverride")
+                time.sleep(0.5)  # and back at the window's size
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_bytes(base64.b64decode(data))
         return path

@@ -11,14 +11,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from .cdp import Chromium, Page, find_chromium
 from .conftest import BLOCK_NAME, LOG_DIR, RL_DEPLOYMENT, Stack
-from .harness import ARTIFACTS_DIR
+from .harness import ARTIFACTS_DIR, wait_for
 
 SCREENSHOT = ARTIFACTS_DIR / "rl-on-demand-custom-run-form.png"
+SUBMIT_TIMEOUT_SCREENSHOT = ARTIFACTS_DIR / "rl-on-demand-submit-timeout.png"
 CYCLES = 2
 
 pytestmark = pytest.mark.timeout(300)
@@ -39,6 +41,14 @@ def form_input(label_prefix: str) -> str:
         f"'.schema-form-property__label')?.textContent.trim().startsWith({json.dumps(label_prefix)}))"
         "?.querySelector('input, textarea')"
     )
+
+
+def page_evidence(page: Page, screenshot: Path) -> str:
+    """Where the page is and what it says (its last lines), with a screenshot saved."""
+    page.screenshot(screenshot)
+    where = page.evaluate("location.href")
+    text = page.evaluate("document.body.innerText")[-1500:]
+    return f"page: {where}, screenshot: {screenshot}\n{text}"
 
 
 RUN_NAME_INPUT = (
@@ -105,7 +115,12 @@ def test_the_custom_run_form_starts_a_run_with_the_typed_cycles(
     page.screenshot(SCREENSHOT)
 
     page.click(by_text("button", "Submit"))
-    page.wait_js("the form to submit", "!location.pathname.endsWith('/run')", timeout=90)
+    wait_for(
+        "the form to submit",
+        lambda: page.evaluate("!location.pathname.endsWith('/run')") or None,
+        90,
+        evidence=lambda: page_evidence(page, SUBMIT_TIMEOUT_SCREENSHOT),
+    )
 
     runs = stack.api.post("/flow_runs/filter", json={"flow_runs": {"name": {"any_": [run_name]}}})
     assert len(runs) == 1, runs
