@@ -398,8 +398,14 @@ def test_a_failed_run_retried_from_the_ui_resumes_exactly(
 def test_a_missing_block_fails_the_run_before_anything_is_allocated(alive: Stack) -> None:
     flow_run = trigger(alive, dict(SMALL), "e2e: no such block", block="no-such-block")
     failed = wait_run(alive, flow_run["id"], ["FAILED"])
-    logs = json.dumps(alive.api.logs([failed["id"]]))
-    assert "no WhitneyCredentials block named 'no-such-block'" in logs
+    # the flow run's process ships its logs in batches: the error may land after the state
+    message = "no WhitneyCredentials block named 'no-such-block'"
+
+    def error_logged() -> str | None:
+        logs = json.dumps(alive.api.logs([failed["id"]]))
+        return logs if message in logs else None
+
+    logs = wait_for("the flow run's error in its logs", error_logged, 30, interval=0.5)
     assert "python -m blocks save no-such-block" in logs
     assert alive.api.child_flow_runs(failed["id"]) == []
     assert sessions_of(alive, failed["id"]) == []
