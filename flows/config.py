@@ -195,6 +195,14 @@ def read_config_file(path: Path) -> dict[str, Any]:
     return data
 
 
+def settings_with_overrides(path: Path | None, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The config file's settings (none without a file), with the overrides that are set
+    (not None) on top: the command line's options over the file."""
+    data = read_config_file(path) if path else {}
+    data.update({name: value for name, value in overrides.items() if value is not None})
+    return data
+
+
 def validated(model: type[ConfigT], data: dict[str, Any]) -> ConfigT:
     """`model` built from `data`; ConfigError naming the first refused field otherwise."""
     try:

@@ -382,19 +382,19 @@ def distillation_flow(
 
     teacher_sft = None
     teacher_checkpoint = config.teacher_checkpoint
-    sft_config = config.teacher_sft_config()
-    if sft_config is not None and flow_run.run_count > 1:
-        teacher_checkpoint = with_retry(find_trained_teacher, config.task_retry)(
-            connection, flow_run.id
-        )
-    if sft_config is not None and teacher_checkpoint is None:
-        from flows.sft import sft_flow
-
-        logger.info("Training the teacher by SFT on %s", config.teacher_model)
-        teacher_sft = sft_flow(sft_config, whitney_block)
-        teacher_checkpoint = teacher_sft.checkpoint
     sft_usage: Usage = {}
-    if sft_config is not None and teacher_checkpoint is not None:
+    sft_config = config.teacher_sft_config()
+    if sft_config is not None:
+        if flow_run.run_count > 1:
+            teacher_checkpoint = with_retry(find_trained_teacher, config.task_retry)(
+                connection, flow_run.id
+            )
+        if teacher_checkpoint is None:
+            from flows.sft import sft_flow
+
+            logger.info("Training the teacher by SFT on %s", config.teacher_model)
+            teacher_sft = sft_flow(sft_config, whitney_block)
+            teacher_checkpoint = teacher_sft.checkpoint
         sft_usage = with_retry(read_teacher_sft_usage, config.task_retry)(
             connection, teacher_checkpoint
         )

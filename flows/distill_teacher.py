@@ -23,28 +23,14 @@ from flows.cost import Usage, usage_of
 from flows.distill_plan import checkpoint_run_id
 from tasks.connection import WhitneyConnection, client_for
 from tasks.operations import TASK_DEFAULTS
-from whitney import wire
 from whitney.client import WhitneyClient
-
-JOURNAL_LIMIT = 1000
-
-
-def journal(client: WhitneyClient, run_id: str) -> list[wire.Operation]:
-    """Every operation of the run's journal, in seq order."""
-    operations: list[wire.Operation] = []
-    while True:
-        after = operations[-1].seq_id if operations else 0
-        page = client.journal(run_id, after_seq=after, limit=JOURNAL_LIMIT)
-        operations += page
-        if len(page) < JOURNAL_LIMIT:
-            return operations
 
 
 def final_checkpoint(client: WhitneyClient, run_id: str) -> str | None:
     """The checkpoint of the run's last succeeded save_state, if any."""
     checkpoints = [
         str(operation.result["checkpoint"])
-        for operation in journal(client, run_id)
+        for operation in client.iter_journal(run_id)
         if operation.kind == "save_state"
         and operation.status == "succeeded"
         and (operation.result or {}).get("checkpoint")
@@ -76,4 +62,4 @@ def find_trained_teacher(connection: WhitneyConnection, flow_run_id: UUID) -> st
 @task(name="read_teacher_sft_usage", **TASK_DEFAULTS)
 def read_teacher_sft_usage(connection: WhitneyConnection, checkpoint: str) -> Usage:
     """The billed usage of the SFT run that saved the teacher `checkpoint`."""
-    return usage_of(journal(client_for(connection), checkpoint_run_id(checkpoint)))
+    return usage_of(client_for(connection).iter_journal(checkpoint_run_id(checkpoint)))

@@ -34,7 +34,6 @@ from flows.cost import add_usage, format_usage, total_tokens
 from flows.operation_log import OperationLog
 from whitney import wire
 
-JOURNAL_PAGE = 100
 CYCLE_SAMPLER = re.compile(r"^cycle-(\d+)$")
 DEFAULT_SAMPLER = re.compile(r"^sampler-\d+$")
 FINAL_KINDS = frozenset({"save_state", "export_lora"})
@@ -66,13 +65,7 @@ class ApiJournal:
         return self.client.get_run(run_id)
 
     def operations(self, run_id: str) -> list[wire.Operation]:
-        found: list[wire.Operation] = []
-        while True:
-            after = found[-1].seq_id if found else 0
-            page = self.client.journal(run_id, after_seq=after, limit=JOURNAL_PAGE)
-            found.extend(page)
-            if len(page) < JOURNAL_PAGE:
-                return found
+        return list(self.client.iter_journal(run_id))
 
 
 class RunNotFound(LookupError):

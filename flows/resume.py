@@ -58,7 +58,6 @@ POLICY = "policy"
 CYCLE_CHECKPOINT = re.compile(
     r"^whitney://runs/(?P<run_id>[A-Za-z0-9_-]+)/states/cycle-(?P<cycle>\d+)$"
 )
-JOURNAL_PAGE = 100
 
 
 def checkpoint_name(cycle: int) -> str:
@@ -127,20 +126,15 @@ def run_checkpoints(client: WhitneyClient, run_id: str) -> dict[int, str]:
     """The run's `cycle-{n}` checkpoints by cycle, those that only succeeded operations
     precede in its journal."""
     found: dict[int, str] = {}
-    after = 0
-    while True:
-        page = client.journal(run_id, after_seq=after, limit=JOURNAL_PAGE)
-        for operation in page:
-            if operation.seq_id != after + 1 or operation.status != "succeeded":
-                return found  # a gap, or an operation that did not succeed: stop trusting
-            after = operation.seq_id
-            uri = (operation.result or {}).get("checkpoint")
-            if operation.kind == "save_state" and isinstance(uri, str):
-                match = CYCLE_CHECKPOINT.match(uri)
-                if match is not None:
-                    found[int(match["cycle"])] = uri
-        if len(page) < JOURNAL_PAGE:
-            return found
+    for expected, operation in enumerate(client.iter_journal(run_id), start=1):
+        if operation.seq_id != expected or operation.status != "succeeded":
+            return found  # a gap, or an operation that did not succeed: stop trusting
+        uri = (operation.result or {}).get("checkpoint")
+        if operation.kind == "save_state" and isinstance(uri, str):
+            match = CYCLE_CHECKPOINT.match(uri)
+            if match is not None:
+                found[int(match["cycle"])] = uri
+    return found
 
 
 def checkpoints_by_name(client: WhitneyClient, run_ids: Iterable[str]) -> dict[str, dict[int, str]]:

@@ -20,7 +20,7 @@ from rich.table import Table
 
 from flows.budget import check_budget
 from flows.cli import EXIT_BAD_CONFIG
-from flows.config import ConfigError, read_config_file, validated
+from flows.config import ConfigError, settings_with_overrides, validated
 from flows.cost import cost_model, format_cost, format_usage
 from flows.distill import distillation_flow
 from flows.distill_plan import (
@@ -42,7 +42,6 @@ def distill_config_from(options: argparse.Namespace) -> DistillationConfig:
     No teacher in either (`--teacher-checkpoint`, or `teacher_checkpoint` / `teacher_sft` in
     the file) means the demo's: an SFT teacher on the built-in corpus, unless `--teacher base`.
     """
-    data: dict[str, Any] = read_config_file(options.config) if options.config else {}
     overrides = {
         "cycles": options.cycles,
         "provider": options.provider,
@@ -54,7 +53,7 @@ def distill_config_from(options: argparse.Namespace) -> DistillationConfig:
         "api_url": options.api_url,
         "metrics_path": str(options.metrics_out) if options.metrics_out else None,
     }
-    data.update({name: value for name, value in overrides.items() if value is not None})
+    data = settings_with_overrides(options.config, overrides)
     if options.sequential_teacher:
         data["teacher_fan_out"] = False
     budget = dict(data.get("budget") or {})

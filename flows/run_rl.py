@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
 
 from flows.cli import EXIT_BAD_CONFIG
-from flows.config import ConfigError, RLConfig, read_config_file, validated
+from flows.config import ConfigError, RLConfig, settings_with_overrides, validated
 from flows.launch import check_api_key, launch_flow
 from flows.rl import rl_flow
 from flows.rl_plan import check_rl_config
@@ -20,7 +19,6 @@ PROG = "whitney-flows run rl"
 
 def rl_config_from(options: argparse.Namespace) -> RLConfig:
     """The config file (if any) with the command-line options on top; ConfigError if bad."""
-    data: dict[str, Any] = read_config_file(options.config) if options.config else {}
     overrides = {
         "cycles": options.cycles,
         "env": options.env,
@@ -31,7 +29,7 @@ def rl_config_from(options: argparse.Namespace) -> RLConfig:
         "api_url": options.api_url,
         "metrics_path": str(options.metrics_out) if options.metrics_out else None,
     }
-    data.update({name: value for name, value in overrides.items() if value is not None})
+    data = settings_with_overrides(options.config, overrides)
     return validated(RLConfig, data)
 
 

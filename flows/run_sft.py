@@ -12,7 +12,7 @@ from typing import Any
 from rich.table import Table
 
 from flows.cli import EXIT_BAD_CONFIG
-from flows.config import ConfigError, read_config_file, validated
+from flows.config import ConfigError, settings_with_overrides, validated
 from flows.launch import check_api_key, launch_flow
 from flows.sft import sft_flow
 from flows.sft_config import SFTConfig
@@ -26,7 +26,6 @@ PROG = "whitney-flows run sft"
 def sft_config_from(options: argparse.Namespace) -> SFTConfig:
     """The config file (if any) with the command-line options on top; ConfigError if bad.
     `--steps` clears an `epochs` of the file; `--epochs` takes precedence over its steps."""
-    data: dict[str, Any] = read_config_file(options.config) if options.config else {}
     overrides = {
         "steps": options.steps,
         "epochs": options.epochs,
@@ -39,7 +38,7 @@ def sft_config_from(options: argparse.Namespace) -> SFTConfig:
         "api_url": options.api_url,
         "metrics_path": str(options.metrics_out) if options.metrics_out else None,
     }
-    data.update({name: value for name, value in overrides.items() if value is not None})
+    data = settings_with_overrides(options.config, overrides)
     if options.steps is not None:
         data.pop("epochs", None)
     return validated(SFTConfig, data)

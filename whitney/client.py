@@ -22,7 +22,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -430,6 +430,17 @@ class WhitneyClient:
             params={"after_seq": int(after_seq), "limit": int(limit)},
         )
         return self._parse(wire.OperationList, response).operations
+
+    def iter_journal(self, run_id: str, page_size: int = 100) -> Iterator[wire.Operation]:
+        """Every operation of the run's journal in seq order, `page_size` per request, fetched
+        as the caller goes (stop early and no further page is read)."""
+        after = 0
+        while True:
+            page = self.journal(run_id, after_seq=after, limit=page_size)
+            yield from page
+            if len(page) < page_size:
+                return
+            after = page[-1].seq_id
 
     def download_artifact(self, artifact_id: str, path: str | os.PathLike) -> Path:
         """Stream an artifact's bytes to `path` (into `path/<artifact_id>` if `path` is a
