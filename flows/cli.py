@@ -5,10 +5,11 @@
     whitney-flows run distill [--config FILE] [--cycles N] [--task-runner thread|dask] ...
     whitney-flows inspect RUN_ID [--cycle N] [--json]     (flows.commands)
     whitney-flows runs [--json]
+    whitney-flows export RUN_ID --out DIR [--merged]      (flows.export)
     whitney-flows serve [--port P] [--api-key KEY] ...
 
 `serve` goes straight to `whitney.local.cli.main` without importing Prefect (fast start), and
-so do `inspect` and `runs`.
+so do `inspect`, `runs` and `export`.
 Exit codes: 0 success, 1 the flow failed, 2 bad arguments or configuration.
 """
 
@@ -20,6 +21,7 @@ import sys
 from pathlib import Path
 
 from flows.commands import add_distill_parser, add_inspection_parsers, run_inspection
+from flows.export import add_export_parser, run_export
 
 EXIT_OK = 0
 EXIT_FLOW_FAILED = 1
@@ -74,6 +76,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_output_options(sft)
     add_output_options(add_distill_parser(flows))
     add_inspection_parsers(commands)
+    add_export_parser(commands)
     return parser
 
 
@@ -105,6 +108,8 @@ def main(argv: list[str] | None = None) -> int:
     options = build_parser().parse_args(arguments)
     if options.command in ("inspect", "runs"):
         return run_inspection(options)
+    if options.command == "export":
+        return run_export(options)
     for name, value in PREFECT_ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)
     if options.flow == "sft":
