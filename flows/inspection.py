@@ -143,6 +143,12 @@ class DataDirJournal:
         )
         return [wire.Operation.model_validate(operation_dict(row)) for row in rows]
 
+    def artifact_file(self, artifact_id: str) -> Path | None:
+        """The file an artifact (an export_lora archive) was written to; None if it is gone."""
+        rows = self._query("SELECT path FROM artifacts WHERE artifact_id=?", (artifact_id,))
+        path = Path(rows[0]["path"]) if rows else None
+        return path if path is not None and path.is_file() else None
+
 
 # --------------------------------------------------------------------------- operations
 
