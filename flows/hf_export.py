@@ -131,18 +131,19 @@ def write_peft_dir(archive: Path, out: Path, home: Path | None = None) -> Path:
 
 def write_merged_dir(archive: Path, out: Path) -> Path:
     """A plain model directory at `out` (a fresh directory): the base weights with the LoRA
-    merged in by PEFT (`merge_and_unload`), its config and the tokenizer."""
+    merged in by PEFT (`merge_and_unload`, in float64, then rounded once to float32), its
+    config and the tokenizer."""
     import torch
     from peft import PeftModel
     from transformers import LlamaForCausalLM
 
     with TemporaryDirectory(prefix="whitney-export-") as scratch:
         peft_dir = write_peft_dir(archive, Path(scratch) / "peft")
-        base = LlamaForCausalLM.from_pretrained(peft_dir / BASE_DIR, dtype=torch.float32)
+        base = LlamaForCausalLM.from_pretrained(peft_dir / BASE_DIR, dtype=torch.float64)
         with warnings.catch_warnings():  # PEFT calls an API transformers deprecates
             warnings.simplefilter("ignore", FutureWarning)
             merged = PeftModel.from_pretrained(base, peft_dir).merge_and_unload()
-        merged.save_pretrained(out)
+        merged.to(torch.float32).save_pretrained(out)
         for path in peft_dir.iterdir():  # the tokenizer's files and a critic's value head
             if path.is_file() and path.name not in ADAPTER_FILES:
                 shutil.copyfile(path, out / path.name)
