@@ -10,7 +10,8 @@
 
 `serve` goes straight to `whitney.local.cli.main` without importing Prefect (fast start), and
 so do `inspect`, `runs` and `export`.
-Exit codes: 0 success, 1 the flow failed, 2 bad arguments or configuration.
+Exit codes: 0 success, 1 the flow failed (or stdout was closed early, never with a traceback),
+2 bad arguments or configuration.
 """
 
 from __future__ import annotations
@@ -20,19 +21,31 @@ import os
 import sys
 from pathlib import Path
 
-from flows.commands import add_distill_parser, add_inspection_parsers, run_inspection
+from flows.commands import (
+    ENV_HELP,
+    LOSS_HELP,
+    PROVIDER_HELP,
+    add_distill_parser,
+    add_inspection_parsers,
+    config_help,
+    run_inspection,
+)
 from flows.export import add_export_parser, run_export
 
 EXIT_OK = 0
 EXIT_FLOW_FAILED = 1
 EXIT_BAD_CONFIG = 2
+EXIT_CLOSED_PIPE = 1
+"""stdout was closed before the output ended (`| head`): as rich's Console exits then."""
 
 PREFECT_ENV_DEFAULTS = {
     "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
 }
 """Set unless the user set them: the progress bar replaces Prefect's per-task console lines
-(the Prefect API still gets every log), and the ephemeral server does not phone home."""
+(the Prefect API still gets every log), the ephemeral server does not phone home, and the
+Prefect client sends no usage data and prints no first-run telemetry notice."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,16 +59,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run = commands.add_parser("run", help="run a training flow")
     flows = run.add_subparsers(dest="flow", required=True, metavar="FLOW")
-    rl = flows.add_parser("rl", help="RL: group sampling, rewards, advantages, build_loss")
+    rl = flows.add_parser(
+        "rl",
+        help="RL: group sampling, rewards, advantages, build_loss",
+        formatter_class=config_help("flows.config:RLConfig"),
+    )
     rl.add_argument("--config", type=Path, metavar="FILE", help="RLConfig as .toml or .json")
     rl.add_argument("--cycles", type=int, metavar="N", help="number of cycles")
-    rl.add_argument("--env", metavar="E", help="environment: digits, lowercase or module:attr")
-    rl.add_argument("--loss", metavar="L", help="loss function (its build_loss recipe)")
-    rl.add_argument("--provider", metavar="P", help="local, modal or tinker")
-    rl.add_argument("--base-model", metavar="M", help="base model, e.g. local/tiny")
+    rl.add_argument("--env", metavar="E", help=ENV_HELP)
+    rl.add_argument("--loss", metavar="L", help=LOSS_HELP)
+    rl.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
+    rl.add_argument("--base-model", metavar="M", help="base model")
     rl.add_argument("--seed", type=int, metavar="S", help="seed of run, prompts and sampling")
     add_output_options(rl)
-    sft = flows.add_parser("sft", help="SFT: (prompt, completion) pairs, cross_entropy, eval loss")
+    sft = flows.add_parser(
+        "sft",
+        help="SFT: (prompt, completion) pairs, cross_entropy, eval loss",
+        formatter_class=config_help("flows.sft_config:SFTConfig"),
+    )
     sft.add_argument("--config", type=Path, metavar="FILE", help="SFTConfig as .toml or .json")
     length = sft.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, metavar="N", help="optimizer steps in total")
@@ -68,8 +89,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE.jsonl",
         help='one {"prompt": ..., "completion": ...} per line (default: the built-in corpus)',
     )
-    sft.add_argument("--provider", metavar="P", help="local, modal or tinker")
-    sft.add_argument("--base-model", metavar="M", help="base model, e.g. local/tiny")
+    sft.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
+    sft.add_argument("--base-model", metavar="M", help="base model")
     sft.add_argument("--lr", type=float, metavar="X", help="peak learning rate")
     sft.add_argument("--schedule", metavar="S", help="constant, linear or cosine (with warmup)")
     sft.add_argument("--seed", type=int, metavar="S", help="seed of the run and the data order")
@@ -100,7 +121,17 @@ def add_output_options(command: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """The console script; returns the exit code."""
-    arguments = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = run_command(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
+    except BrokenPipeError:  # the reader of stdout has gone (`| head`): no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit
+        return EXIT_CLOSED_PIPE
+
+
+def run_command(arguments: list[str]) -> int:
+    """The command `arguments` name; its exit code."""
     if arguments[:1] == ["serve"]:
         from whitney.local.cli import main as serve
 

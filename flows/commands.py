@@ -14,14 +14,64 @@ from WHITNEY_API_KEY, or an embedded server's data directory (`--data-dir`, else
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, get_args
+
+from pydantic_core import PydanticUndefined
+
+from flows.environments import ENVIRONMENTS
+from whitney.losses import LOSS_FUNCTIONS
+from whitney.wire import Provider
 
 EXIT_OK = 0
 EXIT_NOT_FOUND = 1
 EXIT_BAD_CONFIG = 2
+
+PROVIDERS: tuple[str, ...] = tuple(sorted(get_args(Provider)))
+CONFIG_FIELDS = {"data": "data_path", "lr": "learning_rate", "chunk_size": "teacher_chunk_size"}
+"""The config field of each `run FLOW` option not named like it."""
+
+
+def one_of(names: tuple[str, ...] | list[str]) -> str:
+    return ", ".join(names)
+
+
+PROVIDER_HELP = f"Whitney provider: {one_of(PROVIDERS)}"
+LOSS_HELP = f"loss function (its build_loss recipe): {one_of(LOSS_FUNCTIONS)}"
+ENV_HELP = f"environment: {one_of(list(ENVIRONMENTS))}, or an import path module:attr"
+
+
+class ConfigDefaultsFormatter(argparse.HelpFormatter):
+    """`run FLOW --help`: each option's help ends with its default in the flow's config model
+    (`config_model`, "module:Class"), imported only when the help is shown (with Prefect)."""
+
+    def __init__(self, prog: str, config_model: str, **options: Any) -> None:
+        super().__init__(prog, **options)
+        self._config_model = config_model
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        if text is None or action.default is not None or "default" in text:
+            return text
+        default = self._default(CONFIG_FIELDS.get(action.dest, action.dest))
+        return text if default is None else f"{text} (default: {str(default).replace('%', '%%')})"
+
+    def _default(self, name: str) -> Any:
+        module, _, attribute = self._config_model.partition(":")
+        model = getattr(importlib.import_module(module), attribute)
+        field = model.model_fields.get(name)
+        return None if field is None or field.default is PydanticUndefined else field.default
+
+
+def config_help(config_model: str) -> Callable[..., argparse.HelpFormatter]:
+    """The formatter class of a `run FLOW` parser whose config model is `config_model`."""
+    return functools.partial(ConfigDefaultsFormatter, config_model=config_model)
 
 
 def add_distill_parser(flows: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -29,6 +79,7 @@ def add_distill_parser(flows: argparse._SubParsersAction) -> argparse.ArgumentPa
     command = flows.add_parser(
         "distill",
         help="distillation: a frozen teacher's logprobs (fanned out) teach a student",
+        formatter_class=config_help("flows.distill_plan:DistillationConfig"),
     )
     command.add_argument("--config", type=Path, metavar="FILE", help="DistillationConfig file")
     command.add_argument("--cycles", type=int, metavar="N", help="number of distillation cycles")
@@ -43,8 +94,8 @@ def add_distill_parser(flows: argparse._SubParsersAction) -> argparse.ArgumentPa
         "--teacher-checkpoint", metavar="URI", help="distill from this checkpoint (whitney://...)"
     )
     command.add_argument("--sft-steps", type=int, metavar="N", help="the SFT teacher's steps")
-    command.add_argument("--provider", metavar="P", help="local, modal or tinker")
-    command.add_argument("--base-model", metavar="M", help="base model, e.g. local/tiny")
+    command.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
+    command.add_argument("--base-model", metavar="M", help="base model")
     command.add_argument("--seed", type=int, metavar="S", help="seed of runs and sampling")
     command.add_argument(
         "--chunk-size", type=int, metavar="N", help="sequences per teacher logprobs task (0: all)"
@@ -154,6 +205,14 @@ def run_inspection(options: argparse.Namespace) -> int:
         client = getattr(source, "client", None)
         if client is not None:
             client.close()
+    if options.command == "inspect" and options.cycle is not None and not report["groups"]:
+        cycles = report["cycles_in_journal"]
+        known = f"{cycles[0]} to {cycles[-1]}" if cycles else "none"
+        print(
+            f"{prog}: run {options.run_id} has no cycle {options.cycle} (cycles: {known})",
+            file=sys.stderr,
+        )
+        return EXIT_NOT_FOUND
     if options.json:
         print(json.dumps(report, indent=2))
         return EXIT_OK

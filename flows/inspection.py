@@ -351,8 +351,12 @@ def run_report(source: JournalSource, run_id: str, cycle: int | None = None) -> 
     }
 
 
+def newest_first(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(items, key=lambda item: item["created_at"], reverse=True)
+
+
 def runs_report(source: JournalSource) -> dict[str, Any]:
-    """Every session with its runs and their status, JSON-ready."""
+    """Every session with its runs and their status, newest first, JSON-ready."""
     sessions = []
     for session in source.sessions():
         runs = []
@@ -377,13 +381,19 @@ def runs_report(source: JournalSource) -> dict[str, Any]:
                 "status": session.status,
                 "labels": session.labels,
                 "created_at": session.created_at,
-                "runs": runs,
+                "runs": newest_first(runs),
             }
         )
-    return {"sessions": sessions}
+    return {"sessions": newest_first(sessions)}
 
 
 # --------------------------------------------------------------------------- rendering
+
+
+def created_text(value: str) -> str:
+    """An API timestamp in local time, to the minute."""
+    moment = _time(value)
+    return moment.astimezone().strftime("%Y-%m-%d %H:%M") if moment else value
 
 
 def _seconds_text(value: float | None) -> str:
@@ -410,15 +420,12 @@ def render_run_report(report: Mapping[str, Any], console: Any) -> None:
     run = report["run"]
     console.print(
         f"[bold]run {run['run_id']}[/bold]  session {run['session_id']}  {run['role']}"
-        f"{'' if run['trainable'] else ' (frozen)'}  {run['provider']}/{run['base_model']}  "
+        f"{'' if run['trainable'] else ' (frozen)'}  "
+        f"{model_text(run['provider'], run['base_model'])}  "
         f"status {run['status']}  step {run['step']}  {report['operations']} operations  "
         f"{report['tokens']:,} tokens ({format_usage(report['usage'])})",
         soft_wrap=True,
     )
-    if not report["groups"]:
-        console.print(
-            f"no such cycle in the journal (cycles: {report['cycles_in_journal'] or 'none'})"
-        )
     for group in report["groups"]:
         seq = group["seq_ids"]
         table = Table(
@@ -440,22 +447,37 @@ def render_run_report(report: Mapping[str, Any], console: Any) -> None:
         console.print(table)
 
 
+def model_text(provider: str, base_model: str) -> str:
+    """The base model, with its provider unless the name starts with it (local/tiny)."""
+    return base_model if base_model.startswith(f"{provider}/") else f"{base_model} ({provider})"
+
+
 def render_runs_report(report: Mapping[str, Any], console: Any) -> None:
+    from rich.box import SIMPLE_HEAD
     from rich.table import Table
 
-    table = Table(title="Whitney sessions and runs", title_justify="left")
-    for column in ("session", "status", "run", "role", "model", "run status", "step", "ops"):
-        table.add_column(column, overflow="fold")
+    table = Table(
+        title="Whitney sessions and runs, newest first",
+        title_justify="left",
+        box=SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 2, 0, 0),
+    )
+    for column in ("session", "created", "status", "run", "role", "model", "run status", "step"):
+        whole = column in ("session", "created", "run")  # ids stay whole, to copy
+        table.add_column(column, overflow="fold", no_wrap=whole, min_width=len(column))
+    table.add_column("ops")
     for session in report["sessions"]:
         runs = session["runs"] or [None]
         for index, run in enumerate(runs):
             first = index == 0
             table.add_row(
                 session["session_id"] if first else "",
+                created_text((run or session)["created_at"]),
                 session["status"] if first else "",
                 run["run_id"] if run else "-",
                 (run["role"] + ("" if run["trainable"] else " (frozen)")) if run else "",
-                f"{run['provider']}/{run['base_model']}" if run else "",
+                model_text(run["provider"], run["base_model"]) if run else "",
                 run["status"] if run else "",
                 str(run["step"]) if run else "",
                 str(run["operations"]) if run else "",

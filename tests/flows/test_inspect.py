@@ -4,14 +4,23 @@ commands on a finished distillation run, through the API and through the data di
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 from collections.abc import Iterator
 
 import pytest
+from flowtest_cli import CONSOLE_SCRIPT
 
 from flows.cli import main
 from flows.distill import distillation_flow
 from flows.distill_plan import DistillationConfig, DistillationResult
-from flows.inspection import ApiJournal, DataDirJournal, cycle_groups, run_report
+from flows.inspection import (
+    ApiJournal,
+    DataDirJournal,
+    created_text,
+    cycle_groups,
+    run_report,
+)
 from tasks.retry import TaskRetrySettings
 from whitney import wire
 from whitney.client import WhitneyClient
@@ -198,8 +207,14 @@ def test_inspect_one_cycle_as_json_and_as_tables(
     text = capsys.readouterr().out
     for label in ("eval-start", "cycle 0", "cycle 2", "final", "forward_backward", "sha256="):
         assert label in text
-    assert main(["inspect", finished.run_id, "--cycle", "7", "--api-url", whitney.url]) == 0
-    assert "no such cycle" in capsys.readouterr().out
+    for output in ([], ["--json"]):
+        arguments = ["inspect", finished.run_id, "--cycle", "7", *output]
+        assert main([*arguments, "--api-url", whitney.url]) == 1
+        captured = capsys.readouterr()
+        assert captured.out == ""
+        assert captured.err == (
+            f"whitney-flows inspect: run {finished.run_id} has no cycle 7 (cycles: 0 to 2)\n"
+        )
     assert main(["inspect", "run-nope", "--api-url", whitney.url]) == 1
 
 
@@ -223,8 +238,51 @@ def test_runs_lists_the_sessions_and_runs_with_their_status(
     session = sessions[finished.session_id]
     assert session["status"] == "closed"
     runs = {run["run_id"]: run for run in session["runs"]}
+    finished_run = runs[finished.run_id]
     assert runs[finished.run_id]["status"] == "finished"
     assert runs[finished.run_id]["trainable"] is True
     assert runs[finished.teacher_run_id]["trainable"] is False
     assert main(["runs", "--data-dir", str(whitney.data_dir)]) == 0
-    assert finished.teacher_run_id in capsys.readouterr().out
+    table = capsys.readouterr().out
+    assert finished.teacher_run_id in table
+    (row,) = [line for line in table.splitlines() if finished.session_id in line]
+    assert created_text(session["created_at"]) in row
+    assert f" {finished_run['base_model']} " in row and "local/local/" not in table
+
+
+def test_runs_lists_the_newest_first(
+    finished: DistillationResult,
+    whitney: EmbeddedWhitney,
+    inspector: WhitneyClient,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    newer = inspector.close_session(inspector.open_session().session_id)
+    assert main(["runs", "--json", "--data-dir", str(whitney.data_dir)]) == 0
+    sessions = json.loads(capsys.readouterr().out)["sessions"]
+    assert sessions[0]["session_id"] == newer.session_id
+    assert finished.session_id in [session["session_id"] for session in sessions[1:]]
+    created = [session["created_at"] for session in sessions]
+    assert created == sorted(created, reverse=True)
+    for session in sessions:
+        runs = [run["created_at"] for run in session["runs"]]
+        assert runs == sorted(runs, reverse=True)
+
+
+@pytest.mark.parametrize(
+    "arguments", [["inspect", "{run}"], ["inspect", "{run}", "--json"], ["runs"]]
+)
+def test_a_closed_pipe_ends_the_command_without_a_traceback(
+    arguments: list[str], finished: DistillationResult, whitney: EmbeddedWhitney
+) -> None:
+    command = [argument.replace("{run}", finished.run_id) for argument in arguments]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("WHITNEY_API_")}
+    process = subprocess.Popen(
+        [str(CONSOLE_SCRIPT), *command, "--data-dir", str(whitney.data_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=environment,
+    )
+    process.stdout.close()  # the reader is gone before the first line (like `| head -0`)
+    error = process.stderr.read().decode()
+    assert process.wait(timeout=60) == 1  # as rich's Console exits on a closed pipe
+    assert error == ""

@@ -1,0 +1,72 @@
+"""`whitney-flows run FLOW --help`: every option shows its default from the flow's config model,
+and --loss, --env and --provider list their choices from the registries."""
+
+from __future__ import annotations
+
+from typing import get_args
+
+import pytest
+from pydantic import BaseModel
+
+from flows.cli import main
+from flows.config import RLConfig
+from flows.distill_plan import DistillationConfig
+from flows.environments import ENVIRONMENTS
+from flows.sft_config import SFTConfig
+from whitney.losses import LOSS_FUNCTIONS
+from whitney.wire import Provider
+
+
+def help_text(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, flow: str
+) -> str:
+    """The help of `run FLOW`, on one line (argparse wraps it at COLUMNS)."""
+    monkeypatch.setenv("COLUMNS", "1000")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", flow, "--help"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("flow", "model", "defaults"),
+    [
+        (
+            "rl",
+            RLConfig,
+            {"--cycles": "cycles", "--env": "env", "--loss": "loss", "--seed": "seed"},
+        ),
+        ("sft", SFTConfig, {"--steps": "steps", "--lr": "learning_rate", "--schedule": "schedule"}),
+        (
+            "distill",
+            DistillationConfig,
+            {"--cycles": "cycles", "--chunk-size": "teacher_chunk_size"},
+        ),
+    ],
+)
+def test_help_shows_the_config_defaults(
+    flow: str,
+    model: type[BaseModel],
+    defaults: dict[str, str],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    text = help_text(capsys, monkeypatch, flow)
+    lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("  --")}
+    for option, field in {
+        **defaults,
+        "--provider": "provider",
+        "--base-model": "base_model",
+    }.items():
+        default = model.model_fields[field].default
+        assert lines[option].endswith(f"(default: {default})"), lines[option]
+
+
+def test_help_lists_the_choices_of_loss_env_and_provider(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    text = help_text(capsys, monkeypatch, "rl")
+    lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("  --")}
+    assert ", ".join(LOSS_FUNCTIONS) in lines["--loss"]
+    assert ", ".join(ENVIRONMENTS) in lines["--env"] and "module:attr" in lines["--env"]
+    assert ", ".join(sorted(get_args(Provider))) in lines["--provider"]
