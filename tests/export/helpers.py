@@ -54,7 +54,9 @@ def export(run_id: str, out: Path, *options: str, url: str, key: str) -> int:
         return main(["export", run_id, "--out", str(out), "--api-url", url, *options])
 
 
-def server_log_probs(client: WhitneyClient, run_id: str, tokens: list[int]) -> torch.Tensor:
+def server_log_probs(
+    client: WhitneyClient, run_id: str, tokens: list[int], vocab: int = VOCAB_SIZE
+) -> torch.Tensor:
     """log softmax [len(tokens), vocab] of the run's current weights, from `forward`: one
     datum per vocabulary id, that id the target at every position."""
     n = len(tokens)
@@ -66,7 +68,7 @@ def server_log_probs(client: WhitneyClient, run_id: str, tokens: list[int]) -> t
                 "weights": {"dtype": "float32", "shape": [n], "values": [1.0] * n},
             },
         }
-        for v in range(VOCAB_SIZE)
+        for v in range(vocab)
     ]
     payload = {"data": data, "loss_function": "cross_entropy", "loss_config": {}}
     outputs = client.run_operation(run_id, "forward", payload)["outputs"]
