@@ -4,7 +4,9 @@ the endpoint, and one line with exit code 2 for each bad input, never a tracebac
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import sys
 import tarfile
 from pathlib import Path
@@ -175,3 +177,21 @@ def test_without_the_hf_extra(embedded_server, finished_run, tmp_path, monkeypat
     assert capsys.readouterr().err == (
         'whitney-flows export: the export needs the hf extra: pip install -e ".[hf]"\n'
     )
+
+
+def test_no_prefect_import(embedded_server, finished_run, tmp_path):
+    """The whole export, in a fresh process, never imports Prefect: the command starts fast."""
+    code = (
+        "import sys\n"
+        "from flows.cli import main\n"
+        f"code = main(['export', {finished_run[0]!r}, '--out', {str(tmp_path / 'out')!r}])\n"
+        "print(code, sorted(m for m in sys.modules if m.split('.')[0] == 'prefect'))\n"
+    )
+    env = os.environ | {
+        "WHITNEY_API_URL": embedded_server.url,
+        "WHITNEY_API_KEY": embedded_server.api_key,
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+    )
+    assert done.stdout.splitlines()[-1] == "0 []"
