@@ -1,19 +1,29 @@
 """One RL cycle on the engine in-process: 8 prompts x 8 samples x 32 tokens sampled, then
-forward_backward (importance_sampling) on the 64 sequences and optim_step. Prints the figures.
+forward_backward (importance_sampling) on the 64 sequences and optim_step. Measures this tree's
+engine against a baseline commit's engine side by side, in alternating worker processes.
 
-    python benchmarks/engine_cycle.py [--model local/tiny] [--cycles 10] [--threads 2]
+    python benchmarks/engine_cycle.py [--model local/tiny] [--cycles 10] [--rounds 3]
+                                      [--baseline REF] [--threads 2]
+
+The default baseline is the engine before it was made batch-invariant (plain torch matmuls
+and SDPA, which give a sequence different last bits with different batch-mates).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
-import torch
-
-from whitney.local.engine import EngineRun
-from whitney.tokenizers import ByteTokenizer
+ROOT = Path(__file__).resolve().parent.parent
+BASELINE = "d46887925e65214e083f05172c4923aea22b572d"  # the last commit of the previous engine
+KINDS = ("sample", "forward_backward", "optim_step", "cycle")
 
 
 def rl_payload(prompts: list[list[int]], results: list[dict], target: int) -> dict:
@@ -39,26 +49,22 @@ def rl_payload(prompts: list[list[int]], results: list[dict], target: int) -> di
     return {"data": data, "loss_function": "importance_sampling", "loss_config": {}}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="local/tiny")
-    parser.add_argument("--cycles", type=int, default=10)
-    parser.add_argument("--threads", type=int, default=2)
-    args = parser.parse_args()
-    torch.set_num_threads(args.threads)
+def worker(model: str, cycles: int, threads: int) -> dict[str, list[float]]:
+    """Time `cycles` cycles (after one warm-up) of the engine importable here."""
+    import torch
+
+    from whitney.local.engine import EngineRun
+    from whitney.tokenizers import ByteTokenizer
+
+    torch.set_num_threads(threads)
     tok = ByteTokenizer()
     prompts = [
         [tok.bos_id] + tok.encode(f"Question {i}: say the letter a, {'please ' * (i % 3)}")
         for i in range(8)
     ]
-    run = EngineRun.create(base_model=args.model, lora_rank=8, seed=0)
-    times: dict[str, list[float]] = {
-        "sample": [],
-        "forward_backward": [],
-        "optim_step": [],
-        "cycle": [],
-    }
-    for cycle in range(args.cycles + 1):  # cycle 0 warms up
+    run = EngineRun.create(base_model=model, lora_rank=8, seed=0)
+    times: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    for cycle in range(cycles + 1):  # cycle 0 warms up
         t0 = time.perf_counter()
         sampler = run.save_weights_for_sampler(f"cycle-{cycle}").result["sampler_id"]
         requests = [
@@ -67,27 +73,71 @@ def main() -> None:
         ]
         outs = run.sample(sampler, requests, [1000 * cycle + i for i in range(8)])
         t1 = time.perf_counter()
-        payload = rl_payload(prompts, [o.result for o in outs], target=ord("a"))
-        fb = run.forward(payload, backward=True)
+        run.forward(rl_payload(prompts, [o.result for o in outs], ord("a")), backward=True)
         t2 = time.perf_counter()
         run.optim_step({"type": "adamw", "learning_rate": 1e-3})
         t3 = time.perf_counter()
         if cycle:
-            for key, value in (
-                ("sample", t1 - t0),
-                ("forward_backward", t2 - t1),
-                ("optim_step", t3 - t2),
-                ("cycle", t3 - t0),
-            ):
-                times[key].append(value)
-    sampled = sum(o.usage["sampled_tokens"] for o in outs)
+            for kind, value in zip(KINDS, (t1 - t0, t2 - t1, t3 - t2, t3 - t0), strict=True):
+                times[kind].append(value)
+    return times
+
+
+def baseline_tree(ref: str, into: Path) -> Path:
+    """The `whitney` package as of `ref`, extracted from git into `into`."""
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", ref, "whitney"], check=True, capture_output=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
+
+
+def measure(path: Path, args: argparse.Namespace) -> dict[str, list[float]]:
+    """One worker process with `path` first on its import path."""
+    env = os.environ | {"PYTHONPATH": str(path)}
+    command = [sys.executable, __file__, "--worker", "--model", args.model]
+    command += ["--cycles", str(args.cycles), "--threads", str(args.threads)]
+    out = subprocess.run(command, env=env, check=True, capture_output=True, text=True, cwd=path)
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    if not Path(found["engine"]).is_relative_to(path):
+        raise SystemExit(f"the worker imported {found['engine']}, not the engine under {path}")
+    return found["times"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="local/tiny")
+    parser.add_argument("--cycles", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3, help="alternating pairs of workers")
+    parser.add_argument("--baseline", default=BASELINE, metavar="REF", help="git commit")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        import whitney
+
+        times = worker(args.model, args.cycles, args.threads)
+        print(json.dumps({"engine": whitney.__file__, "times": times}))
+        return
     print(
-        f"model {args.model}, torch threads {args.threads}, {args.cycles} cycles "
-        f"(8 prompts x 8 samples x 32 tokens; last cycle sampled {sampled} tokens, "
-        f"trained {fb.usage['trained_tokens']})"
+        f"model {args.model}, torch threads {args.threads}, {args.rounds} rounds of "
+        f"{args.cycles} cycles each (8 prompts x 8 samples x 32 tokens, forward_backward, "
+        f"optim_step); baseline {args.baseline[:12]}",
+        flush=True,
     )
-    for key, values in times.items():
-        print(f"  {key:17s} median {statistics.median(values):.3f} s   min {min(values):.3f} s")
+    with tempfile.TemporaryDirectory() as scratch:
+        old = baseline_tree(args.baseline, Path(scratch))
+        found: dict[str, dict[str, list[float]]] = {"this tree": {}, "baseline": {}}
+        for n in range(args.rounds):
+            order = [("baseline", old), ("this tree", ROOT)]
+            for name, path in order if n % 2 == 0 else order[::-1]:
+                for kind, values in measure(path, args).items():
+                    found[name].setdefault(kind, []).extend(values)
+                print(f"  round {n + 1}/{args.rounds}: {name} done", flush=True)
+    for kind in KINDS:
+        new, base = (statistics.median(found[name][kind]) for name in ("this tree", "baseline"))
+        ratio = f"{new / base:.2f}x" if base > 0 else "-"
+        print(f"  {kind:17s} median {new:.3f} s vs baseline {base:.3f} s: {ratio}")
 
 
 if __name__ == "__main__":

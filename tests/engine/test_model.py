@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from whitney.local.engine.model import CONFIGS, FrozenLlama, KVCache, Llama, init_weights
+from whitney.local.engine.model import CONFIGS, KVCache, Llama, init_weights
 
 from .helpers import hf_llama
 
@@ -33,7 +33,7 @@ def test_logits_match_transformers_including_right_padded_batch() -> None:
     ids = ids * mask  # right padding with token 0
     with torch.no_grad():
         expected = reference(input_ids=ids, attention_mask=mask).logits
-        for model in (Llama(cfg, weights), FrozenLlama(cfg, weights)):
+        for model in (Llama(cfg, weights),):
             got = model.logits(model.hidden(ids))
             for row, n in enumerate(lengths):
                 torch.testing.assert_close(got[row, :n], expected[row, :n], atol=1e-5, rtol=0)
@@ -41,14 +41,17 @@ def test_logits_match_transformers_including_right_padded_batch() -> None:
                 torch.testing.assert_close(got[row, :n], alone, atol=1e-5, rtol=0)
 
 
-def test_kv_cache_decoding_equals_full_forward() -> None:
+def test_kv_cache_decoding_equals_full_forward_bit_for_bit() -> None:
     cfg = CONFIGS["local/nano"]
-    model = FrozenLlama(cfg, init_weights(cfg))
+    model = Llama(cfg, init_weights(cfg))
     ids = torch.randint(0, 256, (1, 24), generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
         full = model.logits(model.hidden(ids))[0]
-        cache = KVCache(cfg, batch=3, length=30)
-        steps = [model.logits(model.hidden(ids[:, :10], cache))[0]]  # a batch-1 prompt, 3 rows
+        cache = KVCache(cfg, batch=1, length=30)
+        steps = [model.logits(model.hidden(ids[:, :10], cache))[0]]  # the prompt, once
+        cache = cache.rows(torch.tensor([0, 0, 0]))  # shared by 3 rows
         for t in range(10, 24):
-            steps.append(model.logits(model.hidden(ids[:, t : t + 1].expand(3, 1), cache))[0])
-        torch.testing.assert_close(torch.cat(steps), full, atol=1e-5, rtol=0)
+            step = model.logits(model.hidden(ids[:, t : t + 1].expand(3, 1), cache))[:, 0]
+            assert torch.equal(step[0], step[1]) and torch.equal(step[0], step[2])
+            steps.append(step[:1])
+        assert torch.equal(torch.cat(steps), full)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from whitney.local.engine import EngineError, EngineRun
-from whitney.local.engine.model import CONFIGS, FrozenLlama, init_weights
-from whitney.local.engine.sampling import SamplingParams, sample
+from whitney.local.engine.model import CONFIGS, Llama, init_weights
+from whitney.local.engine.sampling import SampleSpec, SamplingParams, sample
 from whitney.tokenizers import EOS_ID
 
 from .helpers import hf_peft, train_a_little
@@ -76,9 +76,9 @@ def test_logprobs_are_those_of_the_truncated_distribution(run, temperature, top_
 def test_uniform_model_draws_uniformly_and_stops_at_eos() -> None:
     cfg = CONFIGS["local/nano"]
     weights = init_weights(cfg) | {"lm_head.weight": torch.zeros(260, cfg.hidden_size)}
-    model = FrozenLlama(cfg, weights)
+    model = Llama(cfg, weights)
     with torch.inference_mode():
-        seqs = sample(model, [1, 2, 3], 64, SamplingParams(max_tokens=200), seed=1)
+        (seqs,) = sample(model, [SampleSpec([1, 2, 3], 64, SamplingParams(max_tokens=200), 1)])
     tokens = [t for s in seqs for t in s["tokens"]]
     assert all(lp == pytest.approx(-math.log(260), abs=1e-5) for s in seqs for lp in s["logprobs"])
     assert len(set(tokens)) > 250  # ~ 7000 uniform draws cover the vocabulary

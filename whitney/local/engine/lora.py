@@ -1,13 +1,14 @@
-"""LoRA on the seven projections of every layer, PEFT convention: delta W = B @ A * (alpha / r)."""
+"""LoRA on the seven projections of every layer, PEFT convention: delta W = B @ A * (alpha / r),
+applied through the merged weights (see `model.LoraLinear` for its gradients)."""
 
 from __future__ import annotations
 
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from whitney.local.engine import exact
 from whitney.local.engine.model import PROJECTIONS, ModelConfig, weight_shapes
 
 
@@ -43,11 +44,14 @@ class Lora:
             t.requires_grad_(True)
         return self
 
-    def linear(self, x: Tensor, weight: Tensor, name: str) -> Tensor:
-        """x @ W.T + scale * (x @ A.T) @ B.T, the sum fused into one addmm."""
-        x2 = x.reshape(-1, x.shape[-1])
-        xa = F.linear(x2, self.A[name]) * self.scale
-        return torch.addmm(F.linear(x2, weight), xa, self.B[name].t()).view(*x.shape[:-1], -1)
+    def adapter(self, name: str) -> tuple[Tensor, Tensor]:
+        """(A, B) of projection `name`."""
+        return self.A[name], self.B[name]
+
+    def merged_weight(self, weight: Tensor, name: str) -> Tensor:
+        """W + scale * B @ A, the product exact (see `exact`): trainer and sampler both use it."""
+        delta = exact.matmul(exact.weight(self.B[name]), exact.weight(self.A[name].t()))
+        return weight + delta * self.scale
 
     def snapshot(self) -> Lora:
         """A detached copy: later training does not change it."""
@@ -63,8 +67,7 @@ class Lora:
         out = dict(weights)
         with torch.no_grad():
             for name in self.A:
-                w = weights[name + ".weight"]
-                out[name + ".weight"] = w + (self.B[name] @ self.A[name]) * self.scale
+                out[name + ".weight"] = self.merged_weight(weights[name + ".weight"], name)
         return out
 
 

@@ -1,5 +1,8 @@
 """The eight Whitney losses of losses.md over right-padded [B, T] tensors: per-token terms times
-w_t, summed (ppo_critic: a mean over datums). Returns (loss, metrics)."""
+w_t, summed (ppo_critic: a mean over datums). Returns (loss, metrics).
+
+A datum's contribution is the float64 sum of its tokens' terms, left to right (so padding
+changes nothing); the loss adds the contributions in datum order, in float64, and rounds once."""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ import torch
 from torch import Tensor
 
 from whitney.local.engine.errors import EngineError
+from whitney.local.engine.exact import prefix_sum, vectorized
 
 # loss_inputs padded to [B, T]: 0 past each datum's end, NaN where a datum lacks an optional tensor
 Inputs = dict[str, Tensor]
@@ -41,8 +45,18 @@ def wmean(x: Tensor, w: Tensor) -> float:
     return float((x * w).sum() / total) if total > 0 else 0.0
 
 
+def total(terms: Tensor) -> Tensor:
+    """Sum of per-token terms [B, T]: each datum's tokens left to right, then datum by datum."""
+    return prefix_sum(prefix_sum(terms, torch.float64)).float()
+
+
+def exp(x: Tensor) -> Tensor:
+    """exp through torch's vector code for every element (see `exact.vectorized`)."""
+    return vectorized(torch.exp, x)
+
+
 def ratio(lp: Tensor, q: Tensor) -> Tensor:
-    return torch.exp((lp - q).clamp(-20.0, 20.0))
+    return exp((lp - q).clamp(-20.0, 20.0))
 
 
 def given_or(inputs: Inputs, name: str, default: Tensor) -> Tensor:
@@ -71,13 +85,13 @@ def base_metrics(loss: Tensor, lp: Tensor, inputs: Inputs) -> dict[str, float]:
 
 
 def cross_entropy(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
-    loss = (-lp * inputs["weights"]).sum()
+    loss = total(-lp * inputs["weights"])
     return loss, base_metrics(loss, lp, inputs)
 
 
 def importance_sampling(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
     r = ratio(lp, inputs["logprobs"])
-    loss = (-r * inputs["advantages"] * inputs["weights"]).sum()
+    loss = total(-r * inputs["advantages"] * inputs["weights"])
     return loss, base_metrics(loss, lp, inputs)
 
 
@@ -85,7 +99,7 @@ def ppo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
     A, w = inputs["advantages"], inputs["weights"]
     lo, hi = clip_bounds("ppo", inputs, config)
     r = ratio(lp, inputs["logprobs"])
-    loss = (-torch.minimum(r * A, torch.clamp(r, lo, hi) * A) * w).sum()
+    loss = total(-torch.minimum(r * A, torch.clamp(r, lo, hi) * A) * w)
     clipped = ((r < lo) | (r > hi)).float()
     return loss, base_metrics(loss, lp, inputs) | {"clip_fraction:mean": wmean(clipped, w)}
 
@@ -94,7 +108,7 @@ def cispo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
     A, w = inputs["advantages"], inputs["weights"]
     lo, hi = clip_bounds("cispo", inputs, config)
     r = ratio(lp, inputs["logprobs"]).detach()
-    loss = (-torch.clamp(r, lo, hi) * A * lp * w).sum()
+    loss = total(-torch.clamp(r, lo, hi) * A * lp * w)
     clipped = ((r < lo) | (r > hi)).float()
     return loss, base_metrics(loss, lp, inputs) | {"clip_fraction:mean": wmean(clipped, w)}
 
@@ -102,7 +116,7 @@ def cispo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
 def dro(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
     A, q, w = inputs["advantages"], inputs["logprobs"], inputs["weights"]
     beta = config_value("dro", config, "beta")
-    loss = (-(lp * A - 0.5 * beta * (lp - q) ** 2) * w).sum()
+    loss = total(-(lp * A - 0.5 * beta * (lp - q) ** 2) * w)
     return loss, base_metrics(loss, lp, inputs)
 
 
@@ -112,9 +126,9 @@ def gspo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
     A, q, w = inputs["advantages"], inputs["logprobs"], inputs["weights"]
     lo, hi = clip_bounds("gspo", inputs, config)
     mask = given_or(inputs, "sequence_ratio_mask", (w != 0).float())
-    log_s = ((lp.detach() - q) * mask).sum(-1) / mask.sum(-1).clamp(min=1.0)
-    s = torch.exp(log_s.clamp(-20.0, 20.0)[:, None] + lp - lp.detach())
-    loss = (-torch.minimum(s * A, torch.clamp(s, lo, hi) * A) * w).sum()
+    log_s = prefix_sum((lp.detach() - q) * mask) / prefix_sum(mask).clamp(min=1.0)
+    s = exp(log_s.clamp(-20.0, 20.0)[:, None] + lp - lp.detach())
+    loss = total(-torch.minimum(s * A, torch.clamp(s, lo, hi) * A) * w)
     clipped = ((s < lo) | (s > hi)).float()
     return loss, base_metrics(loss, lp, inputs) | {"clip_fraction:mean": wmean(clipped, w)}
 
@@ -124,10 +138,10 @@ def dppo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
     A, q, w = inputs["advantages"], inputs["logprobs"], inputs["weights"]
     delta_low = config_value("dppo", config, "delta_low")
     delta_high = config_value("dppo", config, "delta_high")
-    p, mu = lp.detach().exp(), q.exp()
+    p, mu = exp(lp.detach()), exp(q)
     outside = ((A > 0) & (p - mu > delta_high)) | ((A < 0) & (mu - p > delta_low))
     m = (~outside).float()
-    loss = (-ratio(lp, q) * A * m * w).sum()
+    loss = total(-ratio(lp, q) * A * m * w)
     return loss, base_metrics(loss, lp, inputs) | {"masked_fraction:mean": wmean(1.0 - m, w)}
 
 
@@ -137,9 +151,9 @@ def ppo_critic(values: Tensor, inputs: Inputs, config: dict[str, float]) -> Resu
     c = config_value("ppo_critic", config, "value_clip")
     v_clipped = v_old + torch.clamp(values - v_old, -c, c)
     err = torch.maximum((v_clipped - R) ** 2, (values - R) ** 2)
-    sum_w = w.sum(-1)
-    per_datum = torch.where(sum_w > 0, (err * w).sum(-1) / sum_w.clamp(min=1e-30), 0.0)
-    loss = 0.5 * per_datum.mean()
+    sum_w = prefix_sum(w)
+    per_datum = torch.where(sum_w > 0, prefix_sum(err * w) / sum_w.clamp(min=1e-30), 0.0)
+    loss = 0.5 * prefix_sum(per_datum) / len(per_datum)
     clipped = ((values - v_old).abs() > c).float()
     metrics = {"loss:sum": loss.item(), "tokens:sum": w.sum().item()}
     return loss, metrics | {"values_clipfrac:mean": wmean(clipped, w)}

@@ -1,9 +1,15 @@
-"""A Llama-style decoder in plain torch (RMSNorm, RoPE, SwiGLU, causal SDPA attention, untied
-head, no biases) over a flat dict of weights named as Hugging Face's LlamaForCausalLM names them."""
+"""A Llama-style decoder in plain torch (RMSNorm, RoPE, SwiGLU, causal attention, untied head,
+no biases) over a flat dict of weights named as Hugging Face's LlamaForCausalLM names them.
+
+Its numbers are batch-invariant by construction (see `exact`): a token's hidden state depends
+only on the weights and the tokens before it, never on batch-mates, padding, chunking or
+whether it is decoded one step at a time from a cache or computed in a full forward. Training
+(`trainable` LoRA) and sampling (`frozen` merged weights) run this one code path."""
 
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -11,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from whitney.local.engine import exact
+from whitney.local.engine.exact import Fixed
 from whitney.tokenizers import EOS_ID, VOCAB_SIZE
 
 if TYPE_CHECKING:
@@ -26,6 +34,13 @@ PROJECTIONS = (
     "mlp.up_proj",
     "mlp.down_proj",
 )
+GROUPS = {  # projections that read the same input run as one matmul (bitwise the same result)
+    "qkv": PROJECTIONS[:3],
+    "o": PROJECTIONS[3:4],
+    "gate_up": PROJECTIONS[4:6],
+    "down": PROJECTIONS[6:],
+}
+VALUE_BITS = 21  # per part of a value on its static grid; see `value_grid`
 
 
 @dataclass(frozen=True)
@@ -51,6 +66,12 @@ class ModelConfig:
     @property
     def dim_head(self) -> int:
         return self.head_dim or self.hidden_size // self.num_heads
+
+    @property
+    def prob_bits(self) -> int:
+        """Bits per part of an attention weight: a sum over max_positions keys of weight times
+        value stays below 2**53."""
+        return exact.MANTISSA_BITS - 1 - VALUE_BITS - math.ceil(math.log2(self.max_positions))
 
 
 CONFIGS: dict[str, ModelConfig] = {
@@ -109,122 +130,294 @@ def rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return weight * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+    """weight * x / sqrt(mean(x**2) + eps), the mean exact; the gradient is RMSNorm's own."""
+    mean_square = exact.mean_square(x)
+    if x.requires_grad:  # value unchanged (a - a is exactly 0), gradient of the float formula
+        soft = x.pow(2).mean(-1, keepdim=True)
+        mean_square = mean_square + (soft - soft.detach())
+    return weight * (x / torch.sqrt(mean_square + eps))
+
+
+def silu(x: Tensor) -> Tensor:
+    return exact.vectorized(F.silu, x)
+
+
+def value_grid(w_v: Tensor, norm_weight: Tensor, cfg: ModelConfig) -> Tensor:
+    """Per value channel, a power of two above any value it can take: |v_c| <= sqrt(hidden) *
+    sum_i |W_v[c, i] * g_i| for v = W_v RMSNorm(x) (|x_i| / rms(x) <= sqrt(hidden)), times 2 for
+    rounding. Values are held on this grid (weights-only, so the same for every token) with
+    2 x VALUE_BITS bits; shape [kv_heads, 1, head_dim]."""
+    bound = (w_v.detach().abs() @ norm_weight.detach().abs()).double() * math.sqrt(cfg.hidden_size)
+    _, exponent = torch.frexp(bound * 2 + 1e-30)
+    return exact.pow2(exponent - VALUE_BITS).view(cfg.kv_heads, 1, cfg.dim_head)
+
+
+@dataclass(frozen=True)
+class Values:
+    """Attention values [B, kv_heads, T, d] as hi + lo * 2**-VALUE_BITS integers on the grid."""
+
+    hi: Tensor
+    lo: Tensor
+    grid: Tensor
+
+    @classmethod
+    def of(cls, v: Tensor, grid: Tensor) -> Values:
+        scaled = v.detach().double() / grid
+        hi = torch.round(scaled)
+        return cls(hi, torch.round((scaled - hi) * 2.0**VALUE_BITS), grid)
+
+    def dequantized(self) -> Tensor:
+        return ((self.hi + self.lo * 2.0**-VALUE_BITS) * self.grid).float()
+
+
+def attention_weights_times_values(p: Tensor, values: Values, prob_bits: int) -> Tensor:
+    """sum_j p_j v_j / sum_j p_j for p in [0, 1] (float32) [B, H, Tq, Tk], as exact integer sums
+    (p split in hi + lo parts of prob_bits each) combined in a fixed order."""
+    scaled = p.double() * 2.0**prob_bits
+    p_hi = torch.round(scaled)
+    p_lo = torch.round((scaled - p_hi) * 2.0**prob_bits)
+    z = p_hi.sum(-1, keepdim=True) + p_lo.sum(-1, keepdim=True) * 2.0**-prob_bits
+    hi, lo = repeat_heads(values.hi, p.shape[1]), repeat_heads(values.lo, p.shape[1])
+    grid = repeat_heads(values.grid, p.shape[1])
+    main = torch.matmul(p_hi, hi)
+    fine = torch.matmul(p_hi, lo) * 2.0**-VALUE_BITS + torch.matmul(p_lo, hi) * 2.0**-prob_bits
+    return ((main + fine) * grid / z).float()
+
+
+def repeat_heads(x: Tensor, heads: int) -> Tensor:
+    """[B, kv_heads, ...] -> [B, heads, ...] for grouped-query attention (exact copies)."""
+    if x.shape[-3] == heads:
+        return x
+    return x.repeat_interleave(heads // x.shape[-3], dim=-3)
+
+
+class Attention(torch.autograd.Function):
+    """Causal attention of queries over fixed-point keys and values, exact in value; the
+    gradient is softmax attention's own, from the forward's probabilities."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, keys: Fixed, values: Values, visible: Tensor, prob_bits: int):
+        heads = q.shape[1]
+        fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
+        fk = Fixed(repeat_heads(keys.ints, heads), repeat_heads(keys.scale, heads))
+        scores = exact.matmul(fq, fk) * (1.0 / math.sqrt(q.shape[-1]))
+        scores = scores.masked_fill(~visible, float("-inf"))
+        p = exact.vectorized(torch.exp, scores - scores.amax(-1, keepdim=True))
+        out = attention_weights_times_values(p, values, prob_bits)
+        if ctx.needs_input_grad[0]:
+            z = p.double().sum(-1, keepdim=True)
+            ctx.save_for_backward(q, k, v, (p.double() / z).float(), out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, probs, out = ctx.saved_tensors
+        heads, scale = q.shape[1], 1.0 / math.sqrt(q.shape[-1])
+        k, v = repeat_heads(k, heads), repeat_heads(v, heads)
+        grad_v = probs.transpose(-1, -2) @ grad_out
+        grad_p = grad_out @ v.transpose(-1, -2)
+        grad_s = probs * (grad_p - (grad_out * out).sum(-1, keepdim=True)) * scale
+        grad_q, grad_k = grad_s @ k, grad_s.transpose(-1, -2) @ q
+        groups = heads // ctx.saved_tensors[1].shape[1]
+        if groups > 1:
+            grad_k = grad_k.unflatten(1, (-1, groups)).sum(2)
+            grad_v = grad_v.unflatten(1, (-1, groups)).sum(2)
+        return grad_q, grad_k, grad_v, None, None, None, None
+
+
+class ExactLinear(torch.autograd.Function):
+    """x @ weight.T exact in value (from `fixed`), with plain float gradients."""
+
+    @staticmethod
+    def forward(ctx, x, fixed: Fixed, weight: Tensor):
+        ctx.save_for_backward(x, weight)
+        return exact.linear(x, fixed)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, weight = ctx.saved_tensors
+        grad_x = grad_y @ weight if ctx.needs_input_grad[0] else None
+        grad_w = None
+        if ctx.needs_input_grad[2]:
+            grad_w = grad_y.reshape(-1, grad_y.shape[-1]).t() @ x.reshape(-1, x.shape[-1])
+        return grad_x, None, grad_w
+
+
+class LoraLinear(torch.autograd.Function):
+    """x @ W'.T for the merged weights W' = W + scale * B @ A of a group of projections (exact
+    in value), with LoRA's gradients to x and to each projection's A and B."""
+
+    @staticmethod
+    def forward(ctx, x, fixed: Fixed, merged: Tensor, scale: float, *adapters: Tensor):
+        ctx.save_for_backward(x, merged, *adapters)
+        ctx.scale = scale
+        return exact.linear(x, fixed)
+
+    @staticmethod
+    def backward(ctx, grad_y):
+        x, merged, *adapters = ctx.saved_tensors
+        x2, gy = x.reshape(-1, x.shape[-1]), grad_y.reshape(-1, grad_y.shape[-1])
+        grads: list[Tensor] = []
+        start = 0
+        for a, b in zip(adapters[::2], adapters[1::2], strict=True):
+            part = gy[:, start : start + b.shape[0]]
+            start += b.shape[0]
+            grads += [ctx.scale * (part @ b).t() @ x2, ctx.scale * part.t() @ (x2 @ a.t())]
+        return grad_y @ merged, None, None, None, *grads
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One layer's projections on fixed-point rows (grouped), its value grid, and for training
+    the float merged weights and adapters the gradients need."""
+
+    fixed: dict[str, Fixed]
+    value_grid: Tensor
+    merged: dict[str, Tensor]
+    adapters: dict[str, tuple[Tensor, ...]]
 
 
 class KVCache:
-    """Pre-allocated keys and values of every layer for `batch` rows of up to `length` positions."""
+    """Keys (fixed point) and values (on their grid) of every layer for `batch` rows of up to
+    `length` positions; `positions[r]` is the next position of row r."""
 
     def __init__(self, cfg: ModelConfig, batch: int, length: int) -> None:
-        shape = (cfg.num_layers, batch, cfg.kv_heads, length, cfg.dim_head)
-        self.k = torch.empty(shape)
-        self.v = torch.empty(shape)
-        self.pos = 0  # positions filled so far
+        shape = (batch, cfg.kv_heads, length, cfg.dim_head)
+        self.keys = [
+            Fixed(torch.zeros(shape, dtype=torch.float64), torch.ones(*shape[:3], 1))
+            for _ in range(cfg.num_layers)
+        ]
+        self.values: list[Values | None] = [None] * cfg.num_layers
+        self.shape = shape
+        self.positions = torch.zeros(batch, dtype=torch.long)
+
+    def rows(self, index: Tensor) -> KVCache:
+        """A cache of the given rows (copies), e.g. a prompt's cache for each of its samples."""
+        out = KVCache.__new__(KVCache)
+        out.keys = [Fixed(k.ints[index], k.scale[index]) for k in self.keys]
+        out.values = [
+            None if v is None else Values(v.hi[index], v.lo[index], v.grid) for v in self.values
+        ]
+        out.shape = (len(index), *self.shape[1:])
+        out.positions = self.positions[index].clone()
+        return out
+
+    def write(self, n: int, k: Tensor, v: Tensor, grid: Tensor) -> tuple[Fixed, Values]:
+        """Store keys/values [B, kv_heads, T, d] at each row's positions; return the whole cache."""
+        B, _, T, _ = k.shape
+        rows = torch.arange(B)[:, None]
+        cols = self.positions[:, None] + torch.arange(T)[None, :]
+        fk = exact.fixed_point(k, exact.bits_for(k.shape[-1]))
+        keys = self.keys[n]
+        keys.ints.permute(0, 2, 1, 3)[rows, cols] = fk.ints.permute(0, 2, 1, 3)
+        keys.scale.permute(0, 2, 1, 3)[rows, cols] = fk.scale.permute(0, 2, 1, 3)
+        if self.values[n] is None:
+            zeros = torch.zeros(self.shape, dtype=torch.float64)
+            self.values[n] = Values(zeros, zeros.clone(), grid)
+        values, fv = self.values[n], Values.of(v, grid)
+        values.hi.permute(0, 2, 1, 3)[rows, cols] = fv.hi.permute(0, 2, 1, 3)
+        values.lo.permute(0, 2, 1, 3)[rows, cols] = fv.lo.permute(0, 2, 1, 3)
+        return keys, values
 
 
 class Llama:
-    """The decoder over a weight dict, optionally with a LoRA adapter applied unmerged."""
+    """The decoder over a weight dict: with `lora`, the trainer (LoRA applied through the merged
+    weights, with LoRA's gradients); without, frozen weights (a sampler snapshot or a base)."""
 
     def __init__(self, cfg: ModelConfig, weights: dict[str, Tensor], lora: Lora | None = None):
         self.cfg, self.w, self.lora = cfg, weights, lora
         self.cos, self.sin = rope_tables(cfg)
+        self.head = exact.weight(weights["lm_head.weight"])
+        self.frozen: list[LayerWeights] | None = None
 
-    def linear(self, x: Tensor, name: str) -> Tensor:
+    def layer_weights(self) -> list[LayerWeights]:
+        """Fixed-point weights for one forward: built once for frozen weights, per call for the
+        trainer (its adapter changes with every step)."""
+        if self.lora is None and self.frozen is not None:
+            return self.frozen
+        layers = []
+        with torch.no_grad():
+            for n in range(self.cfg.num_layers):
+                p = f"model.layers.{n}."
+                merged = {}
+                for group, names in GROUPS.items():
+                    parts = [self.projection(p + name) for name in names]
+                    merged[group] = torch.cat(parts) if len(parts) > 1 else parts[0]
+                k = self.cfg.kv_heads * self.cfg.dim_head
+                w_v = merged["qkv"][-k:]
+                grid = value_grid(w_v, self.w[p + "input_layernorm.weight"], self.cfg)
+                fixed = {group: exact.weight(w) for group, w in merged.items()}
+                adapters = {}
+                if self.lora is not None:
+                    for group, names in GROUPS.items():
+                        adapters[group] = tuple(
+                            t for name in names for t in self.lora.adapter(p + name)
+                        )
+                layers.append(LayerWeights(fixed, grid, merged, adapters))
         if self.lora is None:
-            return F.linear(x, self.w[name + ".weight"])
-        return self.lora.linear(x, self.w[name + ".weight"], name)
+            self.frozen = layers
+        return layers
 
-    def attention(self, x: Tensor, n: int, cache: KVCache | None) -> Tensor:
+    def projection(self, name: str) -> Tensor:
+        w = self.w[name + ".weight"]
+        return w if self.lora is None else self.lora.merged_weight(w, name)
+
+    def linear(self, x: Tensor, layer: LayerWeights, group: str) -> Tensor:
+        if self.lora is not None and torch.is_grad_enabled():
+            return LoraLinear.apply(
+                x, layer.fixed[group], layer.merged[group], self.lora.scale, *layer.adapters[group]
+            )
+        return exact.linear(x, layer.fixed[group])
+
+    def attention(
+        self, x: Tensor, n: int, layer: LayerWeights, positions: Tensor, cache: KVCache | None
+    ) -> Tensor:
+        cfg = self.cfg
         B, T, _ = x.shape
-        pos = 0 if cache is None else cache.pos
-        cos, sin = self.cos[pos : pos + T, None], self.sin[pos : pos + T, None]
-        q, k, v = (t.transpose(1, 2) for t in self.rotary_qkv(x, n, cos, sin))
-        if cache is not None:
-            cache.k[n, :, :, pos : pos + T] = k  # a batch of 1 (a shared prompt) fills every row
-            cache.v[n, :, :, pos : pos + T] = v
-            if pos > 0:
-                assert T == 1, "after the prompt, decode one position at a time"
-                k, v = cache.k[n, :, :, : pos + 1], cache.v[n, :, :, : pos + 1]
-        y = F.scaled_dot_product_attention(
-            q, k, v, is_causal=T > 1, enable_gqa=self.cfg.kv_heads != self.cfg.num_heads
-        )
-        return self.linear(
-            y.transpose(1, 2).reshape(B, T, -1), f"model.layers.{n}.self_attn.o_proj"
-        )
-
-    def rotary_qkv(self, x: Tensor, n: int, cos: Tensor, sin: Tensor) -> tuple[Tensor, ...]:
-        """Queries and keys with RoPE applied, and values: [B, T, heads, head_dim] each."""
-        cfg, p = self.cfg, f"model.layers.{n}.self_attn."
-        B, T, _ = x.shape
-        q = self.linear(x, p + "q_proj").view(B, T, cfg.num_heads, cfg.dim_head)
-        k = self.linear(x, p + "k_proj").view(B, T, cfg.kv_heads, cfg.dim_head)
-        v = self.linear(x, p + "v_proj").view(B, T, cfg.kv_heads, cfg.dim_head)
-        return rope(q, cos, sin), rope(k, cos, sin), v
-
-    def norm(self, x: Tensor, name: str) -> Tensor:
-        return rms_norm(x, self.w[name], self.cfg.rms_eps)
-
-    def mlp(self, x: Tensor, n: int) -> Tensor:
-        p = f"model.layers.{n}.mlp."
-        gate, up = self.linear(x, p + "gate_proj"), self.linear(x, p + "up_proj")
-        return self.linear(F.silu(gate) * up, p + "down_proj")
-
-    def hidden(self, ids: Tensor, cache: KVCache | None = None) -> Tensor:
-        """Final-norm hidden states [B, T, hidden] of token ids [B, T]; right padding is harmless
-        (causal attention never looks ahead). With a cache, continues at cache.pos."""
-        x = F.embedding(ids, self.w["model.embed_tokens.weight"])
-        for n in range(self.cfg.num_layers):
-            p = f"model.layers.{n}."
-            x = x + self.attention(self.norm(x, p + "input_layernorm.weight"), n, cache)
-            x = x + self.mlp(self.norm(x, p + "post_attention_layernorm.weight"), n)
-        if cache is not None:
-            cache.pos += ids.shape[1]
-        return self.norm(x, "model.norm.weight")
-
-    def logits(self, hidden: Tensor) -> Tensor:
-        return F.linear(hidden, self.w["lm_head.weight"])
-
-
-class FrozenLlama(Llama):
-    """Inference on fixed weights (a sampler snapshot), arranged for small-batch CPU decoding:
-    projections pre-transposed, q/k/v and gate/up fused, each RMSNorm weight folded into the
-    projections it feeds, RoPE applied to queries and keys at once."""
-
-    def __init__(self, cfg: ModelConfig, weights: dict[str, Tensor]) -> None:
-        super().__init__(cfg, weights)
-        self.t: dict[str, Tensor] = {}
-        for n in range(cfg.num_layers):
-            p = f"model.layers.{n}."
-            g_attn = weights[p + "input_layernorm.weight"]
-            g_mlp = weights[p + "post_attention_layernorm.weight"]
-            qkv = [weights[p + f"self_attn.{m}_proj.weight"] * g_attn for m in "qkv"]
-            gate_up = [weights[p + f"mlp.{m}_proj.weight"] * g_mlp for m in ("gate", "up")]
-            self.t[p + "qkv"] = torch.cat(qkv).t().contiguous()
-            self.t[p + "gate_up"] = torch.cat(gate_up).t().contiguous()
-            self.t[p + "self_attn.o_proj"] = weights[p + "self_attn.o_proj.weight"].t().contiguous()
-            self.t[p + "mlp.down_proj"] = weights[p + "mlp.down_proj.weight"].t().contiguous()
-        head = weights["lm_head.weight"] * weights["model.norm.weight"]
-        self.t["lm_head"] = head.t().contiguous()
-        self.w = {"model.embed_tokens.weight": weights["model.embed_tokens.weight"]}
-
-    def norm(self, x: Tensor, name: str) -> Tensor:
-        """RMSNorm without its weight (folded into the next projection); so `hidden` here is
-        the final hidden state before the norm weight."""
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.cfg.rms_eps)
-
-    def linear(self, x: Tensor, name: str) -> Tensor:
-        return x @ self.t[name]
-
-    def rotary_qkv(self, x: Tensor, n: int, cos: Tensor, sin: Tensor) -> tuple[Tensor, ...]:
-        h, kv = self.cfg.num_heads, self.cfg.kv_heads
-        qkv = (x @ self.t[f"model.layers.{n}.qkv"]).view(*x.shape[:2], h + 2 * kv, -1)
+        h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.dim_head
+        qkv = self.linear(x, layer, "qkv").view(B, T, h + 2 * kv, d)
+        cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]
         qk = rope(qkv[:, :, : h + kv], cos, sin)
-        return qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]
+        q, k, v = (t.transpose(1, 2) for t in (qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]))
+        if cache is None:
+            keys = exact.fixed_point(k, exact.bits_for(d))
+            values = Values.of(v, layer.value_grid)
+            key_positions = positions
+        else:
+            keys, values = cache.write(n, k, v, layer.value_grid)
+            key_positions = torch.arange(cache.shape[2]).expand(B, -1)
+        visible = key_positions[:, None, None, :] <= positions[:, None, :, None]
+        y = Attention.apply(q, k, v, keys, values, visible, cfg.prob_bits)
+        return self.linear(y.transpose(1, 2).reshape(B, T, h * d), layer, "o")
 
-    def mlp(self, x: Tensor, n: int) -> Tensor:
-        p = f"model.layers.{n}."
-        gate, up = (x @ self.t[p + "gate_up"]).chunk(2, dim=-1)
-        return (F.silu(gate) * up) @ self.t[p + "mlp.down_proj"]
+    def mlp(self, x: Tensor, layer: LayerWeights) -> Tensor:
+        gate, up = self.linear(x, layer, "gate_up").chunk(2, dim=-1)
+        return self.linear(silu(gate) * up, layer, "down")
+
+    def hidden(
+        self,
+        ids: Tensor,
+        cache: KVCache | None = None,
+        layers: list[LayerWeights] | None = None,
+    ) -> Tensor:
+        """Final-norm hidden states [B, T, hidden] of token ids [B, T]; right padding is harmless
+        (causal attention never looks ahead). With a cache, continues at each row's position;
+        `layers` reuses the weights of `layer_weights()` across calls."""
+        B, T = ids.shape
+        start = torch.zeros(B, dtype=torch.long) if cache is None else cache.positions
+        positions = start[:, None] + torch.arange(T)[None, :]
+        x = F.embedding(ids, self.w["model.embed_tokens.weight"])
+        for n, layer in enumerate(layers or self.layer_weights()):
+            p = f"model.layers.{n}."
+            attn_in = rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_eps)
+            x = x + self.attention(attn_in, n, layer, positions, cache)
+            mlp_in = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_eps)
+            x = x + self.mlp(mlp_in, layer)
+        if cache is not None:
+            cache.positions += T
+        return rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_eps)
 
     def logits(self, hidden: Tensor) -> Tensor:
-        return hidden @ self.t["lm_head"]
+        if torch.is_grad_enabled() and hidden.requires_grad:
+            return ExactLinear.apply(hidden, self.head, self.w["lm_head.weight"])
+        return exact.linear(hidden, self.head)

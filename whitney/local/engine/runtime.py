@@ -14,12 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from whitney.local.engine import checkpoint, losses
+from whitney.local.engine import checkpoint, exact, losses
 from whitney.local.engine.errors import EngineError
 from whitney.local.engine.lora import Lora
-from whitney.local.engine.model import CONFIGS, FrozenLlama, Llama, ModelConfig, init_weights
+from whitney.local.engine.model import CONFIGS, ExactLinear, Llama, ModelConfig, init_weights
 from whitney.local.engine.optim import AdamW, hyperparameters
-from whitney.local.engine.sampling import SamplingParams, sample
+from whitney.local.engine.sampling import SampleSpec, SamplingParams, sample
 from whitney.losses import REQUIRED_LOSS_INPUTS
 
 BASE_MODELS: tuple[str, ...] = ("local/nano", "local/tiny", "local/small")
@@ -34,7 +34,8 @@ FLOAT_INPUTS = (
     "returns",
 )
 SAMPLER_MODELS_KEPT = 2  # merged sampling copies kept built; older snapshots are rebuilt on use
-LOGPROBS_CHUNK = 16  # sequences per forward in `logprobs`
+LOGPROBS_CHUNK = 16  # sequences per forward in `logprobs` (any chunking gives the same bits)
+FORWARD_CHUNK = 16  # datums per forward pass in `forward` / `forward_backward`, likewise
 
 _bases: dict[str, tuple[ModelConfig, dict[str, Tensor]]] = {}
 _bases_lock = threading.Lock()
@@ -165,7 +166,7 @@ class EngineRun:
         self.weights_version = 0  # bumped whenever the adapter changes
         self.snapshots: dict[int, Lora] = {}  # weights_version -> adapter snapshot
         self.samplers: dict[str, int] = {}  # sampler_id -> weights_version
-        self.sampler_models: OrderedDict[int, FrozenLlama] = OrderedDict()
+        self.sampler_models: OrderedDict[int, Llama] = OrderedDict()
 
     @classmethod
     def create(
@@ -231,24 +232,39 @@ class EngineRun:
             payload.get("data") or [], REQUIRED_LOSS_INPUTS[name], self.cfg
         )
         with torch.enable_grad() if backward else torch.no_grad():
-            hidden = self.model.hidden(ids)
+            per_token = self.token_outputs(ids, inputs.get("target_tokens"), lengths)
             if self.role == "critic":
-                values = F.linear(
-                    hidden, self.value_head["value_head.weight"], self.value_head["value_head.bias"]
-                ).squeeze(-1)
-                loss, metrics = losses.ppo_critic(values, inputs, config)
-                per_token, key = values, "values"
+                loss, metrics = losses.ppo_critic(per_token, inputs, config)
+                key = "values"
             else:
-                logp = self.model.logits(hidden).log_softmax(-1)
-                lp = logp.gather(-1, inputs["target_tokens"].unsqueeze(-1)).squeeze(-1)
-                loss, metrics = losses.POLICY[name](lp, inputs, config)
-                per_token, key = lp, "logprobs"
+                loss, metrics = losses.POLICY[name](per_token, inputs, config)
+                key = "logprobs"
             if backward:
                 loss.backward()
         outputs = [{key: per_token[i, :n].tolist()} for i, n in enumerate(lengths)]
         tokens = sum(lengths)
         usage = {"tokens": tokens} | ({"trained_tokens": tokens} if backward else {})
         return OpOutput({"loss": loss.item(), "metrics": metrics, "outputs": outputs}, usage)
+
+    def token_outputs(self, ids: Tensor, targets: Tensor | None, lengths: list[int]) -> Tensor:
+        """Per-token logprobs of the targets (policy) or values (critic) [B, T]. Datums run in
+        chunks of similar length, to pad less; every chunking gives the same bits."""
+        order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+        layers = self.model.layer_weights()
+        parts = []
+        for start in range(0, len(order), FORWARD_CHUNK):
+            chunk = order[start : start + FORWARD_CHUNK]
+            width = max(lengths[i] for i in chunk)
+            hidden = self.model.hidden(ids[chunk, :width], layers=layers)
+            if self.role == "critic":
+                weight = self.value_head["value_head.weight"]
+                values = ExactLinear.apply(hidden, exact.weight(weight), weight)
+                part = (values + self.value_head["value_head.bias"]).squeeze(-1)
+            else:
+                logp = self.model.logits(hidden).log_softmax(-1)
+                part = logp.gather(-1, targets[chunk, :width].unsqueeze(-1)).squeeze(-1)
+            parts.append(F.pad(part, (0, ids.shape[1] - width)))
+        return torch.cat(parts)[torch.tensor(order).argsort()]
 
     def optim_step(self, optimizer: dict) -> OpOutput:
         """One AdamW update from the accumulated gradients; clears them."""
@@ -272,7 +288,7 @@ class EngineRun:
         self.samplers[sampler_id] = self.weights_version
         return OpOutput({"sampler_id": sampler_id}, {"tokens": 0})
 
-    def sampler_model(self, sampler_id: str) -> FrozenLlama:
+    def sampler_model(self, sampler_id: str) -> Llama:
         """The snapshot's merged sampling copy (W + scale * B @ A), built on first use."""
         self.require_policy("sampler operation")
         if sampler_id not in self.samplers:
@@ -280,7 +296,7 @@ class EngineRun:
         version = self.samplers[sampler_id]
         if version not in self.sampler_models:
             merged = self.snapshots[version].merged(self.base_weights)
-            self.sampler_models[version] = FrozenLlama(self.cfg, merged)
+            self.sampler_models[version] = Llama(self.cfg, merged)
             while len(self.sampler_models) > SAMPLER_MODELS_KEPT:
                 self.sampler_models.popitem(last=False)
         self.sampler_models.move_to_end(version)
@@ -289,26 +305,27 @@ class EngineRun:
     def sample(
         self, sampler_id: str, requests: list[dict], default_seeds: list[int]
     ) -> list[OpOutput]:
-        """One SampleResult per request. Each request decodes as its own batch of num_samples
-        rows, so its result is bitwise the same whatever else is in `requests`."""
+        """One SampleResult per request, all decoded together (each result is bitwise the same
+        whatever else is in `requests`)."""
         model = self.sampler_model(sampler_id)
-        parsed = [sample_args(r, s, self.cfg) for r, s in zip(requests, default_seeds, strict=True)]
-        outputs = []
+        specs = [sample_args(r, s, self.cfg) for r, s in zip(requests, default_seeds, strict=True)]
         with torch.inference_mode():
-            for prompt, n, params, seed in parsed:
-                sequences = sample(model, prompt, n, params, seed)
-                sampled = sum(len(s["tokens"]) for s in sequences)
-                result = {"sequences": sequences, "prompt_tokens": len(prompt)}
-                usage = {
-                    "tokens": len(prompt) + sampled,
-                    "prefill_tokens": len(prompt),
-                    "sampled_tokens": sampled,
-                }
-                outputs.append(OpOutput(result, usage))
+            results = sample(model, specs)
+        outputs = []
+        for spec, sequences in zip(specs, results, strict=True):
+            sampled = sum(len(s["tokens"]) for s in sequences)
+            prompt = len(spec.prompt)
+            usage = {
+                "tokens": prompt + sampled,
+                "prefill_tokens": prompt,
+                "sampled_tokens": sampled,
+            }
+            outputs.append(OpOutput({"sequences": sequences, "prompt_tokens": prompt}, usage))
         return outputs
 
     def logprobs(self, sampler_id: str, request: dict) -> OpOutput:
-        """log p(token i | tokens before i) at temperature 1 under the snapshot; first is None."""
+        """log p(token i | tokens before i) at temperature 1 under the snapshot; first is None.
+        Bitwise the same whatever else the request holds and however a client chunks a batch."""
         model = self.sampler_model(sampler_id)
         sequences = [s.get("token_ids") for s in request.get("sequences") or []]
         for i, ids in enumerate(sequences):
@@ -322,25 +339,21 @@ class EngineRun:
                     f"sequences[{i}].token_ids: 1..{self.cfg.max_positions} ids in "
                     f"[0, {self.cfg.vocab_size})",
                 )
-        # Sequences of one length share a forward, unpadded: attention kernels block their work
-        # by sequence length, so padding a sequence to a longer batch mate changes its
-        # logprobs in the last bits. Without padding, each sequence's logprobs are bitwise the
-        # same whatever else the request holds (a client may chunk a batch any way it likes).
-        by_length: dict[int, list[int]] = {}
-        for index, ids in enumerate(sequences):
-            by_length.setdefault(len(ids), []).append(index)
+        order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))  # less padding
         result: list[list[float | None]] = [[None] for _ in sequences]
         with torch.inference_mode():
-            for length, indices in sorted(by_length.items()):
-                if length < 2:
+            for start in range(0, len(order), LOGPROBS_CHUNK):
+                chunk = [i for i in order[start : start + LOGPROBS_CHUNK] if len(sequences[i]) > 1]
+                if not chunk:
                     continue  # a single token has no logprob to report
-                for start in range(0, len(indices), LOGPROBS_CHUNK):
-                    chunk = indices[start : start + LOGPROBS_CHUNK]
-                    ids = torch.tensor([sequences[i] for i in chunk], dtype=torch.long)
-                    logp = model.logits(model.hidden(ids)).log_softmax(-1)[:, :-1]
-                    lp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-                    for row, index in enumerate(chunk):
-                        result[index] = [None, *lp[row].tolist()]
+                width = max(len(sequences[i]) for i in chunk)
+                ids = torch.zeros(len(chunk), width, dtype=torch.long)
+                for row, i in enumerate(chunk):
+                    ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
+                logp = model.logits(model.hidden(ids)).log_softmax(-1)[:, :-1]
+                lp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+                for row, i in enumerate(chunk):
+                    result[i] = [None, *lp[row, : len(sequences[i]) - 1].tolist()]
         return OpOutput({"logprobs": result}, {"tokens": sum(len(s) for s in sequences)})
 
     # --- checkpoints ----------------------------------------------------------------------
@@ -414,8 +427,8 @@ class EngineRun:
         return OpOutput({"format": "peft", "sha256": sha256, "bytes": size}, {"tokens": 0})
 
 
-def sample_args(request: dict, default_seed: int, cfg: ModelConfig):
-    """Validate a SampleRequest: (prompt, num_samples, SamplingParams, seed)."""
+def sample_args(request: dict, default_seed: int, cfg: ModelConfig) -> SampleSpec:
+    """Validate a SampleRequest."""
     prompt = (request.get("prompt") or {}).get("token_ids")
     sp = request.get("sampling_params") or {}
     n = request.get("num_samples", 1)
@@ -449,4 +462,4 @@ def sample_args(request: dict, default_seed: int, cfg: ModelConfig):
         raise EngineError("invalid_request", "sampling_params.stop_token_ids must be integers")
     seed = sp.get("seed")
     params = SamplingParams(max_tokens, temperature, top_p, top_k, tuple(stops))
-    return prompt, n, params, default_seed if seed is None else int(seed)
+    return SampleSpec(prompt, n, params, default_seed if seed is None else int(seed))

@@ -1,15 +1,16 @@
-"""Batched decoding of one sample request (num_samples rows) with a pre-allocated KV cache:
-temperature, top_k, top_p, stop tokens; every draw by inverse CDF from a per-row generator."""
+"""Batched decoding of sample requests with a pre-allocated KV cache: temperature, top_k, top_p,
+stop tokens; every draw by inverse CDF from a per-row generator."""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
 
-from whitney.local.engine.model import FrozenLlama, KVCache
+from whitney.local.engine import exact
+from whitney.local.engine.model import KVCache, Llama
 
 
 @dataclass(frozen=True)
@@ -53,48 +54,96 @@ def sampling_logprobs(logits: Tensor, params: SamplingParams) -> Tensor:
 
 def draw(logprobs: Tensor, u: Tensor) -> Tensor:
     """Inverse-CDF draw per row: the first token whose cumulative probability exceeds u * total."""
-    probs = logprobs.exp()
+    probs = exact.vectorized(torch.exp, logprobs)
     cdf = probs.cumsum(-1)
     tokens = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
     last_possible = (probs > 0).cumsum(-1).argmax(-1)  # guards u * total rounding up to total
     return torch.minimum(tokens, last_possible)
 
 
-def sample(
-    model: FrozenLlama, prompt: list[int], num_samples: int, params: SamplingParams, seed: int
-) -> list[dict]:
-    """`num_samples` continuations of `prompt`: SampleResult sequences. The prompt is prefilled
-    once and shared by every row; row r draws from its own generator seeded by (seed, r)."""
-    n, max_tokens = num_samples, params.max_tokens
-    u = torch.stack(
-        [
-            torch.rand(max_tokens, generator=torch.Generator().manual_seed(row_seed(seed, r)))
-            for r in range(n)
-        ]
-    )
-    stops = torch.tensor(sorted(set(params.stop_token_ids) | set(model.cfg.eos_token_ids)))
-    cache = KVCache(model.cfg, n, len(prompt) + max_tokens)
-    logits = model.logits(model.hidden(torch.tensor([prompt]), cache)[:, -1]).expand(n, -1)
-    tokens = torch.zeros(n, max_tokens, dtype=torch.long)
-    logprobs = torch.zeros(n, max_tokens)
-    lengths = torch.full((n,), max_tokens)
-    done = torch.zeros(n, dtype=torch.bool)
-    for t in range(max_tokens):
-        lp = sampling_logprobs(logits, params)
-        tok = draw(lp, u[:, t])
-        tokens[:, t] = tok
-        logprobs[:, t] = lp.gather(-1, tok[:, None]).squeeze(-1)
-        stopped = ~done & torch.isin(tok, stops)
-        lengths[stopped] = t + 1
-        done |= stopped
-        if t + 1 == max_tokens or bool(done.all()):
-            break
-        logits = model.logits(model.hidden(tok[:, None], cache)[:, -1])
-    return [
-        {
-            "tokens": tokens[r, : lengths[r]].tolist(),
-            "logprobs": logprobs[r, : lengths[r]].tolist(),
-            "stop_reason": "stop" if done[r] else "length",
-        }
-        for r in range(n)
+@dataclass(frozen=True)
+class SampleSpec:
+    """One validated SampleRequest."""
+
+    prompt: list[int]
+    num_samples: int
+    params: SamplingParams
+    seed: int
+
+
+def uniforms(spec: SampleSpec, steps: int) -> Tensor:
+    """[num_samples, steps] draws: row r's from its own generator seeded by (seed, r)."""
+    rows = [
+        torch.rand(
+            spec.params.max_tokens, generator=torch.Generator().manual_seed(row_seed(spec.seed, r))
+        )
+        for r in range(spec.num_samples)
     ]
+    return torch.nn.functional.pad(torch.stack(rows), (0, steps - spec.params.max_tokens))
+
+
+def sample(model: Llama, specs: list[SampleSpec]) -> list[list[dict]]:
+    """SampleResult sequences for each request, all decoded together: each prompt is prefilled
+    once and shared by its samples; row r of a request draws from its own generator seeded by
+    (seed, r). The engine's arithmetic is batch-invariant, so a request's result is bitwise the
+    same alone or beside others, and each sampled token's logprob at temperature 1 equals the
+    one a forward of the whole sequence computes."""
+    cfg, steps = model.cfg, max(s.params.max_tokens for s in specs)
+    prompt_lengths = torch.tensor([len(s.prompt) for s in specs])
+    prompts = torch.zeros(len(specs), int(prompt_lengths.max()), dtype=torch.long)
+    for i, spec in enumerate(specs):
+        prompts[i, : len(spec.prompt)] = torch.tensor(spec.prompt)
+    length = max(len(s.prompt) + s.params.max_tokens for s in specs)
+    cache = KVCache(cfg, len(specs), length)
+    last = model.hidden(prompts, cache)[torch.arange(len(specs)), prompt_lengths - 1]
+    owner = torch.tensor([i for i, s in enumerate(specs) for _ in range(s.num_samples)])
+    logits = model.logits(last)[owner]
+    cache = cache.rows(owner)
+    cache.positions = prompt_lengths[owner].clone()
+    limit = torch.tensor([s.params.max_tokens for s in specs])[owner]
+    last_position = cache.positions + limit - 1
+    u = torch.cat([uniforms(s, steps) for s in specs])
+    stop = torch.zeros(len(specs), cfg.vocab_size, dtype=torch.bool)
+    for i, spec in enumerate(specs):
+        ids = set(spec.params.stop_token_ids) | set(cfg.eos_token_ids)
+        stop[i, [t for t in ids if 0 <= t < cfg.vocab_size]] = True
+    stop = stop[owner]
+    groups: dict[SamplingParams, list[int]] = {}
+    for row, i in enumerate(owner.tolist()):
+        groups.setdefault(replace(specs[i].params, max_tokens=0, stop_token_ids=()), []).append(row)
+    rows = len(owner)
+    tokens = torch.zeros(rows, steps, dtype=torch.long)
+    logprobs = torch.zeros(rows, steps)
+    lengths = limit.clone()
+    done = torch.zeros(rows, dtype=torch.bool)
+    stopped = torch.zeros(rows, dtype=torch.bool)
+    for t in range(steps):
+        for params, members in groups.items():
+            index = torch.tensor(members)
+            lp = sampling_logprobs(logits[index], params)
+            tok = draw(lp, u[index, t])
+            tokens[index, t] = tok
+            logprobs[index, t] = lp.gather(-1, tok[:, None]).squeeze(-1)
+        ends = ~done & stop[torch.arange(rows), tokens[:, t]]
+        lengths[ends] = t + 1
+        stopped |= ends
+        done |= ends | (t + 1 >= limit)
+        if bool(done.all()):
+            break
+        cache.positions = torch.minimum(cache.positions, last_position)  # finished rows idle
+        logits = model.logits(model.hidden(tokens[:, t : t + 1], cache)[:, -1])
+    results, row = [], 0
+    for spec in specs:
+        sequences = []
+        for r in range(row, row + spec.num_samples):
+            n = int(lengths[r])
+            sequences.append(
+                {
+                    "tokens": tokens[r, :n].tolist(),
+                    "logprobs": logprobs[r, :n].tolist(),
+                    "stop_reason": "stop" if stopped[r] else "length",
+                }
+            )
+        results.append(sequences)
+        row += spec.num_samples
+    return results

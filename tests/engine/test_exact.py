@@ -1,0 +1,96 @@
+"""The engine's arithmetic (`whitney.local.engine.exact`) against independent computations: exact
+rational arithmetic in Python for the dot products, and each element or row computed alone."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from whitney.local.engine import exact
+
+
+def random_rows(seed: int, shape: tuple[int, ...], spread: float = 4.0) -> torch.Tensor:
+    """Values across several binades, some rows much smaller than others."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(shape, generator=gen)
+    return x * torch.exp2(torch.randint(-8, 8, (*shape[:-1], 1), generator=gen) / spread)
+
+
+def test_fixed_point_keeps_bits_bits_of_each_rows_largest_element() -> None:
+    x = random_rows(0, (50, 128))
+    for bits in (12, 20, 23):
+        fixed = exact.fixed_point(x, bits)
+        assert torch.equal(fixed.ints, fixed.ints.round())
+        assert fixed.ints.abs().max() <= 2**bits
+        largest = x.abs().amax(-1, keepdim=True)
+        error = (fixed.ints * fixed.scale.double() - x.double()).abs()
+        assert bool((error <= largest.double() * 2.0 ** (-bits)).all())
+        assert bool((fixed.scale.log2() == fixed.scale.log2().round()).all())  # powers of two
+
+
+def test_linear_is_the_exact_dot_product_rounded_once() -> None:
+    x, w = random_rows(1, (6, 40)), random_rows(2, (5, 40))
+    fw = exact.weight(w)
+    fx = exact.fixed_point(x, exact.bits_for(40))
+    got = exact.linear(x, fw)
+    for i in range(6):
+        for j in range(5):
+            xs = [Fraction(v) * Fraction(float(fx.scale[i, 0])) for v in fx.ints[i].tolist()]
+            ws = [Fraction(v) * Fraction(float(fw.scale[j, 0])) for v in fw.ints[j].tolist()]
+            want = float(sum(a * b for a, b in zip(xs, ws, strict=True)))  # exact, then rounded
+            assert got[i, j].item() == torch.tensor(want, dtype=torch.float64).float().item()
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_rows_result_depends_on_nothing_else(threads: int) -> None:
+    """Row 0's product is the same alone, at any place among any number of rows (BLAS picks
+    different kernels for different shapes), and on any thread count."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        w = exact.weight(random_rows(3, (260, 128)))
+        rows = random_rows(4, (300, 128))
+        alone = exact.linear(rows[:1], w)[0]
+        for m in (2, 3, 7, 16, 33, 64, 65, 300):
+            batch = rows[:m].clone()
+            for place in {0, m // 2, m - 1}:
+                batch[[0, place]] = batch[[place, 0]]
+                assert torch.equal(exact.linear(batch, w)[place], alone)
+                batch[[0, place]] = batch[[place, 0]]
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_mean_square_is_exact_on_the_rows_grid() -> None:
+    x = random_rows(5, (20, 128))
+    fixed = exact.fixed_point(x, exact.bits_for(128))
+    for i in range(20):
+        scale = Fraction(float(fixed.scale[i, 0]))
+        total = sum((Fraction(v) * scale) ** 2 for v in fixed.ints[i].tolist()) / 128
+        want = torch.tensor(float(total), dtype=torch.float64).float().item()
+        assert exact.mean_square(x[i : i + 1]).item() == want
+        assert exact.mean_square(x)[i].item() == exact.mean_square(x[i : i + 1]).item()
+
+
+def test_vectorized_elementwise_functions_do_not_depend_on_the_tensors_size() -> None:
+    x = random_rows(6, (70_001,))
+    for fn in (F.silu, torch.exp, torch.sigmoid):
+        whole = exact.vectorized(fn, x)
+        torch.testing.assert_close(whole, fn(x), rtol=1e-6, atol=1e-7)
+        for start, size in ((0, 1), (5, 33), (64, 1000), (70_000, 1), (1234, 40_000)):
+            part = exact.vectorized(fn, x[start : start + size])
+            assert torch.equal(part, whole[start : start + size])
+
+
+def test_prefix_sum_is_left_to_right_and_padding_changes_nothing() -> None:
+    x = random_rows(7, (4, 37))
+    for row in range(4):
+        running = 0.0
+        for v in x[row].tolist():
+            running += v  # float64, left to right: what torch.cumsum does on the CPU
+        assert exact.prefix_sum(x[row]).item() == torch.tensor(running).float().item()
+    padded = F.pad(x, (0, 91))
+    assert torch.equal(exact.prefix_sum(padded), exact.prefix_sum(x))

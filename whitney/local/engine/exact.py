@@ -1,0 +1,99 @@
+"""The engine's arithmetic, batch-invariant by construction.
+
+Every reduction that produces a sequence's numbers is either exact or has a fixed order:
+
+- dot products (projections, attention scores, attention-weighted sums, sums of squares) are
+  sums of integers below 2**53 computed in float64, so no summation order, blocking, thread
+  count, BLAS kernel or CPU can change them. Each row of an operand is put on its own
+  power-of-two grid (`fixed_point`); the one rounding is the final cast to float32;
+- sums over a datum's tokens run strictly left to right (`prefix_sum`), so padding after the
+  datum adds exact zeros and changes nothing;
+- transcendental elementwise functions (`vectorized`) are applied in slices that torch runs
+  serially with no scalar tail, so every element goes through the same vector code whatever
+  the tensor's size (torch's vector and scalar paths of silu or rsqrt differ in the last bit).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+MANTISSA_BITS = 53  # float64: every integer below 2**53 is exact, and so is every partial sum
+SLICE = 32704  # elements per `vectorized` call: a multiple of 64 below torch's GRAIN_SIZE (32768)
+
+
+class Fixed(NamedTuple):
+    """Rows on power-of-two grids: row i is `ints[i] * scale[i]`, |ints| <= 2**bits."""
+
+    ints: Tensor  # float64 holding integers
+    scale: Tensor  # float32 powers of two, shape [..., 1]
+
+
+def pow2(exponent: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
+    """2**exponent built from its bits (exact, no pow kernel involved); exponents within the
+    dtype's normal range."""
+    if dtype == torch.float32:
+        return ((exponent.to(torch.int32) + 127) << 23).view(torch.float32)
+    return ((exponent.to(torch.int64) + 1023) << 52).view(torch.float64)
+
+
+def bits_for(length: int) -> int:
+    """Bits per operand such that a dot product of `length` terms stays below 2**53."""
+    return min(24, (MANTISSA_BITS - 1 - math.ceil(math.log2(max(length, 2)))) // 2)
+
+
+def fixed_point(x: Tensor, bits: int) -> Fixed:
+    """Each row of x (last dim) rounded to integers on its own grid: its largest element keeps
+    `bits` bits. The grid depends only on the row, so the result does too. (Scaling a float32
+    by a power of two is exact; rows below 2**-100 lose what lies under their grid.)"""
+    x = x.detach()
+    _, exponent = torch.frexp(x.abs().amax(-1, keepdim=True))
+    exponent = exponent.clamp(min=-100)
+    ints = torch.round(x * pow2(bits - exponent, x.dtype))
+    return Fixed(ints.double(), pow2(exponent - bits, torch.float32))
+
+
+def matmul(x: Fixed, w: Fixed) -> Tensor:
+    """x @ w.T as float32: the exact integer dot products rounded once, then scaled by powers of
+    two (exact)."""
+    y = torch.matmul(x.ints, w.ints.transpose(-1, -2)).float()
+    return y.mul_(x.scale).mul_(w.scale.transpose(-1, -2))
+
+
+def linear(x: Tensor, w: Fixed) -> Tensor:
+    """x [..., K] @ w.T for a weight w [N, K] held on fixed-point rows."""
+    return matmul(fixed_point(x, bits_for(x.shape[-1])), w)
+
+
+def weight(w: Tensor) -> Fixed:
+    """A weight matrix [N, K] on fixed-point rows, ready for `linear`."""
+    return fixed_point(w, bits_for(w.shape[-1]))
+
+
+def mean_square(x: Tensor) -> Tensor:
+    """Mean of x**2 over the last dim, exactly (a sum of squared integers), as float32."""
+    fixed = fixed_point(x, bits_for(x.shape[-1]))
+    total = (fixed.ints * fixed.ints).sum(-1, keepdim=True)
+    return (total * fixed.scale.double().square() / x.shape[-1]).float()
+
+
+def prefix_sum(x: Tensor, dtype: torch.dtype | None = None) -> Tensor:
+    """Sum over the last dim, strictly left to right (torch's cumsum on the CPU), so trailing
+    padding zeros leave it unchanged."""
+    return torch.cumsum(x, -1, dtype=dtype)[..., -1]
+
+
+def vectorized(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
+    """fn applied elementwise through torch's vector code for every element: the flattened
+    tensor is padded to a multiple of 64 and processed in slices small enough to run serially."""
+    flat = x.reshape(-1)
+    n = flat.numel()
+    body, tail = flat[: n - n % 64], flat[n - n % 64 :]
+    parts = [fn(part) for part in body.split(SLICE)]
+    if tail.numel():
+        parts.append(fn(torch.nn.functional.pad(tail, (0, 64 - tail.numel())))[: tail.numel()])
+    return torch.cat(parts).view(x.shape) if parts else flat.view(x.shape)
