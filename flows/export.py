@@ -194,8 +194,11 @@ def write_atomically(out: Path, merged: bool, archive: Path, hf_export: Any) -> 
     """Write the directory beside `out`, then move it there: `out` appears complete or not
     at all."""
     out = out.absolute()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial"))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial"))
+    except OSError as error:
+        raise ExportError(f"cannot write --out {out}: {error.strerror or error}") from None
     try:
         if merged:
             hf_export.write_merged_dir(archive, staging)
@@ -205,6 +208,8 @@ def write_atomically(out: Path, merged: bool, archive: Path, hf_export: Any) -> 
         os.replace(staging, out)
     except hf_export.ArchiveError as error:
         raise ExportError(str(error)) from None
+    except OSError as error:
+        raise ExportError(f"cannot write --out {out}: {error.strerror or error}") from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

@@ -38,18 +38,23 @@ def unpack(archive: Path, directory: Path) -> None:
     """The archive's known files into `directory` (no other name is written anywhere)."""
     wanted = {*ADAPTER_FILES, *BASE_FILES, VALUE_HEAD}
     found = set()
-    with tarfile.open(archive) as tar:
-        for member in tar:
-            if member.name not in wanted or not member.isfile():
-                continue
-            target = directory / member.name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with tar.extractfile(member) as source, target.open("wb") as sink:  # type: ignore[union-attr]
-                shutil.copyfileobj(source, sink)
-            found.add(member.name)
+    try:
+        with tarfile.open(archive) as tar:
+            for member in tar:
+                if member.name in wanted and member.isfile():
+                    extract(tar, member, directory / member.name)
+                    found.add(member.name)
+    except tarfile.TarError:
+        raise ArchiveError(f"{archive.name} is not a Whitney adapter export: not a tar") from None
     missing = sorted({*ADAPTER_FILES, *BASE_FILES} - found)
     if missing:
         raise ArchiveError(f"{archive.name} is not a Whitney adapter export: no {missing[0]}")
+
+
+def extract(tar: tarfile.TarFile, member: tarfile.TarInfo, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tar.extractfile(member) as source, target.open("wb") as sink:  # type: ignore[union-attr]
+        shutil.copyfileobj(source, sink)
 
 
 def bytes_to_unicode() -> dict[int, str]:

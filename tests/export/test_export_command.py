@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
+from flows.inspection import DataDirJournal
 from whitney.client import WhitneyClient
 
 from .helpers import export, new_trained_run, train
@@ -195,3 +196,17 @@ def test_no_prefect_import(embedded_server, finished_run, tmp_path):
         [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
     )
     assert done.stdout.splitlines()[-1] == "0 []"
+
+
+def test_a_broken_archive_leaves_nothing(embedded_server, client, tmp_path, capsys):
+    """An archive that is not a tar: one line, and neither DIR nor its staging directory."""
+    run_id = new_trained_run(client)
+    artifact_id = client.run_operation(run_id, "export_lora", {})["artifact_id"]
+    client.finish(run_id)
+    DataDirJournal(embedded_server.data_dir).artifact_file(artifact_id).write_bytes(b"junk")
+    data_dir = str(embedded_server.data_dir)
+    assert main(["export", run_id, "--out", str(tmp_path / "out"), "--data-dir", data_dir]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("whitney-flows export: ") and err.count("\n") == 1
+    assert "is not a Whitney adapter export" in err
+    assert list(tmp_path.iterdir()) == []
