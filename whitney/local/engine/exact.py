@@ -48,13 +48,13 @@ def bits_for(length: int) -> int:
 
 def fixed_point(x: Tensor, bits: int) -> Fixed:
     """Each row of x (last dim) rounded to integers on its own grid: its largest element keeps
-    `bits` bits. The grid depends only on the row, so the result does too. (Scaling a float32
-    by a power of two is exact; rows below 2**-100 lose what lies under their grid.)"""
+    `bits` bits. The grid depends only on the row, so the result does too. (Scaling by a power
+    of two is exact; rows below 2**-100 lose what lies under their grid.)"""
     x = x.detach()
     _, exponent = torch.frexp(x.abs().amax(-1, keepdim=True))
     exponent = exponent.clamp(min=-100)
-    ints = torch.round(x * pow2(bits - exponent, x.dtype))
-    return Fixed(ints.double(), pow2(exponent - bits, torch.float32))
+    ints = torch.round(x.double() * pow2(bits - exponent))  # torch's float64 round is vectorized
+    return Fixed(ints, pow2(exponent - bits, torch.float32))
 
 
 def matmul(x: Fixed, w: Fixed) -> Tensor:
