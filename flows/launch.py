@@ -1,6 +1,8 @@
-"""What every `whitney-flows run FLOW` does once its config is checked: reach Whitney (or start
-the embedded server), run the flow with a progress bar fed by its metrics JSON lines, download
-the exported adapter and print a summary table. Exit codes as in `flows.cli`."""
+"""What every `whitney-flows run FLOW` does once its config is checked: reach Whitney (a URL
+that does not answer, or refuses the key, exits 2 before any flow run starts) or start the
+embedded server, run the flow with progress fed by its metrics JSON lines, download the
+exported adapter and print a summary table, then the command that exports the adapter. Exit
+codes as in `flows.cli`."""
 
 from __future__ import annotations
 
@@ -19,7 +21,8 @@ from rich.table import Table
 
 from flows.cli import EXIT_BAD_CONFIG, EXIT_FLOW_FAILED, EXIT_OK
 from flows.config import ConfigError, FlowConfig
-from flows.connection import resolve_connection
+from flows.connection import EMBEDDED_URL_ENV, check_whitney, resolve_connection
+from flows.summary import export_command
 from tasks.connection import client_for
 from whitney.client import API_KEY_ENV, API_URL_ENV
 from whitney.local import EmbeddedWhitney, ServerStartError
@@ -47,24 +50,22 @@ def launch_flow(
 ) -> int:
     """Run `flow(config)` (a checked config) against Whitney; the exit code.
 
-    With no URL (config or WHITNEY_API_URL), the embedded server runs for the duration, its
-    key in WHITNEY_API_KEY (where the cleanup hooks read it). The result must have `run_id`
-    and `adapter` (the exported adapter), downloaded to `adapter_dir`.
+    A URL (config or WHITNEY_API_URL) is probed first (`check_whitney`); with none, the
+    embedded server runs for the duration. The result must have `run_id` and `adapter` (the
+    exported adapter), downloaded to `adapter_dir`.
     """
     console = Console()
     with ExitStack() as stack:
         api_url = config.api_url or os.environ.get(API_URL_ENV)
-        if not api_url:
-            try:
-                server = stack.enter_context(EmbeddedWhitney(data_dir=default_data_dir()))
-            except ServerStartError as error:
-                print(f"{prog}: {error}", file=sys.stderr)
-                return EXIT_BAD_CONFIG
-            os.environ[API_KEY_ENV] = server.api_key  # the cleanup hooks read it from here
-            api_url = server.url
-            console.print(
-                f"Embedded Whitney server at {api_url} (data: {server.data_dir})", soft_wrap=True
-            )
+        export_url = api_url
+        try:
+            if api_url:
+                check_whitney(api_url, "--api-url" if config.api_url else API_URL_ENV)
+            else:
+                api_url = start_embedded_server(stack, console)
+        except (ConfigError, ServerStartError) as error:
+            print(f"{prog}: {error}", file=sys.stderr)
+            return EXIT_BAD_CONFIG
         if config.metrics_path:
             metrics_path = Path(config.metrics_path)
         else:
@@ -86,4 +87,20 @@ def launch_flow(
             result.adapter.artifact_id, adapter_dir / f"{result.run_id}-adapter.tar"
         )
         console.print(summarize(result, adapter_path.resolve(), wall_seconds))
+        command = export_command(result.run_id, export_url)
+        console.print(f"Export the adapter: {command}", soft_wrap=True, markup=False)
     return EXIT_OK
+
+
+def start_embedded_server(stack: ExitStack, console: Console) -> str:
+    """The embedded server, for the duration of `stack`; its URL. Its key goes in
+    WHITNEY_API_KEY (where the cleanup hooks read it), its URL in WHITNEY_FLOWS_EMBEDDED_URL
+    (the summary artifact's export command then needs no --api-url)."""
+    server = stack.enter_context(EmbeddedWhitney(data_dir=default_data_dir()))
+    os.environ[API_KEY_ENV] = server.api_key
+    os.environ[EMBEDDED_URL_ENV] = server.url
+    stack.callback(os.environ.pop, EMBEDDED_URL_ENV, None)
+    console.print(
+        f"Embedded Whitney server at {server.url} (data: {server.data_dir})", soft_wrap=True
+    )
+    return server.url

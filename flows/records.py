@@ -1,6 +1,6 @@
 """What a flow run leaves behind for people: per cycle a table artifact row and a metrics
-JSON line, a progress artifact, and a final markdown summary. Never the API key: nothing here
-sees the connection."""
+JSON line, a progress artifact, and a final markdown summary, which names the command that
+exports the adapter. Never the API key: only the Whitney URL goes into a summary."""
 
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
+from flows.connection import flow_run_api_url
 from flows.cost import format_cost, format_usage
-from flows.metrics import CycleMetrics, RLResult
+from flows.metrics import RLResult
+from flows.summary import export_command, first_and_last
 
 
 def artifact_key(*parts: str) -> str:
@@ -86,12 +88,10 @@ class RunRecords:
 
     def add_summary(self, result: RLResult) -> UUID:
         """The final markdown summary: the checkpoint, the exported adapter, the reward."""
-        first = result.cycles[: min(5, len(result.cycles))]
-        last = result.cycles[-len(first) :]
+        rewards = first_and_last("reward", result.cycles, lambda cycle: cycle.reward_mean, 5)
         rows = [
             ("cycles", str(len(result.cycles))),
-            (f"reward, first {len(first)} cycles", f"{_mean_reward(first):.3f}"),
-            (f"reward, last {len(last)} cycles", f"{_mean_reward(last):.3f}"),
+            *((label, f"{reward:.3f}") for label, reward in rewards),
             ("tokens", format_usage(result.usage)),
             ("estimated cost", format_cost(result.cost)),
         ]
@@ -117,8 +117,9 @@ class RunRecords:
 
 
 def run_rows(result: Any) -> list[tuple[str, str]]:
-    """Summary rows every training flow shows: its Whitney session and run, the checkpoint
-    and the exported adapter (`result` has session_id, run_id, checkpoint and adapter)."""
+    """Summary rows every training flow shows: its Whitney session and run, the checkpoint,
+    the exported adapter and the command that exports it (`result` has session_id, run_id,
+    checkpoint and adapter)."""
     adapter = result.adapter
     return [
         ("Whitney session", f"`{result.session_id}`"),
@@ -129,8 +130,5 @@ def run_rows(result: Any) -> list[tuple[str, str]]:
             f"artifact `{adapter.artifact_id}` ({adapter.format}, {adapter.bytes} bytes)",
         ),
         ("adapter sha256", f"`{adapter.sha256}`"),
+        ("export", f"`{export_command(result.run_id, flow_run_api_url())}`"),
     ]
-
-
-def _mean_reward(cycles: list[CycleMetrics]) -> float:
-    return sum(metrics.reward_mean for metrics in cycles) / max(1, len(cycles))

@@ -31,6 +31,7 @@ from flows.distill_plan import (
 )
 from flows.launch import check_api_key, launch_flow
 from flows.sft_config import SFTConfig
+from flows.summary import first_and_last
 from flows.terminal import CycleProgress
 
 PROG = "whitney-flows run distill"
@@ -113,12 +114,8 @@ def summary_table(result: DistillationResult, adapter_path: Path, wall_seconds: 
     if result.teacher_sft is not None and result.teacher_sft.eval_losses:
         losses = result.teacher_sft.eval_losses
         table.add_row("teacher SFT eval loss", f"{losses[0]:.4f} -> {losses[-1]:.4f}")
-    if result.cycles:
-        window = min(3, len(result.cycles))
-        first = sum(m.teacher_kl for m in result.cycles[:window]) / window
-        last = sum(m.teacher_kl for m in result.cycles[-window:]) / window
-        table.add_row(f"teacher_kl, first {window} cycles", f"{first:.4f}")
-        table.add_row(f"teacher_kl, last {window} cycles", f"{last:.4f}")
+    for label, kl in first_and_last("teacher_kl", result.cycles, lambda c: c.teacher_kl, 3):
+        table.add_row(label, f"{kl:.4f}")
     if result.eval is not None:
         table.add_row("eval loss, teacher", f"{result.eval.teacher:.4f}")
         table.add_row(

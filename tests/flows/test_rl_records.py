@@ -1,6 +1,6 @@
 """What an RL flow run leaves for people: a metrics JSON line and a one-row table artifact
-per cycle, a progress artifact at 100 %, and a markdown summary naming the checkpoint and the
-exported adapter."""
+per cycle, a progress artifact at 100 %, and a markdown summary naming the checkpoint, the
+exported adapter and the command that exports it, and the reward over the first and last cycles."""
 
 from __future__ import annotations
 
@@ -9,12 +9,14 @@ import re
 from pathlib import Path
 from uuid import UUID
 
+import pytest
 from flowtest_helpers import subflow_runs
-from prefect import get_client
+from prefect import flow, get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 from prefect.client.schemas.objects import Artifact
 
 from flows.config import RLConfig
+from flows.connection import EMBEDDED_URL_ENV, flow_run_api_url
 from flows.rl import rl_flow
 
 METRIC_FIELDS = {
@@ -77,6 +79,11 @@ def test_records_of_a_flow_run(small_config: RLConfig, tmp_path: Path) -> None:
     summary = by_type["markdown"].data
     for needle in (result.checkpoint, result.adapter.artifact_id, result.adapter.sha256):
         assert needle in summary
+    first, last = (f"{cycle['reward_mean']:.3f}" for cycle in lines)
+    assert f"| reward, first cycle | {first} |" in summary
+    assert f"| reward, last cycle | {last} |" in summary
+    export = f"whitney-flows export {result.run_id} --out exports/{result.run_id}"
+    assert f"| export | `{export} --api-url {config.api_url}` |" in summary
     for cycle, run in enumerate(subflow_runs(state.state_details.flow_run_id)):
         cycle_artifacts = {artifact.type: artifact for artifact in artifacts_of(run.id)}
         assert set(cycle_artifacts) == {"table", "markdown"}  # metrics; operations (inspect)
@@ -87,3 +94,16 @@ def test_records_of_a_flow_run(small_config: RLConfig, tmp_path: Path) -> None:
         assert "| forward_backward | succeeded |" in cycle_artifacts["markdown"].data
     for artifact in parent:
         assert re.fullmatch(r"[a-z0-9-]+", artifact.key), artifact.key
+
+
+@flow
+def api_url_of(config: RLConfig) -> str | None:
+    return flow_run_api_url()
+
+
+def test_the_export_command_of_a_run_on_the_embedded_server_needs_no_url(
+    small_config: RLConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert api_url_of(small_config) == small_config.api_url
+    monkeypatch.setenv(EMBEDDED_URL_ENV, small_config.api_url)
+    assert api_url_of(small_config) is None

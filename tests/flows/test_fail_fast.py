@@ -1,0 +1,119 @@
+"""`whitney-flows run FLOW` checks the Whitney URL and key before Prefect starts: a refused
+connection, a silent server or a refused key is one line naming --api-url (or WHITNEY_API_URL)
+or WHITNEY_API_KEY, exit code 2, within 5 s, and no session is opened."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+
+import pytest
+from flowtest_cli import CONSOLE_SCRIPT
+
+from flows.cli import main
+from whitney.client import WhitneyClient
+from whitney.local import EmbeddedWhitney
+
+DEADLINE_S = 5.0
+MARGIN = 2.0
+"""The deadline is checked with this factor of slack: the test machine is shared."""
+
+
+def run_script(*arguments: str, **variables: str) -> tuple[int, str, str, float]:
+    """The console script as a user runs it, without any WHITNEY_API_* variable but
+    `variables`: (exit code, stdout, stderr, wall seconds)."""
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("WHITNEY_API_")}
+    started = time.monotonic()
+    completed = subprocess.run(
+        [str(CONSOLE_SCRIPT), *arguments],
+        env=environment | variables,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    elapsed = time.monotonic() - started
+    return completed.returncode, completed.stdout, completed.stderr, elapsed
+
+
+@pytest.fixture
+def closed_port() -> int:
+    """A loopback port nothing listens on."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture
+def silent_port() -> Iterator[int]:
+    """A loopback port that accepts connections and never answers."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(8)
+        yield listener.getsockname()[1]
+
+
+@pytest.mark.parametrize("flow", ["rl", "sft", "distill"])
+def test_a_refused_connection_is_one_line_and_exit_2_within_5_s(
+    flow: str, closed_port: int
+) -> None:
+    url = f"http://127.0.0.1:{closed_port}"
+    code, out, err, elapsed = run_script("run", flow, "--api-url", url, WHITNEY_API_KEY="k-1234")
+    assert (code, out) == (2, "")
+    assert err == (
+        f"whitney-flows run {flow}: --api-url: no Whitney answers at {url} "
+        "(ConnectError: [Errno 111] Connection refused)\n"
+    )
+    assert elapsed < DEADLINE_S * MARGIN, elapsed
+
+
+def test_a_silent_server_is_one_line_and_exit_2_within_5_s(silent_port: int) -> None:
+    url = f"http://127.0.0.1:{silent_port}"
+    code, out, err, elapsed = run_script("run", "rl", "--api-url", url, WHITNEY_API_KEY="k-1234")
+    assert (code, out) == (2, "")
+    reason = "ReadTimeout: timed out"
+    assert err == f"whitney-flows run rl: --api-url: no Whitney answers at {url} ({reason})\n"
+    assert elapsed < DEADLINE_S * MARGIN, elapsed
+
+
+def test_a_refused_key_is_one_line_naming_whitney_api_key(
+    embedded_server: EmbeddedWhitney, whitney_client: WhitneyClient
+) -> None:
+    sessions = len(whitney_client.list_sessions())
+    wrong_key = "not-the-key-0123456789"
+    code, out, err, elapsed = run_script(
+        "run", "rl", WHITNEY_API_URL=embedded_server.url, WHITNEY_API_KEY=wrong_key
+    )
+    assert (code, out) == (2, "")
+    assert err == (
+        f"whitney-flows run rl: WHITNEY_API_KEY: {embedded_server.url} refused the key "
+        "(401 unauthorized: invalid API key)\n"
+    )
+    assert wrong_key not in err
+    assert elapsed < DEADLINE_S * MARGIN, elapsed
+    assert len(whitney_client.list_sessions()) == sessions
+
+
+def test_the_url_from_the_environment_is_named_as_such(
+    closed_port: int, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"http://127.0.0.1:{closed_port}"
+    monkeypatch.setenv("WHITNEY_API_URL", url)
+    monkeypatch.setenv("WHITNEY_API_KEY", "k-1234")
+    assert main(["run", "sft", "--steps", "3"]) == 2
+    assert capsys.readouterr().err.startswith(
+        f"whitney-flows run sft: WHITNEY_API_URL: no Whitney answers at {url} ("
+    )
+
+
+def test_a_url_that_is_not_http_is_refused(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WHITNEY_API_KEY", "k-1234")
+    assert main(["run", "rl", "--api-url", "ftp://example.org"]) == 2
+    assert capsys.readouterr().err == (
+        "whitney-flows run rl: --api-url: base_url must be an http:// or https:// URL, "
+        "got 'ftp://example.org'\n"
+    )
