@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 MANTISSA_BITS = 53  # float64: every integer below 2**53 is exact, and so is every partial sum
+EXPONENT_BITS = 0x7F800000  # of a float32
 SLICE = 32704  # elements per `vectorized` call: a multiple of 64 below torch's GRAIN_SIZE (32768)
 
 
@@ -33,11 +34,8 @@ class Fixed(NamedTuple):
     scale: Tensor  # float32 powers of two, shape [..., 1]
 
 
-def pow2(exponent: Tensor, dtype: torch.dtype = torch.float64) -> Tensor:
-    """2**exponent built from its bits (exact, no pow kernel involved); exponents within the
-    dtype's normal range."""
-    if dtype == torch.float32:
-        return ((exponent.to(torch.int32) + 127) << 23).view(torch.float32)
+def pow2(exponent: Tensor) -> Tensor:
+    """2**exponent as float64, built from its bits (exact, no pow kernel involved)."""
     return ((exponent.to(torch.int64) + 1023) << 52).view(torch.float64)
 
 
@@ -50,11 +48,13 @@ def fixed_point(x: Tensor, bits: int) -> Fixed:
     """Each row of x (last dim) rounded to integers on its own grid: its largest element keeps
     `bits` bits. The grid depends only on the row, so the result does too. (Scaling by a power
     of two is exact; rows below 2**-100 lose what lies under their grid.)"""
-    x = x.detach()
-    _, exponent = torch.frexp(x.abs().amax(-1, keepdim=True))
-    exponent = exponent.clamp(min=-100)
-    ints = torch.round(x.double() * pow2(bits - exponent))  # torch's float64 round is vectorized
-    return Fixed(ints, pow2(exponent - bits, torch.float32))
+    x = x.detach().float()
+    largest = x.abs().amax(-1, keepdim=True)
+    # the power of two just above the row's largest element: its float32 exponent bits, doubled
+    top = (largest.view(torch.int32) & EXPONENT_BITS).view(torch.float32) * 2.0
+    top = top.clamp_(min=2.0**-99)
+    ints = torch.round((x * (2.0**bits / top)).double())  # torch's float64 round is vectorized
+    return Fixed(ints, top * 2.0**-bits)
 
 
 def matmul(x: Fixed, w: Fixed) -> Tensor:
@@ -96,4 +96,6 @@ def vectorized(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     parts = [fn(part) for part in body.split(SLICE)]
     if tail.numel():
         parts.append(fn(torch.nn.functional.pad(tail, (0, 64 - tail.numel())))[: tail.numel()])
-    return torch.cat(parts).view(x.shape) if parts else flat.view(x.shape)
+    if not parts:
+        return flat.view(x.shape)
+    return (parts[0] if len(parts) == 1 else torch.cat(parts)).view(x.shape)
