@@ -94,3 +94,13 @@ def test_prefix_sum_is_left_to_right_and_padding_changes_nothing() -> None:
         assert exact.prefix_sum(x[row]).item() == torch.tensor(running).float().item()
     padded = F.pad(x, (0, 91))
     assert torch.equal(exact.prefix_sum(padded), exact.prefix_sum(x))
+
+
+def test_log_softmax_rows_do_not_depend_on_the_other_rows() -> None:
+    """The engine leaves log_softmax over the vocabulary to torch's last-dim kernel, which
+    works row by row with vector code; the sampler and the trainer rely on that."""
+    logits = random_rows(8, (200, 260), spread=1.0) * 3
+    alone = torch.cat([logits[i : i + 1].log_softmax(-1) for i in range(200)])
+    for rows in (2, 7, 31, 64, 65, 200):
+        assert torch.equal(logits[:rows].log_softmax(-1), alone[:rows])
+    assert torch.equal(logits.view(8, 25, 260).log_softmax(-1).view(200, 260), alone)
