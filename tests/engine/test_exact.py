@@ -21,14 +21,14 @@ def random_rows(seed: int, shape: tuple[int, ...], spread: float = 4.0) -> torch
 
 def test_fixed_point_keeps_bits_bits_of_each_rows_largest_element() -> None:
     x = random_rows(0, (50, 128))
+    largest = x.abs().amax(-1, keepdim=True).double()
+    grid = torch.exp2(torch.frexp(largest).exponent.double())  # the power of two above
     for bits in (12, 20, 23):
         fixed = exact.fixed_point(x, bits)
-        assert torch.equal(fixed.ints, fixed.ints.round())
-        assert fixed.ints.abs().max() <= 2**bits
-        largest = x.abs().amax(-1, keepdim=True)
-        error = (fixed.ints * fixed.scale.double() - x.double()).abs()
-        assert bool((error <= largest.double() * 2.0 ** (-bits)).all())
-        assert bool((fixed.scale.log2() == fixed.scale.log2().round()).all())  # powers of two
+        ints = fixed / (grid * 2.0**-bits)
+        assert torch.equal(ints, ints.round())  # on the row's own grid
+        assert ints.abs().max() <= 2**bits
+        assert bool(((fixed - x.double()).abs() <= largest * 2.0 ** (-bits)).all())
 
 
 def test_linear_is_the_exact_dot_product_rounded_once() -> None:
@@ -38,8 +38,7 @@ def test_linear_is_the_exact_dot_product_rounded_once() -> None:
     got = exact.linear(x, fw)
     for i in range(6):
         for j in range(5):
-            xs = [Fraction(v) * Fraction(float(fx.scale[i, 0])) for v in fx.ints[i].tolist()]
-            ws = [Fraction(v) * Fraction(float(fw.scale[j, 0])) for v in fw.ints[j].tolist()]
+            xs, ws = (Fraction(v) for v in fx[i].tolist()), (Fraction(v) for v in fw[j].tolist())
             want = float(sum(a * b for a, b in zip(xs, ws, strict=True)))  # exact, then rounded
             assert got[i, j].item() == torch.tensor(want, dtype=torch.float64).float().item()
 
@@ -68,8 +67,7 @@ def test_mean_square_is_exact_on_the_rows_grid() -> None:
     x = random_rows(5, (20, 128))
     fixed = exact.fixed_point(x, exact.bits_for(128))
     for i in range(20):
-        scale = Fraction(float(fixed.scale[i, 0]))
-        total = sum((Fraction(v) * scale) ** 2 for v in fixed.ints[i].tolist()) / 128
+        total = sum(Fraction(v) ** 2 for v in fixed[i].tolist()) / 128
         want = torch.tensor(float(total), dtype=torch.float64).float().item()
         assert exact.mean_square(x[i : i + 1]).item() == want
         assert exact.mean_square(x)[i].item() == exact.mean_square(x[i : i + 1]).item()

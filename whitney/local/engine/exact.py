@@ -3,9 +3,10 @@
 Every reduction that produces a sequence's numbers is either exact or has a fixed order:
 
 - dot products (projections, attention scores, attention-weighted sums, sums of squares) are
-  sums of integers below 2**53 computed in float64, so no summation order, blocking, thread
-  count, BLAS kernel or CPU can change them. Each row of an operand is put on its own
-  power-of-two grid (`fixed_point`); the one rounding is the final cast to float32;
+  exact in float64, so no summation order, blocking, thread count, BLAS kernel or CPU can
+  change them: each row of an operand is rounded to its own power-of-two grid with few enough
+  bits (`fixed_point`) that every product and partial sum is an integer below 2**53 times
+  the one power of two of its output element. The one rounding is the final cast to float32;
 - sums over a datum's tokens run strictly left to right (`prefix_sum`), so padding after the
   datum adds exact zeros and changes nothing;
 - transcendental elementwise functions (`vectorized`) are applied in slices that torch runs
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -25,13 +25,6 @@ from torch import Tensor
 MANTISSA_BITS = 53  # float64: every integer below 2**53 is exact, and so is every partial sum
 EXPONENT_BITS = 0x7F800000  # of a float32
 SLICE = 32704  # elements per `vectorized` call: a multiple of 64 below torch's GRAIN_SIZE (32768)
-
-
-class Fixed(NamedTuple):
-    """Rows on power-of-two grids: row i is `ints[i] * scale[i]`, |ints| <= 2**bits."""
-
-    ints: Tensor  # float64 holding integers
-    scale: Tensor  # float32 powers of two, shape [..., 1]
 
 
 def pow2(exponent: Tensor) -> Tensor:
@@ -44,32 +37,29 @@ def bits_for(length: int) -> int:
     return min(24, (MANTISSA_BITS - 1 - math.ceil(math.log2(max(length, 2)))) // 2)
 
 
-def fixed_point(x: Tensor, bits: int) -> Fixed:
-    """Each row of x (last dim) rounded to integers on its own grid: its largest element keeps
-    `bits` bits. The grid depends only on the row, so the result does too. (Scaling by a power
-    of two is exact; rows below 2**-100 lose what lies under their grid.)"""
+def fixed_point(x: Tensor, bits: int) -> Tensor:
+    """x as float64 with each row (last dim) rounded to its own power-of-two grid, on which its
+    largest element has `bits` bits. The grid depends only on the row, so the result does too.
+    (Scaling by a power of two is exact; rows below 2**-100 lose what lies under the grid.)"""
     x = x.detach().float()
     largest = x.abs().amax(-1, keepdim=True)
     # the power of two just above the row's largest element: its float32 exponent bits, doubled
     top = (largest.view(torch.int32) & EXPONENT_BITS).view(torch.float32) * 2.0
-    top = top.clamp_(min=2.0**-99)
-    ints = torch.round((x * (2.0**bits / top)).double())  # torch's float64 round is vectorized
-    return Fixed(ints, top * 2.0**-bits)
+    up = (2.0**bits / top.clamp_(min=2.0**-99)).double()
+    return torch.round(x.double() * up) / up  # torch's float64 round is vectorized
 
 
-def matmul(x: Fixed, w: Fixed) -> Tensor:
-    """x @ w.T as float32: the exact integer dot products rounded once, then scaled by powers of
-    two (exact)."""
-    y = torch.matmul(x.ints, w.ints.transpose(-1, -2)).float()
-    return y.mul_(x.scale).mul_(w.scale.transpose(-1, -2))
+def matmul(x: Tensor, w: Tensor) -> Tensor:
+    """x @ w.T as float32 for operands on fixed-point rows: exact, then rounded once."""
+    return torch.matmul(x, w.transpose(-1, -2)).float()
 
 
-def linear(x: Tensor, w: Fixed) -> Tensor:
-    """x [..., K] @ w.T for a weight w [N, K] held on fixed-point rows."""
+def linear(x: Tensor, w: Tensor) -> Tensor:
+    """x [..., K] @ w.T for a weight w [N, K] already on fixed-point rows (`weight`)."""
     return matmul(fixed_point(x, bits_for(x.shape[-1])), w)
 
 
-def weight(w: Tensor) -> Fixed:
+def weight(w: Tensor) -> Tensor:
     """A weight matrix [N, K] on fixed-point rows, ready for `linear`."""
     return fixed_point(w, bits_for(w.shape[-1]))
 
@@ -77,8 +67,7 @@ def weight(w: Tensor) -> Fixed:
 def mean_square(x: Tensor) -> Tensor:
     """Mean of x**2 over the last dim, exactly (a sum of squared integers), as float32."""
     fixed = fixed_point(x, bits_for(x.shape[-1]))
-    total = (fixed.ints * fixed.ints).sum(-1, keepdim=True)
-    return (total * fixed.scale.double().square() / x.shape[-1]).float()
+    return ((fixed * fixed).sum(-1, keepdim=True) / x.shape[-1]).float()
 
 
 def prefix_sum(x: Tensor, dtype: torch.dtype | None = None) -> Tensor:

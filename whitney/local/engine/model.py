@@ -18,7 +18,6 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from whitney.local.engine import exact
-from whitney.local.engine.exact import Fixed
 from whitney.tokenizers import EOS_ID, VOCAB_SIZE
 
 if TYPE_CHECKING:
@@ -154,34 +153,34 @@ def value_grid(w_v: Tensor, norm_weight: Tensor, cfg: ModelConfig) -> Tensor:
 
 @dataclass(frozen=True)
 class Values:
-    """Attention values [B, kv_heads, T, d] as hi + lo * 2**-VALUE_BITS integers on the grid."""
+    """Attention values [B, kv_heads, T, d] as hi + lo, hi on the static grid and lo on the grid
+    2**-VALUE_BITS finer (float64)."""
 
     hi: Tensor
     lo: Tensor
-    grid: Tensor
 
     @classmethod
     def of(cls, v: Tensor, grid: Tensor) -> Values:
         scaled = v.detach().double() / grid
         hi = torch.round(scaled)
-        return cls(hi, torch.round((scaled - hi) * 2.0**VALUE_BITS), grid)
+        lo = torch.round((scaled - hi) * 2.0**VALUE_BITS) * 2.0**-VALUE_BITS
+        return cls(hi * grid, lo * grid)
 
-    def dequantized(self) -> Tensor:
-        return ((self.hi + self.lo * 2.0**-VALUE_BITS) * self.grid).float()
+    def rows(self, index: Tensor | slice) -> Values:
+        return Values(self.hi[index], self.lo[index])
 
 
 def attention_weights_times_values(p: Tensor, values: Values, prob_bits: int) -> Tensor:
-    """sum_j p_j v_j / sum_j p_j for p in [0, 1] (float32) [B, H, Tq, Tk], as exact integer sums
-    (p split in hi + lo parts of prob_bits each) combined in a fixed order."""
+    """sum_j p_j v_j / sum_j p_j for p in [0, 1] (float32) [B, H, Tq, Tk], from exact sums (p
+    split in hi + lo parts of prob_bits each, on grids common to all keys) combined in a fixed
+    order."""
     scaled = p.double() * 2.0**prob_bits
     p_hi = torch.round(scaled)
-    p_lo = torch.round((scaled - p_hi) * 2.0**prob_bits)
-    z = p_hi.sum(-1, keepdim=True) + p_lo.sum(-1, keepdim=True) * 2.0**-prob_bits
+    p_lo = torch.round((scaled - p_hi) * 2.0**prob_bits) * 2.0**-prob_bits
+    z = p_hi.sum(-1, keepdim=True) + p_lo.sum(-1, keepdim=True)
     hi, lo = repeat_heads(values.hi, p.shape[1]), repeat_heads(values.lo, p.shape[1])
-    grid = repeat_heads(values.grid, p.shape[1])
-    main = torch.matmul(p_hi, hi)
-    fine = torch.matmul(p_hi, lo) * 2.0**-VALUE_BITS + torch.matmul(p_lo, hi) * 2.0**-prob_bits
-    return ((main + fine) * grid / z).float()
+    fine = torch.matmul(p_hi, lo) + torch.matmul(p_lo, hi)
+    return ((torch.matmul(p_hi, hi) + fine) / z).float()
 
 
 def repeat_heads(x: Tensor, heads: int) -> Tensor:
@@ -196,11 +195,9 @@ class Attention(torch.autograd.Function):
     gradient is softmax attention's own, from the forward's probabilities."""
 
     @staticmethod
-    def forward(ctx, q, k, v, keys: Fixed, values: Values, visible: Tensor, prob_bits: int):
-        heads = q.shape[1]
+    def forward(ctx, q, k, v, keys: Tensor, values: Values, visible: Tensor, prob_bits: int):
         fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
-        fk = Fixed(repeat_heads(keys.ints, heads), repeat_heads(keys.scale, heads))
-        scores = exact.matmul(fq, fk) * (1.0 / math.sqrt(q.shape[-1]))
+        scores = exact.matmul(fq, repeat_heads(keys, q.shape[1])) * (1.0 / math.sqrt(q.shape[-1]))
         scores = scores.masked_fill(~visible, float("-inf"))
         p = exact.vectorized(torch.exp, scores - scores.amax(-1, keepdim=True))
         out = attention_weights_times_values(p, values, prob_bits)
@@ -229,7 +226,7 @@ class ExactLinear(torch.autograd.Function):
     """x @ weight.T exact in value (from `fixed`), with plain float gradients."""
 
     @staticmethod
-    def forward(ctx, x, fixed: Fixed, weight: Tensor):
+    def forward(ctx, x, fixed: Tensor, weight: Tensor):
         ctx.save_for_backward(x, weight)
         return exact.linear(x, fixed)
 
@@ -248,7 +245,7 @@ class LoraLinear(torch.autograd.Function):
     in value), with LoRA's gradients to x and to each projection's A and B."""
 
     @staticmethod
-    def forward(ctx, x, fixed: Fixed, merged: Tensor, scale: float, *adapters: Tensor):
+    def forward(ctx, x, fixed: Tensor, merged: Tensor, scale: float, *adapters: Tensor):
         ctx.save_for_backward(x, merged, *adapters)
         ctx.scale = scale
         return exact.linear(x, fixed)
@@ -271,7 +268,7 @@ class LayerWeights:
     """One layer's projections on fixed-point rows (grouped), its value grid, and for training
     the float merged weights and adapters the gradients need."""
 
-    fixed: dict[str, Fixed]
+    fixed: dict[str, Tensor]
     value_grid: Tensor
     merged: dict[str, Tensor]
     adapters: dict[str, tuple[Tensor, ...]]
@@ -282,42 +279,40 @@ class KVCache:
     `length` positions; `positions[r]` is the next position of row r."""
 
     def __init__(self, cfg: ModelConfig, batch: int, length: int) -> None:
-        shape = (batch, cfg.kv_heads, length, cfg.dim_head)
-        self.keys = [
-            Fixed(torch.zeros(shape, dtype=torch.float64), torch.ones(*shape[:3], 1))
+        self.shape = (batch, cfg.kv_heads, length, cfg.dim_head)
+        self.keys = [torch.zeros(self.shape, dtype=torch.float64) for _ in range(cfg.num_layers)]
+        self.values = [
+            Values(torch.zeros(self.shape, dtype=torch.float64), torch.zeros(self.shape).double())
             for _ in range(cfg.num_layers)
         ]
-        self.values: list[Values | None] = [None] * cfg.num_layers
-        self.shape = shape
         self.positions = torch.zeros(batch, dtype=torch.long)
 
     def rows(self, index: Tensor) -> KVCache:
         """A cache of the given rows (copies), e.g. a prompt's cache for each of its samples."""
         out = KVCache.__new__(KVCache)
-        out.keys = [Fixed(k.ints[index], k.scale[index]) for k in self.keys]
-        out.values = [
-            None if v is None else Values(v.hi[index], v.lo[index], v.grid) for v in self.values
-        ]
         out.shape = (len(index), *self.shape[1:])
+        out.keys = [k[index] for k in self.keys]
+        out.values = [v.rows(index) for v in self.values]
         out.positions = self.positions[index].clone()
         return out
 
-    def write(self, n: int, k: Tensor, v: Tensor, grid: Tensor) -> tuple[Fixed, Values]:
-        """Store keys/values [B, kv_heads, T, d] at each row's positions; return the whole cache."""
+    def write(self, n: int, k: Tensor, v: Tensor, grid: Tensor) -> tuple[Tensor, Values]:
+        """Store keys/values [B, kv_heads, T, d] at each row's positions; return the keys and
+        values of layer n up to the furthest position written (the rest are invisible)."""
         B, _, T, _ = k.shape
         rows = torch.arange(B)[:, None]
         cols = self.positions[:, None] + torch.arange(T)[None, :]
-        fk = exact.fixed_point(k, exact.bits_for(k.shape[-1]))
-        keys = self.keys[n]
-        keys.ints.permute(0, 2, 1, 3)[rows, cols] = fk.ints.permute(0, 2, 1, 3)
-        keys.scale.permute(0, 2, 1, 3)[rows, cols] = fk.scale.permute(0, 2, 1, 3)
-        if self.values[n] is None:
-            zeros = torch.zeros(self.shape, dtype=torch.float64)
-            self.values[n] = Values(zeros, zeros.clone(), grid)
-        values, fv = self.values[n], Values.of(v, grid)
-        values.hi.permute(0, 2, 1, 3)[rows, cols] = fv.hi.permute(0, 2, 1, 3)
-        values.lo.permute(0, 2, 1, 3)[rows, cols] = fv.lo.permute(0, 2, 1, 3)
-        return keys, values
+        fv = Values.of(v, grid)
+        for store, new in (
+            (self.keys[n], exact.fixed_point(k, exact.bits_for(k.shape[-1]))),
+            (self.values[n].hi, fv.hi),
+            (self.values[n].lo, fv.lo),
+        ):
+            store.permute(0, 2, 1, 3)[rows, cols] = new.permute(0, 2, 1, 3)
+        filled = int(cols.max()) + 1
+        return self.keys[n][:, :, :filled], self.values[n].rows(
+            (slice(None), slice(None), slice(filled))
+        )
 
 
 class Llama:
@@ -385,7 +380,7 @@ class Llama:
             key_positions = positions
         else:
             keys, values = cache.write(n, k, v, layer.value_grid)
-            key_positions = torch.arange(cache.shape[2]).expand(B, -1)
+            key_positions = torch.arange(keys.shape[2]).expand(B, -1)
         visible = key_positions[:, None, None, :] <= positions[:, None, :, None]
         y = Attention.apply(q, k, v, keys, values, visible, cfg.prob_bits)
         return self.linear(y.transpose(1, 2).reshape(B, T, h * d), layer, "o")

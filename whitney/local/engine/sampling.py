@@ -108,23 +108,26 @@ def sample(model: Llama, specs: list[SampleSpec]) -> list[list[dict]]:
         ids = set(spec.params.stop_token_ids) | set(cfg.eos_token_ids)
         stop[i, [t for t in ids if 0 <= t < cfg.vocab_size]] = True
     stop = stop[owner]
-    groups: dict[SamplingParams, list[int]] = {}
+    members: dict[SamplingParams, list[int]] = {}
     for row, i in enumerate(owner.tolist()):
-        groups.setdefault(replace(specs[i].params, max_tokens=0, stop_token_ids=()), []).append(row)
+        members.setdefault(replace(specs[i].params, max_tokens=0, stop_token_ids=()), []).append(
+            row
+        )
+    groups = {params: torch.tensor(rows) for params, rows in members.items()}
     rows = len(owner)
+    everyone = torch.arange(rows)
     tokens = torch.zeros(rows, steps, dtype=torch.long)
     logprobs = torch.zeros(rows, steps)
     lengths = limit.clone()
     done = torch.zeros(rows, dtype=torch.bool)
     stopped = torch.zeros(rows, dtype=torch.bool)
     for t in range(steps):
-        for params, members in groups.items():
-            index = torch.tensor(members)
+        for params, index in groups.items():
             lp = sampling_logprobs(logits[index], params)
             tok = draw(lp, u[index, t])
             tokens[index, t] = tok
             logprobs[index, t] = lp.gather(-1, tok[:, None]).squeeze(-1)
-        ends = ~done & stop[torch.arange(rows), tokens[:, t]]
+        ends = ~done & stop[everyone, tokens[:, t]]
         lengths[ends] = t + 1
         stopped |= ends
         done |= ends | (t + 1 >= limit)
