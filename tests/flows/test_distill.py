@@ -1,7 +1,7 @@
 """Distillation end to end on the embedded server, with 200 ms added to every answer: the
 student learns the teacher, the teacher's logprobs tasks really run concurrently (by the
 server's own records, not by a stopwatch), and neither the chunking, nor fanning out, nor the
-task runner changes a bit of the student's adapter."""
+task runner changes a bit of the student's adapter (chunk sizes 1, 4 and all)."""
 
 from __future__ import annotations
 
@@ -128,6 +128,19 @@ def test_chunk_size_all_one_after_another_gives_the_same_adapter(
         logprobs = [op for op in group.operations if op.kind == "logprobs"]
         assert len(logprobs) == 1
         assert max_in_flight(group.operations, LATENCY_MS / 1000) == 1
+
+
+def test_chunk_size_one_gives_the_same_adapter(
+    fanned_out: DistillationResult, config: DistillationConfig, journal: ApiJournal
+) -> None:
+    """One sequence per teacher logprobs task (32 tasks a cycle): the engine's logprobs of a
+    sequence do not depend on the sequences beside it, so nothing changes."""
+    one_by_one = distillation_flow(config.model_copy(update={"teacher_chunk_size": 1}))
+    assert one_by_one.adapter.sha256 == fanned_out.adapter.sha256
+    assert [m.teacher_kl for m in one_by_one.cycles] == [m.teacher_kl for m in fanned_out.cycles]
+    for group in teacher_cycles(journal, one_by_one.teacher_run_id):
+        logprobs = [op for op in group.operations if op.kind == "logprobs"]
+        assert len(logprobs) == 8 * 4
 
 
 def test_the_dask_task_runner_gives_the_same_adapter(

@@ -37,6 +37,20 @@ def test_tail_calls_in_seq_order() -> None:
     assert [kind for kind, _ in bare] == ["forward_backward", "optim_step"]
 
 
+def test_concurrent_sampling_on_and_off_train_the_same_adapter(
+    whitney: EmbeddedWhitney, small_config: RLConfig
+) -> None:
+    """Submitted together, a cycle's sample requests reach the engine as one batch; one after
+    another, as single requests. The engine's numbers do not depend on batch-mates, so both
+    train the same adapter, bit for bit."""
+    config = small_config.model_copy(update={"cycles": 3})
+    together = rl_flow(config)
+    one_by_one = rl_flow(config.model_copy(update={"concurrent_sampling": False}))
+    assert together.adapter.sha256 == one_by_one.adapter.sha256
+    assert [c.reward_mean for c in together.cycles] == [c.reward_mean for c in one_by_one.cycles]
+    assert [c.kl_sample_train for c in together.cycles] == [0.0] * 3
+
+
 def test_pipelined_and_unpipelined_flows_train_the_same_adapter(
     whitney: EmbeddedWhitney, small_config: RLConfig, inspector: WhitneyClient
 ) -> None:
