@@ -4,4 +4,8 @@ AdamW, seeded sampling, checkpoints and PEFT export."""
 from whitney.local.engine.errors import EngineError
 from whitney.local.engine.runtime import BASE_MODELS, EngineRun, OpOutput
 
-__all__ = ["BASE_MODELS", "EngineError", "EngineRun", "OpOutput"]
+SAMPLE_BATCH_INVARIANT = True
+"""Consecutive sample operations may run as one engine call: their rows decode together and
+each result is bitwise what it would be alone (see `exact`)."""
+
+__all__ = ["BASE_MODELS", "EngineError", "EngineRun", "OpOutput", "SAMPLE_BATCH_INVARIANT"]
