@@ -8,9 +8,9 @@ import pytest
 from flowtest_distill import small_distill_config, small_sft_teacher
 
 from blocks import WhitneyCredentials
-from flows.budget import BudgetGuard, flow_cost_model
-from flows.config import ConfigError, RLConfig
-from flows.cost import (
+from flows.core.budget import BudgetGuard, flow_cost_model
+from flows.core.config import ConfigError
+from flows.core.cost import (
     Budget,
     KindPriceTable,
     PriceTable,
@@ -20,9 +20,10 @@ from flows.cost import (
     total_tokens,
     usage_of,
 )
-from flows.distill import distillation_flow
-from flows.distill_plan import DistillationConfig, check_distill_config
-from flows.rl import rl_flow
+from flows.distill.flow import distillation_flow
+from flows.distill.plan import DistillationConfig, check_distill_config
+from flows.rl.config import RLConfig
+from flows.rl.flow import rl_flow
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
