@@ -98,7 +98,7 @@ def import_hf_export() -> Any:
         raise ExportError(HF_EXTRA) from None
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    from flows.cli.main import hf_export
+    from flows.cli import hf_export
 
     return hf_export
 

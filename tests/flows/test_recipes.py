@@ -10,8 +10,8 @@ import flowtest_recipe_helpers
 import pytest
 
 from flows.core.config import ConfigError
+from flows.rl import recipes
 from flows.rl.config import RLConfig
-from flows.rl.flow import recipes
 from flows.rl.plan import DryRunClient, check_rl_config, probe
 from flows.rl.recipes import (
     CRITIC_PROVIDERS,

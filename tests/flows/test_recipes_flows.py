@@ -8,8 +8,9 @@ from flowtest_helpers import assert_executed_once_in_order, flow_run_sessions
 from flowtest_recipe_helpers import REFUSED, SERVED, journaled
 
 from flows.core.config import ConfigError
+from flows.rl import recipes
 from flows.rl.config import RLConfig
-from flows.rl.flow import recipes, rl_flow
+from flows.rl.flow import rl_flow
 from flows.rl.plan import check_rl_config
 from flows.rl.recipes import load_recipe
 from flows.rl.recipes.reference_kl import ReferenceKLSettings
