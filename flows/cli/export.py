@@ -34,36 +34,6 @@ class ExportError(Exception):
     """Why the export cannot be made, in one line for the user."""
 
 
-def add_export_parser(commands: argparse._SubParsersAction) -> None:
-    """`export RUN_ID --out DIR [--merged]` and where to find the run."""
-    command = commands.add_parser(
-        "export", help="a run's adapter as a Hugging Face directory: PEFT, or merged"
-    )
-    command.add_argument("run_id", metavar="RUN_ID", help="the Whitney run")
-    command.add_argument(
-        "--out", type=Path, required=True, metavar="DIR", help="where to write (new or empty)"
-    )
-    command.add_argument(
-        "--merged",
-        action="store_true",
-        help="a plain model directory with the LoRA merged in (default: a PEFT adapter "
-        "directory with its base model in DIR/base_model)",
-    )
-    source = command.add_mutually_exclusive_group()
-    source.add_argument(
-        "--api-url",
-        metavar="URL",
-        help="Whitney URL (default: $WHITNEY_API_URL); the key comes from $WHITNEY_API_KEY",
-    )
-    source.add_argument(
-        "--data-dir",
-        type=Path,
-        metavar="DIR",
-        help="an embedded server's data directory (default, with no URL: the one "
-        "`whitney-flows run` uses)",
-    )
-
-
 def run_export(options: argparse.Namespace) -> int:
     """`export`; the exit code."""
     try:

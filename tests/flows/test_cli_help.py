@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from flows.cli.main import main
 from flows.core.environments import ENVIRONMENTS
-from flows.distill.plan import DistillationConfig
+from flows.distill.config import DistillationConfig
 from flows.rl.config import RLConfig
 from flows.sft.config import SFTConfig
 from whitney.losses import LOSS_FUNCTIONS

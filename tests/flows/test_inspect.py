@@ -19,8 +19,9 @@ from flows.cli.inspection import (
     run_report,
 )
 from flows.cli.main import main
+from flows.distill.config import DistillationConfig
 from flows.distill.flow import distillation_flow
-from flows.distill.plan import DistillationConfig, DistillationResult
+from flows.distill.metrics import DistillationResult
 from tasks.retry import TaskRetrySettings
 from whitney import wire
 from whitney.client import WhitneyClient

@@ -102,7 +102,7 @@ def test_serve_dispatches_without_importing_prefect() -> None:
 
 
 def test_command_line_options_override_the_config_file(tmp_path: Path) -> None:
-    from flows.cli.main import build_parser
+    from flows.cli.parsers import build_parser
     from flows.cli.run_rl import rl_config_from
 
     (tmp_path / "rl.json").write_text(json.dumps({"cycles": 7, "seed": 3, "group_size": 6}))

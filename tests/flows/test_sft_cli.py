@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from flowtest_cli import Refusal, assert_downloaded, run_console_script
 
-from flows.cli.main import build_parser, main
+from flows.cli.main import main
+from flows.cli.parsers import build_parser
 from flows.cli.run_sft import sft_config_from
 from flows.sft.config import DEFAULT_STEPS
 
