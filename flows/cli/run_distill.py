@@ -25,13 +25,10 @@ from flows.core.budget import check_budget
 from flows.core.config import ConfigError, settings_with_overrides, validated
 from flows.core.cost import cost_model, format_cost, format_usage
 from flows.core.summary import first_and_last
+from flows.distill.config import DistillationConfig, teacher_metrics_path
 from flows.distill.flow import distillation_flow
-from flows.distill.plan import (
-    DistillationConfig,
-    DistillationResult,
-    check_distill_config,
-    teacher_metrics_path,
-)
+from flows.distill.metrics import DistillationResult
+from flows.distill.plan import check_distill_config
 from flows.sft.config import SFTConfig
 
 PROG = "whitney-flows run distill"

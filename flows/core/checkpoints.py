@@ -48,3 +48,13 @@ def check_resume_from(resume_from: str | None, cycles: int) -> None:
             f"{resume_from} is the state after cycle {cycle}: nothing is left to train with "
             f"cycles={cycles} (cycles counts from cycle 0; set it above {cycle + 1})",
         )
+
+
+CHECKPOINT_URI = re.compile(r"^whitney://runs/[A-Za-z0-9_-]+/states/[A-Za-z0-9._-]+$")
+
+
+def checkpoint_run_id(uri: str) -> str:
+    """The run that saved the checkpoint `uri` (whitney://runs/<run>/states/<name>)."""
+    if CHECKPOINT_URI.match(uri) is None:
+        raise ValueError(f"not a checkpoint: {uri!r} (expected whitney://runs/<run>/states/<name>)")
+    return uri.removeprefix("whitney://runs/").split("/", 1)[0]

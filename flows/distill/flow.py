@@ -58,13 +58,10 @@ from flows.core.training import (
     save_final_state,
     start_training_run,
 )
+from flows.distill.config import LOSS_FUNCTION, DistillationConfig
+from flows.distill.metrics import DistillationResult, DistillCycleMetrics, EvalLosses
 from flows.distill.plan import (
-    LOSS_FUNCTION,
-    DistillationConfig,
-    DistillationResult,
-    DistillCycleMetrics,
     DistillPlan,
-    EvalLosses,
     check_distill_config,
     chunked,
     completion_logprobs,

@@ -18,9 +18,9 @@ from uuid import UUID
 
 from prefect import get_run_logger, task
 
+from flows.core.checkpoints import checkpoint_run_id
 from flows.core.cleanup import PARENT_FLOW_RUN_LABEL
 from flows.core.cost import Usage, usage_of
-from flows.distill.plan import checkpoint_run_id
 from tasks.connection import WhitneyConnection, client_for
 from tasks.operations import TASK_DEFAULTS
 from whitney.client import WhitneyClient

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
-from flows.distill.plan import DistillationConfig
+from flows.distill.config import DistillationConfig
 from flows.sft.config import SFTConfig
 from flows.sft.corpus import builtin_examples
 from flows.sft.plan import example_tokens, held_out

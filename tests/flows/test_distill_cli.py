@@ -67,7 +67,7 @@ def test_bad_configs_exit_2_naming_the_field_before_any_session(
 
 
 def test_a_config_file_with_options_on_top(tmp_path: Path) -> None:
-    from flows.cli.main import build_parser
+    from flows.cli.parsers import build_parser
     from flows.cli.run_distill import distill_config_from
 
     (tmp_path / "d.toml").write_text(

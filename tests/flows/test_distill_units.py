@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from flows.core.config import ConfigError
+from flows.distill.config import DistillationConfig
 from flows.distill.plan import (
-    DistillationConfig,
     check_distill_config,
     chunked,
     completion_logprobs,
