@@ -45,14 +45,6 @@ def add_usage(total: Usage, more: Mapping[str, Mapping[str, int | float]]) -> Us
     return total
 
 
-def merged_usage(*usages: Mapping[str, Mapping[str, int | float]]) -> Usage:
-    """A new usage holding the sum of `usages`."""
-    total: Usage = {}
-    for usage in usages:
-        add_usage(total, usage)
-    return total
-
-
 def total_tokens(usage: Mapping[str, Mapping[str, int]]) -> int:
     """Billed tokens over every kind (`usage[kind]["tokens"]`)."""
     return sum(int(counters.get("tokens", 0)) for counters in usage.values())

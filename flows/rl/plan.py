@@ -178,11 +178,6 @@ def probe(plan: RLPlan) -> tuple[dict[str, Any], DryRunClient]:
     return payload, client
 
 
-def probe_payload(plan: RLPlan) -> dict[str, Any]:
-    """The recipe's policy payload for a made-up group (see `probe`)."""
-    return probe(plan)[0]
-
-
 def check_auxiliary_runs(provider: str, recipe: Recipe) -> None:
     """ConfigError unless the provider offers every run the recipe needs."""
     for run in recipe.auxiliary_runs:

@@ -25,7 +25,7 @@ from flows.core.records import artifact_key
 from flows.core.seeds import derive_seed
 from flows.core.sequencing import SeqLedger
 from flows.rl.config import RLConfig
-from flows.rl.plan import check_rl_config, probe_payload
+from flows.rl.plan import check_rl_config, probe
 from flows.rl.recipes import join_payloads, load_recipe
 from flows.rl.scoring import score_group
 from tasks.connection import WhitneyConnection, client_for
@@ -128,7 +128,7 @@ def test_group_scores(estimator: str, advantages: list[float]) -> None:
 
 def test_probe_builds_the_recipe_payload_without_whitney() -> None:
     config = RLConfig(provider="tinker")
-    payload = probe_payload(check_rl_config(config))
+    payload, _ = probe(check_rl_config(config))
     assert payload["loss_function"] == "importance_sampling"
     assert len(payload["data"]) == 2
 
