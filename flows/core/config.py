@@ -1,5 +1,6 @@
-"""Flow configurations: pydantic models whose field descriptions and bounds become the
-Prefect UI's run form, and the loading of a config file (TOML or JSON).
+"""What every flow's configuration shares (`FlowConfig`, `ConfigError`, the budget and price
+fields): pydantic models whose field descriptions and bounds become the Prefect UI's run
+form, and the loading of a config file (TOML or JSON).
 
 No field ever holds the Whitney API key: it comes from WHITNEY_API_KEY (or, later, a block),
 because flow parameters are stored and shown by Prefect.

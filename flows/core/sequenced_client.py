@@ -1,4 +1,4 @@
-"""The page's `ctx` for `build_loss(sample, cycle, request, ctx)`, and its `ctx.client`.
+"""`ctx.client` (flows.rl.recipes.context) and every flow's ordered Whitney calls.
 
 `ctx.client` looks like the page's client (`run_operation`, `sampler_operation`), but every
 call is a retried Prefect task whose seq id comes from the cycle's `SeqLedger`: extra calls a
