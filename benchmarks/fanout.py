@@ -27,8 +27,8 @@ import statistics
 
 from served import quiet_prefect, served_whitney
 
-from flows.distill import distillation_flow
-from flows.distill_plan import DistillationConfig
+from flows.distill.config import DistillationConfig
+from flows.distill.flow import distillation_flow
 
 
 def teacher_phase(config: DistillationConfig) -> tuple[list[float], str]:

@@ -2,13 +2,13 @@
 
 Both drive the same embedded Whitney server, started in its own process (`whitney-flows
 serve`, as a remote Whitney would be, so Prefect's threads do not share its interpreter), with
-the same cycle code (`flows.rl.run_cycle`): the plain loop calls the client directly, one call
+the same cycle code (`flows.rl.flow.run_cycle`): the plain loop calls the client directly, one call
 after another, with no Prefect; the flow runs every call as a Prefect task inside a
 `cycle-{n}` subflow run and records artifacts. The flow runs three ways: unpipelined with
 sequential sampling (exactly the plain loop's calls), unpipelined with a cycle's sample
 requests fanned out on a reserved block of seq ids, and pipelined (the flow's default): fanned
 out, and each cycle's forward_backward, optim_step and the save_weights_for_sampler publishing
-the next cycle's sampler submitted back to back as task futures (`flows.pipeline`). All four
+the next cycle's sampler submitted back to back as task futures (`flows.rl.pipeline`). All four
 train the same adapter: the script checks the sha256s agree.
 
 A cycle's wall time is the interval between the starts of consecutive cycles, so it includes
@@ -40,15 +40,15 @@ from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 from served import quiet_prefect, served_whitney
 
-from flows.config import RLConfig
-from flows.connection import resolve_connection
-from flows.context import SequencedClient
-from flows.heartbeat import subflows_without_heartbeat
-from flows.metrics import CycleMetrics
-from flows.operation_log import OperationLog
-from flows.rl import rl_flow, run_cycle
-from flows.rl_plan import check_rl_config
-from flows.sequencing import SeqLedger
+from flows.core.connection import resolve_connection
+from flows.core.heartbeat import subflows_without_heartbeat
+from flows.core.operation_log import OperationLog
+from flows.core.sequenced_client import SequencedClient
+from flows.core.sequencing import SeqLedger
+from flows.rl.config import RLConfig
+from flows.rl.flow import rl_flow, run_cycle
+from flows.rl.metrics import CycleMetrics
+from flows.rl.plan import check_rl_config
 from tasks.connection import client_for
 from whitney import wire
 

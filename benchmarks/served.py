@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from flows.cli import PREFECT_ENV_DEFAULTS
+from flows.cli.main import PREFECT_ENV_DEFAULTS
 
 READY = re.compile(r"ready at (http://\S+)")
 
@@ -24,7 +24,7 @@ def served_whitney(latency_ms: float) -> Iterator[str]:
     (passed in the environment: never on a command line, where `ps` shows it)."""
     api_key = secrets.token_hex(16)
     with tempfile.TemporaryDirectory(prefix="whitney-bench-") as data_dir:
-        command = [sys.executable, "-m", "flows.cli", "serve", "--port", "0"]
+        command = [sys.executable, "-m", "flows.cli.main", "serve", "--port", "0"]
         command += ["--data-dir", data_dir, "--latency-ms", str(latency_ms)]
         environment = {**os.environ, "WHITNEY_LOCAL_API_KEYS": api_key}
         server = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=environment)

@@ -65,12 +65,6 @@ def cancel_run(connection: WhitneyConnection, run_id: str) -> wire.Run:
     return client_for(connection).cancel(run_id)
 
 
-@task(name="wait_terminal", **TASK_DEFAULTS)
-def wait_terminal(connection: WhitneyConnection, run_id: str, timeout_s: float) -> wire.Run:
-    """Poll the run until it is finished, cancelled or failed (bounded by `timeout_s`)."""
-    return client_for(connection).wait_terminal(run_id, timeout=timeout_s)
-
-
 @task(name="close_session", **TASK_DEFAULTS)
 def close_session(connection: WhitneyConnection, session_id: str) -> wire.Session:
     """Close the session (the server cancels any run still open in it)."""

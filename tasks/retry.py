@@ -8,14 +8,16 @@ instead of running it again: retrying is always safe, never double-applies.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from prefect import Task
-from prefect.client.schemas.objects import TaskRun
-from prefect.states import State
 from pydantic import BaseModel, ConfigDict, Field
 
 from whitney.errors import WhitneyError
+
+if TYPE_CHECKING:
+    from prefect import Task
+    from prefect.client.schemas.objects import TaskRun
+    from prefect.states import State
 
 
 class TaskRetrySettings(BaseModel):

@@ -14,8 +14,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from flows.environments import Completion
-from flows.environments.digits import DigitsEnvironment
+from flows.core.environments import Completion
+from flows.core.environments.digits import DigitsEnvironment
 
 FAIL_CYCLE = 1
 

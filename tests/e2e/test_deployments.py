@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from flows.config import RLConfig
+from flows.rl.config import RLConfig
 
 from .conftest import BLOCK_NAME, WORK_POOL, Stack
 from .harness import HarnessError, wait_for
@@ -181,7 +181,7 @@ def reference(stack: Stack) -> dict[str, Any]:
 def test_the_deployment_form_is_typed(alive: Stack) -> None:
     deployment = alive.deployment()
     assert deployment["work_pool_name"] == WORK_POOL
-    assert deployment["entrypoint"] == "flows/rl.py:rl_flow"
+    assert deployment["entrypoint"] == "flows/rl/flow.py:rl_flow"
     assert deployment["parameters"] == {"whitney_block": BLOCK_NAME}
     assert deployment["enforce_parameter_schema"] is True
     schema = deployment["parameter_openapi_schema"]
@@ -202,11 +202,11 @@ def test_the_deployment_form_is_typed(alive: Stack) -> None:
 
 
 def test_the_sft_nightly_deployment_is_scheduled_and_typed(alive: Stack) -> None:
-    from flows.sft_config import SFTConfig
+    from flows.sft.config import SFTConfig
 
     deployment = alive.api.deployment("sft", "sft-nightly")
     assert deployment["work_pool_name"] == WORK_POOL
-    assert deployment["entrypoint"] == "flows/sft.py:sft_flow"
+    assert deployment["entrypoint"] == "flows/sft/flow.py:sft_flow"
     assert deployment["parameters"] == {"whitney_block": BLOCK_NAME}
     assert deployment["enforce_parameter_schema"] is True
     (schedule,) = deployment["schedules"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from flows.cli import main
+from flows.cli.main import main
 from whitney.client import WhitneyClient
 from whitney.datums import sft_datum
 from whitney.tokenizers import BOS_ID, EOS_ID, VOCAB_SIZE, ByteTokenizer

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
-from flows.inspection import DataDirJournal
+from flows.cli.inspection import DataDirJournal
+from flows.cli.main import main
 from whitney.client import WhitneyClient
 
 from .helpers import export, new_trained_run, train
@@ -184,7 +184,7 @@ def test_no_prefect_import(embedded_server, finished_run, tmp_path):
     """The whole export, in a fresh process, never imports Prefect: the command starts fast."""
     code = (
         "import sys\n"
-        "from flows.cli import main\n"
+        "from flows.cli.main import main\n"
         f"code = main(['export', {finished_run[0]!r}, '--out', {str(tmp_path / 'out')!r}])\n"
         "print(code, sorted(m for m in sys.modules if m.split('.')[0] == 'prefect'))\n"
     )

@@ -15,7 +15,7 @@ import pytest
 from flowtest_cli import Refusal, assert_refused_before_any_session
 from prefect.testing.utilities import prefect_test_harness
 
-from flows.config import RLConfig
+from flows.rl.config import RLConfig
 from tasks.retry import TaskRetrySettings
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from prefect.settings import PREFECT_API_URL
 
-from flows.cli import main
+from flows.cli.main import main
 from whitney.client import WhitneyClient
 
 CONSOLE_SCRIPT = Path(sys.executable).with_name("whitney-flows")

@@ -8,10 +8,10 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
-from flows.corpus import builtin_examples
-from flows.distill_plan import DistillationConfig
-from flows.sft_config import SFTConfig
-from flows.sft_plan import example_tokens, held_out
+from flows.distill.config import DistillationConfig
+from flows.sft.config import SFTConfig
+from flows.sft.corpus import builtin_examples
+from flows.sft.plan import example_tokens, held_out
 from tasks.retry import TaskRetrySettings
 from whitney import wire
 from whitney.client import WhitneyClient

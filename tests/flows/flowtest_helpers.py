@@ -15,7 +15,7 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import FlowRun, TaskRun
 
-from flows.cleanup import FLOW_RUN_LABEL
+from flows.core.cleanup import FLOW_RUN_LABEL
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney

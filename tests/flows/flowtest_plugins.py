@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from flows.context import LossContext
-from flows.environments import Completion
-from flows.environments.digits import DigitsEnvironment
-from flows.recipes import Recipe
-from flows.recipes.importance_sampling import build_loss as importance_sampling
+from flows.core.environments import Completion
+from flows.core.environments.digits import DigitsEnvironment
+from flows.rl.recipes import Recipe
+from flows.rl.recipes.context import LossContext
+from flows.rl.recipes.importance_sampling import build_loss as importance_sampling
 
 
 class BrokenAtCycle1(DigitsEnvironment):

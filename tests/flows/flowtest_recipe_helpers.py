@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from flowtest_helpers import assert_executed_once_in_order
 
-from flows.config import RLConfig
-from flows.context import SequencedClient
-from flows.recipes import CRITIC_PROVIDERS, RECIPES, AuxiliaryRun, Recipe, load_recipe
-from flows.recipes.ppo import RECIPE as PPO
-from flows.rl import rl_flow
+from flows.core.sequenced_client import SequencedClient
+from flows.rl.config import RLConfig
+from flows.rl.flow import rl_flow
+from flows.rl.recipes import CRITIC_PROVIDERS, RECIPES, AuxiliaryRun, Recipe, load_recipe
+from flows.rl.recipes.ppo import RECIPE as PPO
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 from whitney.losses import PROVIDER_LOSS_SUPPORT

@@ -7,11 +7,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from flows.context import LossContext
-from flows.environments import Completion
-from flows.environments.digits import DigitsEnvironment
-from flows.recipes import Recipe
-from flows.recipes.importance_sampling import build_loss as importance_sampling
+from flows.core.environments import Completion
+from flows.core.environments.digits import DigitsEnvironment
+from flows.rl.recipes import Recipe
+from flows.rl.recipes.context import LossContext
+from flows.rl.recipes.importance_sampling import build_loss as importance_sampling
 
 FAIL_AT_CYCLE_ENV = "FLOWTEST_FAIL_AT_CYCLE"
 FAIL_MARKER_ENV = "FLOWTEST_FAIL_MARKER"

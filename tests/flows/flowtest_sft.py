@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from flows.sft_config import SFTConfig
+from flows.sft.config import SFTConfig
 from tasks.retry import TaskRetrySettings
 
 

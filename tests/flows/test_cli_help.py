@@ -8,11 +8,11 @@ from typing import get_args
 import pytest
 from pydantic import BaseModel
 
-from flows.cli import main
-from flows.config import RLConfig
-from flows.distill_plan import DistillationConfig
-from flows.environments import ENVIRONMENTS
-from flows.sft_config import SFTConfig
+from flows.cli.main import main
+from flows.core.environments import ENVIRONMENTS
+from flows.distill.config import DistillationConfig
+from flows.rl.config import RLConfig
+from flows.sft.config import SFTConfig
 from whitney.losses import LOSS_FUNCTIONS
 from whitney.wire import Provider
 

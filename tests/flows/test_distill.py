@@ -10,9 +10,10 @@ from collections.abc import Iterator
 import pytest
 from flowtest_distill import make_teacher_checkpoint, max_in_flight, recorded_span_s
 
-from flows.distill import distillation_flow
-from flows.distill_plan import DistillationConfig, DistillationResult
-from flows.inspection import ApiJournal, cycle_groups
+from flows.cli.inspection import ApiJournal, cycle_groups
+from flows.distill.config import DistillationConfig
+from flows.distill.flow import distillation_flow
+from flows.distill.metrics import DistillationResult
 from tasks.retry import TaskRetrySettings
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney

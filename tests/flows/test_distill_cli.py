@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from flows.cli.main import main
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 
@@ -67,8 +67,8 @@ def test_bad_configs_exit_2_naming_the_field_before_any_session(
 
 
 def test_a_config_file_with_options_on_top(tmp_path: Path) -> None:
-    from flows.cli import build_parser
-    from flows.run_distill import distill_config_from
+    from flows.cli.parsers import build_parser
+    from flows.cli.run_distill import distill_config_from
 
     (tmp_path / "d.toml").write_text(
         "cycles = 7\nteacher_chunk_size = 3\n[budget]\nmax_tokens = 5000\n"

@@ -5,18 +5,17 @@ from __future__ import annotations
 
 import pytest
 
-from flows.config import ConfigError
-from flows.corpus import builtin_examples
-from flows.distill_plan import (
-    DistillationConfig,
+from flows.core.config import ConfigError
+from flows.distill.config import DistillationConfig
+from flows.distill.plan import (
     check_distill_config,
     chunked,
     completion_logprobs,
     reverse_kl_advantages,
-    teacher_kind,
 )
-from flows.sft_config import SFTConfig
-from flows.sft_plan import held_out, load_data
+from flows.sft.config import SFTConfig
+from flows.sft.corpus import builtin_examples
+from flows.sft.plan import held_out, load_data
 
 
 def test_reverse_kl_advantages_by_hand() -> None:
@@ -42,17 +41,14 @@ def test_completion_logprobs_and_chunks() -> None:
     assert chunked([], 4) == []
 
 
-def test_teacher_chunks_and_kinds() -> None:
+def test_teacher_chunks_and_a_checkpoint_over_sft() -> None:
     config = DistillationConfig(prompts_per_cycle=8, samples_per_prompt=4, teacher_chunk_size=5)
     assert config.sequences_per_cycle == 32
     assert config.teacher_chunks == 7
     assert config.model_copy(update={"teacher_chunk_size": 0}).teacher_chunks == 1
-    assert teacher_kind(config) == "base"
-    assert teacher_kind(config.model_copy(update={"teacher_sft": SFTConfig()})) == "sft"
     with_checkpoint = config.model_copy(
         update={"teacher_sft": SFTConfig(), "teacher_checkpoint": "whitney://runs/r/states/x"}
     )
-    assert teacher_kind(with_checkpoint) == "checkpoint"
     assert with_checkpoint.teacher_sft_config() is None
 
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import pytest
 from flowtest_cli import CONSOLE_SCRIPT
 
-from flows.cli import main
+from flows.cli.main import main
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 

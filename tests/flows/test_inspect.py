@@ -11,16 +11,17 @@ from collections.abc import Iterator
 import pytest
 from flowtest_cli import CONSOLE_SCRIPT
 
-from flows.cli import main
-from flows.distill import distillation_flow
-from flows.distill_plan import DistillationConfig, DistillationResult
-from flows.inspection import (
+from flows.cli.inspection import (
     ApiJournal,
     DataDirJournal,
     created_text,
     cycle_groups,
     run_report,
 )
+from flows.cli.main import main
+from flows.distill.config import DistillationConfig
+from flows.distill.flow import distillation_flow
+from flows.distill.metrics import DistillationResult
 from tasks.retry import TaskRetrySettings
 from whitney import wire
 from whitney.client import WhitneyClient

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from flowtest_helpers import assert_executed_once_in_order, journal_rows
 
-from flows import recipes
-from flows.config import RLConfig
-from flows.pipeline import tail_calls
-from flows.rl import rl_flow
+from flows.rl import recipes
+from flows.rl.config import RLConfig
+from flows.rl.flow import rl_flow
+from flows.rl.pipeline import tail_calls
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney

@@ -9,20 +9,21 @@ from typing import Any
 import flowtest_recipe_helpers
 import pytest
 
-from flows import recipes
-from flows.config import ConfigError, RLConfig
-from flows.context import LossContext
-from flows.recipes import (
+from flows.core.config import ConfigError
+from flows.rl import recipes
+from flows.rl.config import RLConfig
+from flows.rl.plan import DryRunClient, check_rl_config, probe
+from flows.rl.recipes import (
     CRITIC_PROVIDERS,
     RECIPES,
     AuxiliaryRun,
     Recipe,
     load_recipe,
 )
-from flows.recipes.importance_sampling import build_loss as importance_sampling
-from flows.recipes.ppo_critic import CriticSettings, gae, whiten
-from flows.recipes.reference_kl import ReferenceKLSettings, with_reference_kl
-from flows.rl_plan import DryRunClient, check_rl_config, probe
+from flows.rl.recipes.context import LossContext
+from flows.rl.recipes.importance_sampling import build_loss as importance_sampling
+from flows.rl.recipes.ppo_critic import CriticSettings, gae, whiten
+from flows.rl.recipes.reference_kl import ReferenceKLSettings, with_reference_kl
 from whitney.local.providers import CRITIC_PROVIDERS as SERVER_CRITIC_PROVIDERS
 from whitney.losses import LOSS_FUNCTIONS, validate_loss_config
 from whitney.payloads import sample_request

@@ -11,8 +11,8 @@ import pytest
 from flowtest_helpers import assert_executed_once_in_order, assert_released
 from flowtest_recipe_helpers import assert_replays_exactly, auxiliary_run_id, journaled
 
-from flows.config import RLConfig
-from flows.rl import rl_flow
+from flows.rl.config import RLConfig
+from flows.rl.flow import rl_flow
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 

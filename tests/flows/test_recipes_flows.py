@@ -7,12 +7,13 @@ import pytest
 from flowtest_helpers import assert_executed_once_in_order, flow_run_sessions
 from flowtest_recipe_helpers import REFUSED, SERVED, journaled
 
-from flows import recipes
-from flows.config import ConfigError, RLConfig
-from flows.recipes import load_recipe
-from flows.recipes.reference_kl import ReferenceKLSettings
-from flows.rl import rl_flow
-from flows.rl_plan import check_rl_config
+from flows.core.config import ConfigError
+from flows.rl import recipes
+from flows.rl.config import RLConfig
+from flows.rl.flow import rl_flow
+from flows.rl.plan import check_rl_config
+from flows.rl.recipes import load_recipe
+from flows.rl.recipes.reference_kl import ReferenceKLSettings
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 

@@ -11,9 +11,9 @@ import pytest
 from flowtest_helpers import assert_executed_once_in_order
 from flowtest_recipe_helpers import assert_replays_exactly, auxiliary_run_id, journaled
 
-from flows.config import RLConfig
-from flows.recipes.reference_kl import ReferenceKLSettings
-from flows.rl import rl_flow
+from flows.rl.config import RLConfig
+from flows.rl.flow import rl_flow
+from flows.rl.recipes.reference_kl import ReferenceKLSettings
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 

@@ -10,14 +10,14 @@ import pytest
 from flowtest_helpers import assert_executed_once_in_order
 from flowtest_recipe_helpers import journaled
 
-from flows.config import RLConfig
-from flows.context import SequencedClient
-from flows.environments import Completion
-from flows.environments.lowercase import LowercaseEnvironment
-from flows.resampling import Group, resample_uniform_groups
-from flows.rl import rl_flow
-from flows.scoring import GroupScore
-from flows.seeds import derive_seed
+from flows.core.environments import Completion
+from flows.core.environments.lowercase import LowercaseEnvironment
+from flows.core.seeds import derive_seed
+from flows.core.sequenced_client import SequencedClient
+from flows.rl.config import RLConfig
+from flows.rl.flow import rl_flow
+from flows.rl.resampling import Group, resample_uniform_groups
+from flows.rl.scoring import GroupScore
 from whitney.local import EmbeddedWhitney
 from whitney.tokenizers import get_tokenizer
 

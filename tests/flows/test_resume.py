@@ -18,11 +18,13 @@ from flowtest_resume_plugins import FAIL_AT_CYCLE_ENV, FAIL_MARKER_ENV
 from prefect import get_client
 from prefect.settings import PREFECT_API_URL
 
-from flows.cleanup import FLOW_RUN_LABEL
-from flows.config import ConfigError, RLConfig
-from flows.metrics import RLResult
-from flows.resume import check_resume_from, checkpoint_due, latest_checkpoints, run_checkpoints
-from flows.rl import rl_flow
+from flows.core.checkpoints import check_resume_from, checkpoint_due
+from flows.core.cleanup import FLOW_RUN_LABEL
+from flows.core.config import ConfigError
+from flows.core.resume import latest_checkpoints, run_checkpoints
+from flows.rl.config import RLConfig
+from flows.rl.flow import rl_flow
+from flows.rl.metrics import RLResult
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
@@ -126,7 +128,7 @@ def test_retried_flow_run_resumes_from_its_latest_checkpoint(
     environment["PREFECT_API_URL"] = PREFECT_API_URL.value()
     environment["PYTHONPATH"] = os.pathsep.join([str(TESTS_FLOWS), str(REPO)])
     command = [sys.executable, "-m", "prefect", "flow-run", "retry", str(flow_run_id)]
-    command += ["--entrypoint", "flows/rl.py:rl_flow"]
+    command += ["--entrypoint", "flows/rl/flow.py:rl_flow"]
     retry = subprocess.run(
         command, cwd=REPO, env=environment, capture_output=True, text=True, timeout=600
     )

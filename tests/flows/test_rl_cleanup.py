@@ -18,9 +18,9 @@ from prefect import get_client
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Cancelling
 
-from flows.cleanup import FLOW_RUN_LABEL
-from flows.config import RLConfig
-from flows.rl import rl_flow
+from flows.core.cleanup import FLOW_RUN_LABEL
+from flows.rl.config import RLConfig
+from flows.rl.flow import rl_flow
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 
@@ -68,7 +68,7 @@ def test_sigterm_crashes_the_flow_and_the_hook_releases_everything(
 ) -> None:
     server, client = fresh_server
     metrics = tmp_path / "metrics.jsonl"
-    command = [sys.executable, "-m", "flows.cli", "run", "rl", "--api-url", server.url]
+    command = [sys.executable, "-m", "flows.cli.main", "run", "rl", "--api-url", server.url]
     command += ["--base-model", "local/nano", "--cycles", "500", "--metrics-out", str(metrics)]
     environment = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     process = subprocess.Popen(

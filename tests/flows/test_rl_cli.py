@@ -12,9 +12,10 @@ from pathlib import Path
 import pytest
 from flowtest_cli import Refusal, assert_downloaded, run_console_script
 
-from flows.cli import main
-from flows.config import ConfigError, RLConfig
-from flows.rl import rl_flow
+from flows.cli.main import main
+from flows.core.config import ConfigError
+from flows.rl.config import RLConfig
+from flows.rl.flow import rl_flow
 from whitney.client import WhitneyClient
 
 
@@ -85,7 +86,7 @@ def test_unknown_arguments_exit_2() -> None:
 def test_serve_dispatches_without_importing_prefect() -> None:
     probe = (
         "import sys\n"
-        "from flows.cli import main\n"
+        "from flows.cli.main import main\n"
         "try:\n"
         "    main(['serve', '--help'])\n"
         "except SystemExit as exit:\n"
@@ -101,8 +102,8 @@ def test_serve_dispatches_without_importing_prefect() -> None:
 
 
 def test_command_line_options_override_the_config_file(tmp_path: Path) -> None:
-    from flows.cli import build_parser
-    from flows.run_rl import rl_config_from
+    from flows.cli.parsers import build_parser
+    from flows.cli.run_rl import rl_config_from
 
     (tmp_path / "rl.json").write_text(json.dumps({"cycles": 7, "seed": 3, "group_size": 6}))
     options = build_parser().parse_args(

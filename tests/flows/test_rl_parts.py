@@ -16,17 +16,18 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 from prefect.states import Completed, Failed
 from pydantic import SecretStr
 
-from flows.config import ConfigError, RLConfig
-from flows.environments import Completion, load_environment
-from flows.environments.digits import DigitsEnvironment
-from flows.environments.lowercase import LowercaseEnvironment
-from flows.heartbeat import subflows_without_heartbeat
-from flows.recipes import join_payloads, load_recipe
-from flows.records import artifact_key
-from flows.rl_plan import check_rl_config, probe_payload
-from flows.scoring import score_group
-from flows.seeds import derive_seed
-from flows.sequencing import SeqLedger
+from flows.core.config import ConfigError
+from flows.core.environments import Completion, load_environment
+from flows.core.environments.digits import DigitsEnvironment
+from flows.core.environments.lowercase import LowercaseEnvironment
+from flows.core.heartbeat import subflows_without_heartbeat
+from flows.core.records import artifact_key
+from flows.core.seeds import derive_seed
+from flows.core.sequencing import SeqLedger
+from flows.rl.config import RLConfig
+from flows.rl.plan import check_rl_config, probe
+from flows.rl.recipes import join_payloads, load_recipe
+from flows.rl.scoring import score_group
 from tasks.connection import WhitneyConnection, client_for
 from tasks.retry import TaskRetrySettings, retry_if_retryable
 from whitney.errors import InvalidDatum, RateLimited, TransportError
@@ -77,14 +78,15 @@ def test_lowercase_rewards_lowercase_prose() -> None:
 def test_environments_load_by_name_or_import_path() -> None:
     assert isinstance(load_environment("digits"), DigitsEnvironment)
     assert isinstance(
-        load_environment("flows.environments.lowercase:LowercaseEnvironment"), LowercaseEnvironment
+        load_environment("flows.core.environments.lowercase:LowercaseEnvironment"),
+        LowercaseEnvironment,
     )
     with pytest.raises(ValueError, match="unknown environment 'nope'"):
         load_environment("nope")
     with pytest.raises(ValueError, match="cannot import"):
         load_environment("no_such_module:Thing")
     with pytest.raises(ValueError, match="not an environment"):
-        load_environment("flows.seeds:derive_seed")
+        load_environment("flows.core.seeds:derive_seed")
 
 
 def test_recipes_load_by_loss_name() -> None:
@@ -126,7 +128,7 @@ def test_group_scores(estimator: str, advantages: list[float]) -> None:
 
 def test_probe_builds_the_recipe_payload_without_whitney() -> None:
     config = RLConfig(provider="tinker")
-    payload = probe_payload(check_rl_config(config))
+    payload, _ = probe(check_rl_config(config))
     assert payload["loss_function"] == "importance_sampling"
     assert len(payload["data"]) == 2
 
@@ -191,7 +193,7 @@ def test_subflows_run_without_their_heartbeat_thread() -> None:
 
 
 def test_metrics_usage_fallback() -> None:
-    from flows.operation_log import OperationLog
+    from flows.core.operation_log import OperationLog
 
     log = OperationLog()
     log.record(SimpleNamespace(kind="sample", usage={"tokens": 9, "sampled_tokens": 7}))
@@ -218,7 +220,7 @@ def test_layering_flows_over_tasks_over_whitney() -> None:
     assert not imported_packages("tasks") & {"flows", "blocks"}
     assert "flows" not in imported_packages("whitney")
     light = (
-        "import sys, flows, tasks, flows.cli\n"
+        "import sys, flows, tasks, flows.cli.main\n"
         "assert not [m for m in sys.modules if m.split('.')[0] in ('prefect', 'torch')]\n"
     )
     assert subprocess.run([sys.executable, "-c", light], timeout=60).returncode == 0

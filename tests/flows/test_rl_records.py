@@ -15,9 +15,9 @@ from prefect import flow, get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 from prefect.client.schemas.objects import Artifact
 
-from flows.config import RLConfig
-from flows.connection import EMBEDDED_URL_ENV, flow_run_api_url
-from flows.rl import rl_flow
+from flows.core.connection import EMBEDDED_URL_ENV, flow_run_api_url
+from flows.rl.config import RLConfig
+from flows.rl.flow import rl_flow
 
 METRIC_FIELDS = {
     "cycle",

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from flowtest_helpers import assert_executed_once_in_order, subflow_runs, task_runs_of
 
-from flows import recipes
-from flows.config import RLConfig
-from flows.rl import rl_flow
+from flows.rl import recipes
+from flows.rl.config import RLConfig
+from flows.rl.flow import rl_flow
 from tasks import operations
 from whitney.local import EmbeddedWhitney
 

@@ -12,8 +12,8 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFi
 from prefect.logging.handlers import APILogWorker
 from prefect.settings import PREFECT_SERVER_DATABASE_CONNECTION_URL
 
-from flows.config import RLConfig
-from flows.rl import rl_flow
+from flows.rl.config import RLConfig
+from flows.rl.flow import rl_flow
 from whitney.local import EmbeddedWhitney
 
 

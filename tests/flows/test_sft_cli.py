@@ -10,9 +10,10 @@ from pathlib import Path
 import pytest
 from flowtest_cli import Refusal, assert_downloaded, run_console_script
 
-from flows.cli import build_parser, main
-from flows.run_sft import sft_config_from
-from flows.sft_config import DEFAULT_STEPS
+from flows.cli.main import main
+from flows.cli.parsers import build_parser
+from flows.cli.run_sft import sft_config_from
+from flows.sft.config import DEFAULT_STEPS
 
 
 def test_default_run_halves_the_eval_loss(tmp_path: Path) -> None:

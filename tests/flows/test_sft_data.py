@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from flows import corpus
-from flows.config import ConfigError
-from flows.corpus import Example, builtin_examples, parse_examples, read_examples
-from flows.corpus.generate import render
-from flows.sft_config import SFTConfig
-from flows.sft_plan import example_tokens, held_out, load_sft_plan
+from flows.core.config import ConfigError
+from flows.sft import corpus
+from flows.sft.config import SFTConfig
+from flows.sft.corpus import Example, builtin_examples, parse_examples, read_examples
+from flows.sft.corpus.generate import render
+from flows.sft.plan import example_tokens, held_out, load_sft_plan
 from whitney.tokenizers import BOS_ID, EOS_ID, get_tokenizer
 
 

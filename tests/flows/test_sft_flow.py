@@ -22,11 +22,11 @@ from prefect import flow, get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
 from prefect.client.schemas.objects import Artifact
 
-from flows.config import ConfigError
-from flows.context import SequencedClient
-from flows.schedules import scheduled_rate
-from flows.sft import sft_flow
-from flows.sft_config import SFTConfig
+from flows.core.config import ConfigError
+from flows.core.sequenced_client import SequencedClient
+from flows.sft.config import SFTConfig
+from flows.sft.flow import sft_flow
+from flows.sft.schedules import scheduled_rate
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 

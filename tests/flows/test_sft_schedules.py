@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from flows.schedules import SCHEDULES, scheduled_rate
+from flows.sft.schedules import SCHEDULES, scheduled_rate
 
 
 def rates(schedule: str, total: int, warmup: int, base: float = 1.0) -> list[float]:

@@ -1,0 +1,11 @@
+"""The exit codes of every `whitney-flows` command."""
+
+EXIT_OK = 0
+EXIT_FLOW_FAILED = 1
+"""The flow run failed, crashed or was cancelled."""
+EXIT_NOT_FOUND = 1
+"""`inspect` / `export`: no such run."""
+EXIT_CLOSED_PIPE = 1
+"""stdout was closed before the output ended (`| head`): as rich's Console exits then."""
+EXIT_BAD_CONFIG = 2
+"""Bad arguments, configuration or input file, refused before anything is allocated."""

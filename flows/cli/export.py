@@ -1,0 +1,195 @@
+"""The `export` command of `whitney-flows`: a run's adapter as Hugging Face model directories.
+
+    whitney-flows export RUN_ID --out DIR [--merged] [--api-url URL | --data-dir DIR]
+
+The endpoint resolves as for `inspect` (flows.cli.commands): `--api-url`, else WHITNEY_API_URL with
+the key from WHITNEY_API_KEY, else an embedded server's data directory. The archive is the run's
+latest `export_lora` of its current weights (the one a flow's normal end makes); a run with none
+that is still active on a Whitney URL is asked for one. flows.cli.hf_export writes DIR from the
+archive alone, offline; it needs the `hf` extra. No Prefect import: the command starts fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from flows.cli.commands import journal_source
+from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_OK
+
+HF_EXTRA = 'the export needs the hf extra: pip install -e ".[hf]"'
+WEIGHT_KINDS = frozenset({"optim_step", "load_state"})
+"""Operations after which an earlier export no longer holds the run's weights."""
+
+
+class ExportError(Exception):
+    """Why the export cannot be made, in one line for the user."""
+
+
+def run_export(options: argparse.Namespace) -> int:
+    """`export`; the exit code."""
+    try:
+        check_out_dir(options.out)
+        hf_export = import_hf_export()
+        source = open_source(options)
+        with quiet_client(source), tempfile.TemporaryDirectory(prefix="whitney-") as scratch:
+            archive = fetch_archive(source, options.run_id, Path(scratch))
+            write_atomically(options.out, options.merged, archive, hf_export)
+    except ExportError as error:
+        print(f"whitney-flows export: {error}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    print(loaded_by(options.run_id, options.out, options.merged))
+    return EXIT_OK
+
+
+def check_out_dir(out: Path) -> None:
+    """ExportError unless `out` is missing or an empty directory."""
+    if out.exists() and not out.is_dir():
+        raise ExportError(f"--out {out} exists and is not a directory")
+    if out.is_dir() and any(out.iterdir()):
+        raise ExportError(f"--out {out} is not empty: give a new or empty directory")
+
+
+def import_hf_export() -> Any:
+    """flows.cli.hf_export, with transformers quiet (no progress bars, errors only); ExportError
+    naming the `hf` extra if its packages are missing."""
+    try:
+        import peft  # noqa: F401
+        import transformers
+    except ImportError:
+        raise ExportError(HF_EXTRA) from None
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    from flows.cli import hf_export
+
+    return hf_export
+
+
+def open_source(options: argparse.Namespace) -> Any:
+    """The run's endpoint, as `inspect` resolves it; ExportError saying what is missing."""
+    try:
+        return journal_source(options)
+    except ValueError as error:
+        raise ExportError(str(error)) from None
+
+
+@contextlib.contextmanager
+def quiet_client(source: Any) -> Iterator[None]:
+    """While the export runs, the client's retries are not logged (a failure is one line in
+    the end); then its connections are closed."""
+    logger = logging.getLogger("whitney.client")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+        client = getattr(source, "client", None)
+        if client is not None:
+            client.close()
+
+
+def fetch_archive(source: Any, run_id: str, scratch: Path) -> Path:
+    """The run's current export archive: downloaded into `scratch` from a Whitney URL (made
+    first if an active run has none), or the file in an embedded server's data directory."""
+    from flows.cli.inspection import DataDirJournal, RunNotFound
+    from whitney.errors import NotFound, TransportError, WhitneyError
+
+    client = getattr(source, "client", None)
+    where = client.base_url if client is not None else str(source.path.parent)
+    try:
+        run = source.run(run_id)
+    except (RunNotFound, NotFound):
+        raise ExportError(f"no run {run_id} at {where}") from None
+    except TransportError as error:
+        raise ExportError(
+            f"cannot reach Whitney at {where} ({error.details['exception']})"
+        ) from None
+    except WhitneyError as error:
+        raise ExportError(f"{where}: {error}") from None
+    try:
+        artifact_id = current_export(source.operations(run_id))
+        if isinstance(source, DataDirJournal):
+            return data_dir_archive(source, run_id, artifact_id)
+        if artifact_id is None:
+            artifact_id = export_now(client, run)
+        return client.download_artifact(artifact_id, scratch / "adapter.tar")
+    except WhitneyError as error:
+        raise ExportError(f"run {run_id} at {where}: {error}") from None
+
+
+def current_export(operations: list[Any]) -> str | None:
+    """The artifact id of the latest succeeded export_lora that no later weight change (an
+    optim_step, a load_state) has made stale; None if there is none."""
+    artifact_id = None
+    for operation in operations:
+        if operation.status != "succeeded":
+            continue
+        if operation.kind == "export_lora":
+            artifact_id = (operation.result or {}).get("artifact_id")
+        elif operation.kind in WEIGHT_KINDS:
+            artifact_id = None
+    return artifact_id
+
+
+def data_dir_archive(source: Any, run_id: str, artifact_id: str | None) -> Path:
+    """The archive file of `artifact_id` in the data directory; ExportError if there is none."""
+    if artifact_id is None:
+        raise ExportError(f"run {run_id} has no export_lora of its current weights")
+    archive = source.artifact_file(artifact_id)
+    if archive is None:
+        raise ExportError(f"the archive of {artifact_id} (run {run_id}) is gone")
+    return archive
+
+
+def export_now(client: Any, run: Any) -> str:
+    """Ask an active run for export_lora; its artifact id. ExportError if the run has ended."""
+    if run.status != "ready":
+        raise ExportError(
+            f"run {run.run_id} is {run.status} and has no export_lora of its current weights"
+        )
+    return client.run_operation(run.run_id, "export_lora", {})["artifact_id"]
+
+
+def write_atomically(out: Path, merged: bool, archive: Path, hf_export: Any) -> None:
+    """Write the directory beside `out`, then move it there: `out` appears complete or not
+    at all."""
+    out = out.absolute()
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".partial"))
+    except OSError as error:
+        raise ExportError(f"cannot write --out {out}: {error.strerror or error}") from None
+    try:
+        if merged:
+            hf_export.write_merged_dir(archive, staging)
+        else:
+            hf_export.write_peft_dir(archive, staging, home=out)
+        os.chmod(staging, 0o755)
+        os.replace(staging, out)
+    except hf_export.ArchiveError as error:
+        raise ExportError(str(error)) from None
+    except OSError as error:
+        raise ExportError(f"cannot write --out {out}: {error.strerror or error}") from None
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def loaded_by(run_id: str, out: Path, merged: bool) -> str:
+    """The success line: what was written and how to load it."""
+    if merged:
+        return (
+            f'Merged model of run {run_id} in {out}: AutoModelForCausalLM.from_pretrained("{out}")'
+        )
+    return (
+        f"PEFT adapter of run {run_id} in {out} (its base model in {out / 'base_model'}): "
+        f'AutoPeftModelForCausalLM.from_pretrained("{out}")'
+    )

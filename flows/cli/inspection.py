@@ -1,0 +1,378 @@
+"""What happened in cycle N: a run's journal, read back from the server, grouped into cycles.
+
+    whitney-flows inspect RUN_ID [--cycle N] [--json]
+    whitney-flows runs [--json]
+
+The server's journal is the record (DESIGN.md): every operation with its seq id, kind, status,
+timestamps, billed usage and result. Nothing here needs the flow run that made them.
+
+Cycle boundaries come from the journal alone: every cycle of every flow here begins by
+publishing a sampler (`save_weights_for_sampler`), so a journal splits at those operations.
+A sampler named `cycle-N` (pipelined RL, distillation, both of its runs) names its cycle; an
+unnamed one (`sampler-<seq>`, the page's loop) counts cycles in order; another name (the
+distillation's `eval-*` samplers) labels its group by that name. Operations before the first
+sampler are the `setup`; the trailing `save_state` / `export_lora` of the run's normal end are
+the `final` group. A journal with no sampler at all (SFT) is listed by optimizer step.
+
+Two sources: the Whitney API (`--api-url`, the key from WHITNEY_API_KEY), or the embedded
+server's data directory (`--data-dir`, read-only: its SQLite journal, every tenant). No Prefect
+import at module level: the commands start fast.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sqlite3
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from flows.core.cost import add_usage, format_usage, total_tokens
+from flows.core.operation_rows import metrics_text, operation_row, parse_time, seconds_text
+from whitney import wire
+
+CYCLE_SAMPLER = re.compile(r"^cycle-(\d+)$")
+DEFAULT_SAMPLER = re.compile(r"^sampler-\d+$")
+FINAL_KINDS = frozenset({"save_state", "export_lora"})
+
+
+# --------------------------------------------------------------------------- sources
+
+
+class JournalSource(Protocol):
+    """Where sessions, runs and journals are read from."""
+
+    def sessions(self) -> list[wire.Session]: ...
+
+    def run(self, run_id: str) -> wire.Run: ...
+
+    def operations(self, run_id: str) -> list[wire.Operation]: ...
+
+
+class ApiJournal:
+    """A Whitney endpoint, through `WhitneyClient` (the caller's sessions only)."""
+
+    def __init__(self, client: Any) -> None:
+        self.client = client
+
+    def sessions(self) -> list[wire.Session]:
+        return [self.client.get_session(s.session_id) for s in self.client.list_sessions()]
+
+    def run(self, run_id: str) -> wire.Run:
+        return self.client.get_run(run_id)
+
+    def operations(self, run_id: str) -> list[wire.Operation]:
+        return list(self.client.iter_journal(run_id))
+
+
+class RunNotFound(LookupError):
+    pass
+
+
+class DataDirJournal:
+    """An embedded server's data directory, read-only (SQLite; every tenant's sessions)."""
+
+    def __init__(self, data_dir: str | Path) -> None:
+        self.path = Path(data_dir).expanduser() / "journal.sqlite3"
+        if not self.path.is_file():
+            raise FileNotFoundError(f"no Whitney journal at {self.path}")
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[sqlite3.Row]:
+        connection = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, timeout=10.0)
+        connection.row_factory = sqlite3.Row
+        try:
+            return connection.execute(sql, tuple(params)).fetchall()
+        finally:
+            connection.close()
+
+    def sessions(self) -> list[wire.Session]:
+        sessions = []
+        for row in self._query("SELECT * FROM sessions ORDER BY created_at, session_id"):
+            runs = self._query(
+                "SELECT run_id FROM runs WHERE session_id=? ORDER BY created_at, run_id",
+                (row["session_id"],),
+            )
+            sessions.append(
+                wire.Session(
+                    session_id=row["session_id"],
+                    status=row["status"],
+                    labels=json.loads(row["labels"] or "{}"),
+                    created_at=row["created_at"],
+                    run_ids=[run["run_id"] for run in runs],
+                )
+            )
+        return sessions
+
+    def run(self, run_id: str) -> wire.Run:
+        rows = self._query("SELECT * FROM runs WHERE run_id=?", (run_id,))
+        if not rows:
+            raise RunNotFound(f"no run {run_id} in {self.path}")
+        row = rows[0]
+        (top,) = self._query("SELECT MAX(seq_id) AS m FROM operations WHERE run_id=?", (run_id,))
+        return wire.Run(
+            run_id=row["run_id"],
+            session_id=row["session_id"],
+            provider=row["provider"],
+            base_model=row["base_model"],
+            lora_rank=row["lora_rank"],
+            role=row["role"],
+            trainable=bool(row["trainable"]),
+            status=row["status"],
+            next_seq_id=(top["m"] or 0) + 1,
+            step=row["step"],
+            error=json.loads(row["error"]) if row["error"] else None,
+            created_at=row["created_at"],
+            finished_at=row["finished_at"],  # the API's extra fields, as it answers them
+            seed=row["seed"],
+            from_checkpoint=row["from_checkpoint"],
+            labels=json.loads(row["labels"] or "{}"),
+        )
+
+    def operations(self, run_id: str) -> list[wire.Operation]:
+        from whitney.local.journal import operation_dict
+
+        self.run(run_id)  # RunNotFound if it is not there
+        rows = self._query(
+            "SELECT run_id, seq_id, kind, sampler_id, status, result, error, usage,"
+            " submitted_at, started_at, finished_at FROM operations WHERE run_id=?"
+            " ORDER BY seq_id",
+            (run_id,),
+        )
+        return [wire.Operation.model_validate(operation_dict(row)) for row in rows]
+
+    def artifact_file(self, artifact_id: str) -> Path | None:
+        """The file an artifact (an export_lora archive) was written to; None if it is gone."""
+        rows = self._query("SELECT path FROM artifacts WHERE artifact_id=?", (artifact_id,))
+        path = Path(rows[0]["path"]) if rows else None
+        return path if path is not None and path.is_file() else None
+
+
+# --------------------------------------------------------------------------- operations
+
+
+# --------------------------------------------------------------------------- cycles
+
+
+@dataclass
+class CycleGroup:
+    """A stretch of a run's journal: a cycle (from its sampler to the next), the set-up, a
+    named sampler's group (eval) or the final checkpoint and export."""
+
+    label: str
+    cycle: int | None = None
+    operations: list[wire.Operation] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        usage: dict[str, dict[str, int]] = {}
+        for operation in self.operations:
+            add_usage(usage, {operation.kind: operation.usage})
+        seq_ids = [operation.seq_id for operation in self.operations]
+        return {
+            "label": self.label,
+            "cycle": self.cycle,
+            "seq_ids": [min(seq_ids), max(seq_ids)] if seq_ids else [],
+            "usage": usage,
+            "tokens": total_tokens(usage),
+            "operations": [operation_row(operation) for operation in self.operations],
+        }
+
+
+def _sampler_name(operation: wire.Operation) -> str | None:
+    name = (operation.result or {}).get("sampler_id")
+    return name if isinstance(name, str) else None
+
+
+def cycle_groups(operations: Iterable[wire.Operation]) -> list[CycleGroup]:
+    """The run's journal split into cycles (see the module docstring)."""
+    ordered = sorted(operations, key=lambda operation: operation.seq_id)
+    if not any(op.kind == "save_weights_for_sampler" for op in ordered):
+        return step_groups(ordered)
+    groups: list[CycleGroup] = [CycleGroup("setup")]
+    unnamed = 0
+    for operation in ordered:
+        if operation.kind == "save_weights_for_sampler":
+            name = _sampler_name(operation)
+            match = CYCLE_SAMPLER.match(name or "")
+            if match is not None:
+                groups.append(CycleGroup(f"cycle {match[1]}", int(match[1])))
+            elif name is None or DEFAULT_SAMPLER.match(name):
+                groups.append(CycleGroup(f"cycle {unnamed}", unnamed))
+                unnamed += 1
+            else:
+                groups.append(CycleGroup(name))
+        groups[-1].operations.append(operation)
+    return split_final(groups)
+
+
+def step_groups(ordered: Sequence[wire.Operation]) -> list[CycleGroup]:
+    """A journal without samplers (SFT) in optimizer steps: `step N` from a forward_backward
+    that follows an optim_step (or the first one) through what comes before the next (its
+    optim_step, evals, a checkpoint); what precedes the first step is the `setup`."""
+    groups: list[CycleGroup] = [CycleGroup("setup")]
+    stepped = True
+    for operation in ordered:
+        if operation.kind == "forward_backward" and stepped:
+            groups.append(CycleGroup(f"step {len(groups) - 1}"))
+            stepped = False
+        elif operation.kind == "optim_step":
+            stepped = True
+        groups[-1].operations.append(operation)
+    return split_final(groups)
+
+
+def split_final(groups: list[CycleGroup]) -> list[CycleGroup]:
+    """The trailing save_state / export_lora of the run's normal end as the `final` group;
+    empty groups dropped."""
+    last = groups[-1]
+    split = len(last.operations)
+    while split > 0 and last.operations[split - 1].kind in FINAL_KINDS:
+        split -= 1
+    tail = last.operations[split:]
+    if last.label != "setup" and split > 0 and any(op.kind == "export_lora" for op in tail):
+        groups.append(CycleGroup("final", None, tail))
+        del last.operations[split:]
+    return [group for group in groups if group.operations]
+
+
+# --------------------------------------------------------------------------- reports
+
+
+def run_report(source: JournalSource, run_id: str, cycle: int | None = None) -> dict[str, Any]:
+    """A run and its journal grouped in cycles (only cycle `cycle` if given), JSON-ready."""
+    run = source.run(run_id)
+    operations = source.operations(run_id)
+    groups = cycle_groups(operations)
+    usage: dict[str, dict[str, int]] = {}
+    for operation in operations:
+        add_usage(usage, {operation.kind: operation.usage})
+    if cycle is not None:
+        groups = [group for group in groups if group.cycle == cycle]
+    return {
+        "run": run.model_dump(mode="json"),
+        "operations": len(operations),
+        "usage": usage,
+        "tokens": total_tokens(usage),
+        "cycles_in_journal": sorted(
+            {group.cycle for group in cycle_groups(operations) if group.cycle is not None}
+        ),
+        "groups": [group.as_dict() for group in groups],
+    }
+
+
+def newest_first(items: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return sorted(items, key=lambda item: item["created_at"], reverse=True)
+
+
+def runs_report(source: JournalSource) -> dict[str, Any]:
+    """Every session with its runs and their status, newest first, JSON-ready."""
+    sessions = []
+    for session in source.sessions():
+        runs = []
+        for run_id in session.run_ids or []:
+            run = source.run(run_id)
+            runs.append(
+                {
+                    "run_id": run.run_id,
+                    "role": run.role,
+                    "trainable": run.trainable,
+                    "provider": run.provider,
+                    "base_model": run.base_model,
+                    "status": run.status,
+                    "step": run.step,
+                    "operations": run.next_seq_id - 1,
+                    "created_at": run.created_at,
+                }
+            )
+        sessions.append(
+            {
+                "session_id": session.session_id,
+                "status": session.status,
+                "labels": session.labels,
+                "created_at": session.created_at,
+                "runs": newest_first(runs),
+            }
+        )
+    return {"sessions": newest_first(sessions)}
+
+
+# --------------------------------------------------------------------------- rendering
+
+
+def created_text(value: str) -> str:
+    """An API timestamp in local time, to the minute."""
+    moment = parse_time(value)
+    return moment.astimezone().strftime("%Y-%m-%d %H:%M") if moment else value
+
+
+def render_run_report(report: Mapping[str, Any], console: Any) -> None:
+    """Print a run report with rich: the run, then one table per group."""
+    from rich.table import Table
+
+    run = report["run"]
+    console.print(
+        f"[bold]run {run['run_id']}[/bold]  session {run['session_id']}  {run['role']}"
+        f"{'' if run['trainable'] else ' (frozen)'}  "
+        f"{model_text(run['provider'], run['base_model'])}  "
+        f"status {run['status']}  step {run['step']}  {report['operations']} operations  "
+        f"{report['tokens']:,} tokens ({format_usage(report['usage'])})",
+        soft_wrap=True,
+    )
+    for group in report["groups"]:
+        seq = group["seq_ids"]
+        table = Table(
+            title=f"{group['label']}: seq {seq[0]}–{seq[1]}, {group['tokens']:,} tokens",
+            title_justify="left",
+        )
+        for column in ("seq", "kind", "status", "duration", "queued", "tokens", "metrics"):
+            table.add_column(column, overflow="fold", no_wrap=column != "metrics")
+        for row in group["operations"]:
+            table.add_row(
+                str(row["seq_id"]),
+                row["kind"],
+                row["status"],
+                seconds_text(row["duration_s"]),
+                seconds_text(row["queued_s"]),
+                f"{row['usage'].get('tokens', 0):,}",
+                metrics_text(row["metrics"]),
+            )
+        console.print(table)
+
+
+def model_text(provider: str, base_model: str) -> str:
+    """The base model, with its provider unless the name starts with it (local/tiny)."""
+    return base_model if base_model.startswith(f"{provider}/") else f"{base_model} ({provider})"
+
+
+def render_runs_report(report: Mapping[str, Any], console: Any) -> None:
+    from rich.box import SIMPLE_HEAD
+    from rich.table import Table
+
+    table = Table(
+        title="Whitney sessions and runs, newest first",
+        title_justify="left",
+        box=SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 2, 0, 0),
+    )
+    for column in ("session", "created", "status", "run", "role", "model", "run status", "step"):
+        whole = column in ("session", "created", "run")  # ids stay whole, to copy
+        table.add_column(column, overflow="fold", no_wrap=whole, min_width=len(column))
+    table.add_column("ops")
+    for session in report["sessions"]:
+        runs = session["runs"] or [None]
+        for index, run in enumerate(runs):
+            first = index == 0
+            table.add_row(
+                session["session_id"] if first else "",
+                created_text((run or session)["created_at"]),
+                session["status"] if first else "",
+                run["run_id"] if run else "-",
+                (run["role"] + ("" if run["trainable"] else " (frozen)")) if run else "",
+                model_text(run["provider"], run["base_model"]) if run else "",
+                run["status"] if run else "",
+                str(run["step"]) if run else "",
+                str(run["operations"]) if run else "",
+            )
+    console.print(table)

@@ -1,0 +1,75 @@
+"""`whitney-flows`: run a training flow, or serve the embedded Whitney server.
+
+    whitney-flows run rl [--config FILE.toml|.json] [--cycles N] [--env E] [--loss L] ...
+    whitney-flows run sft [--config FILE] [--steps N | --epochs N] [--data FILE.jsonl] ...
+    whitney-flows run distill [--config FILE] [--cycles N] [--task-runner thread|dask] ...
+    whitney-flows inspect RUN_ID [--cycle N] [--json]     (flows.cli.commands)
+    whitney-flows runs [--json]
+    whitney-flows export RUN_ID --out DIR [--merged]      (flows.cli.export)
+    whitney-flows serve [--port P] [--api-key KEY] ...
+
+`serve` goes straight to `whitney.local.cli.main` without importing Prefect (fast start), and
+so do `inspect`, `runs` and `export`.
+Exit codes: 0 success, 1 the flow failed (or stdout was closed early, never with a traceback),
+2 bad arguments or configuration.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from flows.cli.commands import run_inspection
+from flows.cli.exit_codes import EXIT_CLOSED_PIPE
+from flows.cli.export import run_export
+from flows.cli.parsers import build_parser
+
+PREFECT_ENV_DEFAULTS = {
+    "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING",
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+}
+"""Set unless the user set them: the progress bar replaces Prefect's per-task console lines
+(the Prefect API still gets every log), the ephemeral server does not phone home, and the
+Prefect client sends no usage data and prints no first-run telemetry notice."""
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The console script; returns the exit code."""
+    try:
+        code = run_command(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return code
+    except BrokenPipeError:  # the reader of stdout has gone (`| head`): no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit
+        return EXIT_CLOSED_PIPE
+
+
+def run_command(arguments: list[str]) -> int:
+    """The command `arguments` name; its exit code."""
+    if arguments[:1] == ["serve"]:
+        from whitney.local.cli import main as serve
+
+        return serve(arguments[1:])
+    options = build_parser().parse_args(arguments)
+    if options.command in ("inspect", "runs"):
+        return run_inspection(options)
+    if options.command == "export":
+        return run_export(options)
+    for name, value in PREFECT_ENV_DEFAULTS.items():
+        os.environ.setdefault(name, value)
+    if options.flow == "sft":
+        from flows.cli.run_sft import run_sft  # imports Prefect, which reads the variables above
+
+        return run_sft(options)
+    if options.flow == "distill":
+        from flows.cli.run_distill import run_distill  # imports Prefect, as above
+
+        return run_distill(options)
+    from flows.cli.run_rl import run_rl  # imports Prefect, which reads the variables above
+
+    return run_rl(options)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

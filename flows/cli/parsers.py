@@ -1,0 +1,226 @@
+"""Every parser of `whitney-flows`: `run rl|sft|distill`, `inspect`, `runs`, `export`, with
+`run FLOW --help` showing each option's default from the flow's config model. No Prefect."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, get_args
+
+from pydantic_core import PydanticUndefined
+
+from flows.core.environments import ENVIRONMENTS
+from whitney.losses import LOSS_FUNCTIONS
+from whitney.wire import Provider
+
+PROVIDERS: tuple[str, ...] = tuple(sorted(get_args(Provider)))
+CONFIG_FIELDS = {"data": "data_path", "lr": "learning_rate", "chunk_size": "teacher_chunk_size"}
+"""The config field of each `run FLOW` option not named like it."""
+
+
+def one_of(names: tuple[str, ...] | list[str]) -> str:
+    return ", ".join(names)
+
+
+PROVIDER_HELP = f"Whitney provider: {one_of(PROVIDERS)}"
+LOSS_HELP = f"loss function (its build_loss recipe): {one_of(LOSS_FUNCTIONS)}"
+ENV_HELP = f"environment: {one_of(list(ENVIRONMENTS))}, or an import path module:attr"
+
+
+class ConfigDefaultsFormatter(argparse.HelpFormatter):
+    """`run FLOW --help`: each option's help ends with its default in the flow's config model
+    (`config_model`, "module:Class"), imported only when the help is shown (with Prefect)."""
+
+    def __init__(self, prog: str, config_model: str, **options: Any) -> None:
+        super().__init__(prog, **options)
+        self._config_model = config_model
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help
+        if text is None or action.default is not None or "default" in text:
+            return text
+        default = self._default(CONFIG_FIELDS.get(action.dest, action.dest))
+        return text if default is None else f"{text} (default: {str(default).replace('%', '%%')})"
+
+    def _default(self, name: str) -> Any:
+        module, _, attribute = self._config_model.partition(":")
+        model = getattr(importlib.import_module(module), attribute)
+        field = model.model_fields.get(name)
+        return None if field is None or field.default is PydanticUndefined else field.default
+
+
+def config_help(config_model: str) -> Callable[..., argparse.HelpFormatter]:
+    """The formatter class of a `run FLOW` parser whose config model is `config_model`."""
+    return functools.partial(ConfigDefaultsFormatter, config_model=config_model)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="whitney-flows",
+        description="Production LoRA training pipelines on Prefect for the Whitney API.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands.add_parser(
+        "serve", help="run the embedded Whitney server (see: whitney-flows serve --help)"
+    )
+    run = commands.add_parser("run", help="run a training flow")
+    flows = run.add_subparsers(dest="flow", required=True, metavar="FLOW")
+    rl = flows.add_parser(
+        "rl",
+        help="RL: group sampling, rewards, advantages, build_loss",
+        formatter_class=config_help("flows.rl.config:RLConfig"),
+    )
+    rl.add_argument("--config", type=Path, metavar="FILE", help="RLConfig as .toml or .json")
+    rl.add_argument("--cycles", type=int, metavar="N", help="number of cycles")
+    rl.add_argument("--env", metavar="E", help=ENV_HELP)
+    rl.add_argument("--loss", metavar="L", help=LOSS_HELP)
+    rl.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
+    rl.add_argument("--base-model", metavar="M", help="base model")
+    rl.add_argument("--seed", type=int, metavar="S", help="seed of run, prompts and sampling")
+    add_output_options(rl)
+    sft = flows.add_parser(
+        "sft",
+        help="SFT: (prompt, completion) pairs, cross_entropy, eval loss",
+        formatter_class=config_help("flows.sft.config:SFTConfig"),
+    )
+    sft.add_argument("--config", type=Path, metavar="FILE", help="SFTConfig as .toml or .json")
+    length = sft.add_mutually_exclusive_group()
+    length.add_argument("--steps", type=int, metavar="N", help="optimizer steps in total")
+    length.add_argument(
+        "--epochs", type=int, metavar="N", help="passes over the training split, one cycle each"
+    )
+    sft.add_argument(
+        "--data",
+        type=Path,
+        metavar="FILE.jsonl",
+        help='one {"prompt": ..., "completion": ...} per line (default: the built-in corpus)',
+    )
+    sft.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
+    sft.add_argument("--base-model", metavar="M", help="base model")
+    sft.add_argument("--lr", type=float, metavar="X", help="peak learning rate")
+    sft.add_argument("--schedule", metavar="S", help="constant, linear or cosine (with warmup)")
+    sft.add_argument("--seed", type=int, metavar="S", help="seed of the run and the data order")
+    add_output_options(sft)
+    add_output_options(add_distill_parser(flows))
+    add_inspection_parsers(commands)
+    add_export_parser(commands)
+    return parser
+
+
+def add_output_options(command: argparse.ArgumentParser) -> None:
+    """--api-url, --metrics-out and --adapter-dir: the same for every `run FLOW`."""
+    command.add_argument(
+        "--api-url",
+        metavar="URL",
+        help="Whitney URL (default: $WHITNEY_API_URL; neither: start the embedded server); "
+        "the key comes from $WHITNEY_API_KEY",
+    )
+    command.add_argument("--metrics-out", type=Path, metavar="FILE", help="metrics JSON lines")
+    command.add_argument(
+        "--adapter-dir",
+        type=Path,
+        default=Path("adapters"),
+        metavar="DIR",
+        help="where the exported adapter is downloaded (default: ./adapters)",
+    )
+
+
+def add_distill_parser(flows: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`run distill` and its options (besides --api-url, --metrics-out and --adapter-dir)."""
+    command = flows.add_parser(
+        "distill",
+        help="distillation: a frozen teacher's logprobs (fanned out) teach a student",
+        formatter_class=config_help("flows.distill.config:DistillationConfig"),
+    )
+    command.add_argument("--config", type=Path, metavar="FILE", help="DistillationConfig file")
+    command.add_argument("--cycles", type=int, metavar="N", help="number of distillation cycles")
+    command.add_argument(
+        "--teacher",
+        choices=("sft", "base"),
+        default="sft",
+        help="with no --teacher-checkpoint: train one by SFT on the built-in corpus first "
+        "(default), or use the base model itself",
+    )
+    command.add_argument(
+        "--teacher-checkpoint", metavar="URI", help="distill from this checkpoint (whitney://...)"
+    )
+    command.add_argument("--sft-steps", type=int, metavar="N", help="the SFT teacher's steps")
+    command.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
+    command.add_argument("--base-model", metavar="M", help="base model")
+    command.add_argument("--seed", type=int, metavar="S", help="seed of runs and sampling")
+    command.add_argument(
+        "--chunk-size", type=int, metavar="N", help="sequences per teacher logprobs task (0: all)"
+    )
+    command.add_argument(
+        "--sequential-teacher",
+        action="store_true",
+        help="submit the teacher's logprobs calls one after another, not together",
+    )
+    command.add_argument(
+        "--task-runner",
+        choices=("thread", "dask"),
+        help="where fanned-out tasks run: Prefect's thread pool (default) or Dask processes "
+        "(pip install 'whitney-flows[dask]')",
+    )
+    command.add_argument(
+        "--budget-tokens", type=int, metavar="N", help="stop before exceeding N billed tokens"
+    )
+    command.add_argument(
+        "--budget-cost",
+        type=float,
+        metavar="USD",
+        help="stop before exceeding this estimated cost (needs prices in --config or the block)",
+    )
+    return command
+
+
+def add_source_options(command: argparse.ArgumentParser) -> None:
+    """Where a journal-reading command finds the run: --api-url or --data-dir."""
+    source = command.add_mutually_exclusive_group()
+    source.add_argument(
+        "--api-url",
+        metavar="URL",
+        help="Whitney URL (default: $WHITNEY_API_URL); the key comes from $WHITNEY_API_KEY",
+    )
+    source.add_argument(
+        "--data-dir",
+        type=Path,
+        metavar="DIR",
+        help="an embedded server's data directory (default, with no URL: the one "
+        "`whitney-flows run` uses)",
+    )
+
+
+def add_inspection_parsers(commands: argparse._SubParsersAction) -> None:
+    """`inspect RUN_ID` and `runs`."""
+    inspect = commands.add_parser(
+        "inspect",
+        help="a run's journal per cycle: each operation's seq id, kind, status, time, usage",
+    )
+    inspect.add_argument("run_id", metavar="RUN_ID", help="the Whitney run")
+    inspect.add_argument("--cycle", type=int, metavar="N", help="only cycle N")
+    runs = commands.add_parser("runs", help="your Whitney sessions and runs, with their status")
+    for command in (inspect, runs):
+        add_source_options(command)
+        command.add_argument("--json", action="store_true", help="print JSON instead of tables")
+
+
+def add_export_parser(commands: argparse._SubParsersAction) -> None:
+    """`export RUN_ID --out DIR [--merged]` and where to find the run."""
+    command = commands.add_parser(
+        "export", help="a run's adapter as a Hugging Face directory: PEFT, or merged"
+    )
+    command.add_argument("run_id", metavar="RUN_ID", help="the Whitney run")
+    command.add_argument(
+        "--out", type=Path, required=True, metavar="DIR", help="where to write (new or empty)"
+    )
+    command.add_argument(
+        "--merged",
+        action="store_true",
+        help="a plain model directory with the LoRA merged in (default: a PEFT adapter "
+        "directory with its base model in DIR/base_model)",
+    )
+    add_source_options(command)

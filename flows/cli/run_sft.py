@@ -1,0 +1,105 @@
+"""`whitney-flows run sft`: validate the config and the data, then (flows.cli.launch) reach Whitney
+(or start the embedded server), run `sft_flow` with a progress bar, download the exported
+adapter and print a summary with the first and last eval loss."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from flows.cli.exit_codes import EXIT_BAD_CONFIG
+from flows.cli.launch import check_api_key, launch_flow
+from flows.cli.terminal import CycleProgress
+from flows.core.config import ConfigError, settings_with_overrides, validated
+from flows.sft.config import SFTConfig
+from flows.sft.flow import sft_flow
+from flows.sft.metrics import SFTResult
+from flows.sft.plan import SFTPlan, check_sft_config
+
+PROG = "whitney-flows run sft"
+
+
+def sft_config_from(options: argparse.Namespace) -> SFTConfig:
+    """The config file (if any) with the command-line options on top; ConfigError if bad.
+    `--steps` clears an `epochs` of the file; `--epochs` takes precedence over its steps."""
+    overrides = {
+        "steps": options.steps,
+        "epochs": options.epochs,
+        "data_path": str(options.data) if options.data else None,
+        "provider": options.provider,
+        "base_model": options.base_model,
+        "learning_rate": options.lr,
+        "schedule": options.schedule,
+        "seed": options.seed,
+        "api_url": options.api_url,
+        "metrics_path": str(options.metrics_out) if options.metrics_out else None,
+    }
+    data = settings_with_overrides(options.config, overrides)
+    if options.steps is not None:
+        data.pop("epochs", None)
+    return validated(SFTConfig, data)
+
+
+def checked_config(options: argparse.Namespace) -> tuple[SFTConfig, SFTPlan]:
+    """The validated config and its plan (the data read and checked), before anything is
+    allocated."""
+    config = sft_config_from(options)
+    plan = check_sft_config(config)
+    check_api_key(config)
+    return config, plan
+
+
+def describe_sft_cycle(line: dict[str, Any]) -> str:
+    """The progress bar's text after an SFT cycle's metrics line."""
+    text = f"step {line['step_end']}  train {line['train_loss']:.3f}"
+    if line.get("eval_loss") is not None:
+        text += f"  eval {line['eval_loss']:.3f}"
+    return text + f"  lr {line['learning_rate']:.2e}"
+
+
+def summary_table(result: SFTResult, adapter_path: Path, wall_seconds: float) -> Table:
+    """The end-of-run table: steps, time, eval loss first and last, and where the weights are."""
+    table = Table(title="SFT flow finished", show_header=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    table.add_row("steps", f"{result.steps} in {len(result.cycles)} cycles")
+    table.add_row("wall time", f"{wall_seconds:.1f} s")
+    if result.eval_losses:
+        first, last = result.eval_losses[0], result.eval_losses[-1]
+        table.add_row(f"eval loss, step {result.eval_steps[0]}", f"{first:.4f}")
+        table.add_row(
+            f"eval loss, step {result.eval_steps[-1]}", f"{last:.4f} ({last / first:.2f}x)"
+        )
+    if result.cycles:
+        table.add_row("train loss, last cycle", f"{result.cycles[-1].train_loss:.4f}")
+    if result.resumed_from:
+        table.add_row("resumed from", result.resumed_from)
+    table.add_row("Whitney run", result.run_id)
+    table.add_row("checkpoint", result.checkpoint)
+    table.add_row("adapter artifact", f"{result.adapter.artifact_id} ({result.adapter.format})")
+    table.add_row("adapter sha256", result.adapter.sha256)
+    table.add_row("adapter file", str(adapter_path))
+    return table
+
+
+def run_sft(options: argparse.Namespace) -> int:
+    """Run the SFT flow; the exit code."""
+    try:
+        config, plan = checked_config(options)
+    except ConfigError as error:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    return launch_flow(
+        PROG,
+        config,
+        sft_flow,
+        lambda metrics_path, console: CycleProgress(
+            [("SFT cycles", metrics_path, plan.cycles)], console, describe_sft_cycle
+        ),
+        summary_table,
+        options.adapter_dir,
+    )

@@ -1,0 +1,165 @@
+"""What `whitney-flows run` shows: progress over the cycles with the latest metrics (fed by
+the flows' metrics JSON lines, tailed from their files), and a summary table.
+
+On a terminal, rich progress bars with the elapsed time and an ETA. Anywhere else (a pipe, a
+log file, CI), one plain line per cycle as it happens, with the same metrics and times."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from contextlib import suppress
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Self
+
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    Task,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from flows.core.polling import PollingThread
+from flows.core.summary import first_and_last
+from flows.rl.metrics import CycleMetrics, RLResult
+
+POLL_INTERVAL_S = 0.2
+SPEED_WINDOW_S = 3600.0
+"""The ETA comes from the pace of the cycles that ended in the last hour."""
+
+
+def describe_rl_cycle(line: dict[str, Any]) -> str:
+    """The progress text after an RL cycle's metrics line."""
+    metrics = CycleMetrics.model_validate(line)
+    return (
+        f"reward {metrics.reward_mean:.3f}  loss {metrics.loss:+.3f}  "
+        f"grad_norm {metrics.grad_norm:.3f}"
+    )
+
+
+@dataclass
+class FollowedFile:
+    """A metrics file a progress bar follows, from the size it had when the bar appeared."""
+
+    path: Path
+    task: TaskID
+    offset: int
+
+    def new_lines(self) -> list[bytes]:
+        """The complete lines appended since the last call."""
+        if not self.path.exists():
+            return []
+        with self.path.open("rb") as stream:
+            stream.seek(self.offset)
+            chunk = stream.read()
+        complete = chunk[: chunk.rfind(b"\n") + 1]
+        self.offset += len(complete)
+        return complete.splitlines()
+
+
+def clock(seconds: float) -> str:
+    return str(timedelta(seconds=int(seconds)))
+
+
+def plain_line(task: Task) -> str:
+    """A bar as one line of text: label, cycles done, latest metrics, elapsed time, ETA."""
+    line = f"{task.description} {task.completed:.0f}/{task.total:.0f}  {task.fields['latest']}"
+    if task.completed:
+        line += f"  {clock(task.elapsed or 0.0)} elapsed"
+        remaining = task.time_remaining
+        if remaining:
+            line += f", ETA {clock(remaining)}"
+    return line
+
+
+class CycleProgress(PollingThread):
+    """Progress of one or more flows, one bar per (label, metrics file, total cycles) in
+    `bars`, each advanced by the metrics lines a flow appends to its file; its text from
+    `describe(line)` (an RL cycle's by default), `waiting` until the first line. Rich bars on
+    a terminal console, else one printed line per metrics line (and one per bar at start)."""
+
+    def __init__(
+        self,
+        bars: Sequence[tuple[str, Path, int]],
+        console: Console,
+        describe: Callable[[dict[str, Any]], str] = describe_rl_cycle,
+        waiting: str = "starting Prefect and the first cycle",
+    ) -> None:
+        super().__init__("cycle-progress", POLL_INTERVAL_S)
+        self._describe = describe
+        self._console = console
+        self._progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[latest]}"),
+            TimeElapsedColumn(),
+            TextColumn("ETA"),
+            TimeRemainingColumn(),
+            console=console,
+            speed_estimate_period=SPEED_WINDOW_S,
+        )
+        self._files: list[FollowedFile] = []
+        for label, path, total in bars:
+            offset = path.stat().st_size if path.exists() else 0
+            task = self._progress.add_task(label, total=total, latest=waiting)
+            self._files.append(FollowedFile(path, task, offset))
+
+    def __enter__(self) -> Self:
+        if self._console.is_terminal:
+            self._progress.start()
+        else:
+            for followed in self._files:
+                self._print(followed.task)
+        return super().__enter__()
+
+    def poll_until_stopped(self) -> None:
+        for _ in self.ticks():
+            self._read_new_lines()
+
+    def stopped(self) -> None:
+        self.join()
+        self._read_new_lines()
+        if self._console.is_terminal:
+            self._progress.stop()
+
+    def _read_new_lines(self) -> None:
+        for followed in self._files:
+            for line in followed.new_lines():
+                latest = self._describe(json.loads(line))
+                self._progress.update(followed.task, advance=1, latest=latest)
+                if not self._console.is_terminal:
+                    self._print(followed.task)
+
+    def _print(self, task_id: TaskID) -> None:
+        """The bar's plain line; nothing once the reader has closed the pipe (the summary's
+        print then ends the command)."""
+        (task,) = (task for task in self._progress.tasks if task.id == task_id)
+        with suppress(BrokenPipeError):
+            self._console.print(plain_line(task), markup=False, highlight=False, soft_wrap=True)
+
+
+def summary_table(result: RLResult, adapter_path: Path, wall_seconds: float) -> Table:
+    """The end-of-run table: cycles, time, reward first and last, and where the weights are."""
+    table = Table(title="RL flow finished", show_header=False)
+    table.add_column(style="bold", no_wrap=True)
+    table.add_column(overflow="fold")
+    table.add_row("cycles", str(len(result.cycles)))
+    table.add_row("wall time", f"{wall_seconds:.1f} s")
+    for label, reward in first_and_last("reward", result.cycles, lambda c: c.reward_mean, 5):
+        table.add_row(label, f"{reward:.3f}")
+    table.add_row("final loss", f"{result.cycles[-1].loss:+.4f}")
+    table.add_row("Whitney run", result.run_id)
+    table.add_row("checkpoint", result.checkpoint)
+    table.add_row("adapter artifact", f"{result.adapter.artifact_id} ({result.adapter.format})")
+    table.add_row("adapter sha256", result.adapter.sha256)
+    table.add_row("adapter file", str(adapter_path))
+    return table

@@ -1,0 +1,127 @@
+"""The cleanup hook of every flow: nothing stays allocated (and billed) after a failure, a
+crash or a cancellation.
+
+It needs no in-memory state: it finds the Whitney sessions by the label the flows put on them
+(`prefect.flow-run-id=<flow run id>`, of the failing flow run or of any flow run above it),
+with a client built from the flow run's parameters and the environment, so it works in the
+flow's process and in a runner or worker that runs `on_cancellation` after the flow process
+was killed. It cancels every run that is not terminal, polls each until terminal (bounded),
+closes the sessions, logs what it did, is idempotent, and never raises past Prefect.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+from uuid import UUID
+
+from prefect import Flow, get_client
+from prefect.client.schemas.objects import FlowRun
+from prefect.logging.loggers import flow_run_logger
+from prefect.states import State
+
+from flows.core.connection import resolve_connection
+from tasks.connection import client_for
+from whitney import wire
+from whitney.client import WhitneyClient
+from whitney.errors import WhitneyError
+
+FLOW_RUN_LABEL = "prefect.flow-run-id"
+PARENT_FLOW_RUN_LABEL = "prefect.parent-flow-run-id"
+DEFAULT_CLEANUP_TIMEOUT_S = 60.0
+CLEANUP_RETRY_SECONDS = 20.0
+
+
+def session_labels(flow_run: FlowRun) -> dict[str, str]:
+    """The labels a flow puts on its sessions: its flow run id and, when it runs as a subflow
+    (the SFT flow training a distillation teacher), its parent flow run's."""
+    labels = {FLOW_RUN_LABEL: str(flow_run.id)}
+    lineage = flow_run_lineage(flow_run)
+    if len(lineage) > 1:
+        labels[PARENT_FLOW_RUN_LABEL] = str(lineage[1])
+    return labels
+
+
+def flow_run_lineage(flow_run: FlowRun) -> list[UUID]:
+    """`flow_run` and the flow runs above it, up to the top-level one (last), through the
+    Prefect API. A training flow called as a subflow (the SFT flow training a distillation
+    teacher) labels its sessions with its own id, so cleanup looks at every level."""
+    lineage = [flow_run.id]
+    if flow_run.parent_task_run_id is None:
+        return lineage
+    with get_client(sync_client=True) as prefect:
+        current = flow_run
+        while current.parent_task_run_id is not None:
+            parent_task_run = prefect.read_task_run(current.parent_task_run_id)
+            if parent_task_run.flow_run_id is None:
+                break
+            current = prefect.read_flow_run(parent_task_run.flow_run_id)
+            lineage.append(current.id)
+    return lineage
+
+
+def cancel_and_await(client: WhitneyClient, run_id: str, timeout_s: float, logger: Any) -> None:
+    """Cancel the run unless it is terminal, and poll until it is (bounded)."""
+    run = client.get_run(run_id)
+    if run.status in wire.RUN_TERMINAL:
+        logger.info("Whitney run %s is already %s", run_id, run.status)
+        return
+    client.cancel(run_id)
+    run = client.wait_terminal(run_id, timeout=timeout_s)
+    logger.info("Cancelled Whitney run %s: now %s", run_id, run.status)
+
+
+def release_sessions(
+    client: WhitneyClient, flow_run_id: UUID | str, timeout_s: float, logger: Any
+) -> int:
+    """Cancel the runs of the flow run's open sessions and close them; how many were open."""
+    label = f"{FLOW_RUN_LABEL}:{flow_run_id}"
+    released = 0
+    for session in client.list_sessions(label=label):
+        if session.status == "closed":
+            continue
+        for run_id in client.get_session(session.session_id).run_ids or []:
+            try:
+                cancel_and_await(client, run_id, timeout_s, logger)
+            except WhitneyError as error:
+                logger.warning("Could not cancel Whitney run %s: %s", run_id, error)
+        client.close_session(session.session_id)
+        logger.info("Closed Whitney session %s", session.session_id)
+        released += 1
+    if not released:
+        logger.info("No open Whitney session bears %s", label)
+    return released
+
+
+def release_whitney(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:
+    """on_failure / on_crashed / on_cancellation: release the Whitney resources of the flow
+    run's top-level flow run. Logs and swallows every error."""
+    logger: logging.LoggerAdapter[logging.Logger] = flow_run_logger(flow_run, flow)
+    try:
+        config = flow_run.parameters.get("config") or {}
+        timeout_s = float(config.get("cleanup_timeout_s") or DEFAULT_CLEANUP_TIMEOUT_S)
+        block = flow_run.parameters.get("whitney_block")
+        connection = resolve_connection(config.get("api_url"), block).model_copy(
+            update={"max_retry_seconds": CLEANUP_RETRY_SECONDS}
+        )
+        owners = flow_run_lineage(flow_run)
+        logger.info(
+            "Flow run is %s: releasing Whitney resources of %s",
+            state.name,
+            ", ".join(str(owner) for owner in owners),
+        )
+        for owner in owners:
+            release_sessions(client_for(connection), owner, timeout_s, logger)
+    except Exception as error:
+        logger.error("Whitney cleanup of flow run %s failed: %r", flow_run.id, error)
+
+
+CLEANUP_HOOKS: dict[str, list[Any]] = {
+    "on_failure": [release_whitney],
+    "on_crashed": [release_whitney],
+    "on_cancellation": [release_whitney],
+}
+"""Keyword arguments for `@flow`: the same idempotent cleanup on every bad ending."""
+
+
+AUXILIARY_LABEL = "whitney-flows.rl.auxiliary"

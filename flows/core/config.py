@@ -1,0 +1,140 @@
+"""What every flow's configuration shares (`FlowConfig`, `ConfigError`, the budget and price
+fields): pydantic models whose field descriptions and bounds become the Prefect UI's run
+form, and the loading of a config file (TOML or JSON).
+
+No field ever holds the Whitney API key: it comes from WHITNEY_API_KEY (or, later, a block),
+because flow parameters are stored and shown by Prefect.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from flows.core.cost import Budget, PriceTable
+from tasks.retry import TaskRetrySettings
+
+ConfigT = TypeVar("ConfigT", bound=BaseModel)
+BudgetField = Annotated[
+    Budget,
+    Field(
+        default_factory=Budget,
+        description="Stop cleanly (save_state, export, finish, close) before the cycle that "
+        "would exceed max_tokens or max_cost",
+    ),
+]
+"""A flow's `budget` field (the flows with a cost estimate: RL, distillation)."""
+PricesField = Annotated[
+    PriceTable | None,
+    Field(
+        default=None,
+        description="USD per million sampled / prefilled / trained tokens, for the cost "
+        "estimate; empty: the credentials block's price table, if any",
+    ),
+]
+"""A flow's `prices` field, beside its `budget`."""
+
+
+class ConfigError(ValueError):
+    """A configuration the flow refuses before anything is allocated; `field` names the culprit."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+class FlowConfig(BaseModel):
+    """What every Whitney training flow shares: where, on what, and how it retries and cleans up."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    api_url: str | None = Field(
+        default=None,
+        description="Whitney base URL; empty: the WHITNEY_API_URL environment variable. "
+        "The API key always comes from WHITNEY_API_KEY, never from a parameter.",
+    )
+    provider: Literal["local", "modal", "tinker"] = Field(
+        default="local", description="Whitney provider that trains the run"
+    )
+    base_model: str = Field(default="local/tiny", min_length=1, description="Base model name")
+    lora_rank: int = Field(default=8, ge=1, le=256, description="LoRA rank of the trained adapter")
+    seed: int = Field(
+        default=0, ge=0, le=2**31 - 1, description="Seed of the run, prompts and sampling"
+    )
+    cycles: int = Field(default=30, ge=1, le=100_000, description="Number of training cycles")
+    learning_rate: float = Field(default=2e-3, gt=0, le=1, description="AdamW learning rate")
+    grad_clip_norm: float = Field(
+        default=1.0, ge=0, description="Clip the global gradient norm to this (0: off)"
+    )
+    metrics_path: str | None = Field(
+        default=None, description="Append one JSON line of metrics per cycle to this file"
+    )
+    task_retry: TaskRetrySettings = Field(
+        default_factory=TaskRetrySettings,
+        description="Retries of each Whitney task (only retryable errors)",
+    )
+    cycle_retries: int = Field(
+        default=2, ge=0, le=20, description="Retries of a failed cycle subflow (it replays)"
+    )
+    cycle_retry_delay_s: float = Field(
+        default=0.0, ge=0, le=3600, description="Delay before a cycle subflow retry"
+    )
+    cleanup_timeout_s: float = Field(
+        default=60.0, gt=0, le=3600, description="How long cleanup waits for a run to end"
+    )
+    checkpoint_every: int = Field(
+        default=10,
+        ge=0,
+        le=100_000,
+        description="save_state named cycle-{n} after every this many cycles: where a retried "
+        "flow run resumes (0: only the final checkpoint)",
+    )
+    resume_from: str | None = Field(
+        default=None,
+        pattern=r"^whitney://runs/[A-Za-z0-9_-]+/states/cycle-[0-9]+$",
+        description="Continue from this checkpoint (whitney://runs/<run>/states/cycle-<n>, "
+        "from any earlier flow run) on a new run, at cycle n+1",
+    )
+
+
+def read_config_file(path: Path) -> dict[str, Any]:
+    """The mapping in a .toml or .json config file; ConfigError naming the file otherwise."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as error:
+        raise ConfigError("--config", f"cannot read {path}: {error.strerror}") from None
+    try:
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        elif path.suffix == ".json":
+            data = json.loads(text)
+        else:
+            raise ConfigError("--config", f"{path}: expected a .toml or .json file")
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError("--config", f"{path} is not valid {path.suffix[1:]}: {error}") from None
+    if not isinstance(data, dict):
+        raise ConfigError("--config", f"{path} must hold a table/object of settings")
+    return data
+
+
+def settings_with_overrides(path: Path | None, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The config file's settings (none without a file), with the overrides that are set
+    (not None) on top: the command line's options over the file."""
+    data = read_config_file(path) if path else {}
+    data.update({name: value for name, value in overrides.items() if value is not None})
+    return data
+
+
+def validated(model: type[ConfigT], data: dict[str, Any]) -> ConfigT:
+    """`model` built from `data`; ConfigError naming the first refused field otherwise."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as error:
+        first = error.errors(include_url=False)[0]
+        field = ".".join(str(part) for part in first["loc"]) or "(config)"
+        raise ConfigError(field, first["msg"]) from None

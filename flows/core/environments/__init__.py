@@ -1,0 +1,59 @@
+"""RL environments: where prompts come from and how a completion is rewarded.
+
+An environment is any object with `prompts(cycle, count, seed)` and `reward(prompt,
+completion)`; the flow tokenizes the prompts and decodes the completions. Built-ins by name,
+anything else by import path `module:attr` (a class is instantiated without arguments).
+Each cycle gets a fresh instance (a retried cycle replays from scratch), so an environment
+keeps no state from one cycle to the next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from flows.core.imports import import_object
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One sampled completion as text; `stopped` when it ended on a stop token, not on
+    max_tokens."""
+
+    text: str
+    stopped: bool
+
+
+@runtime_checkable
+class Environment(Protocol):
+    """Prompts for a cycle, and the reward of a completion of one of them."""
+
+    def prompts(self, cycle: int, count: int, seed: int) -> list[str]:
+        """`count` prompts for `cycle`; the same arguments must give the same prompts."""
+        ...
+
+    def reward(self, prompt: str, completion: Completion) -> float:
+        """The completion's reward (deterministic)."""
+        ...
+
+
+ENVIRONMENTS: dict[str, str] = {
+    "digits": "flows.core.environments.digits:DigitsEnvironment",
+    "lowercase": "flows.core.environments.lowercase:LowercaseEnvironment",
+}
+"""Built-in environments by name."""
+
+
+def load_environment(name: str) -> Environment:
+    """The environment named `name` (built-in) or at import path `name`; ValueError if none."""
+    path = ENVIRONMENTS.get(name, name)
+    if ":" not in path:
+        raise ValueError(
+            f"unknown environment {name!r} (built-in: {', '.join(ENVIRONMENTS)}; "
+            "or an import path module:attr)"
+        )
+    found = import_object(path)
+    environment = found() if isinstance(found, type) else found
+    if not isinstance(environment, Environment):
+        raise ValueError(f"{path} is not an environment: it needs prompts() and reward()")
+    return environment

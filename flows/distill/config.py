@@ -1,0 +1,147 @@
+"""The distillation flow's configuration, checked before anything is allocated (no Prefect)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import Field, field_validator
+
+from flows.core.checkpoints import CHECKPOINT_URI
+from flows.core.config import BudgetField, FlowConfig, PricesField
+from flows.core.task_runner_settings import TaskRunnerSettings
+from flows.sft.config import SFTConfig
+
+LOSS_FUNCTION = "importance_sampling"
+CORPUS = "corpus"
+
+
+class DistillationConfig(FlowConfig, TaskRunnerSettings):
+    """On-policy distillation: a student run samples, a frozen teacher run answers
+    `logprobs` (fanned out in chunks), per-token reverse-KL advantages, importance_sampling."""
+
+    learning_rate: float = Field(default=3e-3, gt=0, le=1, description="AdamW learning rate")
+    teacher_checkpoint: str | None = Field(
+        default=None,
+        pattern=CHECKPOINT_URI.pattern,
+        description="The teacher: a checkpoint (whitney://runs/<run>/states/<name>, e.g. an SFT "
+        "flow's final checkpoint) loaded into a frozen run; empty: teacher_sft if set, else "
+        "the teacher base model itself",
+    )
+    teacher_sft: SFTConfig | None = Field(
+        default=None,
+        description="With no teacher_checkpoint: train the teacher first, by an SFT subflow "
+        "with this config (its api_url, provider, base model and LoRA rank are the "
+        "teacher's), and distill from its final checkpoint",
+    )
+    teacher_base_model: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The teacher's base model; empty: base_model. It must share the "
+        "student's tokenizer",
+    )
+    teacher_lora_rank: int | None = Field(
+        default=None,
+        ge=1,
+        le=256,
+        description="The teacher run's LoRA rank (a checkpoint's rank); empty: lora_rank",
+    )
+    prompts: str = Field(
+        default=CORPUS,
+        min_length=1,
+        description="Where prompts come from: corpus (the training split of data_path, or of "
+        "the built-in corpus; its held-out split is the eval set), an RL environment "
+        "(digits, lowercase) or an import path module:attr with prompts(cycle, count, seed)",
+    )
+    data_path: str | None = Field(
+        default=None,
+        description="prompts=corpus: a JSONL file of {prompt, completion} objects; empty: the "
+        "built-in corpus (312 Q/A pairs about 24 animals)",
+    )
+    eval_fraction: float = Field(
+        default=0.1,
+        ge=0,
+        le=0.5,
+        description="prompts=corpus: share held out for the eval loss (0: none); the same "
+        "split as an SFT flow on the same data",
+    )
+    prompts_per_cycle: int = Field(default=8, ge=1, le=1024, description="Prompts per cycle")
+    samples_per_prompt: int = Field(
+        default=4, ge=1, le=256, description="Completions the student samples per prompt"
+    )
+    max_tokens: int = Field(default=40, ge=1, le=8192, description="Most tokens per completion")
+    kl_coef: float = Field(
+        default=1.0, gt=0, le=100, description="Advantage = -kl_coef * (student - teacher lp)"
+    )
+    discount: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Discount of later tokens' rewards in a token's advantage (0: each token "
+        "only its own reverse-KL term; 1: the sum over the rest of the completion)",
+    )
+    teacher_chunk_size: int = Field(
+        default=4,
+        ge=0,
+        le=100_000,
+        description="Sequences per teacher logprobs call, one task each (0: all of a cycle's "
+        "sequences in one call)",
+    )
+    teacher_fan_out: bool = Field(
+        default=True,
+        description="Submit a cycle's teacher logprobs calls together (a reserved block of the "
+        "teacher run's seq ids, run concurrently by the task runner); off: one after another, "
+        "with the same seq ids",
+    )
+    concurrent_sampling: bool = Field(
+        default=True,
+        description="Submit the student's save_weights_for_sampler and sample requests "
+        "together (a reserved block of seq ids)",
+    )
+    budget: BudgetField
+    prices: PricesField
+
+    @field_validator("teacher_sft")
+    @classmethod
+    def _sft_teacher_is_fresh(cls, value: SFTConfig | None) -> SFTConfig | None:
+        if value is not None and value.resume_from:
+            raise ValueError("the SFT teacher starts from its base model: no resume_from")
+        return value
+
+    @property
+    def teacher_model(self) -> str:
+        return self.teacher_base_model or self.base_model
+
+    @property
+    def teacher_rank(self) -> int:
+        return self.teacher_lora_rank or self.lora_rank
+
+    @property
+    def sequences_per_cycle(self) -> int:
+        return self.prompts_per_cycle * self.samples_per_prompt
+
+    @property
+    def teacher_chunks(self) -> int:
+        """Teacher logprobs calls per cycle."""
+        size = self.teacher_chunk_size or self.sequences_per_cycle
+        return -(-self.sequences_per_cycle // size)
+
+    def teacher_sft_config(self) -> SFTConfig | None:
+        """The SFT subflow's config, on the teacher's endpoint, provider, model and rank."""
+        if self.teacher_sft is None or self.teacher_checkpoint:
+            return None
+        update: dict[str, Any] = {
+            "api_url": self.api_url,
+            "provider": self.provider,
+            "base_model": self.teacher_model,
+            "lora_rank": self.teacher_rank,
+        }
+        if self.teacher_sft.metrics_path is None and self.metrics_path:
+            update["metrics_path"] = teacher_metrics_path(self.metrics_path)
+        return self.teacher_sft.model_copy(update=update)
+
+
+def teacher_metrics_path(metrics_path: str) -> str:
+    """Where the SFT teacher's metrics lines go: beside the distillation's."""
+    path = Path(metrics_path)
+    return str(path.with_name(path.stem + "-teacher-sft.jsonl"))

@@ -1,0 +1,82 @@
+"""What the distillation flow records: each cycle's metrics, the eval losses, its result."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from flows.core.adapter import AdapterExport
+from flows.core.cost import Usage
+from flows.sft.metrics import SFTResult
+
+
+class EvalLosses(BaseModel):
+    """Eval loss per completion token on the held-out split (mean of -logprob, from
+    `logprobs` on a sampler of each run)."""
+
+    student_before: float = Field(description="The student before its first cycle")
+    student_after: float = Field(description="The student after its last cycle")
+    teacher: float
+    tokens: int = Field(description="Completion tokens of the eval split")
+
+
+class DistillCycleMetrics(BaseModel):
+    """What a distillation cycle subflow returns (with where the next cycle starts on each
+    run), and its record: a table artifact row and a metrics JSON line."""
+
+    cycle: int
+    started_at: datetime = Field(description="When the cycle's work began (UTC)")
+    seq_start: int = Field(description="First seq id of the cycle on the student run")
+    seq_end: int = Field(description="Seq id the next cycle starts at on the student run")
+    teacher_seq_start: int = Field(description="First seq id of the cycle on the teacher run")
+    teacher_seq_end: int = Field(description="Seq id the next cycle starts at on the teacher")
+    teacher_kl: float = Field(
+        description="Mean of student minus teacher logprob over the sampled completion tokens "
+        "(a sampled per-token reverse KL)"
+    )
+    advantage_mean: float
+    loss: float
+    grad_norm: float
+    kl_sample_train: float | None = Field(
+        description="Mean of sampler minus learner logprob over trained tokens"
+    )
+    sequences: int
+    teacher_chunks: int = Field(description="Teacher logprobs calls (tasks) in the cycle")
+    tokens_sampled: int
+    tokens_teacher: int = Field(description="Tokens the teacher's logprobs calls billed")
+    tokens_trained: int
+    teacher_seconds: float = Field(description="Wall time of the teacher phase")
+    checkpoint: str | None = Field(default=None, description="The cycle-{n} checkpoint, if saved")
+    usage: Usage = Field(description="Billed usage per operation kind, both runs")
+    teacher_usage: Usage = Field(description="The part of `usage` billed on the teacher run")
+    cost: float | None = Field(default=None, description="Estimated USD, with a price table")
+    op_seconds: dict[str, float] = Field(description="Wall seconds per operation kind")
+    wall_seconds: float
+
+
+class DistillationResult(BaseModel):
+    """What `distillation_flow` returns: the student's weights, the teacher, every cycle's
+    metrics, the eval losses, and what it all used and cost."""
+
+    session_id: str
+    run_id: str = Field(description="The student run")
+    teacher_run_id: str
+    teacher: str = Field(description="The teacher checkpoint, or base:<model>")
+    checkpoint: str = Field(description="The student's final save_state URI")
+    adapter: AdapterExport
+    cycles: list[DistillCycleMetrics]
+    eval: EvalLosses | None = None
+    usage: dict[str, Usage] = Field(
+        description="Billed usage per run of this flow run: student, teacher, and teacher_sft "
+        "when the teacher was trained by SFT (by this attempt or an earlier one)"
+    )
+    total_tokens: int
+    cost: float | None = None
+    budget_stop: str | None = Field(
+        default=None, description="Why the flow stopped before its last cycle, if it did"
+    )
+    resumed_from: str | None = None
+    teacher_sft: SFTResult | None = Field(
+        default=None, description="The SFT flow's result, when the flow trained its teacher"
+    )

@@ -1,0 +1,234 @@
+"""The distillation flow's plan and arithmetic, checked before anything is allocated (no
+Prefect here).
+
+On-policy distillation with a reverse-KL reward: the student samples completions, a frozen
+teacher run scores every sampled token with `logprobs`, and each completion token t gets the
+advantage `-kl_coef * (student_lp_t - teacher_lp_t)` (the page's `kl_adjust_advantages` with
+zero base advantages), optionally discounted over the tokens after it. The student trains on
+`rl_datum`s with per-token advantages and the `importance_sampling` loss. `student_lp_t` is the
+sampler's logprob (temperature 1, so it is the student's own distribution); the mean of
+`student_lp_t - teacher_lp_t` over a cycle's tokens is `teacher_kl`, a sampled estimate of the
+per-token reverse KL(student || teacher), which falls as the student learns the teacher.
+
+Prompts come from the SFT corpus's training split (the built-in corpus, or `data_path`), its
+held-out split (`flows.sft.plan.held_out`, the same pairs the teacher's SFT held out) is the
+eval set; or from an RL environment's prompts (no eval set).
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from flows.core.config import ConfigError
+from flows.core.cost import Usage
+from flows.core.seeds import derive_seed
+from flows.core.task_runner_settings import check_task_runner
+from flows.distill.config import CORPUS, LOSS_FUNCTION, DistillationConfig
+from whitney.advantages import kl_adjust_advantages
+from whitney.losses import PROVIDER_LOSS_SUPPORT, require_advertised_loss
+from whitney.payloads import sample_request
+from whitney.tokenizers import Tokenizer, get_tokenizer
+
+# --------------------------------------------------------------------------- arithmetic
+
+
+def reverse_kl_advantages(
+    student_logprobs: list[float],
+    teacher_logprobs: list[float],
+    kl_coef: float,
+    discount: float = 0.0,
+) -> list[float]:
+    """Per-token advantages of one completion: `-kl_coef * (student - teacher)` per token
+    (the page's kl_adjust_advantages on zero advantages), then, with a discount, each token
+    also gets the discounted sum of the terms after it."""
+    terms = kl_adjust_advantages(
+        [0.0] * len(student_logprobs), student_logprobs, teacher_logprobs, kl_coef=kl_coef
+    )
+    if discount == 0.0:
+        return terms
+    advantages = [0.0] * len(terms)
+    running = 0.0
+    for index in range(len(terms) - 1, -1, -1):
+        running = terms[index] + discount * running
+        advantages[index] = running
+    return advantages
+
+
+def completion_logprobs(row: list[float | None], prompt_length: int, count: int) -> list[float]:
+    """The logprobs of the `count` completion tokens from a `logprobs` row of the whole
+    sequence (prompt + completion; the row's first entry is null)."""
+    values = row[prompt_length : prompt_length + count]
+    if len(values) != count or any(value is None for value in values):
+        raise ValueError(
+            f"a logprobs row of {len(row)} entries has no {count} completion logprobs after a "
+            f"prompt of {prompt_length} tokens"
+        )
+    return [float(value) for value in values]  # type: ignore[arg-type]
+
+
+def chunked(items: list[Any], size: int) -> list[list[Any]]:
+    """`items` in consecutive chunks of `size` (0: one chunk of all)."""
+    if not items:
+        return []
+    size = size or len(items)
+    return [items[start : start + size] for start in range(0, len(items), size)]
+
+
+# --------------------------------------------------------------------------- prompts, eval
+
+
+class PromptSource(Protocol):
+    def prompts(self, cycle: int, count: int, seed: int) -> list[str]: ...
+
+
+@dataclass(frozen=True)
+class EvalSequence:
+    """One held-out pair as tokens: the prompt, and the completion (with EOS)."""
+
+    prompt: list[int]
+    completion: list[int]
+
+
+class CorpusPrompts:
+    """The training split's prompts of an SFT corpus, `count` distinct ones per cycle."""
+
+    def __init__(self, train_prompts: list[str]) -> None:
+        self.train_prompts = train_prompts
+
+    def prompts(self, cycle: int, count: int, seed: int) -> list[str]:
+        rng = random.Random(seed)
+        if count <= len(self.train_prompts):
+            return rng.sample(self.train_prompts, count)
+        return [rng.choice(self.train_prompts) for _ in range(count)]
+
+
+def load_corpus(config: DistillationConfig, tokenizer: Tokenizer):
+    """(prompt source, eval sequences) of the corpus: its training split's prompts, and its
+    held-out split (the SFT flow's split of the same data) as tokens."""
+    from flows.sft.corpus import builtin_examples, read_examples
+    from flows.sft.plan import example_tokens, held_out
+
+    examples = read_examples(config.data_path) if config.data_path else builtin_examples()
+    evaluated = held_out(examples, config.eval_fraction)
+    train = sorted({example.prompt for i, example in enumerate(examples) if i not in evaluated})
+    if not train:
+        raise ConfigError("eval_fraction", "holding out the eval split leaves no prompt")
+    eval_set = [
+        EvalSequence(*example_tokens(tokenizer, examples[index])) for index in sorted(evaluated)
+    ]
+    return CorpusPrompts(train), eval_set
+
+
+def load_prompt_source(config: DistillationConfig, tokenizer: Tokenizer):
+    """(prompt source, eval sequences or []) for `config.prompts`; ConfigError if unknown."""
+    if config.prompts == CORPUS:
+        return load_corpus(config, tokenizer)
+    from flows.core.environments import load_environment
+
+    try:
+        return load_environment(config.prompts), []
+    except ValueError as error:
+        raise ConfigError("prompts", str(error).replace("environment", "prompt source")) from None
+
+
+# --------------------------------------------------------------------------- the plan
+
+
+@dataclass(frozen=True)
+class DistillPlan:
+    """A distillation config's prompt source, eval set and tokenizer."""
+
+    config: DistillationConfig
+    source: PromptSource
+    eval_set: list[EvalSequence]
+    tokenizer: Tokenizer
+
+    def prompt_tokens(self, prompt: str) -> list[int]:
+        bos = getattr(self.tokenizer, "bos_id", None)
+        return ([bos] if bos is not None else []) + self.tokenizer.encode(prompt)
+
+    def sample_requests(self, cycle: int) -> list[dict[str, Any]]:
+        """One SampleRequest per prompt of the cycle (samples_per_prompt each, temperature
+        1), seeded from (config seed, cycle, prompt index)."""
+        config = self.config
+        prompts = self.source.prompts(
+            cycle, config.prompts_per_cycle, derive_seed(config.seed, cycle)
+        )
+        return [
+            sample_request(
+                self.prompt_tokens(prompt),
+                config.samples_per_prompt,
+                max_tokens=config.max_tokens,
+                temperature=1.0,
+                stop_token_ids=[self.tokenizer.eos_id],
+                seed=derive_seed(config.seed, cycle, index),
+            )
+            for index, prompt in enumerate(prompts)
+        ]
+
+    def cycle_usage_bound(self, cycle: int) -> Usage:
+        """An upper bound of a cycle's billed usage (every completion max_tokens long), for a
+        budget check before any cycle has run."""
+        config = self.config
+        count, length = config.samples_per_prompt, config.max_tokens
+        prompts = [len(r["prompt"]["token_ids"]) for r in self.sample_requests(cycle)]
+        return {
+            "sample": {"tokens": sum(p + count * length for p in prompts)},
+            "logprobs": {"tokens": sum(count * (p + length) for p in prompts)},
+            "forward_backward": {"tokens": sum(count * (p + length - 1) for p in prompts)},
+        }
+
+    def eval_payload(self) -> dict[str, Any]:
+        return {"sequences": [{"token_ids": s.prompt + s.completion} for s in self.eval_set]}
+
+    def eval_loss(self, rows: list[list[float | None]]) -> tuple[float, int]:
+        """(mean -logprob per completion token, tokens) of a logprobs answer to eval_payload."""
+        total, tokens = 0.0, 0
+        for sequence, row in zip(self.eval_set, rows, strict=True):
+            values = completion_logprobs(row, len(sequence.prompt), len(sequence.completion))
+            total -= sum(values)
+            tokens += len(values)
+        return total / max(tokens, 1), tokens
+
+
+def same_tokenizer(student: str, teacher: str) -> bool:
+    """Whether the teacher scores the student's token ids: every local/* model shares the
+    byte tokenizer; an hf: model only its own."""
+    if student.startswith("local/") and teacher.startswith("local/"):
+        return True
+    return student == teacher
+
+
+def load_distill_plan(config: DistillationConfig) -> DistillPlan:
+    try:
+        tokenizer = get_tokenizer(config.base_model)
+    except ValueError as error:
+        raise ConfigError("base_model", str(error)) from None
+    source, eval_set = load_prompt_source(config, tokenizer)
+    return DistillPlan(config, source, eval_set, tokenizer)
+
+
+def check_distill_config(config: DistillationConfig) -> DistillPlan:
+    """The plan of a config the provider will accept; ConfigError naming the field if not
+    (before anything is allocated)."""
+    try:
+        require_advertised_loss(config.provider, LOSS_FUNCTION, PROVIDER_LOSS_SUPPORT)
+    except ValueError as error:
+        raise ConfigError("provider", str(error)) from None
+    if not same_tokenizer(config.base_model, config.teacher_model):
+        raise ConfigError(
+            "teacher_base_model",
+            f"{config.teacher_model} does not share the student's tokenizer ({config.base_model})",
+        )
+    check_task_runner(config)
+    plan = load_distill_plan(config)
+    if config.teacher_sft is not None and not config.teacher_checkpoint:
+        from flows.sft.plan import check_sft_config
+
+        try:
+            check_sft_config(config.teacher_sft_config())  # type: ignore[arg-type]
+        except ConfigError as error:
+            raise ConfigError(f"teacher_sft.{error.field}", error.message) from None
+    return plan

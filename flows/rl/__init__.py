@@ -1,0 +1,1 @@
+"""The RL flow: group sampling, rewards, advantages, a loss recipe, once per cycle."""

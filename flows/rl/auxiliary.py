@@ -1,0 +1,122 @@
+"""Auxiliary runs: the runs a recipe declares beside the policy (a critic, a frozen
+reference), created in the flow's session from the same provider and base model.
+
+Each has its own seq ids. A cycle takes them from its ledger, which starts every auxiliary run
+at the position the previous cycle ended at (`CycleMetrics.auxiliary_seq_end`), exactly like
+the policy's, so a replayed cycle makes the same calls with the same ids on every run. A
+reference run publishes its one sampler (named after the run) when it is created: its weights
+never change, so every cycle reads logprobs from it without another call.
+
+The cleanup hooks cancel every run of the flow's sessions, so auxiliary runs need nothing more
+on failure; on success they are finished before the session closes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+from pydantic import BaseModel
+
+from flows.core.checkpoints import checkpoint_name
+from flows.core.cleanup import AUXILIARY_LABEL
+from flows.core.operation_log import OperationLog
+from flows.core.sequenced_client import SequencedClient
+from flows.core.sequencing import SeqLedger
+from flows.rl.config import RLConfig
+from flows.rl.recipes import Recipe
+from tasks.connection import WhitneyConnection
+from tasks.lifecycle import create_run
+from tasks.retry import with_retry
+from whitney.payloads import result_sampler_id
+
+
+class AuxiliaryHandle(BaseModel):
+    """An auxiliary run as the cycles see it: what it is, and the seq id its next call gets."""
+
+    name: str
+    run_id: str
+    role: str
+    trainable: bool
+    sampler_id: str | None
+    seq_start: int
+
+
+def open_auxiliary_runs(
+    connection: WhitneyConnection,
+    session_id: str,
+    config: RLConfig,
+    recipe: Recipe,
+    idempotency_prefix: str,
+    checkpoints: Mapping[str, str] | None = None,
+) -> list[AuxiliaryHandle]:
+    """Create the recipe's auxiliary runs in the session (idempotent per prefix and name);
+    a reference run's sampler is published right away. `checkpoints`: by run name, where a
+    resumed flow's trainable runs (a critic) continue from (flows.core.resume)."""
+    handles = []
+    for spec in recipe.auxiliary_runs:
+        run = with_retry(create_run, config.task_retry)(
+            connection,
+            session_id,
+            config.provider,
+            config.base_model,
+            lora_rank=config.lora_rank,
+            seed=config.seed,
+            idempotency_key=f"{idempotency_prefix}-{spec.name}",
+            role=spec.role,
+            trainable=spec.trainable,
+            labels={AUXILIARY_LABEL: spec.name},
+            from_checkpoint=(checkpoints or {}).get(spec.name) if spec.trainable else None,
+        )
+        ledger = SeqLedger({run.run_id: run.next_seq_id})
+        sampler_id = None
+        if spec.sampler:
+            client = SequencedClient(connection, ledger, config.task_retry, OperationLog())
+            published = client.run_operation(
+                run.run_id, "save_weights_for_sampler", {"name": spec.name}
+            )
+            sampler_id = result_sampler_id(published)
+        handles.append(
+            AuxiliaryHandle(
+                name=spec.name,
+                run_id=run.run_id,
+                role=spec.role,
+                trainable=spec.trainable,
+                sampler_id=sampler_id,
+                seq_start=ledger.position(run.run_id),
+            )
+        )
+    return handles
+
+
+def ledger_starts(handles: Iterable[AuxiliaryHandle]) -> dict[str, int]:
+    """The auxiliary runs' entries of a cycle's SeqLedger."""
+    return {handle.run_id: handle.seq_start for handle in handles}
+
+
+def seq_ends(handles: Iterable[AuxiliaryHandle], ledger: SeqLedger) -> dict[str, int]:
+    """Where each auxiliary run's next cycle starts, by name, once this cycle is done."""
+    return {handle.name: ledger.position(handle.run_id) for handle in handles}
+
+
+def advanced(
+    handles: Sequence[AuxiliaryHandle], seq_end: Mapping[str, int]
+) -> list[AuxiliaryHandle]:
+    """The handles for the next cycle, from the last cycle's `auxiliary_seq_end`."""
+    return [
+        handle.model_copy(update={"seq_start": seq_end.get(handle.name, handle.seq_start)})
+        for handle in handles
+    ]
+
+
+def save_auxiliary_checkpoints(
+    client: SequencedClient, handles: Iterable[AuxiliaryHandle], cycle: int
+) -> dict[str, str]:
+    """save_state `cycle-{n}` on every trainable auxiliary run (a critic's value head and
+    optimizer), so a resume restores it with the policy; the checkpoints by run name."""
+    return {
+        handle.name: client.run_operation(
+            handle.run_id, "save_state", {"name": checkpoint_name(cycle)}
+        )["checkpoint"]
+        for handle in handles
+        if handle.trainable
+    }

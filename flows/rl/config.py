@@ -1,0 +1,116 @@
+"""The RL flow's configuration: `RLConfig`, its loss choice and the critic and reference
+KL settings (no Prefect: the UI form and the CLI read it)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flows.core.config import BudgetField, FlowConfig, PricesField
+
+LossName = Literal[
+    "cross_entropy",
+    "importance_sampling",
+    "ppo",
+    "cispo",
+    "dro",
+    "gspo",
+    "ppo_critic",
+    "dppo",
+]
+"""The page's eight loss functions (whitney.losses.LOSS_FUNCTIONS), as a UI dropdown."""
+
+
+class CriticSettings(BaseModel):
+    """The critic of PPO with a critic (`loss = "ppo_critic"`); unused by other losses."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    gamma: float = Field(default=1.0, ge=0, le=1, description="GAE discount per token")
+    gae_lambda: float = Field(default=0.95, ge=0, le=1, description="GAE lambda")
+    learning_rate: float = Field(
+        default=3e-4, gt=0, le=1, description="AdamW learning rate of the critic run"
+    )
+    grad_clip_norm: float = Field(
+        default=1.0, ge=0, description="Clip the critic's gradient norm to this (0: off)"
+    )
+    normalize_advantages: bool = Field(
+        default=True,
+        description="Whiten the GAE advantages over each group's completion tokens",
+    )
+
+
+class ReferenceKLSettings(BaseModel):
+    """REINFORCE++'s KL penalty against a frozen reference run."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    enabled: bool = Field(
+        default=False,
+        description="Create a frozen reference run and put its per-token KL in the advantages",
+    )
+    kl_coef: float = Field(default=0.05, ge=0, le=100, description="Weight of the KL penalty")
+    length_normalize: bool = Field(
+        default=False, description="Divide each sequence's advantage by its length first"
+    )
+
+
+class RLConfig(FlowConfig):
+    """The RL flow: group sampling, rewards from an environment, group-relative advantages,
+    a build_loss recipe, forward_backward and optim_step, once per cycle."""
+
+    env: str = Field(
+        default="digits",
+        min_length=1,
+        description="Environment: a built-in name (digits, lowercase) or an import path "
+        "module:attr",
+    )
+    loss: LossName = Field(
+        default="importance_sampling",
+        description="Loss function; its build_loss recipe comes from flows.rl.recipes "
+        "(ppo_critic: PPO with a critic run, ppo on the policy)",
+    )
+    loss_config: dict[str, float] = Field(
+        default_factory=dict,
+        description="The loss's settings by the page's key names (clip_low_threshold, "
+        "clip_high_threshold, beta, delta_low, delta_high, value_clip); the recipe sends "
+        "them as the provider wants: clip bounds per token on tinker, scalar keys elsewhere",
+    )
+    critic: CriticSettings = Field(
+        default_factory=CriticSettings,
+        description="PPO with a critic (loss ppo_critic): GAE and the critic run's training",
+    )
+    reference_kl: ReferenceKLSettings = Field(
+        default_factory=ReferenceKLSettings,
+        description="REINFORCE++: a frozen reference run's per-token KL in the advantages",
+    )
+    resample_rounds: int = Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="Dynamic resampling: a group whose rewards are all equal (all-zero "
+        "advantages) is sampled again, with a fresh seed, up to this many times, then "
+        "dropped from the loss; 0: off (such groups are trained on as they are)",
+    )
+    advantages: Literal["grpo", "grpo_no_std", "rloo"] = Field(
+        default="grpo",
+        description="grpo: reward minus group mean, over group std; grpo_no_std: without the "
+        "std; rloo: leave-one-out baseline",
+    )
+    prompts_per_cycle: int = Field(default=8, ge=1, le=1024, description="Groups per cycle")
+    group_size: int = Field(default=8, ge=2, le=256, description="Samples per prompt")
+    max_tokens: int = Field(default=12, ge=1, le=8192, description="Most tokens per completion")
+    temperature: float = Field(default=1.0, gt=0, le=10, description="Sampling temperature")
+    concurrent_sampling: bool = Field(
+        default=True,
+        description="Submit a cycle's sample requests together (a reserved block of seq ids)",
+    )
+    pipelined: bool = Field(
+        default=True,
+        description="Submit forward_backward, optim_step and the save_weights_for_sampler "
+        "that publishes the next cycle's sampler (named cycle-{n+1}) back to back, without "
+        "waiting in between; the same training as one call after another",
+    )
+    budget: BudgetField
+    prices: PricesField

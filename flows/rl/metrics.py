@@ -1,0 +1,72 @@
+"""The numbers a cycle reports, and what a whole RL flow returns."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from flows.core.adapter import AdapterExport
+
+
+class CycleMetrics(BaseModel):
+    """What a cycle subflow returns (with `seq_end`, where the next cycle starts), and its
+    record: a table artifact row and a metrics JSON line."""
+
+    cycle: int
+    started_at: datetime = Field(description="When the cycle's work began (UTC)")
+    seq_start: int = Field(description="First seq id of the cycle")
+    seq_end: int = Field(description="Seq id the next cycle starts at")
+    reward_mean: float
+    reward_std: float
+    all_zero_group_share: float = Field(
+        description="Share of groups with uniform reward: all-zero advantages, no signal"
+    )
+    groups_resampled: int = Field(
+        default=0, description="Groups sampled again for having uniform reward (resampling)"
+    )
+    groups_dropped: int = Field(
+        default=0, description="Groups left out of the loss: still uniform after resampling"
+    )
+    recipe_metrics: dict[str, float] = Field(
+        default_factory=dict,
+        description="The recipe's own numbers: value_loss, values_clipfrac, critic_grad_norm "
+        "(PPO with a critic); reference_kl (REINFORCE++: mean sampled minus reference logprob)",
+    )
+    auxiliary_seq_end: dict[str, int] = Field(
+        default_factory=dict,
+        description="Seq id the next cycle starts at on each auxiliary run (critic, reference)",
+    )
+    loss: float
+    grad_norm: float
+    kl_sample_train: float | None = Field(
+        description="Mean of sampler minus learner logprob over trained tokens"
+    )
+    tokens_sampled: int
+    tokens_trained: int
+    usage: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="Billed usage counters per operation kind"
+    )
+    cost: float | None = Field(default=None, description="Estimated USD, with a price table")
+    op_seconds: dict[str, float] = Field(description="Wall seconds per operation kind")
+    wall_seconds: float
+
+
+class RLResult(BaseModel):
+    """What `rl_flow` returns: where the trained weights are, and every cycle's metrics."""
+
+    session_id: str
+    run_id: str
+    checkpoint: str
+    adapter: AdapterExport
+    cycles: list[CycleMetrics]
+    resumed_from: str | None = Field(
+        default=None, description="The checkpoint this flow run resumed from, if any"
+    )
+    usage: dict[str, dict[str, int]] = Field(
+        default_factory=dict, description="Billed usage per operation kind of the flow run"
+    )
+    cost: float | None = Field(default=None, description="Estimated USD, with a price table")
+    budget_stop: str | None = Field(
+        default=None, description="Why the flow stopped before its last cycle, if it did"
+    )

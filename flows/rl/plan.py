@@ -1,0 +1,231 @@
+"""An RL flow's plug-ins resolved from its config, checked before anything is allocated.
+
+`check_rl_config` is the page's fail-closed step: the loss must be one the provider
+advertises (`require_advertised_loss`), the provider must offer the runs the recipe needs
+(critic runs: modal and local only), the recipe must accept the loss_config keys, and every
+payload the recipe builds for a probe group (the policy's, and those it sends its auxiliary
+runs) must pass `validate_loss_config`, all before any session opens. The CLI runs it first
+too (exit 2).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from flows.core.config import ConfigError
+from flows.core.environments import Environment, load_environment
+from flows.core.seeds import derive_seed
+from flows.rl.config import RLConfig
+from flows.rl.recipes import (
+    CRITIC_PROVIDERS,
+    AuxiliaryRun,
+    Recipe,
+    load_recipe,
+    parse_loss_settings,
+)
+from flows.rl.recipes.context import LossContext
+from flows.rl.recipes.reference_kl import with_reference_kl
+from whitney.errors import InvalidLossConfig, Unprocessable
+from whitney.losses import PROVIDER_LOSS_SUPPORT, require_advertised_loss, validate_loss_config
+from whitney.payloads import sample_request
+from whitney.tokenizers import Tokenizer, get_tokenizer
+
+
+@dataclass(frozen=True)
+class RLPlan:
+    """The recipe, environment and tokenizer of an RL config."""
+
+    config: RLConfig
+    recipe: Recipe
+    environment: Environment
+    tokenizer: Tokenizer
+
+    def prompt_tokens(self, prompt: str) -> list[int]:
+        """The prompt's token ids, after the tokenizer's BOS where it has one."""
+        bos = getattr(self.tokenizer, "bos_id", None)
+        return ([bos] if bos is not None else []) + self.tokenizer.encode(prompt)
+
+    def sample_requests(self, cycle: int) -> tuple[list[str], list[dict[str, Any]]]:
+        """The cycle's prompts and one SampleRequest per prompt (group_size samples each),
+        seeded from (config seed, cycle, prompt index)."""
+        config = self.config
+        prompts = self.environment.prompts(
+            cycle, config.prompts_per_cycle, derive_seed(config.seed, cycle)
+        )
+        requests = [
+            sample_request(
+                self.prompt_tokens(prompt),
+                config.group_size,
+                max_tokens=config.max_tokens,
+                temperature=config.temperature,
+                stop_token_ids=[self.tokenizer.eos_id],
+                seed=derive_seed(config.seed, cycle, index),
+            )
+            for index, prompt in enumerate(prompts)
+        ]
+        return prompts, requests
+
+
+class DryRunClient:
+    """`ctx.client` during the probe: nothing is sent before validation passes. Calls a recipe
+    makes are answered with placeholders of the right shape (logprobs -1.0, values 0.0)."""
+
+    def __init__(self, eos_id: int) -> None:
+        self.eos_id = eos_id
+        self.calls: list[tuple[str, str, dict]] = []
+        """Every (run_id, kind, payload) a recipe sent, for validation."""
+
+    def run_operation(
+        self, run_id: str, kind: str, payload: dict, *, seq_id: int | None = None
+    ) -> dict:
+        self.calls.append((run_id, kind, payload))
+        if kind in ("forward", "forward_backward"):
+            lengths = [len(datum["input"]["token_ids"]) for datum in payload["data"]]
+            outputs = [{"logprobs": [-1.0] * n, "values": [0.0] * n} for n in lengths]
+            return {"loss": 0.0, "metrics": {}, "outputs": outputs}
+        return {}
+
+    def sampler_operation(
+        self, run_id: str, sampler_id: str, kind: str, payload: dict, *, seq_id: int | None = None
+    ) -> dict:
+        self.calls.append((run_id, kind, payload))
+        if kind == "logprobs":
+            lengths = [len(sequence["token_ids"]) for sequence in payload["sequences"]]
+            return {"logprobs": [[None] + [-1.0] * (n - 1) for n in lengths]}
+        if kind == "sample":
+            sequence = {"tokens": [self.eos_id], "logprobs": [-1.0], "stop_reason": "stop"}
+            prompt_tokens = len(payload["prompt"]["token_ids"])
+            return {
+                "sequences": [sequence] * payload["num_samples"],
+                "prompt_tokens": prompt_tokens,
+            }
+        return {}
+
+
+def load_rl_plan(config: RLConfig) -> RLPlan:
+    """Resolve the recipe, environment and tokenizer; ConfigError naming the field if not."""
+    recipe = compose_recipe(config)
+    try:
+        environment = load_environment(config.env)
+    except ValueError as error:
+        raise ConfigError("env", str(error)) from None
+    try:
+        tokenizer = get_tokenizer(config.base_model)
+    except ValueError as error:
+        raise ConfigError("base_model", str(error)) from None
+    return RLPlan(config, recipe, environment, tokenizer)
+
+
+@dataclass(frozen=True)
+class ProbeRun:
+    """An auxiliary run during the probe: a made-up id, nothing allocated."""
+
+    run_id: str
+    sampler_id: str | None
+
+
+def compose_recipe(config: RLConfig) -> Recipe:
+    """The loss's recipe with its options bound, wrapped for the reference KL if enabled;
+    ConfigError naming the field if they do not go together."""
+    try:
+        recipe = load_recipe(config.loss)
+    except ValueError as error:
+        raise ConfigError("loss", str(error)) from None
+    if recipe.options is not None:
+        if recipe.options not in RLConfig.model_fields:
+            raise ConfigError("loss", f"the {recipe.name} recipe wants unknown options")
+        recipe = recipe.bind_options(getattr(config, recipe.options))
+    if config.reference_kl.enabled:
+        try:
+            recipe = with_reference_kl(recipe, config.reference_kl)
+        except ValueError as error:
+            raise ConfigError("reference_kl", str(error)) from None
+    return recipe
+
+
+def probe(plan: RLPlan) -> tuple[dict[str, Any], DryRunClient]:
+    """The recipe's payload for a made-up group of two sequences, as a dry run, and the
+    client that saw every call it made (build_loss and finish_cycle): those calls get
+    placeholders, nothing reaches Whitney."""
+    eos = plan.tokenizer.eos_id
+    request = sample_request(plan.prompt_tokens("probe"), 2, max_tokens=2)
+    sample = {
+        "sequences": [
+            {"tokens": [ord("1"), eos], "logprobs": [-1.0, -1.0], "stop_reason": "stop"},
+            {"tokens": [ord("a"), eos], "logprobs": [-1.0, -1.0], "stop_reason": "stop"},
+        ],
+        "prompt_tokens": len(request["prompt"]["token_ids"]),
+    }
+    client = DryRunClient(eos)
+    ctx = LossContext(
+        client=client,
+        run_id="probe",
+        sampler_id="probe",
+        provider=plan.config.provider,
+        loss_config=dict(plan.config.loss_config),
+        rewards=[1.0, 0.0],
+        advantages=[0.5, -0.5],
+        runs={
+            run.name: ProbeRun(f"probe-{run.name}", run.name if run.sampler else None)
+            for run in plan.recipe.auxiliary_runs
+        },
+        scratch={},
+    )
+    payload = plan.recipe.build_loss(sample, 0, request, ctx)
+    if plan.recipe.finish_cycle is not None:
+        plan.recipe.finish_cycle(0, ctx)
+    return payload, client
+
+
+def check_auxiliary_runs(provider: str, recipe: Recipe) -> None:
+    """ConfigError unless the provider offers every run the recipe needs."""
+    for run in recipe.auxiliary_runs:
+        if run.role == "critic" and provider not in CRITIC_PROVIDERS:
+            raise ConfigError(
+                "loss",
+                f"the {recipe.name} recipe needs a critic run (role: critic), and {provider} "
+                f"has none (critic runs: {', '.join(sorted(CRITIC_PROVIDERS))})",
+            )
+
+
+def validate_payload(provider: str, payload: dict[str, Any], run: AuxiliaryRun | None) -> None:
+    """What the provider would refuse in a forward / forward_backward payload for the policy
+    (run None) or an auxiliary run, as ConfigError; a critic's datums are not policy
+    datums (it takes `values` and `returns`), so only its loss and loss_config are checked."""
+    critic = run is not None and run.role == "critic"
+    loss = payload["loss_function"]
+    where = "the policy" if run is None else f"the {run.name} run"
+    if critic and loss not in ("ppo_critic", "ppo"):
+        raise ConfigError("loss", f"{where} (a critic) is sent loss_function={loss!r}")
+    if not critic and loss == "ppo_critic":
+        raise ConfigError("loss", f"{where} is sent ppo_critic, which needs a critic run")
+    try:
+        validate_loss_config(
+            provider, loss, payload["loss_config"], [] if critic else payload["data"]
+        )
+    except InvalidLossConfig as error:
+        raise ConfigError("loss_config", f"{where}: {error.message}") from None
+    except Unprocessable as error:
+        raise ConfigError("loss", f"{where}: {error.message}") from None
+
+
+def check_rl_config(config: RLConfig) -> RLPlan:
+    """The plan of a config the provider will accept; ConfigError naming the field if not."""
+    try:
+        require_advertised_loss(config.provider, config.loss, PROVIDER_LOSS_SUPPORT)
+    except ValueError as error:
+        raise ConfigError("loss", str(error)) from None
+    plan = load_rl_plan(config)
+    check_auxiliary_runs(config.provider, plan.recipe)
+    try:
+        parse_loss_settings(plan.recipe, config.loss_config)
+    except ValueError as error:
+        raise ConfigError("loss_config", str(error)) from None
+    payload, client = probe(plan)
+    validate_payload(config.provider, payload, None)
+    runs = {f"probe-{run.name}": run for run in plan.recipe.auxiliary_runs}
+    for run_id, kind, sent in client.calls:
+        if kind in ("forward", "forward_backward"):
+            validate_payload(config.provider, sent, runs.get(run_id))
+    return plan

@@ -1,0 +1,98 @@
+"""The SFT flow's configuration: a pydantic model whose field descriptions and bounds are the
+Prefect UI's run form (as `RLConfig` is for the RL flow).
+
+An SFT run is sized by `steps` (optimizer steps, `steps_per_cycle` per cycle subflow) or by
+`epochs` (passes over the training split, one cycle subflow per epoch), not by `cycles`: the
+shared `cycles` field is hidden from the form and refused when given. `checkpoint_every` and
+`resume_from` are the shared ones: they count cycles and name checkpoints `cycle-{n}`.
+"""
+
+from __future__ import annotations
+
+from pydantic import Field, field_validator
+from pydantic.json_schema import SkipJsonSchema
+
+from flows.core.config import FlowConfig
+from flows.sft.schedules import ScheduleName
+
+DEFAULT_STEPS = 60
+
+
+class SFTConfig(FlowConfig):
+    """Supervised fine-tuning: (prompt, completion) pairs, cross_entropy on the completion
+    tokens, batches of `batch_size`, a learning-rate schedule, eval loss on a held-out split."""
+
+    data_path: str | None = Field(
+        default=None,
+        description='JSONL file of {"prompt": str, "completion": str} objects, one per '
+        "line; empty: the built-in corpus (312 Q/A pairs about 24 animals)",
+    )
+    steps: int = Field(
+        default=DEFAULT_STEPS, ge=1, le=10_000_000, description="Optimizer steps in total"
+    )
+    epochs: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="If set: passes over the training split instead of `steps`, one cycle "
+        "subflow per epoch",
+    )
+    steps_per_cycle: int = Field(
+        default=10,
+        ge=1,
+        le=100_000,
+        description="Optimizer steps per cycle subflow (not with epochs)",
+    )
+    batch_size: int = Field(default=16, ge=1, le=4096, description="Examples per optimizer step")
+    learning_rate: float = Field(
+        default=3e-3, gt=0, le=1, description="AdamW peak learning rate (after warmup)"
+    )
+    schedule: ScheduleName = Field(
+        default="cosine",
+        description="Learning-rate decay after warmup: constant, linear (to 0) or cosine (to 0)",
+    )
+    warmup_steps: int = Field(
+        default=5, ge=0, le=10_000_000, description="Steps of linear warmup up to learning_rate"
+    )
+    eval_fraction: float = Field(
+        default=0.1,
+        ge=0,
+        le=0.5,
+        description="Share of the examples held out for the eval loss (0: no eval); the "
+        "split depends on the examples' text only, not on the seed",
+    )
+    eval_every: int = Field(
+        default=10,
+        ge=1,
+        le=10_000_000,
+        description="Eval loss (forward on the held-out split) every this many steps, "
+        "before the first step and after the last",
+    )
+    max_example_tokens: int = Field(
+        default=1024,
+        ge=2,
+        le=1_000_000,
+        description="Refuse (before allocation) an example longer than this many tokens",
+    )
+    checkpoint_every: int = Field(
+        default=3,
+        ge=0,
+        le=100_000,
+        description="save_state named cycle-{n} after every this many cycles: where a retried "
+        "flow run resumes (0: only the final checkpoint)",
+    )
+    cycles: SkipJsonSchema[int | None] = Field(
+        default=None,
+        exclude=True,
+        description="Not used by SFT: size it with steps (and steps_per_cycle) or epochs",
+    )
+
+    @field_validator("cycles")
+    @classmethod
+    def _sized_by_steps_or_epochs(cls, value: int | None) -> int | None:
+        if value is not None:
+            raise ValueError(
+                "SFT is sized by steps (steps_per_cycle per cycle) or epochs (one cycle "
+                "each), not by cycles"
+            )
+        return value

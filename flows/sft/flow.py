@@ -1,0 +1,209 @@
+"""The SFT flow: the page's single-pass loop without sampling, one subflow run per cycle.
+
+    sft_flow(config)                      check the config and data (fail closed), resume
+                                          point, open_session (labelled), create_run
+      cycle-{first} .. cycle-{n-1}        sft_cycle(config, cycle, run_id, seq_start)
+        [forward[seq=k..]]                eval loss before the first step (cycle 0)
+        per step s of the cycle:
+          forward_backward                cross_entropy on the step's batch of sft_datums
+          optim_step                      AdamW at the scheduled learning rate of step s
+          [forward ...]                   eval loss on the held-out split, every eval_every
+        [save_state cycle-{n}]            every checkpoint_every cycles
+      save_state cycle-{n-1}, export_lora, finish_run, close_session
+
+A cycle is `steps_per_cycle` optimizer steps, or one epoch with `epochs`. Which examples a
+step trains on and at what rate are pure functions of (config, step) (flows.sft.plan), and
+every operation is a task with an explicit seq id from the cycle's ledger, so a retried cycle
+replays (completed operations come back from the server's journal, the rest run once), and a
+retried flow run, or one given `resume_from`, continues from a `cycle-{n}` checkpoint.
+
+For other flows (distillation trains its teacher with `sft_flow`): `evaluate` measures the
+eval loss per token through any client with `run_operation`, and `load_sft_plan(config)`
+gives the built-in corpus (or a file) tokenized and split, `plan.eval_chunks()` its held-out
+datums.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from prefect import flow
+from prefect.context import FlowRunContext
+
+from flows.core.cancellation import CancellationWatch
+from flows.core.checkpoints import checkpoint_due, checkpoint_name
+from flows.core.cleanup import CLEANUP_HOOKS
+from flows.core.connection import resolve_connection
+from flows.core.heartbeat import subflows_without_heartbeat
+from flows.core.operation_client import OperationClient
+from flows.core.operation_log import OperationLog
+from flows.core.records import RunRecords, record_cycle_table, run_rows
+from flows.core.sequenced_client import SequencedClient
+from flows.core.sequencing import SeqLedger
+from flows.core.training import end_training_run, start_training_run
+from flows.sft.config import SFTConfig
+from flows.sft.metrics import EvalPoint, SFTCycleMetrics, SFTResult
+from flows.sft.plan import LOSS_FUNCTION, SFTPlan, check_sft_config, load_sft_plan
+from whitney.datums import Datum
+from whitney.payloads import adamw_optimizer, forward_backward_payload
+
+__all__ = [
+    "EvalPoint",
+    "SFTConfig",
+    "SFTCycleMetrics",
+    "SFTResult",
+    "evaluate",
+    "load_sft_plan",
+    "run_sft_cycle",
+    "sft_cycle",
+    "sft_flow",
+]
+
+
+def evaluate(
+    client: OperationClient, run_id: str, chunks: Sequence[Sequence[Datum]], step: int
+) -> EvalPoint:
+    """The eval loss per token of the run's current weights: `forward` (no gradient) on each
+    chunk of cross_entropy datums, sum of losses over sum of `tokens:sum`."""
+    loss = tokens = 0.0
+    for chunk in chunks:
+        result = client.run_operation(
+            run_id, "forward", forward_backward_payload(list(chunk), LOSS_FUNCTION)
+        )
+        loss += float(result["loss"])
+        tokens += float(result["metrics"]["tokens:sum"])
+    if tokens <= 0:
+        raise ValueError("the eval datums hold no trained token")
+    return EvalPoint(step=step, loss=loss / tokens, tokens=round(tokens))
+
+
+def run_sft_cycle(
+    plan: SFTPlan, client: SequencedClient, cycle: int, run_id: str
+) -> SFTCycleMetrics:
+    """One cycle's steps (and evals, and checkpoint), every call through `client` (the
+    cycle's ledger)."""
+    started_at = datetime.now(UTC)
+    started = time.perf_counter()
+    config = plan.config
+    seq_start = client.ledger.position(run_id)
+    steps = plan.cycle_steps(cycle)
+    evals: list[EvalPoint] = []
+    if steps.start == 0 and plan.eval_due(0):
+        evals.append(evaluate(client, run_id, plan.eval_chunks(), 0))
+    loss_sum = token_sum = 0.0
+    grad_norms: list[float] = []
+    rate = config.learning_rate
+    for step in steps:
+        payload = forward_backward_payload(plan.batch(step), LOSS_FUNCTION)
+        backward = client.run_operation(run_id, "forward_backward", payload)
+        rate = plan.learning_rate(step)
+        optimizer = adamw_optimizer(rate, grad_clip_norm=config.grad_clip_norm)
+        optimized = client.run_operation(run_id, "optim_step", {"optimizer": optimizer})
+        loss_sum += float(backward["loss"])
+        token_sum += float(backward["metrics"]["tokens:sum"])
+        grad_norms.append(float(optimized.get("metrics", {}).get("grad_norm", 0.0)))
+        if plan.eval_due(step + 1):
+            evals.append(evaluate(client, run_id, plan.eval_chunks(), step + 1))
+    checkpoint = None
+    if checkpoint_due(cycle, config.checkpoint_every, plan.cycles):
+        state = {"name": checkpoint_name(cycle)}
+        checkpoint = client.run_operation(run_id, "save_state", state)["checkpoint"]
+    return SFTCycleMetrics(
+        cycle=cycle,
+        started_at=started_at,
+        seq_start=seq_start,
+        seq_end=client.ledger.position(run_id),
+        step_start=steps.start,
+        step_end=steps.stop,
+        epoch=steps.stop / plan.batches_per_epoch,
+        train_loss=loss_sum / max(token_sum, 1.0),
+        eval_loss=evals[-1].loss if evals else None,
+        evals=evals,
+        learning_rate=rate,
+        grad_norm=statistics.fmean(grad_norms),
+        tokens_trained=client.log.tokens("forward_backward", "trained_tokens"),
+        checkpoint=checkpoint,
+        op_seconds=dict(client.log.seconds),
+        wall_seconds=time.perf_counter() - started,
+    )
+
+
+@flow(name="sft-cycle", flow_run_name="cycle-{cycle}", persist_result=False, **CLEANUP_HOOKS)
+def sft_cycle(
+    config: SFTConfig, cycle: int, run_id: str, seq_start: int, whitney_block: str | None = None
+) -> SFTCycleMetrics:
+    """One SFT cycle from `seq_start`; returns its metrics, with the seq id the next starts at.
+
+    Retried by replaying: the same calls with the same seq ids, answered from the journal.
+    """
+    client = SequencedClient(
+        resolve_connection(config.api_url, whitney_block),
+        SeqLedger({run_id: seq_start}),
+        config.task_retry,
+        OperationLog(),
+    )
+    metrics = run_sft_cycle(load_sft_plan(config), client, cycle, run_id)
+    record_cycle_table(metrics)
+    return metrics
+
+
+def summary_rows(result: SFTResult) -> list[tuple[str, str]]:
+    """The SFT summary's rows: steps, eval loss first and last, then the run's whereabouts."""
+    rows = [("steps", str(result.steps)), ("cycles", str(len(result.cycles)))]
+    if result.eval_losses:
+        rows.append((f"eval loss, step {result.eval_steps[0]}", f"{result.eval_losses[0]:.4f}"))
+        rows.append((f"eval loss, step {result.eval_steps[-1]}", f"{result.eval_losses[-1]:.4f}"))
+    if result.cycles:
+        rows.append(("train loss, last cycle", f"{result.cycles[-1].train_loss:.4f}"))
+    if result.resumed_from:
+        rows.append(("resumed from", f"`{result.resumed_from}`"))
+    return rows + run_rows(result)
+
+
+@flow(name="sft", persist_result=False, **CLEANUP_HOOKS)
+def sft_flow(config: SFTConfig, whitney_block: str | None = None) -> SFTResult:
+    """Fine-tune a LoRA adapter by SFT on Whitney: check the config and data, open a labelled
+    session and a run, run the cycle subflows, then save_state, export_lora, finish, close.
+
+    Args:
+        config: The SFT configuration.
+        whitney_block: Name of a saved WhitneyCredentials block; empty: config.api_url or
+            WHITNEY_API_URL, with WHITNEY_API_KEY.
+    """
+    plan = check_sft_config(config)  # fails closed before anything is allocated
+    connection = resolve_connection(config.api_url, whitney_block)
+    flow_run = FlowRunContext.get().flow_run
+    training = start_training_run(config, connection)
+    first_cycle = training.start.first_cycle
+    records = RunRecords(f"sft-{flow_run.name}", plan.cycles - first_cycle, config.metrics_path)
+    cycle_flow = sft_cycle.with_options(
+        retries=config.cycle_retries, retry_delay_seconds=config.cycle_retry_delay_s
+    )
+    seq = training.next_seq_id
+    with CancellationWatch(flow_run.id) as cancellation, subflows_without_heartbeat():
+        for cycle in range(first_cycle, plan.cycles):
+            cancellation.raise_if_requested()
+            metrics = cycle_flow(config, cycle, training.run_id, seq, whitney_block)
+            seq = metrics.seq_end
+            records.add_cycle(metrics)
+
+    final = end_training_run(training, config, seq, checkpoint_name(plan.cycles - 1))
+    evals = [point for metrics in records.cycles for point in metrics.evals]
+    result = SFTResult(
+        session_id=training.session_id,
+        run_id=training.run_id,
+        checkpoint=final.checkpoint,
+        adapter=final.adapter,
+        eval_losses=[point.loss for point in evals],
+        eval_steps=[point.step for point in evals],
+        steps=plan.total_steps,
+        cycles=records.cycles,
+        resumed_from=training.start.checkpoint,
+    )
+    records.add_markdown_summary(
+        "SFT flow summary", summary_rows(result), "Eval loss, checkpoint and adapter of the SFT run"
+    )
+    return result

@@ -1,0 +1,56 @@
+"""The numbers an SFT cycle reports, and what the SFT flow returns."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from pydantic import BaseModel, Field
+
+from flows.core.adapter import AdapterExport
+
+
+class EvalPoint(BaseModel):
+    """The eval loss after `step` optimizer steps (0: before training)."""
+
+    step: int
+    loss: float = Field(description="Eval loss per trained token: loss / tokens:sum")
+    tokens: int = Field(description="Completion tokens of the held-out split")
+
+
+class SFTCycleMetrics(BaseModel):
+    """What an SFT cycle subflow returns (with `seq_end`, where the next cycle starts), and
+    its record: a table artifact row and a metrics JSON line."""
+
+    cycle: int
+    started_at: datetime = Field(description="When the cycle's work began (UTC)")
+    seq_start: int = Field(description="First seq id of the cycle")
+    seq_end: int = Field(description="Seq id the next cycle starts at")
+    step_start: int = Field(description="Optimizer steps done before the cycle")
+    step_end: int = Field(description="Optimizer steps done after the cycle")
+    epoch: float = Field(description="Passes over the training split done after the cycle")
+    train_loss: float = Field(description="Training loss per trained token over the cycle")
+    eval_loss: float | None = Field(description="The cycle's latest eval loss per token")
+    evals: list[EvalPoint] = Field(description="Every eval loss the cycle measured")
+    learning_rate: float = Field(description="Learning rate of the cycle's last step")
+    grad_norm: float = Field(description="Mean pre-clip gradient norm over the cycle's steps")
+    tokens_trained: int = Field(description="Tokens billed by the cycle's forward_backward")
+    checkpoint: str | None = Field(description="The cycle-{n} checkpoint saved after the cycle")
+    op_seconds: dict[str, float] = Field(description="Wall seconds per operation kind")
+    wall_seconds: float
+
+
+class SFTResult(BaseModel):
+    """What `sft_flow` returns: where the trained weights are, the eval losses, and every
+    cycle's metrics."""
+
+    session_id: str
+    run_id: str
+    checkpoint: str = Field(description="The final save_state URI: the resume point")
+    adapter: AdapterExport
+    eval_losses: list[float] = Field(description="Eval loss per token, in step order")
+    eval_steps: list[int] = Field(description="The step count of each eval loss")
+    steps: int = Field(description="Optimizer steps of the run")
+    cycles: list[SFTCycleMetrics]
+    resumed_from: str | None = Field(
+        default=None, description="The checkpoint this flow run resumed from, if any"
+    )

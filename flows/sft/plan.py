@@ -1,0 +1,232 @@
+"""An SFT flow's data and step plan, resolved from its config and checked before anything is
+allocated.
+
+`load_sft_plan(config)` reads the (prompt, completion) pairs (`config.data_path`, or the
+built-in corpus of `flows.sft.corpus`), tokenizes them with the base model's tokenizer (BOS +
+prompt, completion + EOS) into the page's `sft_datum`s, holds out the eval split, and fixes
+which examples every optimizer step trains on: a pure function of (seed, step), so a replayed
+or resumed cycle sends byte-identical payloads. `check_sft_config` is the fail-closed step the
+flow and the CLI run first (exit 2 naming the field, and the line of a bad example).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import random
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from flows.core.checkpoints import check_resume_from
+from flows.core.config import ConfigError
+from flows.core.seeds import derive_seed
+from flows.sft.config import SFTConfig
+from flows.sft.corpus import DATA_FIELD, Example, builtin_examples, read_examples
+from flows.sft.schedules import scheduled_rate
+from whitney.datums import Datum, sft_datum
+from whitney.errors import Unprocessable
+from whitney.losses import PROVIDER_LOSS_SUPPORT, require_advertised_loss, validate_loss_config
+from whitney.tokenizers import Tokenizer, get_tokenizer
+
+LOSS_FUNCTION = "cross_entropy"
+EVAL_CHUNK = 64
+"""Eval datums per `forward` call."""
+SPLIT_SALT = b"whitney-flows eval split\x00"
+
+
+def example_tokens(tokenizer: Tokenizer, example: Example) -> tuple[list[int], list[int]]:
+    """(prompt tokens, completion tokens): BOS (where the tokenizer has one) + the prompt,
+    and the completion + EOS."""
+    bos = getattr(tokenizer, "bos_id", None)
+    prompt = ([bos] if bos is not None else []) + tokenizer.encode(example.prompt)
+    return prompt, tokenizer.encode(example.completion) + [tokenizer.eos_id]
+
+
+def held_out(examples: Sequence[Example], fraction: float) -> set[int]:
+    """Indices of the eval split: the round(n * fraction) examples (at least 1 if fraction > 0)
+    with the smallest SHA-256 of their text. Depends on the text only, not on order or seed,
+    so every flow on the same data (a teacher and its student) holds out the same pairs."""
+    if fraction <= 0:
+        return set()
+    count = max(1, round(len(examples) * fraction))
+
+    def rank(index: int) -> tuple[bytes, int]:
+        example = examples[index]
+        text = f"{example.prompt}\x00{example.completion}".encode()
+        return hashlib.sha256(SPLIT_SALT + text).digest(), index
+
+    return set(sorted(range(len(examples)), key=rank)[:count])
+
+
+@dataclass(frozen=True)
+class SFTData:
+    """Tokenized examples, split into train and eval datums (each in file order)."""
+
+    train: tuple[Datum, ...]
+    eval: tuple[Datum, ...]
+    source: str
+
+    @property
+    def examples(self) -> int:
+        return len(self.train) + len(self.eval)
+
+
+def tokenize(
+    examples: Sequence[Example],
+    tokenizer: Tokenizer,
+    source: str,
+    eval_fraction: float,
+    max_example_tokens: int,
+) -> SFTData:
+    """Datums of the examples, split; ConfigError naming the line of an example too long."""
+    datums = []
+    for example in examples:
+        prompt, completion = example_tokens(tokenizer, example)
+        if len(prompt) + len(completion) > max_example_tokens:
+            raise ConfigError(
+                DATA_FIELD,
+                f"{source} line {example.line}: {len(prompt) + len(completion)} tokens, more "
+                f"than max_example_tokens={max_example_tokens}",
+            )
+        datums.append(sft_datum(prompt, completion))
+    evaluated = held_out(examples, eval_fraction)
+    if len(evaluated) >= len(examples):
+        raise ConfigError(
+            "eval_fraction",
+            f"{source} holds {len(examples)} example(s): holding out {len(evaluated)} for eval "
+            "leaves none to train on",
+        )
+    train = tuple(datum for index, datum in enumerate(datums) if index not in evaluated)
+    held = tuple(datum for index, datum in enumerate(datums) if index in evaluated)
+    return SFTData(train=train, eval=held, source=source)
+
+
+_data_cache: dict[tuple, SFTData] = {}
+_data_lock = threading.Lock()
+DATA_CACHE_SIZE = 4
+
+
+def load_data(config: SFTConfig) -> SFTData:
+    """The config's tokenized, split data; cached per process (keyed by the file's path,
+    size and mtime), so each cycle subflow does not re-read and re-tokenize it."""
+    if config.data_path:
+        path = Path(config.data_path)
+        try:
+            stat = path.stat()
+        except OSError as error:
+            raise ConfigError(DATA_FIELD, f"cannot read {path}: {error.strerror}") from None
+        file_key: tuple = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    else:
+        file_key = ("builtin",)
+    key = (file_key, config.base_model, config.eval_fraction, config.max_example_tokens)
+    with _data_lock:
+        cached = _data_cache.get(key)
+    if cached is not None:
+        return cached
+    try:
+        tokenizer = get_tokenizer(config.base_model)
+    except ValueError as error:
+        raise ConfigError("base_model", str(error)) from None
+    if config.data_path:
+        examples, source = read_examples(config.data_path), str(config.data_path)
+    else:
+        examples, source = builtin_examples(), "built-in corpus"
+    data = tokenize(examples, tokenizer, source, config.eval_fraction, config.max_example_tokens)
+    with _data_lock:
+        if len(_data_cache) >= DATA_CACHE_SIZE:
+            _data_cache.pop(next(iter(_data_cache)))
+        _data_cache[key] = data
+    return data
+
+
+@functools.lru_cache(maxsize=8)
+def epoch_order(seed: int, epoch: int, count: int) -> tuple[int, ...]:
+    """The order of the training examples in `epoch`: a permutation seeded by (seed, epoch)."""
+    order = list(range(count))
+    random.Random(derive_seed(seed, epoch)).shuffle(order)
+    return tuple(order)
+
+
+@dataclass(frozen=True)
+class SFTPlan:
+    """The data of an SFT config and which steps, batches and rates each cycle runs."""
+
+    config: SFTConfig
+    data: SFTData
+
+    @property
+    def batches_per_epoch(self) -> int:
+        return math.ceil(len(self.data.train) / self.config.batch_size)
+
+    @property
+    def total_steps(self) -> int:
+        if self.config.epochs is not None:
+            return self.config.epochs * self.batches_per_epoch
+        return self.config.steps
+
+    @property
+    def steps_per_cycle(self) -> int:
+        """An epoch with `epochs`, else `config.steps_per_cycle`."""
+        if self.config.epochs is not None:
+            return self.batches_per_epoch
+        return self.config.steps_per_cycle
+
+    @property
+    def cycles(self) -> int:
+        return math.ceil(self.total_steps / self.steps_per_cycle)
+
+    def cycle_steps(self, cycle: int) -> range:
+        """The optimizer steps (0-based) of `cycle`."""
+        if not 0 <= cycle < self.cycles:
+            raise ValueError(f"cycle must be within [0, {self.cycles}), got {cycle}")
+        start = cycle * self.steps_per_cycle
+        return range(start, min(start + self.steps_per_cycle, self.total_steps))
+
+    def batch(self, step: int) -> list[Datum]:
+        """The training datums of optimizer step `step`: the step's slice of its epoch's
+        order (the last batch of an epoch may be smaller)."""
+        epoch, index = divmod(step, self.batches_per_epoch)
+        order = epoch_order(self.config.seed, epoch, len(self.data.train))
+        size = self.config.batch_size
+        return [self.data.train[i] for i in order[index * size : (index + 1) * size]]
+
+    def learning_rate(self, step: int) -> float:
+        config = self.config
+        return scheduled_rate(
+            config.schedule, config.learning_rate, step, self.total_steps, config.warmup_steps
+        )
+
+    def eval_due(self, steps_done: int) -> bool:
+        """Whether the eval loss is measured after `steps_done` steps (0: before training)."""
+        if not self.data.eval:
+            return False
+        return steps_done % self.config.eval_every == 0 or steps_done == self.total_steps
+
+    def eval_chunks(self) -> list[list[Datum]]:
+        """The eval datums, in `forward` calls of at most EVAL_CHUNK."""
+        held = list(self.data.eval)
+        return [held[i : i + EVAL_CHUNK] for i in range(0, len(held), EVAL_CHUNK)]
+
+
+def load_sft_plan(config: SFTConfig) -> SFTPlan:
+    """The plan of a config; ConfigError naming the field (and line) if the data is bad."""
+    return SFTPlan(config, load_data(config))
+
+
+def check_sft_config(config: SFTConfig) -> SFTPlan:
+    """The plan of a config the provider will accept, checked before anything is allocated;
+    ConfigError naming the field (for data: the file and line) otherwise."""
+    try:
+        require_advertised_loss(config.provider, LOSS_FUNCTION, PROVIDER_LOSS_SUPPORT)
+    except ValueError as error:
+        raise ConfigError("provider", str(error)) from None
+    plan = load_sft_plan(config)
+    try:
+        validate_loss_config(config.provider, LOSS_FUNCTION, {}, list(plan.data.train[:1]))
+    except Unprocessable as error:
+        raise ConfigError("provider", error.message) from None
+    check_resume_from(config.resume_from, plan.cycles)
+    return plan

@@ -1,0 +1,160 @@
+"""The arrows of `flows/`, read from the source with `ast` (imports inside functions count):
+`cli -> {rl, sft, distill} -> core -> tasks -> whitney`, distill -> sft the one cross-flow
+arrow, no import cycle among the modules of flows/, and recipes, plans and configs load
+neither Prefect nor torch. Imports under `if TYPE_CHECKING:` are annotations, not arrows."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("flows", "tasks")
+
+ALLOWED = {
+    "flows.cli": {"flows.cli", "flows.rl", "flows.sft", "flows.distill", "flows.core", "tasks"},
+    "flows.rl": {"flows.rl", "flows.core", "tasks"},
+    "flows.sft": {"flows.sft", "flows.core", "tasks"},
+    "flows.distill": {"flows.distill", "flows.sft", "flows.core", "tasks"},
+    "flows.core": {"flows.core", "tasks"},
+    "flows": set(),
+    "tasks": {"tasks"},
+}
+"""Which layers of this repository each layer may import (whitney and blocks: any layer)."""
+HEAVY = ("prefect", "torch")
+PURE_SUFFIXES = (".config", ".plan")
+PURE_PACKAGES = ("flows.rl.recipes",)
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def modules() -> dict[str, Path]:
+    """Every module of flows/ and tasks/, by dotted name."""
+    return {
+        module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")
+    }
+
+
+def is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node but those under `if TYPE_CHECKING:`."""
+    for child in ast.iter_child_nodes(tree):
+        if isinstance(child, ast.If) and is_type_checking(child):
+            for node in child.orelse:
+                yield node
+                yield from runtime_nodes(node)
+            continue
+        yield child
+        yield from runtime_nodes(child)
+
+
+def imports(path: Path, known: set[str]) -> list[tuple[int, str]]:
+    """(line, imported module) of every runtime import in the file; `from a import b` names
+    module `a.b` when that is a module of the repository."""
+    found: list[tuple[int, str]] = []
+    for node in runtime_nodes(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                submodule = f"{node.module}.{alias.name}"
+                found.append((node.lineno, submodule if submodule in known else node.module))
+    return sorted(set(found))
+
+
+def layer(module: str) -> str | None:
+    """The layer of a module of this repository (None outside flows/ and tasks/)."""
+    parts = module.split(".")
+    if parts[0] == "tasks":
+        return "tasks"
+    if parts[0] != "flows":
+        return None
+    return "flows" if len(parts) == 1 else f"flows.{parts[1]}"
+
+
+def is_pure(module: str) -> bool:
+    return module.endswith(PURE_SUFFIXES) or module.startswith(PURE_PACKAGES)
+
+
+def graph() -> dict[str, list[tuple[int, str]]]:
+    """Each module's imports of other modules of flows/ and tasks/, with their lines."""
+    found = modules()
+    known = set(found)
+    return {
+        module: [(line, target) for line, target in imports(path, known) if target in known]
+        for module, path in found.items()
+    }
+
+
+def test_every_arrow_points_down_the_layers() -> None:
+    found = modules()
+    known = set(found)
+    wrong = []
+    for module, path in found.items():
+        allowed = ALLOWED[layer(module)]
+        for line, target in imports(path, known):
+            target_layer = layer(target)
+            if target_layer is not None and target_layer not in allowed:
+                wrong.append(f"{module} ({path.name}:{line}) imports {target}")
+    assert wrong == [], "wrong arrows:\n" + "\n".join(wrong)
+
+
+def test_recipes_plans_and_configs_load_neither_prefect_nor_torch() -> None:
+    found = modules()
+    known = set(found)
+    arrows = graph()
+    wrong = []
+    for module in sorted(filter(is_pure, found)):
+        seen, stack = {module}, [(module, [module])]
+        while stack:
+            current, chain = stack.pop()
+            for line, target in imports(found[current], known):
+                if target.split(".")[0] in HEAVY:
+                    wrong.append(f"{' -> '.join(chain)} imports {target} (line {line})")
+            for _, target in arrows[current]:
+                if target not in seen:
+                    seen.add(target)
+                    stack.append((target, [*chain, target]))
+    assert wrong == [], "heavy imports from pure modules:\n" + "\n".join(wrong)
+
+
+def test_no_import_cycle() -> None:
+    arrows = graph()
+    cycles: list[str] = []
+    state: dict[str, str] = {}
+
+    def visit(module: str, chain: list[str]) -> None:
+        state[module] = "open"
+        for line, target in arrows[module]:
+            if state.get(target) == "open":
+                start = chain.index(target) if target in chain else 0
+                cycles.append(" -> ".join([*chain[start:], target]) + f" (line {line})")
+            elif target not in state:
+                visit(target, [*chain, target])
+        state[module] = "done"
+
+    for module in sorted(arrows):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == [], "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_checker_sees_imports_inside_functions(tmp_path: Path) -> None:
+    source = tmp_path / "sample.py"
+    source.write_text(
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    import prefect\n"
+        "def later():\n    import torch\n",
+        encoding="utf-8",
+    )
+    assert imports(source, set()) == [(1, "typing"), (5, "torch")]
