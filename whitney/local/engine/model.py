@@ -166,8 +166,12 @@ class Values:
         lo = torch.round((scaled - hi) * 2.0**VALUE_BITS) * 2.0**-VALUE_BITS
         return cls(hi * grid, lo * grid)
 
-    def rows(self, index: Tensor | slice) -> Values:
+    def rows(self, index: Tensor) -> Values:
         return Values(self.hi[index], self.lo[index])
+
+    def upto(self, length: int) -> Values:
+        """The first `length` positions."""
+        return Values(self.hi[:, :, :length], self.lo[:, :, :length])
 
 
 def attention_weights_times_values(p: Tensor, values: Values, prob_bits: int) -> Tensor:
@@ -282,7 +286,10 @@ class KVCache:
         self.shape = (batch, cfg.kv_heads, length, cfg.dim_head)
         self.keys = [torch.zeros(self.shape, dtype=torch.float64) for _ in range(cfg.num_layers)]
         self.values = [
-            Values(torch.zeros(self.shape, dtype=torch.float64), torch.zeros(self.shape).double())
+            Values(
+                torch.zeros(self.shape, dtype=torch.float64),
+                torch.zeros(self.shape, dtype=torch.float64),
+            )
             for _ in range(cfg.num_layers)
         ]
         self.positions = torch.zeros(batch, dtype=torch.long)
@@ -310,9 +317,7 @@ class KVCache:
         ):
             store.permute(0, 2, 1, 3)[rows, cols] = new.permute(0, 2, 1, 3)
         filled = int(cols.max()) + 1
-        return self.keys[n][:, :, :filled], self.values[n].rows(
-            (slice(None), slice(None), slice(filled))
-        )
+        return self.keys[n][:, :, :filled], self.values[n].upto(filled)
 
 
 class Llama:
