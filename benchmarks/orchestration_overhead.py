@@ -42,9 +42,7 @@ from served import quiet_prefect, served_whitney
 
 from flows.core.connection import resolve_connection
 from flows.core.heartbeat import subflows_without_heartbeat
-from flows.core.operation_log import OperationLog
-from flows.core.sequenced_client import SequencedClient
-from flows.core.sequencing import SeqLedger
+from flows.core.sequenced_client import OperationLog, SequencedClient
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow, run_cycle
 from flows.rl.metrics import CycleMetrics
@@ -81,9 +79,7 @@ def plain_loop(config: RLConfig) -> tuple[list[CycleMetrics], str]:
         lora_rank=config.lora_rank,
         seed=config.seed,
     )
-    plain = PlainClient(
-        connection, SeqLedger({run.run_id: run.next_seq_id}), config.task_retry, OperationLog()
-    )
+    plain = PlainClient(connection, {run.run_id: run.next_seq_id}, config.task_retry)
     cycles = []
     for cycle in range(config.cycles):
         plain.log = OperationLog()

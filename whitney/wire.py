@@ -6,7 +6,7 @@ are ValidationErrors whose location names the field. Response models accept unkn
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
 
@@ -267,6 +267,31 @@ class Operation(ResponseModel):
     usage: dict[str, int | float] = Field(default_factory=dict)
     submitted_at: str | None = None
     finished_at: str | None = None
+
+    def result_as(self, model: type[ResultT]) -> ResultT:
+        """The result as `model`, which must be this kind's result model (RESULT_MODELS)."""
+        expected = RESULT_MODELS.get(self.kind)
+        if expected is not model:
+            raise ValueError(
+                f"a {self.kind!r} operation's result is a "
+                f"{expected.__name__ if expected else 'nothing known'}, not a {model.__name__}"
+            )
+        return model.model_validate(self.result or {})
+
+
+ResultT = TypeVar("ResultT", bound=ResponseModel)
+RESULT_MODELS: dict[str, type[ResponseModel]] = {
+    "forward_backward": ForwardResult,
+    "forward": ForwardResult,
+    "optim_step": OptimStepResult,
+    "save_weights_for_sampler": SamplerResult,
+    "save_state": SaveStateResult,
+    "load_state": LoadStateResult,
+    "export_lora": ExportLoraResult,
+    "sample": SampleResult,
+    "logprobs": LogprobsResult,
+}
+"""The result model of each operation kind."""
 
 
 class OperationList(ResponseModel):

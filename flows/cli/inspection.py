@@ -31,9 +31,9 @@ from typing import Any, Protocol
 
 from flows.core.cost import add_usage, format_usage, total_tokens
 from flows.core.operation_rows import metrics_text, operation_row, parse_time, seconds_text
+from tasks.names import CYCLE_SAMPLER
 from whitney import wire
 
-CYCLE_SAMPLER = re.compile(r"^cycle-(\d+)$")
 DEFAULT_SAMPLER = re.compile(r"^sampler-\d+$")
 FINAL_KINDS = frozenset({"save_state", "export_lora"})
 

@@ -128,6 +128,18 @@ def add_output_options(command: argparse.ArgumentParser) -> None:
     )
 
 
+def shared_overrides(options: argparse.Namespace) -> dict[str, Any]:
+    """The config overrides every `run FLOW` has: --provider, --base-model, --seed,
+    --api-url and --metrics-out (None: not given, the config file's value stands)."""
+    return {
+        "provider": options.provider,
+        "base_model": options.base_model,
+        "seed": options.seed,
+        "api_url": options.api_url,
+        "metrics_path": str(options.metrics_out) if options.metrics_out else None,
+    }
+
+
 def add_distill_parser(flows: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """`run distill` and its options (besides --api-url, --metrics-out and --adapter-dir)."""
     command = flows.add_parser(

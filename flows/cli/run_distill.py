@@ -20,6 +20,7 @@ from rich.table import Table
 
 from flows.cli.exit_codes import EXIT_BAD_CONFIG
 from flows.cli.launch import check_api_key, launch_flow
+from flows.cli.parsers import shared_overrides
 from flows.cli.terminal import CycleProgress
 from flows.core.budget import check_budget
 from flows.core.config import ConfigError, settings_with_overrides, validated
@@ -41,15 +42,11 @@ def distill_config_from(options: argparse.Namespace) -> DistillationConfig:
     the file) means the demo's: an SFT teacher on the built-in corpus, unless `--teacher base`.
     """
     overrides = {
+        **shared_overrides(options),
         "cycles": options.cycles,
-        "provider": options.provider,
-        "base_model": options.base_model,
-        "seed": options.seed,
         "teacher_checkpoint": options.teacher_checkpoint,
         "teacher_chunk_size": options.chunk_size,
         "task_runner": options.task_runner,
-        "api_url": options.api_url,
-        "metrics_path": str(options.metrics_out) if options.metrics_out else None,
     }
     data = settings_with_overrides(options.config, overrides)
     if options.sequential_teacher:

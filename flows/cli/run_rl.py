@@ -9,6 +9,7 @@ import sys
 
 from flows.cli.exit_codes import EXIT_BAD_CONFIG
 from flows.cli.launch import check_api_key, launch_flow
+from flows.cli.parsers import shared_overrides
 from flows.cli.terminal import CycleProgress, summary_table
 from flows.core.config import ConfigError, settings_with_overrides, validated
 from flows.rl.config import RLConfig
@@ -21,14 +22,10 @@ PROG = "whitney-flows run rl"
 def rl_config_from(options: argparse.Namespace) -> RLConfig:
     """The config file (if any) with the command-line options on top; ConfigError if bad."""
     overrides = {
+        **shared_overrides(options),
         "cycles": options.cycles,
         "env": options.env,
         "loss": options.loss,
-        "provider": options.provider,
-        "base_model": options.base_model,
-        "seed": options.seed,
-        "api_url": options.api_url,
-        "metrics_path": str(options.metrics_out) if options.metrics_out else None,
     }
     data = settings_with_overrides(options.config, overrides)
     return validated(RLConfig, data)

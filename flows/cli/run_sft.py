@@ -13,6 +13,7 @@ from rich.table import Table
 
 from flows.cli.exit_codes import EXIT_BAD_CONFIG
 from flows.cli.launch import check_api_key, launch_flow
+from flows.cli.parsers import shared_overrides
 from flows.cli.terminal import CycleProgress
 from flows.core.config import ConfigError, settings_with_overrides, validated
 from flows.sft.config import SFTConfig
@@ -27,16 +28,12 @@ def sft_config_from(options: argparse.Namespace) -> SFTConfig:
     """The config file (if any) with the command-line options on top; ConfigError if bad.
     `--steps` clears an `epochs` of the file; `--epochs` takes precedence over its steps."""
     overrides = {
+        **shared_overrides(options),
         "steps": options.steps,
         "epochs": options.epochs,
         "data_path": str(options.data) if options.data else None,
-        "provider": options.provider,
-        "base_model": options.base_model,
         "learning_rate": options.lr,
         "schedule": options.schedule,
-        "seed": options.seed,
-        "api_url": options.api_url,
-        "metrics_path": str(options.metrics_out) if options.metrics_out else None,
     }
     data = settings_with_overrides(options.config, overrides)
     if options.steps is not None:

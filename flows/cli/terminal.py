@@ -27,7 +27,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from flows.core.polling import PollingThread
+from flows.cli.polling import PollingThread
 from flows.core.summary import first_and_last
 from flows.rl.metrics import CycleMetrics, RLResult
 

@@ -1,2 +1,2 @@
-"""What every flow shares: the sequenced client, session and run lifecycle, resume and
-checkpoints, records, cost and budget, cleanup, cancellation and task runners."""
+"""What every flow shares: the one outer loop and its records, the sequenced client, session
+and run lifecycle, configs, cost and budget, cleanup hooks and task runners."""

@@ -22,12 +22,9 @@ from prefect.states import State
 
 from flows.core.connection import resolve_connection
 from tasks.connection import client_for
-from whitney import wire
-from whitney.client import WhitneyClient
-from whitney.errors import WhitneyError
+from tasks.names import FLOW_RUN_LABEL, PARENT_FLOW_RUN_LABEL
+from tasks.release import release_sessions
 
-FLOW_RUN_LABEL = "prefect.flow-run-id"
-PARENT_FLOW_RUN_LABEL = "prefect.parent-flow-run-id"
 DEFAULT_CLEANUP_TIMEOUT_S = 60.0
 CLEANUP_RETRY_SECONDS = 20.0
 
@@ -60,39 +57,6 @@ def flow_run_lineage(flow_run: FlowRun) -> list[UUID]:
     return lineage
 
 
-def cancel_and_await(client: WhitneyClient, run_id: str, timeout_s: float, logger: Any) -> None:
-    """Cancel the run unless it is terminal, and poll until it is (bounded)."""
-    run = client.get_run(run_id)
-    if run.status in wire.RUN_TERMINAL:
-        logger.info("Whitney run %s is already %s", run_id, run.status)
-        return
-    client.cancel(run_id)
-    run = client.wait_terminal(run_id, timeout=timeout_s)
-    logger.info("Cancelled Whitney run %s: now %s", run_id, run.status)
-
-
-def release_sessions(
-    client: WhitneyClient, flow_run_id: UUID | str, timeout_s: float, logger: Any
-) -> int:
-    """Cancel the runs of the flow run's open sessions and close them; how many were open."""
-    label = f"{FLOW_RUN_LABEL}:{flow_run_id}"
-    released = 0
-    for session in client.list_sessions(label=label):
-        if session.status == "closed":
-            continue
-        for run_id in client.get_session(session.session_id).run_ids or []:
-            try:
-                cancel_and_await(client, run_id, timeout_s, logger)
-            except WhitneyError as error:
-                logger.warning("Could not cancel Whitney run %s: %s", run_id, error)
-        client.close_session(session.session_id)
-        logger.info("Closed Whitney session %s", session.session_id)
-        released += 1
-    if not released:
-        logger.info("No open Whitney session bears %s", label)
-    return released
-
-
 def release_whitney(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:
     """on_failure / on_crashed / on_cancellation: release the Whitney resources of the flow
     run's top-level flow run. Logs and swallows every error."""
@@ -122,6 +86,3 @@ CLEANUP_HOOKS: dict[str, list[Any]] = {
     "on_cancellation": [release_whitney],
 }
 """Keyword arguments for `@flow`: the same idempotent cleanup on every bad ending."""
-
-
-AUXILIARY_LABEL = "whitney-flows.rl.auxiliary"

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flows.core.cost import Budget, PriceTable
+from tasks.names import CYCLE_CHECKPOINT_PATTERN, checkpoint_cycle
 from tasks.retry import TaskRetrySettings
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
@@ -96,10 +97,33 @@ class FlowConfig(BaseModel):
     )
     resume_from: str | None = Field(
         default=None,
-        pattern=r"^whitney://runs/[A-Za-z0-9_-]+/states/cycle-[0-9]+$",
+        pattern=CYCLE_CHECKPOINT_PATTERN,
         description="Continue from this checkpoint (whitney://runs/<run>/states/cycle-<n>, "
         "from any earlier flow run) on a new run, at cycle n+1",
     )
+
+
+def checkpoint_due(cycle: int, every: int, cycles: int) -> bool:
+    """Whether cycle `cycle` ends with a `cycle-{n}` checkpoint: after every `every` cycles,
+    except the flow's last cycle, whose state the final save_state keeps under that name."""
+    return every > 0 and (cycle + 1) % every == 0 and cycle < cycles - 1
+
+
+def check_resume_from(resume_from: str | None, cycles: int) -> None:
+    """ConfigError unless `resume_from` is empty or a cycle checkpoint that leaves cycles
+    to train (before anything is allocated)."""
+    if not resume_from:
+        return
+    try:
+        cycle = checkpoint_cycle(resume_from)
+    except ValueError as error:
+        raise ConfigError("resume_from", str(error)) from None
+    if cycle + 1 >= cycles:
+        raise ConfigError(
+            "resume_from",
+            f"{resume_from} is the state after cycle {cycle}: nothing is left to train with "
+            f"cycles={cycles} (cycles counts from cycle 0; set it above {cycle + 1})",
+        )
 
 
 def read_config_file(path: Path) -> dict[str, Any]:

@@ -1,29 +1,125 @@
 """`ctx.client` (flows.rl.recipes.context) and every flow's ordered Whitney calls.
 
-`ctx.client` looks like the page's client (`run_operation`, `sampler_operation`), but every
-call is a retried Prefect task whose seq id comes from the cycle's `SeqLedger`: extra calls a
-recipe makes take the next ids in order, so a replayed cycle makes them again with the same
-ids. The cycle itself makes its calls through the same object.
+`ctx.client` looks like the client of Whitney's Loop building blocks (`run_operation`,
+`sampler_operation`), but every call is a retried Prefect task whose seq id comes from the
+cycle's `SeqLedger`: extra calls a recipe makes take the next ids in order, so a replayed cycle
+makes them again with the same ids. The flows make their calls through the same object, one
+at a time (`execute`) or as a block submitted together (`run_block`): the one way every flow
+and task runner submits concurrent operations.
 
-Payloads go to the tasks `quote`d, so Prefect does not walk them looking for futures: for a
-forward_backward payload of 64 datums that walk alone cost about 0.1 s per call.
+Seq ids: a `SeqLedger` hands out each run's ids in order from a known start. A cycle starts
+at the id where the previous one ended and allocates in a deterministic order (a block
+reserves all its ids before anything is submitted), so a replayed cycle makes the same calls
+with the same ids: completed operations come back from the server's journal, the rest run
+once. Allocate from the cycle's own thread only. Every answer goes into the client's
+`OperationLog` (the cycle's record: wall time and billed usage per kind).
+
+Payloads go to the tasks `quote`d on the thread pool, so Prefect does not walk them looking
+for futures (for a forward_backward payload of 64 datums that walk alone cost about 0.1 s per
+call); on Dask, whose serialisation of task arguments turns `quote` into a plain tuple, as is.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+import time
+from collections import defaultdict
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from typing import Any, NamedTuple
 
-from prefect import Task
-from prefect.futures import PrefectFuture, wait
+from prefect import Task, get_run_logger
+from prefect.context import FlowRunContext
+from prefect.futures import PrefectFuture
+from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
-from flows.core.operation_log import OperationLog
-from flows.core.sequencing import SeqLedger
 from tasks.connection import WhitneyConnection
+from tasks.lifecycle import cancel_run
 from tasks.operations import RUN_OPERATION_TASKS, SAMPLER_OPERATION_TASKS
 from tasks.retry import TaskRetrySettings, with_retry
 from whitney import wire
+from whitney.errors import WhitneyError
+
+
+class SeqLedger:
+    """The next seq id of each run the cycle operates on."""
+
+    def __init__(self, starts: Mapping[str, int]) -> None:
+        for run_id, start in starts.items():
+            if start < 1:
+                raise ValueError(f"seq ids start at 1, got {start} for run {run_id}")
+        self._next = dict(starts)
+
+    def position(self, run_id: str) -> int:
+        """The id the run's next operation will get (where this cycle ends, once it is done)."""
+        try:
+            return self._next[run_id]
+        except KeyError:
+            raise KeyError(f"no seq start known for run {run_id}") from None
+
+    def next(self, run_id: str) -> int:
+        """Allocate the run's next id."""
+        return self.reserve(run_id, 1).start
+
+    def reserve(self, run_id: str, count: int) -> range:
+        """Allocate a block of `count` consecutive ids (for a fan-out)."""
+        if count < 0:
+            raise ValueError(f"cannot reserve {count} seq ids")
+        start = self.position(run_id)
+        self._next[run_id] = start + count
+        return range(start, start + count)
+
+    def move_to(self, run_id: str, position: int) -> None:
+        """Go on from `position` (where the cycles a flow ran left the run), never back."""
+        if position < self.position(run_id):
+            raise ValueError(f"run {run_id}: seq id {position} is behind {self.position(run_id)}")
+        self._next[run_id] = position
+
+
+class OperationLog:
+    """The operations of one cycle (or a flow's own calls), with wall seconds and `usage`
+    counters per operation kind."""
+
+    def __init__(self) -> None:
+        self.operations: list[wire.Operation] = []
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.usage: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+
+    @contextmanager
+    def timing(self, kind: str) -> Iterator[None]:
+        """Add the wall time of the `with` block to `kind`."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[kind] += time.perf_counter() - started
+
+    def record(self, operation: wire.Operation) -> None:
+        """Keep the operation and add its usage counters to its kind."""
+        self.operations.append(operation)
+        for name, value in operation.usage.items():
+            self.usage[operation.kind][name] += int(value)
+
+    def tokens(self, kind: str, counter: str = "tokens") -> int:
+        """Billed `counter` of `kind` so far (falling back to plain `tokens`)."""
+        usage = self.usage.get(kind, {})
+        return int(usage.get(counter, usage.get("tokens", 0)))
+
+
+class Call(NamedTuple):
+    """One operation of a block: a run operation, or a sampler operation on `sampler_id`."""
+
+    kind: str
+    payload: dict[str, Any]
+    sampler_id: str | None = None
+
+
+class Submitted(NamedTuple):
+    """A block's calls on their run, as task futures in seq order."""
+
+    run_id: str
+    calls: Sequence[Call]
+    futures: Sequence[PrefectFuture[wire.Operation]]
 
 
 def _task_for(kind: str, sampler_id: str | None, retry: TaskRetrySettings) -> Task[..., Any]:
@@ -34,20 +130,28 @@ def _task_for(kind: str, sampler_id: str | None, retry: TaskRetrySettings) -> Ta
     return with_retry(tasks[kind], retry)
 
 
+def task_payload(payload: dict[str, Any]) -> Any:
+    """The payload as a task argument: `quote`d on the thread pool, as is on Dask."""
+    runner = getattr(FlowRunContext.get(), "task_runner", None)
+    if runner is None or isinstance(runner, ThreadPoolTaskRunner):  # outside a flow: threads
+        return quote(payload)
+    return payload
+
+
 class SequencedClient:
-    """Ordered Whitney calls for one cycle: seq ids from the ledger, each call a task."""
+    """Ordered Whitney calls: seq ids from the ledger, each call a task, each answer logged."""
 
     def __init__(
         self,
         connection: WhitneyConnection,
-        ledger: SeqLedger,
+        starts: Mapping[str, int],
         retry: TaskRetrySettings,
-        log: OperationLog,
+        log: OperationLog | None = None,
     ) -> None:
         self.connection = connection
-        self.ledger = ledger
+        self.ledger = SeqLedger(starts)
         self.retry = retry
-        self.log = log
+        self.log = log if log is not None else OperationLog()
 
     def execute(
         self,
@@ -69,7 +173,7 @@ class SequencedClient:
     def call(
         self, run_id: str, kind: str, payload: dict, seq_id: int, sampler_id: str | None
     ) -> wire.Operation:
-        """One operation on seq id `seq_id`, as a Prefect task."""
+        """One operation on seq id `seq_id`, as a Prefect task run in this thread."""
         task = _task_for(kind, sampler_id, self.retry)
         route = () if sampler_id is None else (sampler_id,)
         return task(self.connection, run_id, *route, seq_id, quote(payload))
@@ -77,43 +181,57 @@ class SequencedClient:
     def run_operation(
         self, run_id: str, kind: str, payload: dict, *, seq_id: int | None = None
     ) -> dict:
-        """The page's `client.run_operation`: the operation's result."""
+        """Loop building blocks' `client.run_operation`: the operation's result."""
         return self.execute(run_id, kind, payload, seq_id=seq_id).result or {}
 
     def sampler_operation(
         self, run_id: str, sampler_id: str, kind: str, payload: dict, *, seq_id: int | None = None
     ) -> dict:
-        """The page's `client.sampler_operation`: the operation's result."""
+        """Loop building blocks' `client.sampler_operation`: the operation's result."""
         operation = self.execute(run_id, kind, payload, seq_id=seq_id, sampler_id=sampler_id)
         return operation.result or {}
 
-    def submit(
-        self, run_id: str, kind: str, payload: dict, *, sampler_id: str | None = None
-    ) -> PrefectFuture[wire.Operation]:
-        """Submit one operation as a task future on the ledger's next id, allocated now:
-        calls made one after another get consecutive ids, whatever order they finish in.
-        The caller waits for the future and records the operation in the log."""
-        task = _task_for(kind, sampler_id, self.retry)
-        seq = self.ledger.next(run_id)
-        route = () if sampler_id is None else (sampler_id,)
-        return task.submit(self.connection, run_id, *route, seq, quote(payload))
+    def submit(self, run_id: str, calls: Sequence[Call]) -> Submitted:
+        """Reserve a block of the run's seq ids for `calls` (allocated now, in order) and
+        submit them all as tasks: the task runner runs them concurrently; the server
+        executes them in seq order, so their results are those of one call after another."""
+        seq_ids = self.ledger.reserve(run_id, len(calls))
+        futures = []
+        for seq, call in zip(seq_ids, calls, strict=True):
+            task = _task_for(call.kind, call.sampler_id, self.retry)
+            route = () if call.sampler_id is None else (call.sampler_id,)
+            payload = task_payload(call.payload)
+            futures.append(task.submit(self.connection, run_id, *route, seq, payload))
+        return Submitted(run_id, calls, futures)
 
-    def fan_out(
-        self, run_id: str, sampler_id: str, kind: str, payloads: Sequence[dict]
-    ) -> list[wire.Operation]:
-        """Submit sampler operations together on a reserved block of ids; wait for all.
+    def collect(self, submitted: Submitted) -> list[wire.Operation]:
+        """The block's operations, waited for in seq order and recorded in the log; each
+        wait is timed under its kind, so the times add up to the block's wall time.
 
-        The server executes them in seq order, so the results equal sequential calls.
+        On a non-retryable failure the run is cancelled before the error propagates: the
+        calls behind a refused one would otherwise wait out the server's gap timeout, and a
+        replay cannot repair it (the same request gets the same answer).
         """
-        task = _task_for(kind, sampler_id, self.retry)
-        seq_ids = self.ledger.reserve(run_id, len(payloads))
-        with self.log.timing(kind):
-            futures = [
-                task.submit(self.connection, run_id, sampler_id, seq, quote(payload))
-                for seq, payload in zip(seq_ids, payloads, strict=True)
-            ]
-            wait(futures)
-            operations = [future.result() for future in futures]
-        for operation in operations:
+        operations = []
+        for call, future in zip(submitted.calls, submitted.futures, strict=True):
+            try:
+                with self.log.timing(call.kind):
+                    operation = future.result()
+            except WhitneyError as error:
+                if not error.retryable:
+                    self.cancel_behind_failure(submitted.run_id)
+                raise
             self.log.record(operation)
+            operations.append(operation)
         return operations
+
+    def run_block(self, run_id: str, calls: Sequence[Call]) -> list[wire.Operation]:
+        """`calls` submitted together on a reserved block of seq ids; their operations."""
+        return self.collect(self.submit(run_id, calls))
+
+    def cancel_behind_failure(self, run_id: str) -> None:
+        """Cancel the run whose block failed for good, so nothing waits behind the failure."""
+        try:
+            with_retry(cancel_run, self.retry)(self.connection, run_id)
+        except Exception as error:  # the cleanup hook cancels it too; the block's error matters
+            get_run_logger().warning("Could not cancel Whitney run %s: %r", run_id, error)

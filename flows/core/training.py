@@ -1,11 +1,10 @@
 """The start and the normal end of a training flow run on Whitney, shared by the flows.
 
-    start_training_run    resume point (flows.core.resume), open_session labelled with the flow
+    start_training_run    resume point (tasks.resume), open_session labelled with the flow
                           run id, create_run (from the resume checkpoint, if any)
-    save_final_state      save_state (named: a resume point too)
-    export_adapter        export_lora
-    release_training_run  finish_run (the trained run, then any other), close_session
-    end_training_run      the three above, for a flow with one run
+    TrainingRun.add_run   create_run of another run in the session (critic, reference, teacher)
+    end_training_run      save_state (named: a resume point too), export_lora, finish_run
+                          (the trained run, then any other), close_session
 
 All are made of retried tasks with idempotency keys per flow run attempt, so a retried task
 never opens a second session or run. A bad ending is the cleanup hooks' business
@@ -14,28 +13,28 @@ never opens a second session or run. A bad ending is the cleanup hooks' business
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from prefect.context import FlowRunContext
+from pydantic import BaseModel, Field
 
-from flows.core.adapter import AdapterExport
 from flows.core.cleanup import session_labels
 from flows.core.config import FlowConfig
-from flows.core.operation_client import OperationClient
-from flows.core.operation_log import OperationLog
-from flows.core.resume import ResumePoint, find_resume_point
 from flows.core.sequenced_client import SequencedClient
-from flows.core.sequencing import SeqLedger
 from tasks.connection import WhitneyConnection
 from tasks.lifecycle import close_session, create_run, finish_run, open_session
+from tasks.resume import ResumePoint, find_resume_point
 from tasks.retry import with_retry
+from whitney import wire
 
 
 @dataclass(frozen=True)
 class TrainingRun:
     """A flow run attempt's Whitney session and trainable run, and where it starts."""
 
+    config: FlowConfig
     connection: WhitneyConnection
     session_id: str
     run_id: str
@@ -44,13 +43,59 @@ class TrainingRun:
     attempt: str
     """The flow run attempt's prefix of idempotency keys, for any further run it creates."""
 
+    def client(self, starts: Mapping[str, int]) -> SequencedClient:
+        """The flow's own ordered calls (outside the cycles), from the seq ids `starts`."""
+        return SequencedClient(self.connection, starts, self.config.task_retry)
 
-@dataclass(frozen=True)
-class FinalState:
-    """What the normal end leaves: the checkpoint URI and the exported adapter."""
+    def add_run(self, name: str, **options: Any) -> wire.Run:
+        """Another run in the session (a critic, a reference, a teacher), keyed `name` for
+        this attempt; `options` as for `create_run_in`."""
+        return create_run_in(
+            self.config, self.connection, self.session_id, f"{self.attempt}-{name}", **options
+        )
 
-    checkpoint: str
-    adapter: AdapterExport
+
+def create_run_in(
+    config: FlowConfig,
+    connection: WhitneyConnection,
+    session_id: str,
+    idempotency_key: str,
+    *,
+    base_model: str | None = None,
+    lora_rank: int | None = None,
+    role: str = "policy",
+    trainable: bool = True,
+    from_checkpoint: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> wire.Run:
+    """create_run (retried) in the session, on the config's provider and seed, of the config's
+    base model and LoRA rank unless `base_model` or `lora_rank` say otherwise."""
+    return with_retry(create_run, config.task_retry)(
+        connection,
+        session_id,
+        config.provider,
+        base_model or config.base_model,
+        lora_rank=lora_rank or config.lora_rank,
+        seed=config.seed,
+        idempotency_key=idempotency_key,
+        role=role,
+        trainable=trainable,
+        from_checkpoint=from_checkpoint,
+        labels=labels,
+    )
+
+
+class TrainingResult(BaseModel):
+    """What every training flow returns (its flow's result extends it): where the trained
+    weights are."""
+
+    session_id: str
+    run_id: str = Field(description="The trained run")
+    checkpoint: str = Field(description="The final save_state URI: the resume point")
+    adapter: wire.ExportLoraResult
+    resumed_from: str | None = Field(
+        default=None, description="The checkpoint this flow run resumed from, if any"
+    )
 
 
 def start_training_run(
@@ -69,51 +114,39 @@ def start_training_run(
     session = with_retry(open_session, config.task_retry)(
         connection, session_labels(flow_run), f"{attempt}-session"
     )
-    run = with_retry(create_run, config.task_retry)(
+    run = create_run_in(
+        config,
         connection,
         session.session_id,
-        config.provider,
-        config.base_model,
-        lora_rank=config.lora_rank,
-        seed=config.seed,
-        idempotency_key=f"{attempt}-{name}",
+        f"{attempt}-{name}",
         from_checkpoint=start.checkpoint,
         labels=labels,
     )
-    return TrainingRun(connection, session.session_id, run.run_id, run.next_seq_id, start, attempt)
-
-
-def save_final_state(client: OperationClient, run_id: str, checkpoint_name: str | None) -> str:
-    """save_state named `checkpoint_name` (unnamed if None); the checkpoint URI."""
-    state = {"name": checkpoint_name} if checkpoint_name is not None else {}
-    return client.run_operation(run_id, "save_state", state)["checkpoint"]
-
-
-def export_adapter(client: OperationClient, run_id: str) -> AdapterExport:
-    """export_lora: the run's adapter artifact."""
-    return AdapterExport.model_validate(client.run_operation(run_id, "export_lora", {}))
-
-
-def release_training_run(
-    training: TrainingRun, config: FlowConfig, other_run_ids: Iterable[str] = ()
-) -> None:
-    """Finish the trained run, then `other_run_ids` (a critic, a teacher), and close the
-    session."""
-    finish = with_retry(finish_run, config.task_retry)
-    for run_id in (training.run_id, *other_run_ids):
-        finish(training.connection, run_id)
-    with_retry(close_session, config.task_retry)(training.connection, training.session_id)
+    return TrainingRun(
+        config, connection, session.session_id, run.run_id, run.next_seq_id, start, attempt
+    )
 
 
 def end_training_run(
-    training: TrainingRun, config: FlowConfig, seq: int, checkpoint_name: str
-) -> FinalState:
-    """The page's normal end from seq id `seq`: save_state named `checkpoint_name`,
-    export_lora, finish the run, close the session."""
-    client = SequencedClient(
-        training.connection, SeqLedger({training.run_id: seq}), config.task_retry, OperationLog()
+    training: TrainingRun,
+    client: SequencedClient,
+    checkpoint_name: str | None,
+    other_run_ids: Iterable[str] = (),
+) -> TrainingResult:
+    """The normal end, from where `client` stands: save_state named `checkpoint_name`
+    (unnamed if None), export_lora, finish the trained run and then `other_run_ids` (a
+    critic, a teacher), close the session."""
+    state = {"name": checkpoint_name} if checkpoint_name is not None else {}
+    saved = client.execute(training.run_id, "save_state", state)
+    exported = client.execute(training.run_id, "export_lora", {})
+    retry = training.config.task_retry
+    for run_id in (training.run_id, *other_run_ids):
+        with_retry(finish_run, retry)(training.connection, run_id)
+    with_retry(close_session, retry)(training.connection, training.session_id)
+    return TrainingResult(
+        session_id=training.session_id,
+        run_id=training.run_id,
+        checkpoint=saved.result_as(wire.SaveStateResult).checkpoint,
+        adapter=exported.result_as(wire.ExportLoraResult),
+        resumed_from=training.start.checkpoint,
     )
-    checkpoint = save_final_state(client, training.run_id, checkpoint_name)
-    adapter = export_adapter(client, training.run_id)
-    release_training_run(training, config)
-    return FinalState(checkpoint, adapter)

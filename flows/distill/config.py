@@ -7,10 +7,10 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from flows.core.checkpoints import CHECKPOINT_URI
 from flows.core.config import BudgetField, FlowConfig, PricesField
 from flows.core.task_runner_settings import TaskRunnerSettings
 from flows.sft.config import SFTConfig
+from tasks.names import CHECKPOINT_URI
 
 LOSS_FUNCTION = "importance_sampling"
 CORPUS = "corpus"

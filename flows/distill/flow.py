@@ -2,7 +2,7 @@
 samples, with the teacher's `logprobs` fanned out as concurrent tasks.
 
     distillation_flow(config)            check (fail closed); [sft_flow: train the teacher,
-                                         unless an earlier attempt did: flows.distill.teacher]
+                                         unless an earlier attempt did: tasks.teacher]
                                          resume point, open_session (labelled), create the
                                          student run and the frozen teacher run
       [eval-start / eval]                eval loss of student and teacher (held-out split)
@@ -34,30 +34,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import Flow, flow, get_run_logger
 from prefect.context import FlowRunContext
-from prefect.futures import PrefectFuture
-from prefect.task_runners import ThreadPoolTaskRunner
-from prefect.utilities.annotations import quote
 
 from flows.core.budget import BudgetGuard, flow_cost_model
-from flows.core.cancellation import CancellationWatch
-from flows.core.checkpoints import check_resume_from, checkpoint_due, checkpoint_name
 from flows.core.cleanup import CLEANUP_HOOKS
+from flows.core.config import checkpoint_due
 from flows.core.connection import resolve_connection
 from flows.core.cost import Usage, add_usage, format_cost, format_usage, usage_of
-from flows.core.cycle_operations import RecordingLog, record_cycle_operations
-from flows.core.heartbeat import subflows_without_heartbeat
-from flows.core.records import RunRecords, record_cycle_table, run_rows
-from flows.core.sequenced_client import SequencedClient
-from flows.core.sequencing import SeqLedger
-from flows.core.task_runners import cycle_task_runners
-from flows.core.training import (
-    export_adapter,
-    release_training_run,
-    save_final_state,
-    start_training_run,
-)
+from flows.core.cycles import RunRecords, by_run, cycle_client, record_cycle, run_cycles, run_rows
+from flows.core.sequenced_client import Call, SequencedClient
+from flows.core.training import end_training_run, start_training_run
 from flows.distill.config import LOSS_FUNCTION, DistillationConfig
 from flows.distill.metrics import DistillationResult, DistillCycleMetrics, EvalLosses
 from flows.distill.plan import (
@@ -68,81 +55,15 @@ from flows.distill.plan import (
     load_distill_plan,
     reverse_kl_advantages,
 )
-from flows.distill.teacher import find_trained_teacher, read_teacher_sft_usage
-from tasks.lifecycle import cancel_run, create_run
-from tasks.operations import RUN_OPERATION_TASKS, SAMPLER_OPERATION_TASKS
+from tasks.names import cycle_name
 from tasks.retry import with_retry
+from tasks.teacher import find_trained_teacher, read_teacher_sft_journal
 from whitney import wire
 from whitney.datums import rl_datum
-from whitney.errors import WhitneyError
-from whitney.payloads import adamw_optimizer, forward_backward_payload, result_sampler_id
+from whitney.payloads import adamw_optimizer, forward_backward_payload
 
-Call = tuple[str, dict[str, Any], str | None]
-"""(kind, payload, sampler_id or None for a run operation)."""
 ROLE_LABEL = "whitney-flows.role"
 """The run label naming the student and the teacher."""
-
-
-def submit_calls(
-    client: SequencedClient, run_id: str, calls: Sequence[Call]
-) -> list[PrefectFuture[wire.Operation]]:
-    """Reserve a block of the run's seq ids for `calls` and submit them all as tasks: the
-    flow's task runner runs them concurrently; the server executes them in seq order."""
-    seq_ids = client.ledger.reserve(run_id, len(calls))
-    futures = []
-    for seq, (kind, payload, sampler_id) in zip(seq_ids, calls, strict=True):
-        tasks = RUN_OPERATION_TASKS if sampler_id is None else SAMPLER_OPERATION_TASKS
-        task = with_retry(tasks[kind], client.retry)
-        route = () if sampler_id is None else (sampler_id,)
-        futures.append(task.submit(client.connection, run_id, *route, seq, task_payload(payload)))
-    return futures
-
-
-def task_payload(payload: dict[str, Any]) -> Any:
-    """The payload as a task argument: `quote`d on the thread pool, so Prefect does not walk
-    it looking for futures (see flows.core.sequenced_client); as is on Dask, whose
-    serialisation of task arguments turns the `quote` wrapper into a plain tuple."""
-    context = FlowRunContext.get()
-    if isinstance(getattr(context, "task_runner", None), ThreadPoolTaskRunner):
-        return quote(payload)
-    return payload
-
-
-def collect(
-    client: SequencedClient, run_id: str, futures: Sequence[PrefectFuture[wire.Operation]]
-) -> list[wire.Operation]:
-    """The operations of submitted calls, waited for in seq order, recorded in the log.
-
-    On a non-retryable failure the run is cancelled before the error propagates: the calls
-    behind a refused one would otherwise wait out the server's gap timeout.
-    """
-    operations: list[wire.Operation] = []
-    for future in futures:
-        try:
-            operations.append(future.result())
-        except WhitneyError as error:
-            if not error.retryable:
-                cancel_behind_failure(client, run_id)
-            raise
-    for operation in operations:
-        client.log.record(operation)
-    return operations
-
-
-def submit_block(
-    client: SequencedClient, run_id: str, calls: Sequence[Call], timing: str
-) -> list[wire.Operation]:
-    """`calls` submitted together on a reserved block of seq ids; their operations, in order
-    (the results of one call after another: the server executes in seq order)."""
-    with client.log.timing(timing):
-        return collect(client, run_id, submit_calls(client, run_id, calls))
-
-
-def cancel_behind_failure(client: SequencedClient, run_id: str) -> None:
-    try:
-        with_retry(cancel_run, client.retry)(client.connection, run_id)
-    except Exception as error:  # the cleanup hook cancels it too
-        get_run_logger().warning("Could not cancel Whitney run %s: %r", run_id, error)
 
 
 def sampler_block(
@@ -157,13 +78,13 @@ def sampler_block(
     submitted block (`together`; the sampler is named, so its calls queue before it answers)
     or one call after another, with the same seq ids either way. The calls' results."""
     if together:
-        calls: list[Call] = [("save_weights_for_sampler", {"name": name}, None)]
-        calls += [(kind, payload, name) for payload in payloads]
-        operations = submit_block(client, run_id, calls, timing=kind)
-        result_sampler_id(operations[0])
+        calls = [Call("save_weights_for_sampler", {"name": name})]
+        calls += [Call(kind, payload, name) for payload in payloads]
+        operations = client.run_block(run_id, calls)
+        operations[0].result_as(wire.SamplerResult)
         return [operation.result or {} for operation in operations[1:]]
-    sampler = client.run_operation(run_id, "save_weights_for_sampler", {"name": name})
-    sampler_id = result_sampler_id(sampler)
+    sampler = client.execute(run_id, "save_weights_for_sampler", {"name": name})
+    sampler_id = sampler.result_as(wire.SamplerResult).sampler_id
     return [client.sampler_operation(run_id, sampler_id, kind, payload) for payload in payloads]
 
 
@@ -190,7 +111,7 @@ def teacher_logprobs(
     results = sampler_block(
         client,
         teacher_run_id,
-        checkpoint_name(cycle),
+        cycle_name(cycle),
         "logprobs",
         payloads,
         together=config.teacher_fan_out,
@@ -207,8 +128,7 @@ def teacher_logprobs(
 def run_distill_cycle(
     plan: DistillPlan, client: SequencedClient, cycle: int, run_id: str, teacher_run_id: str
 ) -> DistillCycleMetrics:
-    """One distillation cycle, every call through `client` (the cycle's ledger of both runs;
-    its log must be a RecordingLog)."""
+    """One distillation cycle, every call through `client` (the cycle's ledger of both runs)."""
     started_at = datetime.now(UTC)
     started = time.perf_counter()
     config = plan.config
@@ -216,7 +136,7 @@ def run_distill_cycle(
     teacher_seq_start = client.ledger.position(teacher_run_id)
     requests = plan.sample_requests(cycle)
     samples = sampler_block(
-        client, run_id, checkpoint_name(cycle), "sample", requests, config.concurrent_sampling
+        client, run_id, cycle_name(cycle), "sample", requests, config.concurrent_sampling
     )
     rollouts = [
         Rollout(request["prompt"]["token_ids"], sequence["tokens"], sequence["logprobs"])
@@ -236,16 +156,15 @@ def run_distill_cycle(
             student - taught for student, taught in zip(rollout.logprobs, teacher_lp, strict=True)
         ]
         advantages += per_token
-    backward = client.run_operation(
-        run_id, "forward_backward", forward_backward_payload(data, LOSS_FUNCTION)
-    )
+    payload = forward_backward_payload(data, LOSS_FUNCTION)
+    backward = client.execute(run_id, "forward_backward", payload).result_as(wire.ForwardResult)
     optimizer = adamw_optimizer(config.learning_rate, grad_clip_norm=config.grad_clip_norm)
-    optimized = client.run_operation(run_id, "optim_step", {"optimizer": optimizer})
+    optimized = client.execute(run_id, "optim_step", {"optimizer": optimizer})
     checkpoint = None
     if checkpoint_due(cycle, config.checkpoint_every, config.cycles):
-        state = {"name": checkpoint_name(cycle)}
-        checkpoint = client.run_operation(run_id, "save_state", state)["checkpoint"]
-    log: RecordingLog = client.log  # type: ignore[assignment]
+        saved = client.execute(run_id, "save_state", {"name": cycle_name(cycle)})
+        checkpoint = saved.result_as(wire.SaveStateResult).checkpoint
+    log = client.log
     return DistillCycleMetrics(
         cycle=cycle,
         started_at=started_at,
@@ -255,9 +174,9 @@ def run_distill_cycle(
         teacher_seq_end=client.ledger.position(teacher_run_id),
         teacher_kl=statistics.fmean(gaps),
         advantage_mean=statistics.fmean(advantages),
-        loss=float(backward["loss"]),
-        grad_norm=float(optimized.get("metrics", {}).get("grad_norm", 0.0)),
-        kl_sample_train=backward.get("metrics", {}).get("kl_sample_train:mean"),
+        loss=backward.loss,
+        grad_norm=optimized.result_as(wire.OptimStepResult).metrics.get("grad_norm", 0.0),
+        kl_sample_train=backward.metrics.get("kl_sample_train:mean"),
         sequences=len(rollouts),
         teacher_chunks=config.teacher_chunks,
         tokens_sampled=log.tokens("sample", "sampled_tokens"),
@@ -287,22 +206,11 @@ def distill_cycle(
 
     Retried by replaying: the same calls with the same seq ids, answered from the journal.
     """
-    log = RecordingLog()
-    client = SequencedClient(
-        resolve_connection(config.api_url, whitney_block),
-        SeqLedger({run_id: seq_start, teacher_run_id: teacher_seq_start}),
-        config.task_retry,
-        log,
-    )
+    starts = {run_id: seq_start, teacher_run_id: teacher_seq_start}
+    client = cycle_client(config, whitney_block, starts)
     metrics = run_distill_cycle(load_distill_plan(config), client, cycle, run_id, teacher_run_id)
-    record_cycle_table(metrics)
-    record_cycle_operations(
-        cycle,
-        {
-            "student": [op for op in log.operations if op.run_id == run_id],
-            "teacher": [op for op in log.operations if op.run_id == teacher_run_id],
-        },
-    )
+    names = {run_id: "student", teacher_run_id: "teacher"}
+    record_cycle(metrics, by_run(client.log.operations, names))
     return metrics
 
 
@@ -316,19 +224,17 @@ def evaluate(
     sampler of that name and one logprobs call on the held-out split, every run's block
     submitted together."""
     payload = plan.eval_payload()
-    with client.log.timing("eval"):
-        submitted = {
-            name: submit_calls(
-                client,
-                run_id,
-                [("save_weights_for_sampler", {"name": name}, None), ("logprobs", payload, name)],
-            )
-            for name, run_id in runs.items()
-        }
-        losses = {}
-        for name, futures in submitted.items():
-            operations = collect(client, runs[name], futures)
-            losses[name] = plan.eval_loss((operations[1].result or {})["logprobs"])
+    submitted = {
+        name: client.submit(
+            run_id,
+            [Call("save_weights_for_sampler", {"name": name}), Call("logprobs", payload, name)],
+        )
+        for name, run_id in runs.items()
+    }
+    losses = {}
+    for name, block in submitted.items():
+        operations = client.collect(block)
+        losses[name] = plan.eval_loss(operations[1].result_as(wire.LogprobsResult).logprobs)
     return losses
 
 
@@ -366,12 +272,12 @@ def distillation_flow(
     subflows within the budget, then save_state, export_lora, finish, close.
 
     Args:
-        config: The distillation configuration.
-        whitney_block: Name of a saved WhitneyCredentials block; empty: config.api_url or
+        config: The distillation configuration: the teacher, the student, the fan-out.
+        whitney_block: Name of a saved WhitneyCredentials block, for the student, the
+            teacher and an SFT teacher's training alike; empty: config.api_url or
             WHITNEY_API_URL, with WHITNEY_API_KEY.
     """
     plan = check_distill_config(config)  # fails closed before anything is allocated
-    check_resume_from(config.resume_from, config.cycles)
     connection = resolve_connection(config.api_url, whitney_block)
     guard = BudgetGuard(config.budget, flow_cost_model(config.prices, whitney_block))
     logger = get_run_logger()
@@ -392,24 +298,21 @@ def distillation_flow(
             logger.info("Training the teacher by SFT on %s", config.teacher_model)
             teacher_sft = sft_flow(sft_config, whitney_block)
             teacher_checkpoint = teacher_sft.checkpoint
-        sft_usage = with_retry(read_teacher_sft_usage, config.task_retry)(
+        sft_journal = with_retry(read_teacher_sft_journal, config.task_retry)(
             connection, teacher_checkpoint
         )
+        sft_usage = usage_of(sft_journal)
         guard.add(sft_usage)  # the budget counts the teacher's training
     teacher_label = teacher_checkpoint or f"base:{config.teacher_model}"
 
     training = start_training_run(config, connection, "student", {ROLE_LABEL: "student"})
     start, student = training.start, training.run_id
-    teacher = with_retry(create_run, config.task_retry)(
-        connection,
-        training.session_id,
-        config.provider,
-        config.teacher_model,
+    teacher = training.add_run(
+        "teacher",
+        base_model=config.teacher_model,
         lora_rank=config.teacher_rank,
-        seed=config.seed,
         trainable=False,
         from_checkpoint=teacher_checkpoint,
-        idempotency_key=f"{training.attempt}-teacher",
         labels={ROLE_LABEL: "teacher"},
     )
     logger.info(
@@ -421,50 +324,40 @@ def distillation_flow(
         config.cycles - 1,
         config.teacher_chunks,
     )
-    log = RecordingLog()
-    client = SequencedClient(
-        connection,
-        SeqLedger({student: training.next_seq_id, teacher.run_id: teacher.next_seq_id}),
-        config.task_retry,
-        log,
-    )
+    client = training.client({student: training.next_seq_id, teacher.run_id: teacher.next_seq_id})
     before = {}
     if plan.eval_set:
         before = evaluate(client, plan, {"eval-start": student, "eval": teacher.run_id})
-    guard.add(usage_of(log.operations))
-    counted = len(log.operations)
-
+    guard.add(usage_of(client.log.operations))
+    counted = len(client.log.operations)
     records = RunRecords(
         f"distill-{flow_run.name}", config.cycles - start.first_cycle, config.metrics_path
     )
-    seq = client.ledger.position(student)
-    teacher_seq = client.ledger.position(teacher.run_id)
-    last_cycle = start.first_cycle - 1
-    with (
-        cycle_task_runners(config) as runner_for_cycle,
-        CancellationWatch(flow_run.id) as cancellation,
-        subflows_without_heartbeat(),
-    ):
-        cycle_flow = distill_cycle.with_options(
-            retries=config.cycle_retries,
-            retry_delay_seconds=config.cycle_retry_delay_s,
-            task_runner=runner_for_cycle(),
-        )
-        for cycle in range(start.first_cycle, config.cycles):
-            cancellation.raise_if_requested()
-            reason = guard.stop_reason(cycle, estimate=plan.cycle_usage_bound(cycle))
-            if reason is not None:
-                logger.warning("%s: saving, exporting and closing now", reason)
-                break
-            metrics = cycle_flow(
-                config, cycle, student, seq, teacher.run_id, teacher_seq, whitney_block
-            )
-            metrics = metrics.model_copy(update={"cost": guard.add_cycle(metrics.usage)})
-            seq, teacher_seq = metrics.seq_end, metrics.teacher_seq_end
-            last_cycle = cycle
-            records.add_cycle(metrics)
+    starts = client.ledger.position(student), client.ledger.position(teacher.run_id)
 
-    client.ledger = SeqLedger({student: seq, teacher.run_id: teacher_seq})
+    def step(
+        cycle_flow: Flow[..., DistillCycleMetrics],
+        cycle: int,
+        previous: DistillCycleMetrics | None,
+    ) -> DistillCycleMetrics:
+        seq, teacher_seq = (
+            starts if previous is None else (previous.seq_end, previous.teacher_seq_end)
+        )
+        return cycle_flow(config, cycle, student, seq, teacher.run_id, teacher_seq, whitney_block)
+
+    last = run_cycles(
+        distill_cycle,
+        config,
+        range(start.first_cycle, config.cycles),
+        step,
+        records=records,
+        guard=guard,
+        estimate=plan.cycle_usage_bound,
+    )
+    if last is not None:  # the flow's own calls go on where the cycles ended
+        client.ledger.move_to(student, last.seq_end)
+        client.ledger.move_to(teacher.run_id, last.teacher_seq_end)
+    last_cycle = last.cycle if last is not None else start.first_cycle - 1
     eval_losses = None
     if plan.eval_set:
         after = evaluate(client, plan, {"eval-end": student})
@@ -474,29 +367,23 @@ def distillation_flow(
             teacher=before["eval"][0],
             tokens=before["eval"][1],
         )
-    final_name = checkpoint_name(last_cycle) if last_cycle >= 0 else None
-    checkpoint = save_final_state(client, student, final_name)
-    adapter = export_adapter(client, student)
-    release_training_run(training, config, [teacher.run_id])
+    final_name = cycle_name(last_cycle) if last_cycle >= 0 else None
+    final = end_training_run(training, client, final_name, [teacher.run_id])
 
-    guard.add(usage_of(log.operations[counted:]))  # eval and the end, after the cycles
-    by_run = run_usage(log.operations, records.cycles, teacher.run_id)
+    guard.add(usage_of(client.log.operations[counted:]))  # eval and the end, after the cycles
+    by_run_usage = run_usage(client.log.operations, records.cycles, teacher.run_id)
     if sft_usage:
-        by_run["teacher_sft"] = sft_usage
+        by_run_usage["teacher_sft"] = sft_usage
     result = DistillationResult(
-        session_id=training.session_id,
-        run_id=student,
+        **dict(final),
         teacher_run_id=teacher.run_id,
         teacher=teacher_label,
-        checkpoint=checkpoint,
-        adapter=adapter,
         cycles=records.cycles,
         eval=eval_losses,
-        usage=by_run,
+        usage=by_run_usage,
         total_tokens=guard.tokens,
         cost=guard.cost,
         budget_stop=guard.stopped,
-        resumed_from=start.checkpoint,
         teacher_sft=teacher_sft,
     )
     records.add_markdown_summary(

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from pydantic import BaseModel, Field
 
-from flows.core.adapter import AdapterExport
 from flows.core.cost import Usage
+from flows.core.cycles import CycleResult
+from flows.core.training import TrainingResult
 from flows.sft.metrics import SFTResult
 
 
@@ -21,12 +20,10 @@ class EvalLosses(BaseModel):
     tokens: int = Field(description="Completion tokens of the eval split")
 
 
-class DistillCycleMetrics(BaseModel):
+class DistillCycleMetrics(CycleResult):
     """What a distillation cycle subflow returns (with where the next cycle starts on each
-    run), and its record: a table artifact row and a metrics JSON line."""
+    run), and its record: the cycle's artifact and a metrics JSON line."""
 
-    cycle: int
-    started_at: datetime = Field(description="When the cycle's work began (UTC)")
     seq_start: int = Field(description="First seq id of the cycle on the student run")
     seq_end: int = Field(description="Seq id the next cycle starts at on the student run")
     teacher_seq_start: int = Field(description="First seq id of the cycle on the teacher run")
@@ -51,20 +48,15 @@ class DistillCycleMetrics(BaseModel):
     usage: Usage = Field(description="Billed usage per operation kind, both runs")
     teacher_usage: Usage = Field(description="The part of `usage` billed on the teacher run")
     cost: float | None = Field(default=None, description="Estimated USD, with a price table")
-    op_seconds: dict[str, float] = Field(description="Wall seconds per operation kind")
-    wall_seconds: float
 
 
-class DistillationResult(BaseModel):
+class DistillationResult(TrainingResult):
     """What `distillation_flow` returns: the student's weights, the teacher, every cycle's
     metrics, the eval losses, and what it all used and cost."""
 
-    session_id: str
     run_id: str = Field(description="The student run")
     teacher_run_id: str
     teacher: str = Field(description="The teacher checkpoint, or base:<model>")
-    checkpoint: str = Field(description="The student's final save_state URI")
-    adapter: AdapterExport
     cycles: list[DistillCycleMetrics]
     eval: EvalLosses | None = None
     usage: dict[str, Usage] = Field(
@@ -76,7 +68,6 @@ class DistillationResult(BaseModel):
     budget_stop: str | None = Field(
         default=None, description="Why the flow stopped before its last cycle, if it did"
     )
-    resumed_from: str | None = None
     teacher_sft: SFTResult | None = Field(
         default=None, description="The SFT flow's result, when the flow trained its teacher"
     )

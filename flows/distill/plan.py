@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from flows.core.config import ConfigError
+from flows.core.config import ConfigError, check_resume_from
 from flows.core.cost import Usage
 from flows.core.seeds import derive_seed
 from flows.core.task_runner_settings import check_task_runner
@@ -213,6 +213,7 @@ def load_distill_plan(config: DistillationConfig) -> DistillPlan:
 def check_distill_config(config: DistillationConfig) -> DistillPlan:
     """The plan of a config the provider will accept; ConfigError naming the field if not
     (before anything is allocated)."""
+    check_resume_from(config.resume_from, config.cycles)
     try:
         require_advertised_loss(config.provider, LOSS_FUNCTION, PROVIDER_LOSS_SUPPORT)
     except ValueError as error:

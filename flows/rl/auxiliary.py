@@ -17,17 +17,11 @@ from collections.abc import Iterable, Mapping, Sequence
 
 from pydantic import BaseModel
 
-from flows.core.checkpoints import checkpoint_name
-from flows.core.cleanup import AUXILIARY_LABEL
-from flows.core.operation_log import OperationLog
-from flows.core.sequenced_client import SequencedClient
-from flows.core.sequencing import SeqLedger
-from flows.rl.config import RLConfig
+from flows.core.sequenced_client import SeqLedger, SequencedClient
+from flows.core.training import TrainingRun
 from flows.rl.recipes import Recipe
-from tasks.connection import WhitneyConnection
-from tasks.lifecycle import create_run
-from tasks.retry import with_retry
-from whitney.payloads import result_sampler_id
+from tasks.names import AUXILIARY_LABEL, cycle_name
+from whitney import wire
 
 
 class AuxiliaryHandle(BaseModel):
@@ -42,39 +36,26 @@ class AuxiliaryHandle(BaseModel):
 
 
 def open_auxiliary_runs(
-    connection: WhitneyConnection,
-    session_id: str,
-    config: RLConfig,
-    recipe: Recipe,
-    idempotency_prefix: str,
-    checkpoints: Mapping[str, str] | None = None,
+    training: TrainingRun, recipe: Recipe, checkpoints: Mapping[str, str] | None = None
 ) -> list[AuxiliaryHandle]:
-    """Create the recipe's auxiliary runs in the session (idempotent per prefix and name);
-    a reference run's sampler is published right away. `checkpoints`: by run name, where a
-    resumed flow's trainable runs (a critic) continue from (flows.core.resume)."""
+    """Create the recipe's auxiliary runs in the training run's session (idempotent per flow
+    run attempt and name); a reference run's sampler is published right away. `checkpoints`:
+    by run name, where a resumed flow's trainable runs (a critic) continue from
+    (tasks.resume)."""
     handles = []
     for spec in recipe.auxiliary_runs:
-        run = with_retry(create_run, config.task_retry)(
-            connection,
-            session_id,
-            config.provider,
-            config.base_model,
-            lora_rank=config.lora_rank,
-            seed=config.seed,
-            idempotency_key=f"{idempotency_prefix}-{spec.name}",
+        run = training.add_run(
+            spec.name,
             role=spec.role,
             trainable=spec.trainable,
             labels={AUXILIARY_LABEL: spec.name},
             from_checkpoint=(checkpoints or {}).get(spec.name) if spec.trainable else None,
         )
-        ledger = SeqLedger({run.run_id: run.next_seq_id})
+        client = training.client({run.run_id: run.next_seq_id})
         sampler_id = None
         if spec.sampler:
-            client = SequencedClient(connection, ledger, config.task_retry, OperationLog())
-            published = client.run_operation(
-                run.run_id, "save_weights_for_sampler", {"name": spec.name}
-            )
-            sampler_id = result_sampler_id(published)
+            published = client.execute(run.run_id, "save_weights_for_sampler", {"name": spec.name})
+            sampler_id = published.result_as(wire.SamplerResult).sampler_id
         handles.append(
             AuxiliaryHandle(
                 name=spec.name,
@@ -82,7 +63,7 @@ def open_auxiliary_runs(
                 role=spec.role,
                 trainable=spec.trainable,
                 sampler_id=sampler_id,
-                seq_start=ledger.position(run.run_id),
+                seq_start=client.ledger.position(run.run_id),
             )
         )
     return handles
@@ -114,9 +95,9 @@ def save_auxiliary_checkpoints(
     """save_state `cycle-{n}` on every trainable auxiliary run (a critic's value head and
     optimizer), so a resume restores it with the policy; the checkpoints by run name."""
     return {
-        handle.name: client.run_operation(
-            handle.run_id, "save_state", {"name": checkpoint_name(cycle)}
-        )["checkpoint"]
+        handle.name: client.execute(handle.run_id, "save_state", {"name": cycle_name(cycle)})
+        .result_as(wire.SaveStateResult)
+        .checkpoint
         for handle in handles
         if handle.trainable
     }

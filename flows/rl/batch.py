@@ -1,28 +1,148 @@
 """A cycle's middle: from the sampled groups to the policy's forward_backward payload.
 
-    rewards, advantages       per group (flows.rl.scoring)
-    dynamic resampling        uniform groups sampled again, then dropped (flows.rl.resampling)
+    rewards, advantages       per group: `score_group`
+    dynamic resampling        uniform groups sampled again, then dropped:
+                              `resample_uniform_groups`
     build_loss                per kept group, with the page's ctx plus the recipe's extras
     finish_cycle              once, e.g. the critic's forward_backward and optim_step
 
 Every call goes through the cycle's client, so its seq ids (on the policy and on each
 auxiliary run) are allocated in a fixed order and a replayed cycle repeats them exactly.
+
+Dynamic resampling: a group that teaches nothing is sampled again, up to a bound.
+
+A group whose rewards are all equal has all-zero advantages (`all_zero`): its gradient is
+zero, and it only dilutes the batch. With `resample_rounds` = k > 0, each round sends one more
+`sample` request for every such group (the same prompt and parameters, a fresh seed derived
+from (config seed, cycle, group index, round)), through the cycle's client on the policy's
+sampler, so the calls take the next seq ids in a fixed order and a replayed cycle makes them
+again identically. A group still uniform after k rounds is dropped from the loss. The cycle's
+record counts the groups resampled and dropped.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import functools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
+from flows.core.environments import Completion, Environment
+from flows.core.seeds import derive_seed
 from flows.core.sequenced_client import SequencedClient
 from flows.rl.auxiliary import AuxiliaryHandle
 from flows.rl.plan import RLPlan
 from flows.rl.recipes import join_payloads
 from flows.rl.recipes.context import LossContext
-from flows.rl.resampling import Group, SampleGroups, resample_uniform_groups
-from flows.rl.scoring import GroupScore, score_group
+from whitney.advantages import all_zero, group_mean_advantages, leave_one_out_baseline
 from whitney.datums import tensor
+from whitney.tokenizers import Tokenizer
+
+ADVANTAGE_ESTIMATORS: dict[str, Callable[[list[float]], list[float]]] = {
+    "grpo": functools.partial(group_mean_advantages, normalize_std=True),
+    "grpo_no_std": group_mean_advantages,
+    "rloo": leave_one_out_baseline,
+}
+"""The config's `advantages` choices, from the page's helpers."""
+
+
+@dataclass(frozen=True)
+class GroupScore:
+    """A group's rewards and advantages, in the order of the sampled sequences."""
+
+    rewards: list[float]
+    advantages: list[float]
+
+    @property
+    def uniform(self) -> bool:
+        """All rewards equal: the advantages are all zero, the group teaches nothing."""
+        return max(self.rewards) == min(self.rewards)
+
+
+def score_group(
+    environment: Environment,
+    tokenizer: Tokenizer,
+    prompt: str,
+    sample: dict[str, Any],
+    estimator: str,
+) -> GroupScore:
+    """Decode each sequence, reward it, and turn the rewards into advantages."""
+    rewards = [
+        float(
+            environment.reward(
+                prompt,
+                Completion(tokenizer.decode(sequence["tokens"]), sequence["stop_reason"] == "stop"),
+            )
+        )
+        for sequence in sample["sequences"]
+    ]
+    return GroupScore(rewards, ADVANTAGE_ESTIMATORS[estimator](rewards))
+
+
+SampleGroups = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
+"""Sample a list of requests in order (submitted together or one by one)."""
+ScoreGroup = Callable[[str, dict[str, Any]], GroupScore]
+"""The score of a prompt's sample."""
+
+
+@dataclass(frozen=True)
+class Group:
+    """A group as it goes to the loss: its latest sample and score, and its history."""
+
+    index: int
+    prompt: str
+    request: dict[str, Any]
+    sample: dict[str, Any]
+    score: GroupScore
+    resamples: int = 0
+    """Extra sample requests made for it."""
+    dropped: bool = False
+    """Still uniform after every round: left out of the loss."""
+
+
+def uniform(score: GroupScore) -> bool:
+    """No signal: equal rewards (whose centred advantages can be off zero by a rounding
+    error), or advantages that are all zero."""
+    return score.uniform or all_zero(score.advantages)
+
+
+def resample_request(request: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The same SampleRequest with another sampling seed."""
+    return {**request, "sampling_params": {**request["sampling_params"], "seed": seed}}
+
+
+def resample_uniform_groups(
+    groups: Sequence[Group],
+    rounds: int,
+    sample_groups: SampleGroups,
+    score_group: ScoreGroup,
+    seed: int,
+    cycle: int,
+) -> list[Group]:
+    """The groups after up to `rounds` rounds of resampling the uniform ones; those still
+    uniform after the last round are marked dropped (none are when `rounds` is 0)."""
+    current = list(groups)
+    for round_number in range(1, rounds + 1):
+        pending = [group for group in current if uniform(group.score)]
+        if not pending:
+            break
+        requests = [
+            resample_request(group.request, derive_seed(seed, cycle, group.index, round_number))
+            for group in pending
+        ]
+        for group, request, sample in zip(pending, requests, sample_groups(requests), strict=True):
+            current[group.index] = replace(
+                group,
+                request=request,
+                sample=sample,
+                score=score_group(group.prompt, sample),
+                resamples=group.resamples + 1,
+            )
+    if rounds:
+        current = [
+            replace(group, dropped=True) if uniform(group.score) else group for group in current
+        ]
+    return current
 
 
 @dataclass(frozen=True)

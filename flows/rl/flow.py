@@ -1,6 +1,7 @@
-"""The RL flow: the page's ordered loop skeleton, one subflow run per cycle.
+"""The RL flow: the ordered loop skeleton of Whitney's Loop building blocks, one subflow run
+per cycle (the outer loop: flows.core.cycle_loop).
 
-    rl_flow(config)                       resume point (flows.core.resume), open_session
+    rl_flow(config)                       resume point (tasks.resume), open_session
                                           (labelled), create_run (from_checkpoint if resuming),
                                           the recipe's auxiliary runs (flows.rl.auxiliary)
       cycle-{first} .. cycle-{n-1}        rl_cycle(config, cycle, run_id, seq_start, sampler_id)
@@ -17,7 +18,31 @@
 Every operation is a task with an explicit seq id. A cycle starts at the id where the previous
 one ended and allocates deterministically, so a retried cycle replays: completed operations
 come back from the server's journal, the rest run once. A retried flow run, or one given
-`resume_from`, continues on a new run from a `cycle-{n}` checkpoint (flows.core.resume).
+`resume_from`, continues on a new run from a `cycle-{n}` checkpoint (tasks.resume).
+
+Pipelining: a cycle waits only where it needs a result.
+
+The Loop building blocks' loop waits for every answer in turn. A cycle needs only two of them:
+the samples (build_loss reads them) and, at its end, the training results (its record). So a
+pipelined cycle submits its tail (forward_backward, optim_step, the `save_state` checkpoint
+when one is due, and the `save_weights_for_sampler` that publishes the next cycle's sampler)
+back to back as task futures with consecutive seq ids, and waits for them together: one round
+trip instead of three or four. The sampler is named `cycle-{n+1}`; with a name, the sampler
+id is known before the answer (docs/api.md), so the next cycle samples from it with no
+save_weights_for_sampler call of its own. The first cycle a flow runs publishes its own.
+
+The server executes a run's operations strictly in seq order, so the weights each sampler
+snapshots, and therefore the samples and the adapter, are those of one call after another; only
+the seq-id layout differs (a cycle's ids no longer start with its save_weights_for_sampler). A
+retried cycle resubmits the same ids and replays.
+
+One thing pipelining changes: operations are on the server before the one ahead of them has
+answered. If that one is refused before it is journaled (a 4xx), its seq id stays a gap and
+those behind it would wait out the server's gap timeout; if it fails in execution, they run
+anyway. Neither can be repaired by a replay (the same request gets the same answer), so on a
+non-retryable failure in the tail the cycle cancels the run (the operations waiting behind the
+failure end at once: `SequencedClient.collect`) and fails; a retried flow run resumes from a
+checkpoint that precedes the failure (`tasks.resume`).
 """
 
 from __future__ import annotations
@@ -26,32 +51,23 @@ import functools
 import statistics
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 from uuid import UUID
 
-from prefect import flow, get_run_logger
+from prefect import Flow, flow
 from prefect.context import FlowRunContext
 
 from flows.core.budget import BudgetGuard, flow_cost_model
-from flows.core.cancellation import CancellationWatch
-from flows.core.checkpoints import check_resume_from, checkpoint_due, checkpoint_name
 from flows.core.cleanup import CLEANUP_HOOKS
+from flows.core.config import checkpoint_due
 from flows.core.connection import resolve_connection
 from flows.core.cost import format_cost, format_usage
-from flows.core.cycle_operations import RecordingLog, by_run, record_cycle_operations
-from flows.core.heartbeat import subflows_without_heartbeat
-from flows.core.operation_log import OperationLog
-from flows.core.records import RunRecords, record_cycle_table, run_rows
-from flows.core.sequenced_client import SequencedClient
-from flows.core.sequencing import SeqLedger
+from flows.core.cycles import RunRecords, by_run, cycle_client, record_cycle, run_cycles, run_rows
+from flows.core.sequenced_client import Call, OperationLog, SequencedClient
 from flows.core.summary import first_and_last
-from flows.core.training import (
-    export_adapter,
-    release_training_run,
-    save_final_state,
-    start_training_run,
-)
+from flows.core.training import end_training_run, start_training_run
 from flows.rl.auxiliary import (
     AuxiliaryHandle,
     advanced,
@@ -60,12 +76,12 @@ from flows.rl.auxiliary import (
     save_auxiliary_checkpoints,
     seq_ends,
 )
-from flows.rl.batch import build_training_batch
+from flows.rl.batch import GroupScore, build_training_batch
 from flows.rl.config import RLConfig
 from flows.rl.metrics import CycleMetrics, RLResult
-from flows.rl.pipeline import publish_sampler, run_tail, sampler_name
 from flows.rl.plan import RLPlan, check_rl_config, load_rl_plan
-from flows.rl.scoring import GroupScore
+from tasks.names import cycle_name
+from whitney import wire
 from whitney.payloads import adamw_optimizer
 
 
@@ -79,8 +95,8 @@ def sample_groups(
     """One sample result per request: submitted together on a reserved block of seq ids, or
     one after another (the same ids either way)."""
     if concurrent:
-        operations = client.fan_out(run_id, sampler_id, "sample", requests)
-        return [operation.result or {} for operation in operations]
+        calls = [Call("sample", request, sampler_id) for request in requests]
+        return [operation.result or {} for operation in client.run_block(run_id, calls)]
     return [client.sampler_operation(run_id, sampler_id, "sample", request) for request in requests]
 
 
@@ -90,12 +106,11 @@ def cycle_metrics(
     seq_start: int,
     seq_end: int,
     scores: list[GroupScore],
-    backward: dict[str, Any],
-    optimized: dict[str, Any],
+    tail: CycleTail,
     log: OperationLog,
     wall_seconds: float,
 ) -> CycleMetrics:
-    """The cycle's record from its scores, its two training results and its operation log."""
+    """The cycle's record from its scores, its training tail and its operation log."""
     rewards = [reward for score in scores for reward in score.rewards]
     return CycleMetrics(
         cycle=cycle,
@@ -105,14 +120,83 @@ def cycle_metrics(
         reward_mean=statistics.fmean(rewards),
         reward_std=statistics.pstdev(rewards),
         all_zero_group_share=sum(score.uniform for score in scores) / len(scores),
-        loss=float(backward["loss"]),
-        grad_norm=float(optimized.get("metrics", {}).get("grad_norm", 0.0)),
-        kl_sample_train=backward.get("metrics", {}).get("kl_sample_train:mean"),
+        loss=tail.backward.loss,
+        grad_norm=tail.optimized.metrics.get("grad_norm", 0.0),
+        kl_sample_train=tail.backward.metrics.get("kl_sample_train:mean"),
         tokens_sampled=log.tokens("sample", "sampled_tokens"),
         tokens_trained=log.tokens("forward_backward", "trained_tokens"),
         usage={kind: dict(counters) for kind, counters in log.usage.items()},
         op_seconds=dict(log.seconds),
         wall_seconds=wall_seconds,
+    )
+
+
+def publish_sampler(client: SequencedClient, run_id: str, cycle: int, named: bool) -> str:
+    """save_weights_for_sampler for `cycle` at its start: named `cycle-{n}` (pipelined) or
+    unnamed (the Loop building blocks' loop: the server names it); the sampler id."""
+    payload = {"name": cycle_name(cycle)} if named else {}
+    operation = client.execute(run_id, "save_weights_for_sampler", payload)
+    return operation.result_as(wire.SamplerResult).sampler_id
+
+
+@dataclass(frozen=True)
+class CycleTail:
+    """What the end of a cycle produced."""
+
+    backward: wire.ForwardResult
+    optimized: wire.OptimStepResult
+    checkpoint: str | None
+    """The `cycle-{n}` checkpoint URI, when one was due."""
+    next_sampler_id: str | None
+    """The sampler the next cycle samples from, when this cycle published it."""
+
+
+def tail_calls(
+    cycle: int,
+    payload: dict[str, Any],
+    optimizer: dict[str, Any],
+    *,
+    checkpoint: bool,
+    publish_next: bool,
+) -> list[Call]:
+    """The cycle's tail in seq order: forward_backward, optim_step, then the `cycle-{n}`
+    save_state if `checkpoint`, then the `cycle-{n+1}` sampler if `publish_next`."""
+    calls = [Call("forward_backward", payload), Call("optim_step", {"optimizer": optimizer})]
+    if checkpoint:
+        calls.append(Call("save_state", {"name": cycle_name(cycle)}))
+    if publish_next:
+        calls.append(Call("save_weights_for_sampler", {"name": cycle_name(cycle + 1)}))
+    return calls
+
+
+def run_tail(
+    client: SequencedClient,
+    run_id: str,
+    cycle: int,
+    payload: dict[str, Any],
+    optimizer: dict[str, Any],
+    *,
+    checkpoint: bool,
+    pipelined: bool,
+    last: bool,
+) -> CycleTail:
+    """The cycle's training tail: submitted together (`pipelined`, which also publishes the
+    next cycle's sampler unless this cycle is the `last`) or one call after another."""
+    calls = tail_calls(
+        cycle, payload, optimizer, checkpoint=checkpoint, publish_next=pipelined and not last
+    )
+    if pipelined:
+        operations = client.run_block(run_id, calls)
+    else:
+        operations = [client.execute(run_id, call.kind, call.payload) for call in calls]
+    by_kind = {operation.kind: operation for operation in operations}
+    saved = by_kind.get("save_state")
+    published = by_kind.get("save_weights_for_sampler")
+    return CycleTail(
+        backward=by_kind["forward_backward"].result_as(wire.ForwardResult),
+        optimized=by_kind["optim_step"].result_as(wire.OptimStepResult),
+        checkpoint=saved.result_as(wire.SaveStateResult).checkpoint if saved else None,
+        next_sampler_id=(published.result_as(wire.SamplerResult).sampler_id if published else None),
     )
 
 
@@ -124,7 +208,7 @@ def run_cycle(
     sampler_id: str | None = None,
     auxiliary: Sequence[AuxiliaryHandle] = (),
 ) -> CycleMetrics:
-    """The page's loop body for one cycle, every call through `client` (the cycle's ledger).
+    """The loop body of one cycle, every call through `client` (the cycle's ledger).
 
     `sampler_id`: the sampler the previous cycle published (pipelined); None: this cycle
     publishes its own first. The tail is `flows.rl.pipeline.run_tail`. `auxiliary`: the runs
@@ -159,15 +243,13 @@ def run_cycle(
         pipelined=config.pipelined,
         last=cycle == config.cycles - 1,
     )
-    backward, optimized = tail.backward, tail.optimized
     metrics = cycle_metrics(
         cycle,
         started_at,
         seq_start,
         client.ledger.position(run_id),
         batch.scores,
-        backward,
-        optimized,
+        tail,
         client.log,
         time.perf_counter() - started,
     )
@@ -216,15 +298,12 @@ def rl_cycle(
 
     Retried by replaying: the same calls with the same seq ids, answered from the journal.
     """
-    client = SequencedClient(
-        resolve_connection(config.api_url, whitney_block),
-        SeqLedger({run_id: seq_start, **ledger_starts(auxiliary or [])}),
-        config.task_retry,
-        RecordingLog(),
-    )
-    metrics = run_cycle(load_rl_plan(config), client, cycle, run_id, sampler_id, auxiliary or [])
-    record_cycle_table(metrics)
-    record_cycle_operations(cycle, by_run(client.log.operations, {run_id: "policy"}))
+    auxiliary = auxiliary or []
+    starts = {run_id: seq_start, **ledger_starts(auxiliary)}
+    client = cycle_client(config, whitney_block, starts)
+    metrics = run_cycle(load_rl_plan(config), client, cycle, run_id, sampler_id, auxiliary)
+    names = {run_id: "policy", **{handle.run_id: handle.name for handle in auxiliary}}
+    record_cycle(metrics, by_run(client.log.operations, names))
     return metrics
 
 
@@ -234,56 +313,45 @@ def rl_flow(config: RLConfig, whitney_block: str | None = None) -> RLResult:
     run `config.cycles` cycle subflows, then save_state, export_lora, finish, close.
 
     Args:
-        config: The RL configuration.
-        whitney_block: Name of a saved WhitneyCredentials block; empty: config.api_url or
-            WHITNEY_API_URL, with WHITNEY_API_KEY.
+        config: The RL configuration: environment, loss and its recipe, sampling, cycles.
+        whitney_block: A saved WhitneyCredentials block to train on; empty: `api_url`
+            (else WHITNEY_API_URL) with WHITNEY_API_KEY.
     """
     plan = check_rl_config(config)  # fails closed before anything is allocated
-    check_resume_from(config.resume_from, config.cycles)
     connection = resolve_connection(config.api_url, whitney_block)
     guard = BudgetGuard(config.budget, flow_cost_model(config.prices, whitney_block))
     flow_run = FlowRunContext.get().flow_run
     training = start_training_run(config, connection)
     start, run_id = training.start, training.run_id
-    auxiliary = open_auxiliary_runs(
-        connection, training.session_id, config, plan.recipe, training.attempt, start.checkpoints
-    )
+    opened = open_auxiliary_runs(training, plan.recipe, start.checkpoints)
     records = RunRecords(
         f"rl-{flow_run.name}", config.cycles - start.first_cycle, config.metrics_path
     )
-    cycle_flow = rl_cycle.with_options(
-        retries=config.cycle_retries, retry_delay_seconds=config.cycle_retry_delay_s
-    )
-    seq, sampler_id, last_cycle = training.next_seq_id, None, start.first_cycle - 1
-    with CancellationWatch(flow_run.id) as cancellation, subflows_without_heartbeat():
-        for cycle in range(start.first_cycle, config.cycles):
-            cancellation.raise_if_requested()
-            if (reason := guard.stop_reason(cycle)) is not None:  # flows.core.budget
-                get_run_logger().warning("%s: saving, exporting and closing now", reason)
-                break
-            metrics = cycle_flow(
-                config, cycle, run_id, seq, whitney_block, sampler_id, auxiliary=auxiliary
-            )
-            metrics = metrics.model_copy(update={"cost": guard.add_cycle(metrics.usage)})
-            last_cycle = cycle
-            seq = metrics.seq_end
-            auxiliary = advanced(auxiliary, metrics.auxiliary_seq_end)
-            sampler_id = sampler_name(cycle + 1) if config.pipelined else None
-            records.add_cycle(metrics)
 
-    ledger = SeqLedger({run_id: seq, **ledger_starts(auxiliary)})
-    client = SequencedClient(connection, ledger, config.task_retry, OperationLog())
-    checkpoint = save_final_state(client, run_id, checkpoint_name(last_cycle))  # a resume point
-    save_auxiliary_checkpoints(client, auxiliary, last_cycle)
-    adapter = export_adapter(client, run_id)
-    release_training_run(training, config, [handle.run_id for handle in auxiliary])
+    def position(previous: CycleMetrics | None) -> tuple[int, list[AuxiliaryHandle]]:
+        """The policy's and the auxiliary runs' seq ids after `previous` (None: at the start)."""
+        if previous is None:
+            return training.next_seq_id, opened
+        return previous.seq_end, advanced(opened, previous.auxiliary_seq_end)
+
+    def step(
+        cycle_flow: Flow[..., CycleMetrics], cycle: int, previous: CycleMetrics | None
+    ) -> CycleMetrics:
+        seq, auxiliary = position(previous)
+        sampler_id = cycle_name(cycle) if previous is not None and config.pipelined else None
+        return cycle_flow(config, cycle, run_id, seq, whitney_block, sampler_id, auxiliary)
+
+    cycles = range(start.first_cycle, config.cycles)
+    last = run_cycles(rl_cycle, config, cycles, step, records=records, guard=guard)
+    seq, auxiliary = position(last)
+    last_cycle = last.cycle if last is not None else start.first_cycle - 1
+    client = training.client({run_id: seq, **ledger_starts(auxiliary)})
+    save_auxiliary_checkpoints(client, auxiliary, last_cycle)  # a critic's, beside the policy's
+    others = [handle.run_id for handle in auxiliary]
+    final = end_training_run(training, client, cycle_name(last_cycle), others)  # a resume point
     result = RLResult(
-        session_id=training.session_id,
-        run_id=run_id,
-        checkpoint=checkpoint,
-        adapter=adapter,
+        **dict(final),
         cycles=records.cycles,
-        resumed_from=start.checkpoint,
         usage=guard.used,
         cost=guard.cost,
         budget_stop=guard.stopped,

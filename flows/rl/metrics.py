@@ -2,21 +2,16 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from pydantic import Field
 
-from pydantic import BaseModel, Field
+from flows.core.cycles import CycleResult
+from flows.core.training import TrainingResult
 
-from flows.core.adapter import AdapterExport
 
-
-class CycleMetrics(BaseModel):
+class CycleMetrics(CycleResult):
     """What a cycle subflow returns (with `seq_end`, where the next cycle starts), and its
-    record: a table artifact row and a metrics JSON line."""
+    record: a row of the cycle's artifact and a metrics JSON line."""
 
-    cycle: int
-    started_at: datetime = Field(description="When the cycle's work began (UTC)")
-    seq_start: int = Field(description="First seq id of the cycle")
-    seq_end: int = Field(description="Seq id the next cycle starts at")
     reward_mean: float
     reward_std: float
     all_zero_group_share: float = Field(
@@ -48,21 +43,12 @@ class CycleMetrics(BaseModel):
         default_factory=dict, description="Billed usage counters per operation kind"
     )
     cost: float | None = Field(default=None, description="Estimated USD, with a price table")
-    op_seconds: dict[str, float] = Field(description="Wall seconds per operation kind")
-    wall_seconds: float
 
 
-class RLResult(BaseModel):
+class RLResult(TrainingResult):
     """What `rl_flow` returns: where the trained weights are, and every cycle's metrics."""
 
-    session_id: str
-    run_id: str
-    checkpoint: str
-    adapter: AdapterExport
     cycles: list[CycleMetrics]
-    resumed_from: str | None = Field(
-        default=None, description="The checkpoint this flow run resumed from, if any"
-    )
     usage: dict[str, dict[str, int]] = Field(
         default_factory=dict, description="Billed usage per operation kind of the flow run"
     )

@@ -1,4 +1,5 @@
-"""The SFT flow: the page's single-pass loop without sampling, one subflow run per cycle.
+"""The SFT flow: the Loop building blocks' single-pass loop without sampling, one subflow run
+per cycle (the outer loop: flows.core.cycle_loop).
 
     sft_flow(config)                      check the config and data (fail closed), resume
                                           point, open_session (labelled), create_run
@@ -16,6 +17,7 @@ step trains on and at what rate are pure functions of (config, step) (flows.sft.
 every operation is a task with an explicit seq id from the cycle's ledger, so a retried cycle
 replays (completed operations come back from the server's journal, the rest run once), and a
 retried flow run, or one given `resume_from`, continues from a `cycle-{n}` checkpoint.
+Distillation trains its teacher with `sft_flow`.
 
 For other flows (distillation trains its teacher with `sft_flow`): `evaluate` measures the
 eval loss per token through any client with `run_operation`, and `load_sft_plan(config)`
@@ -30,51 +32,35 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from prefect import flow
+from prefect import Flow, flow
 from prefect.context import FlowRunContext
 
-from flows.core.cancellation import CancellationWatch
-from flows.core.checkpoints import checkpoint_due, checkpoint_name
 from flows.core.cleanup import CLEANUP_HOOKS
+from flows.core.config import checkpoint_due
 from flows.core.connection import resolve_connection
-from flows.core.heartbeat import subflows_without_heartbeat
-from flows.core.operation_client import OperationClient
-from flows.core.operation_log import OperationLog
-from flows.core.records import RunRecords, record_cycle_table, run_rows
+from flows.core.cycles import RunRecords, by_run, cycle_client, record_cycle, run_cycles, run_rows
 from flows.core.sequenced_client import SequencedClient
-from flows.core.sequencing import SeqLedger
 from flows.core.training import end_training_run, start_training_run
 from flows.sft.config import SFTConfig
 from flows.sft.metrics import EvalPoint, SFTCycleMetrics, SFTResult
 from flows.sft.plan import LOSS_FUNCTION, SFTPlan, check_sft_config, load_sft_plan
+from tasks.names import cycle_name
+from whitney import wire
 from whitney.datums import Datum
 from whitney.payloads import adamw_optimizer, forward_backward_payload
 
-__all__ = [
-    "EvalPoint",
-    "SFTConfig",
-    "SFTCycleMetrics",
-    "SFTResult",
-    "evaluate",
-    "load_sft_plan",
-    "run_sft_cycle",
-    "sft_cycle",
-    "sft_flow",
-]
-
 
 def evaluate(
-    client: OperationClient, run_id: str, chunks: Sequence[Sequence[Datum]], step: int
+    client: SequencedClient, run_id: str, chunks: Sequence[Sequence[Datum]], step: int
 ) -> EvalPoint:
     """The eval loss per token of the run's current weights: `forward` (no gradient) on each
     chunk of cross_entropy datums, sum of losses over sum of `tokens:sum`."""
     loss = tokens = 0.0
     for chunk in chunks:
-        result = client.run_operation(
-            run_id, "forward", forward_backward_payload(list(chunk), LOSS_FUNCTION)
-        )
-        loss += float(result["loss"])
-        tokens += float(result["metrics"]["tokens:sum"])
+        payload = forward_backward_payload(list(chunk), LOSS_FUNCTION)
+        result = client.execute(run_id, "forward", payload).result_as(wire.ForwardResult)
+        loss += result.loss
+        tokens += result.metrics["tokens:sum"]
     if tokens <= 0:
         raise ValueError("the eval datums hold no trained token")
     return EvalPoint(step=step, loss=loss / tokens, tokens=round(tokens))
@@ -98,19 +84,20 @@ def run_sft_cycle(
     rate = config.learning_rate
     for step in steps:
         payload = forward_backward_payload(plan.batch(step), LOSS_FUNCTION)
-        backward = client.run_operation(run_id, "forward_backward", payload)
+        backward = client.execute(run_id, "forward_backward", payload)
         rate = plan.learning_rate(step)
         optimizer = adamw_optimizer(rate, grad_clip_norm=config.grad_clip_norm)
-        optimized = client.run_operation(run_id, "optim_step", {"optimizer": optimizer})
-        loss_sum += float(backward["loss"])
-        token_sum += float(backward["metrics"]["tokens:sum"])
-        grad_norms.append(float(optimized.get("metrics", {}).get("grad_norm", 0.0)))
+        optimized = client.execute(run_id, "optim_step", {"optimizer": optimizer})
+        trained = backward.result_as(wire.ForwardResult)
+        loss_sum += trained.loss
+        token_sum += trained.metrics["tokens:sum"]
+        grad_norms.append(optimized.result_as(wire.OptimStepResult).metrics.get("grad_norm", 0.0))
         if plan.eval_due(step + 1):
             evals.append(evaluate(client, run_id, plan.eval_chunks(), step + 1))
     checkpoint = None
     if checkpoint_due(cycle, config.checkpoint_every, plan.cycles):
-        state = {"name": checkpoint_name(cycle)}
-        checkpoint = client.run_operation(run_id, "save_state", state)["checkpoint"]
+        saved = client.execute(run_id, "save_state", {"name": cycle_name(cycle)})
+        checkpoint = saved.result_as(wire.SaveStateResult).checkpoint
     return SFTCycleMetrics(
         cycle=cycle,
         started_at=started_at,
@@ -139,14 +126,9 @@ def sft_cycle(
 
     Retried by replaying: the same calls with the same seq ids, answered from the journal.
     """
-    client = SequencedClient(
-        resolve_connection(config.api_url, whitney_block),
-        SeqLedger({run_id: seq_start}),
-        config.task_retry,
-        OperationLog(),
-    )
+    client = cycle_client(config, whitney_block, {run_id: seq_start})
     metrics = run_sft_cycle(load_sft_plan(config), client, cycle, run_id)
-    record_cycle_table(metrics)
+    record_cycle(metrics, by_run(client.log.operations, {run_id: "policy"}))
     return metrics
 
 
@@ -169,9 +151,10 @@ def sft_flow(config: SFTConfig, whitney_block: str | None = None) -> SFTResult:
     session and a run, run the cycle subflows, then save_state, export_lora, finish, close.
 
     Args:
-        config: The SFT configuration.
-        whitney_block: Name of a saved WhitneyCredentials block; empty: config.api_url or
-            WHITNEY_API_URL, with WHITNEY_API_KEY.
+        config: The SFT configuration: data, steps or epochs, learning-rate schedule.
+        whitney_block: The WhitneyCredentials block of the Whitney to fine-tune on (the
+            nightly deployment sets it); empty: api_url or WHITNEY_API_URL, and the key in
+            WHITNEY_API_KEY.
     """
     plan = check_sft_config(config)  # fails closed before anything is allocated
     connection = resolve_connection(config.api_url, whitney_block)
@@ -179,29 +162,24 @@ def sft_flow(config: SFTConfig, whitney_block: str | None = None) -> SFTResult:
     training = start_training_run(config, connection)
     first_cycle = training.start.first_cycle
     records = RunRecords(f"sft-{flow_run.name}", plan.cycles - first_cycle, config.metrics_path)
-    cycle_flow = sft_cycle.with_options(
-        retries=config.cycle_retries, retry_delay_seconds=config.cycle_retry_delay_s
-    )
-    seq = training.next_seq_id
-    with CancellationWatch(flow_run.id) as cancellation, subflows_without_heartbeat():
-        for cycle in range(first_cycle, plan.cycles):
-            cancellation.raise_if_requested()
-            metrics = cycle_flow(config, cycle, training.run_id, seq, whitney_block)
-            seq = metrics.seq_end
-            records.add_cycle(metrics)
 
-    final = end_training_run(training, config, seq, checkpoint_name(plan.cycles - 1))
+    def step(
+        cycle_flow: Flow[..., SFTCycleMetrics], cycle: int, previous: SFTCycleMetrics | None
+    ) -> SFTCycleMetrics:
+        seq = previous.seq_end if previous is not None else training.next_seq_id
+        return cycle_flow(config, cycle, training.run_id, seq, whitney_block)
+
+    last = run_cycles(sft_cycle, config, range(first_cycle, plan.cycles), step, records=records)
+    seq = last.seq_end if last is not None else training.next_seq_id
+    client = training.client({training.run_id: seq})
+    final = end_training_run(training, client, cycle_name(plan.cycles - 1))
     evals = [point for metrics in records.cycles for point in metrics.evals]
     result = SFTResult(
-        session_id=training.session_id,
-        run_id=training.run_id,
-        checkpoint=final.checkpoint,
-        adapter=final.adapter,
+        **dict(final),
         eval_losses=[point.loss for point in evals],
         eval_steps=[point.step for point in evals],
         steps=plan.total_steps,
         cycles=records.cycles,
-        resumed_from=training.start.checkpoint,
     )
     records.add_markdown_summary(
         "SFT flow summary", summary_rows(result), "Eval loss, checkpoint and adapter of the SFT run"

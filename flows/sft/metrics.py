@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from datetime import datetime
-
 from pydantic import BaseModel, Field
 
-from flows.core.adapter import AdapterExport
+from flows.core.cycles import CycleResult
+from flows.core.training import TrainingResult
 
 
 class EvalPoint(BaseModel):
@@ -17,14 +16,10 @@ class EvalPoint(BaseModel):
     tokens: int = Field(description="Completion tokens of the held-out split")
 
 
-class SFTCycleMetrics(BaseModel):
+class SFTCycleMetrics(CycleResult):
     """What an SFT cycle subflow returns (with `seq_end`, where the next cycle starts), and
-    its record: a table artifact row and a metrics JSON line."""
+    its record: the cycle's artifact and a metrics JSON line."""
 
-    cycle: int
-    started_at: datetime = Field(description="When the cycle's work began (UTC)")
-    seq_start: int = Field(description="First seq id of the cycle")
-    seq_end: int = Field(description="Seq id the next cycle starts at")
     step_start: int = Field(description="Optimizer steps done before the cycle")
     step_end: int = Field(description="Optimizer steps done after the cycle")
     epoch: float = Field(description="Passes over the training split done after the cycle")
@@ -35,22 +30,13 @@ class SFTCycleMetrics(BaseModel):
     grad_norm: float = Field(description="Mean pre-clip gradient norm over the cycle's steps")
     tokens_trained: int = Field(description="Tokens billed by the cycle's forward_backward")
     checkpoint: str | None = Field(description="The cycle-{n} checkpoint saved after the cycle")
-    op_seconds: dict[str, float] = Field(description="Wall seconds per operation kind")
-    wall_seconds: float
 
 
-class SFTResult(BaseModel):
+class SFTResult(TrainingResult):
     """What `sft_flow` returns: where the trained weights are, the eval losses, and every
     cycle's metrics."""
 
-    session_id: str
-    run_id: str
-    checkpoint: str = Field(description="The final save_state URI: the resume point")
-    adapter: AdapterExport
     eval_losses: list[float] = Field(description="Eval loss per token, in step order")
     eval_steps: list[int] = Field(description="The step count of each eval loss")
     steps: int = Field(description="Optimizer steps of the run")
     cycles: list[SFTCycleMetrics]
-    resumed_from: str | None = Field(
-        default=None, description="The checkpoint this flow run resumed from, if any"
-    )

@@ -20,8 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from flows.core.checkpoints import check_resume_from
-from flows.core.config import ConfigError
+from flows.core.config import ConfigError, check_resume_from
 from flows.core.seeds import derive_seed
 from flows.sft.config import SFTConfig
 from flows.sft.corpus import DATA_FIELD, Example, builtin_examples, read_examples

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -9,13 +10,15 @@ from uuid import UUID
 
 from prefect import get_client
 from prefect.client.schemas.filters import (
+    ArtifactFilter,
+    ArtifactFilterFlowRunId,
     FlowRunFilter,
     FlowRunFilterId,
     FlowRunFilterParentFlowRunId,
 )
-from prefect.client.schemas.objects import FlowRun, TaskRun
+from prefect.client.schemas.objects import Artifact, FlowRun, TaskRun
 
-from flows.core.cleanup import FLOW_RUN_LABEL
+from tasks.names import FLOW_RUN_LABEL
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
@@ -85,3 +88,19 @@ def task_runs_of(flow_run_id: UUID, expected: int, timeout_s: float = 20.0) -> l
             if len(runs) >= expected or time.monotonic() > deadline:
                 return runs
             time.sleep(0.2)
+
+
+def artifacts_of(flow_run_id: UUID) -> list[Artifact]:
+    """The artifacts of one flow run."""
+    with get_client(sync_client=True) as prefect:
+        return prefect.read_artifacts(
+            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
+        )
+
+
+def cycle_artifact(flow_run_id: UUID) -> tuple[str, dict[str, str]]:
+    """A cycle subflow run's one artifact: its markdown, and the rows of its metrics table."""
+    (artifact,) = artifacts_of(flow_run_id)
+    assert artifact.type == "markdown"
+    metrics = artifact.data.split("## Metrics", 1)[1].split("## Operations", 1)[0]
+    return artifact.data, dict(re.findall(r"^\| (\w+) \| ([^|]*) \|$", metrics, re.MULTILINE))

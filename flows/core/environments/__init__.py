@@ -9,6 +9,7 @@ keeps no state from one cycle to the next.
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
@@ -35,6 +36,17 @@ class Environment(Protocol):
     def reward(self, prompt: str, completion: Completion) -> float:
         """The completion's reward (deterministic)."""
         ...
+
+
+def seeded_prompts(choices: tuple[str, ...], count: int, seed: int) -> list[str]:
+    """`count` prompts drawn from `choices` by a generator seeded with `seed`."""
+    rng = random.Random(seed)
+    return [rng.choice(choices) for _ in range(count)]
+
+
+def character_share(text: str, allowed: frozenset[str]) -> float:
+    """The share of `text`'s characters that are in `allowed` (0.0 for no text)."""
+    return sum(character in allowed for character in text) / len(text) if text else 0.0
 
 
 ENVIRONMENTS: dict[str, str] = {

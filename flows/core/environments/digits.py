@@ -7,9 +7,7 @@ The tiny byte model goes from about 0.03 to above 0.9 within about 15 cycles.
 
 from __future__ import annotations
 
-import random
-
-from flows.core.environments import Completion
+from flows.core.environments import Completion, character_share, seeded_prompts
 
 DIGITS = frozenset("0123456789")
 PROMPTS = ("Number: ", "n=", "Digits: ", "Count: ", "x = ", "Answer: ")
@@ -19,13 +17,8 @@ class DigitsEnvironment:
     """Prompts asking for a number; rewards completions that are a number."""
 
     def prompts(self, cycle: int, count: int, seed: int) -> list[str]:
-        rng = random.Random(seed)
-        return [rng.choice(PROMPTS) for _ in range(count)]
+        return seeded_prompts(PROMPTS, count, seed)
 
     def reward(self, prompt: str, completion: Completion) -> float:
-        text = completion.text
-        if not text:
-            return 0.0
-        if all(character in DIGITS for character in text):
-            return 1.0
-        return 0.5 * sum(character in DIGITS for character in text) / len(text)
+        share = character_share(completion.text, DIGITS)
+        return 1.0 if share == 1.0 else 0.5 * share

@@ -7,9 +7,7 @@ within about 10 cycles.
 
 from __future__ import annotations
 
-import random
-
-from flows.core.environments import Completion
+from flows.core.environments import Completion, character_share, seeded_prompts
 
 ALLOWED = frozenset("abcdefghijklmnopqrstuvwxyz ")
 PROMPTS = ("Say: ", "Words: ", "Text: ", "Write: ")
@@ -19,11 +17,7 @@ class LowercaseEnvironment:
     """Prompts asking for text; rewards lowercase prose."""
 
     def prompts(self, cycle: int, count: int, seed: int) -> list[str]:
-        rng = random.Random(seed)
-        return [rng.choice(PROMPTS) for _ in range(count)]
+        return seeded_prompts(PROMPTS, count, seed)
 
     def reward(self, prompt: str, completion: Completion) -> float:
-        text = completion.text
-        if not text:
-            return 0.0
-        return sum(character in ALLOWED for character in text) / len(text)
+        return character_share(completion.text, ALLOWED)

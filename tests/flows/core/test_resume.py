@@ -18,19 +18,18 @@ from flowtest_resume_plugins import FAIL_AT_CYCLE_ENV, FAIL_MARKER_ENV
 from prefect import get_client
 from prefect.settings import PREFECT_API_URL
 
-from flows.core.checkpoints import check_resume_from, checkpoint_due
-from flows.core.cleanup import FLOW_RUN_LABEL
-from flows.core.config import ConfigError
-from flows.core.resume import latest_checkpoints, run_checkpoints
+from flows.core.config import ConfigError, check_resume_from, checkpoint_due
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from flows.rl.metrics import RLResult
+from tasks.names import FLOW_RUN_LABEL
+from tasks.resume import latest_checkpoints, run_checkpoints
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 
-REPO = Path(__file__).resolve().parents[2]
-TESTS_FLOWS = Path(__file__).resolve().parent
+REPO = Path(__file__).resolve().parents[3]
+TESTS_FLOWS = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture

@@ -17,17 +17,17 @@ from prefect.states import Completed, Failed
 from pydantic import SecretStr
 
 from flows.core.config import ConfigError
+from flows.core.cycles import artifact_key
 from flows.core.environments import Completion, load_environment
 from flows.core.environments.digits import DigitsEnvironment
 from flows.core.environments.lowercase import LowercaseEnvironment
 from flows.core.heartbeat import subflows_without_heartbeat
-from flows.core.records import artifact_key
 from flows.core.seeds import derive_seed
-from flows.core.sequencing import SeqLedger
+from flows.core.sequenced_client import SeqLedger
+from flows.rl.batch import score_group
 from flows.rl.config import RLConfig
 from flows.rl.plan import check_rl_config, probe
 from flows.rl.recipes import join_payloads, load_recipe
-from flows.rl.scoring import score_group
 from tasks.connection import WhitneyConnection, client_for
 from tasks.retry import TaskRetrySettings, retry_if_retryable
 from whitney.errors import InvalidDatum, RateLimited, TransportError
@@ -193,7 +193,7 @@ def test_subflows_run_without_their_heartbeat_thread() -> None:
 
 
 def test_metrics_usage_fallback() -> None:
-    from flows.core.operation_log import OperationLog
+    from flows.core.sequenced_client import OperationLog
 
     log = OperationLog()
     log.record(SimpleNamespace(kind="sample", usage={"tokens": 9, "sampled_tokens": 7}))
@@ -205,7 +205,7 @@ def test_metrics_usage_fallback() -> None:
 
 def imported_packages(package: str) -> set[str]:
     """Top-level packages the modules of `package` import (from their source)."""
-    root = Path(__file__).resolve().parents[2] / package
+    root = Path(__file__).resolve().parents[3] / package
     names = set()
     for path in root.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):

@@ -1,5 +1,5 @@
-"""A daemon thread that polls something while a `with` block runs (the flow run's state, a
-metrics file), shared by the cancellation watch and the CLI's progress bars."""
+"""A daemon thread that polls something while a `with` block runs: the metrics file the CLI's
+progress display follows."""
 
 from __future__ import annotations
 

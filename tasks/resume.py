@@ -20,7 +20,7 @@ resumes from the latest cycle that every checkpointed run saved. A frozen run (a
 starts from its base model, as it did the first time.
 
 `prefect flow-run retry <id>` in Prefect 3.9.1 (read in its source, exercised by
-tests/flows/test_resume.py): a deployed run is forced to Scheduled for a worker to pick up; a
+tests/flows/core/test_resume.py): a deployed run is forced to Scheduled for a worker to pick up; a
 run without a deployment needs `--entrypoint flows/rl/flow.py:rl_flow`, is forced to Scheduled and
 runs in the CLI's process under the same flow run id with its stored parameters
 (`prefect.flow_engine.run_flow(flow, flow_run=...)`). Either way the attempt sees
@@ -36,20 +36,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 from uuid import UUID
 
 from prefect import get_run_logger, task
 
-from flows.core.checkpoints import CYCLE_CHECKPOINT, checkpoint_cycle
-from flows.core.cleanup import AUXILIARY_LABEL, FLOW_RUN_LABEL, release_sessions
 from tasks.connection import WhitneyConnection, client_for
+from tasks.names import AUXILIARY_LABEL, CYCLE_CHECKPOINT, FLOW_RUN_LABEL, checkpoint_cycle
 from tasks.operations import TASK_DEFAULTS
+from tasks.release import release_sessions
 from whitney import wire
 from whitney.client import WhitneyClient
-
-if TYPE_CHECKING:
-    pass
 
 POLICY = "policy"
 

@@ -14,10 +14,9 @@ from flows.core.environments import Completion
 from flows.core.environments.lowercase import LowercaseEnvironment
 from flows.core.seeds import derive_seed
 from flows.core.sequenced_client import SequencedClient
+from flows.rl.batch import Group, GroupScore, resample_uniform_groups
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
-from flows.rl.resampling import Group, resample_uniform_groups
-from flows.rl.scoring import GroupScore
 from whitney.local import EmbeddedWhitney
 from whitney.tokenizers import get_tokenizer
 

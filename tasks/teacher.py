@@ -18,11 +18,10 @@ from uuid import UUID
 
 from prefect import get_run_logger, task
 
-from flows.core.checkpoints import checkpoint_run_id
-from flows.core.cleanup import PARENT_FLOW_RUN_LABEL
-from flows.core.cost import Usage, usage_of
 from tasks.connection import WhitneyConnection, client_for
+from tasks.names import PARENT_FLOW_RUN_LABEL, checkpoint_run_id
 from tasks.operations import TASK_DEFAULTS
+from whitney import wire
 from whitney.client import WhitneyClient
 
 
@@ -59,7 +58,9 @@ def find_trained_teacher(connection: WhitneyConnection, flow_run_id: UUID) -> st
     return checkpoint
 
 
-@task(name="read_teacher_sft_usage", **TASK_DEFAULTS)
-def read_teacher_sft_usage(connection: WhitneyConnection, checkpoint: str) -> Usage:
-    """The billed usage of the SFT run that saved the teacher `checkpoint`."""
-    return usage_of(client_for(connection).iter_journal(checkpoint_run_id(checkpoint)))
+@task(name="read_teacher_sft_journal", **TASK_DEFAULTS)
+def read_teacher_sft_journal(
+    connection: WhitneyConnection, checkpoint: str
+) -> list[wire.Operation]:
+    """The journal of the SFT run that saved the teacher `checkpoint` (its billed usage)."""
+    return list(client_for(connection).iter_journal(checkpoint_run_id(checkpoint)))

@@ -18,9 +18,9 @@ from prefect import get_client
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Cancelling
 
-from flows.core.cleanup import FLOW_RUN_LABEL
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
+from tasks.names import FLOW_RUN_LABEL
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 

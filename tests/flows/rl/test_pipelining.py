@@ -13,8 +13,7 @@ from flowtest_helpers import assert_executed_once_in_order, journal_rows
 
 from flows.rl import recipes
 from flows.rl.config import RLConfig
-from flows.rl.flow import rl_flow
-from flows.rl.pipeline import tail_calls
+from flows.rl.flow import rl_flow, tail_calls
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
@@ -28,13 +27,13 @@ def test_tail_calls_in_seq_order() -> None:
     payload: dict[str, Any] = {"data": [], "loss_function": "importance_sampling"}
     calls = tail_calls(4, payload, {"type": "adamw"}, checkpoint=True, publish_next=True)
     assert calls == [
-        ("forward_backward", payload),
-        ("optim_step", {"optimizer": {"type": "adamw"}}),
-        ("save_state", {"name": "cycle-4"}),
-        ("save_weights_for_sampler", {"name": "cycle-5"}),
+        ("forward_backward", payload, None),
+        ("optim_step", {"optimizer": {"type": "adamw"}}, None),
+        ("save_state", {"name": "cycle-4"}, None),
+        ("save_weights_for_sampler", {"name": "cycle-5"}, None),
     ]
     bare = tail_calls(4, payload, {"type": "adamw"}, checkpoint=False, publish_next=False)
-    assert [kind for kind, _ in bare] == ["forward_backward", "optim_step"]
+    assert [call.kind for call in bare] == ["forward_backward", "optim_step"]
 
 
 def test_concurrent_sampling_on_and_off_train_the_same_adapter(

@@ -7,20 +7,19 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from uuid import UUID
 
 import pytest
 from flowtest_helpers import (
+    artifacts_of,
     assert_executed_once_in_order,
     assert_released,
+    cycle_artifact,
     flow_run_sessions,
     subflow_runs,
     task_runs_of,
 )
 from flowtest_sft import small_sft_config
-from prefect import flow, get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-from prefect.client.schemas.objects import Artifact
+from prefect import flow
 
 from flows.core.config import ConfigError
 from flows.core.sequenced_client import SequencedClient
@@ -36,13 +35,6 @@ CYCLE_KINDS = [
     [*STEP, *STEP, "forward", "save_state"],
     [*STEP, *STEP, "forward"],  # the last cycle: the final save_state keeps its state
 ]
-
-
-def artifacts_of(flow_run_id: UUID) -> list[Artifact]:
-    with get_client(sync_client=True) as prefect:
-        return prefect.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
-        )
 
 
 def fail_once(monkeypatch: pytest.MonkeyPatch, kind: str, call: int, times: int = 1) -> list[int]:
@@ -115,11 +107,11 @@ def test_journal_records_and_schedule(
     cycles = subflow_runs(flow_run_id)
     assert [run.name for run in cycles] == ["cycle-0", "cycle-1", "cycle-2"]
     for cycle, run in enumerate(cycles):
-        (table,) = artifacts_of(run.id)
-        (row,) = json.loads(table.data)
-        assert row["cycle"] == cycle
-        assert row["eval_loss"] == pytest.approx(lines[cycle]["eval_loss"], abs=1e-6)
-        assert "evals" not in row and row["seconds_forward_backward"] > 0
+        markdown, row = cycle_artifact(run.id)
+        assert row["cycle"] == str(cycle)
+        assert float(row["eval_loss"]) == pytest.approx(lines[cycle]["eval_loss"], abs=1e-6)
+        assert "evals" not in row and float(row["seconds_forward_backward"]) > 0
+        assert "| forward_backward | succeeded |" in markdown
     (session,) = flow_run_sessions(inspector, flow_run_id)
     assert session.status == "closed"
 

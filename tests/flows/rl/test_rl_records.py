@@ -7,13 +7,10 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from uuid import UUID
 
 import pytest
-from flowtest_helpers import subflow_runs
-from prefect import flow, get_client
-from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId
-from prefect.client.schemas.objects import Artifact
+from flowtest_helpers import artifacts_of, cycle_artifact, subflow_runs
+from prefect import flow
 
 from flows.core.connection import EMBEDDED_URL_ENV, flow_run_api_url
 from flows.rl.config import RLConfig
@@ -41,13 +38,6 @@ METRIC_FIELDS = {
     "op_seconds",
     "wall_seconds",
 }
-
-
-def artifacts_of(flow_run_id: UUID) -> list[Artifact]:
-    with get_client(sync_client=True) as prefect:
-        return prefect.read_artifacts(
-            artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=[flow_run_id]))
-        )
 
 
 def test_records_of_a_flow_run(small_config: RLConfig, tmp_path: Path) -> None:
@@ -85,13 +75,12 @@ def test_records_of_a_flow_run(small_config: RLConfig, tmp_path: Path) -> None:
     export = f"whitney-flows export {result.run_id} --out exports/{result.run_id}"
     assert f"| export | `{export} --api-url {config.api_url}` |" in summary
     for cycle, run in enumerate(subflow_runs(state.state_details.flow_run_id)):
-        cycle_artifacts = {artifact.type: artifact for artifact in artifacts_of(run.id)}
-        assert set(cycle_artifacts) == {"table", "markdown"}  # metrics; operations (inspect)
-        (row,) = json.loads(cycle_artifacts["table"].data)
-        assert row["cycle"] == cycle
-        assert row["seconds_forward_backward"] > 0
-        assert row["tokens_forward_backward"] > 0
-        assert "| forward_backward | succeeded |" in cycle_artifacts["markdown"].data
+        markdown, row = cycle_artifact(run.id)  # one per cycle: its metrics and operations
+        assert markdown.startswith(f"# Cycle {cycle}\n") and row["cycle"] == str(cycle)
+        assert float(row["seconds_forward_backward"]) > 0
+        assert int(row["tokens_forward_backward"]) > 0
+        assert row["seq_end"] == str(lines[cycle]["seq_end"])
+        assert "| forward_backward | succeeded |" in markdown
     for artifact in parent:
         assert re.fullmatch(r"[a-z0-9-]+", artifact.key), artifact.key
 
