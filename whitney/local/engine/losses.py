@@ -11,7 +11,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from whitney.local.engine.errors import EngineError
+from whitney.errors import InvalidLossConfig
 from whitney.local.engine.exact import prefix_sum, vectorized
 
 # loss_inputs padded to [B, T]: 0 past each datum's end, NaN where a datum lacks an optional tensor
@@ -33,9 +33,7 @@ def config_value(loss: str, config: dict[str, float], key: str) -> float:
     """A scalar loss_config value, or the losses.md default."""
     value = config.get(key, DEFAULTS[loss][key])
     if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        raise EngineError(
-            "invalid_loss_config", f"loss_config.{key} must be a number, got {value!r}"
-        )
+        raise InvalidLossConfig(f"loss_config.{key} must be a number, got {value!r}")
     return float(value)
 
 

@@ -8,7 +8,7 @@ import math
 import torch
 from torch import Tensor
 
-from whitney.local.engine.errors import EngineError
+from whitney.errors import InvalidRequest
 
 DEFAULTS = {
     "learning_rate": 1e-4,
@@ -23,9 +23,7 @@ DEFAULTS = {
 def hyperparameters(optimizer: dict) -> dict[str, float]:
     """The Optimizer payload with defaults filled in, validated."""
     if optimizer.get("type", "adamw") != "adamw":
-        raise EngineError(
-            "invalid_request", f"optimizer.type {optimizer.get('type')!r}: only adamw"
-        )
+        raise InvalidRequest(f"optimizer.type {optimizer.get('type')!r}: only adamw")
     hp = {}
     for key, default in DEFAULTS.items():
         value = optimizer.get(key, default)
@@ -34,12 +32,12 @@ def hyperparameters(optimizer: dict) -> dict[str, float]:
             or not isinstance(value, int | float)
             or not math.isfinite(value)
         ):
-            raise EngineError("invalid_request", f"optimizer.{key} must be a finite number")
+            raise InvalidRequest(f"optimizer.{key} must be a finite number")
         hp[key] = float(value)
     if hp["learning_rate"] < 0 or hp["eps"] <= 0 or hp["grad_clip_norm"] < 0:
-        raise EngineError("invalid_request", "optimizer: learning_rate, eps, grad_clip_norm < 0")
+        raise InvalidRequest("optimizer: learning_rate, eps, grad_clip_norm < 0")
     if not (0 <= hp["beta1"] < 1 and 0 <= hp["beta2"] < 1):
-        raise EngineError("invalid_request", "optimizer: beta1 and beta2 must be in [0, 1)")
+        raise InvalidRequest("optimizer: beta1 and beta2 must be in [0, 1)")
     return hp
 
 

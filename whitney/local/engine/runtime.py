@@ -14,8 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from whitney.errors import (
+    InvalidDatum,
+    InvalidRequest,
+    NotFound,
+    UnsupportedBaseModel,
+    UnsupportedLoss,
+)
 from whitney.local.engine import checkpoint, exact, losses
-from whitney.local.engine.errors import EngineError
 from whitney.local.engine.lora import Lora
 from whitney.local.engine.model import CONFIGS, ExactLinear, Llama, ModelConfig, init_weights
 from whitney.local.engine.optim import AdamW, hyperparameters
@@ -58,10 +64,9 @@ def load_base(name: str) -> tuple[ModelConfig, dict[str, Tensor]]:
 
                 _bases[name] = hf_backend.load(name)
             else:
-                raise EngineError(
-                    "unsupported_base_model",
+                raise UnsupportedBaseModel(
                     f"unsupported base model {name!r}: use {', '.join(BASE_MODELS)} or hf:<repo>",
-                    {"base_model": name},
+                    details={"base_model": name},
                 )
         return _bases[name]
 
@@ -76,8 +81,8 @@ def shared_if_equal(name: str, weights: dict[str, Tensor]) -> dict[str, Tensor]:
     return weights
 
 
-def datum_error(message: str, index: int, field: str) -> EngineError:
-    return EngineError("invalid_datum", message, {"index": index, "field": field})
+def datum_error(message: str, index: int, field: str) -> InvalidDatum:
+    return InvalidDatum(message, details={"index": index, "field": field})
 
 
 def numbers(values: list, dtype: torch.dtype, index: int, name: str) -> Tensor:
@@ -92,7 +97,7 @@ def collate(data: list[dict], required: tuple[str, ...], cfg: ModelConfig):
     """Right-pad datums into token ids [B, T] and loss inputs [B, T] (0 past a datum's end;
     NaN where a datum lacks an optional tensor; `weights` defaults to 1)."""
     if not data:
-        raise EngineError("invalid_datum", "data is empty: at least one datum is required")
+        raise InvalidDatum("data is empty: at least one datum is required")
     lengths = []
     for i, datum in enumerate(data):
         ids = datum.get("input", {}).get("token_ids")
@@ -181,9 +186,9 @@ class EngineRun:
     ) -> EngineRun:
         """A new run; with checkpoint_dir, its base weights, adapter, optimizer and step."""
         if role not in ("policy", "critic"):
-            raise EngineError("invalid_request", f"role {role!r}: expected 'policy' or 'critic'")
+            raise InvalidRequest(f"role {role!r}: expected 'policy' or 'critic'")
         if lora_rank < 1:
-            raise EngineError("invalid_request", f"lora_rank must be >= 1, got {lora_rank}")
+            raise InvalidRequest(f"lora_rank must be >= 1, got {lora_rank}")
         cfg, weights = load_base(base_model)
         value_head = {}
         if role == "critic":
@@ -204,11 +209,11 @@ class EngineRun:
 
     def require_trainable(self, op: str) -> None:
         if not self.trainable:
-            raise EngineError("invalid_request", f"{op}: this run is frozen (trainable: false)")
+            raise InvalidRequest(f"{op}: this run is frozen (trainable: false)")
 
     def require_policy(self, op: str) -> None:
         if self.role != "policy":
-            raise EngineError("invalid_request", f"{op}: a critic run has no sampler")
+            raise InvalidRequest(f"{op}: a critic run has no sampler")
 
     # --- training -------------------------------------------------------------------------
 
@@ -220,14 +225,13 @@ class EngineRun:
         config = payload.get("loss_config") or {}
         if self.role == "critic":
             if name not in losses.CRITIC_LOSSES:
-                raise EngineError(
-                    "unsupported_loss",
-                    f"loss_function {name!r}: a critic run trains ppo_critic (or ppo)",
+                raise UnsupportedLoss(
+                    f"loss_function {name!r}: a critic run trains ppo_critic (or ppo)"
                 )
             name = "ppo_critic"
         elif name not in losses.POLICY:
             why = "needs a critic run" if name == "ppo_critic" else "is not a known loss"
-            raise EngineError("unsupported_loss", f"loss_function {name!r} {why}")
+            raise UnsupportedLoss(f"loss_function {name!r} {why}")
         ids, inputs, lengths = collate(
             payload.get("data") or [], REQUIRED_LOSS_INPUTS[name], self.cfg
         )
@@ -282,7 +286,7 @@ class EngineRun:
         """Snapshot the adapter under sampler_id: later training does not change it."""
         self.require_policy("save_weights_for_sampler")
         if sampler_id in self.samplers:
-            raise EngineError("invalid_request", f"sampler_id {sampler_id!r} already exists")
+            raise InvalidRequest(f"sampler_id {sampler_id!r} already exists")
         if self.weights_version not in self.snapshots:  # unchanged weights share one snapshot
             self.snapshots[self.weights_version] = self.lora.snapshot()
         self.samplers[sampler_id] = self.weights_version
@@ -292,7 +296,7 @@ class EngineRun:
         """The snapshot's merged sampling copy (W + scale * B @ A), built on first use."""
         self.require_policy("sampler operation")
         if sampler_id not in self.samplers:
-            raise EngineError("not_found", f"sampler_id {sampler_id!r} does not exist in this run")
+            raise NotFound(f"sampler_id {sampler_id!r} does not exist in this run")
         version = self.samplers[sampler_id]
         if version not in self.sampler_models:
             merged = self.snapshots[version].merged(self.base_weights)
@@ -334,8 +338,7 @@ class EngineRun:
                 or not 0 < len(ids) <= self.cfg.max_positions
                 or not all(isinstance(t, int) and 0 <= t < self.cfg.vocab_size for t in ids)
             ):
-                raise EngineError(
-                    "invalid_request",
+                raise InvalidRequest(
                     f"sequences[{i}].token_ids: 1..{self.cfg.max_positions} ids in "
                     f"[0, {self.cfg.vocab_size})",
                 )
@@ -387,7 +390,7 @@ class EngineRun:
         try:
             ckpt = checkpoint.load_state(directory)
         except (OSError, ValueError) as exc:
-            raise EngineError("invalid_request", f"cannot read checkpoint: {exc}") from exc
+            raise InvalidRequest(f"cannot read checkpoint: {exc}") from exc
         meta = ckpt.meta
         for key, mine in (
             ("base_model", self.base_model),
@@ -395,8 +398,7 @@ class EngineRun:
             ("role", self.role),
         ):
             if meta[key] != mine:
-                raise EngineError(
-                    "invalid_request",
+                raise InvalidRequest(
                     f"checkpoint {key} {meta[key]!r} does not match the run's {mine!r}",
                 )
         self.cfg = ckpt.config
@@ -438,28 +440,27 @@ def sample_args(request: dict, default_seed: int, cfg: ModelConfig) -> SampleSpe
         or not prompt
         or not all(isinstance(t, int) and 0 <= t < cfg.vocab_size for t in prompt)
     ):
-        raise EngineError("invalid_request", f"prompt.token_ids: 1+ ids in [0, {cfg.vocab_size})")
+        raise InvalidRequest(f"prompt.token_ids: 1+ ids in [0, {cfg.vocab_size})")
     if not isinstance(n, int) or n < 1:
-        raise EngineError("invalid_request", "num_samples must be a positive integer")
+        raise InvalidRequest("num_samples must be a positive integer")
     if not isinstance(max_tokens, int) or max_tokens < 1:
-        raise EngineError("invalid_request", "sampling_params.max_tokens must be >= 1")
+        raise InvalidRequest("sampling_params.max_tokens must be >= 1")
     if len(prompt) + max_tokens > cfg.max_positions:
-        raise EngineError(
-            "invalid_request",
+        raise InvalidRequest(
             f"prompt + max_tokens exceeds the model's {cfg.max_positions} positions",
         )
     temperature = float(sp.get("temperature", 1.0))
     top_p = float(sp.get("top_p", 1.0))
     top_k = sp.get("top_k")
     if not (math.isfinite(temperature) and temperature >= 0):
-        raise EngineError("invalid_request", "sampling_params.temperature must be >= 0")
+        raise InvalidRequest("sampling_params.temperature must be >= 0")
     if not 0 < top_p <= 1:
-        raise EngineError("invalid_request", "sampling_params.top_p must be in (0, 1]")
+        raise InvalidRequest("sampling_params.top_p must be in (0, 1]")
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise EngineError("invalid_request", "sampling_params.top_k must be null or >= 1")
+        raise InvalidRequest("sampling_params.top_k must be null or >= 1")
     stops = sp.get("stop_token_ids") or []
     if not all(isinstance(t, int) for t in stops):
-        raise EngineError("invalid_request", "sampling_params.stop_token_ids must be integers")
+        raise InvalidRequest("sampling_params.stop_token_ids must be integers")
     seed = sp.get("seed")
     params = SamplingParams(max_tokens, temperature, top_p, top_k, tuple(stops))
     return SampleSpec(prompt, n, params, default_seed if seed is None else int(seed))
