@@ -155,7 +155,7 @@ def test_every_loss_has_a_section_and_nothing_else_does():
 def test_a_loss_section_states_the_engine_defaults(loss):
     line = bullet(loss_section(loss), "Defaults")
     documented = {key: float(value) for key, value in re.findall(r"`(\w+)` = ([-+.\deE]+)", line)}
-    expected = constant(ENGINE / "losses.py", "DEFAULTS").get(loss, {})
+    expected = constant(ENGINE / "validation.py", "LOSS_CONFIG_DEFAULTS").get(loss, {})
     assert documented == expected
     if not expected:
         assert line == "none"
@@ -177,7 +177,7 @@ def test_a_loss_section_states_the_metrics_the_engine_returns(loss):
 def test_the_loss_inputs_table_is_what_the_engine_reads():
     rows = table(LOSSES, "| name | dtype | read by | when a datum lacks it |")
     names = [row[0].strip("`") for row in rows]
-    read = {"target_tokens", *constant(ENGINE / "runtime.py", "FLOAT_INPUTS")}
+    read = {"target_tokens", *constant(ENGINE / "validation.py", "FLOAT_INPUTS")}
     assert sorted(names) == sorted(read)
     required = {name for names in losses.REQUIRED_LOSS_INPUTS.values() for name in names}
     for row in rows:
@@ -327,7 +327,7 @@ def test_the_optimizer_defaults_are_the_wire_and_engine_defaults():
     rows = table(section(API, "### Optimizer"), "| field | default | constraint |")
     documented = {row[0].strip("`"): row[1].strip("`") for row in rows}
     assert set(documented) == set(wire.Optimizer.model_fields)
-    engine = constant(ENGINE / "optim.py", "DEFAULTS")
+    engine = constant(ENGINE / "validation.py", "OPTIMIZER_DEFAULTS")
     for name, value in documented.items():
         default = wire.Optimizer.model_fields[name].default
         if name == "type":
