@@ -1,4 +1,6 @@
-"""The Whitney error hierarchy: one class per error type of whitney-api.md."""
+"""The Whitney error hierarchy: one class per error type of whitney-api.md, each with its wire
+`type` and the HTTP `status` Whitney answers it with. The client types answers by them; the
+embedded server raises them."""
 
 from __future__ import annotations
 
@@ -6,9 +8,14 @@ from typing import Any
 
 
 class WhitneyError(Exception):
-    """Any failure talking to Whitney; `retryable` says whether resending the same call is safe."""
+    """Any failure talking to Whitney; `retryable` says whether resending the same call is safe.
+
+    On a class, `status` is the HTTP status Whitney answers that type with; on an error, the
+    status of the answer that carried it (None when no answer did: the client refused itself).
+    """
 
     type: str = "error"
+    status: int | None = None
     retryable: bool = False
 
     def __init__(
@@ -48,20 +55,24 @@ class TransportError(WhitneyError):
 
 class InvalidRequest(WhitneyError):
     type = "invalid_request"
+    status = 400
 
 
 class Unauthorized(WhitneyError):
     type = "unauthorized"
+    status = 401
 
 
 class NotFound(WhitneyError):
     type = "not_found"
+    status = 404
 
 
 class Conflict(WhitneyError):
     """A 409: the call conflicts with the run's state or its journal."""
 
     type = "conflict"
+    status = 409
 
 
 class SeqConflict(Conflict):
@@ -84,6 +95,7 @@ class Unprocessable(WhitneyError):
     """A 422: the payload is well formed but the provider refuses it."""
 
     type = "unprocessable"
+    status = 422
 
 
 class InvalidDatum(Unprocessable):
@@ -106,6 +118,7 @@ class UnsupportedBaseModel(Unprocessable):
 
 class RateLimited(WhitneyError):
     type = "rate_limited"
+    status = 429
     retryable = True
 
 
@@ -113,6 +126,7 @@ class ServerError(WhitneyError):
     """A 5xx answer; the same call may be resent."""
 
     type = "internal"
+    status = 500
     retryable = True
 
 
@@ -122,6 +136,7 @@ class InternalError(ServerError):
 
 class Unavailable(ServerError):
     type = "unavailable"
+    status = 503
 
 
 class OperationFailed(WhitneyError):
@@ -158,13 +173,10 @@ ERRORS_BY_TYPE: dict[str, type[WhitneyError]] = {
 }
 
 ERRORS_BY_STATUS: dict[int, type[WhitneyError]] = {
-    400: InvalidRequest,
-    401: Unauthorized,
-    404: NotFound,
-    409: Conflict,
-    422: Unprocessable,
-    429: RateLimited,
+    cls.status: cls
+    for cls in (InvalidRequest, Unauthorized, NotFound, Conflict, Unprocessable, RateLimited)
 }
+"""Each 4xx status to the most general class answered with it (a 5xx is a ServerError)."""
 
 
 def error_for(

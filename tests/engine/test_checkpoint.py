@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from whitney.local.engine import EngineError, EngineRun
+from whitney.errors import WhitneyError
+from whitney.local.engine import EngineRun
 
 from .helpers import datum, make_sequences, train_a_little
 
@@ -62,10 +63,10 @@ def test_load_state_with_and_without_optimizer(trained, tmp_path) -> None:
     fresh.load_state(directory, with_optimizer=False)
     assert fresh.step == 2 and fresh.optimizer.t == 0
     assert all(torch.count_nonzero(m) == 0 for m in fresh.optimizer.m.values())
-    with pytest.raises(EngineError) as err:
+    with pytest.raises(WhitneyError) as err:
         EngineRun.create(base_model="local/nano", lora_rank=8, seed=1).load_state(directory)
     assert err.value.type == "invalid_request" and "lora_rank" in err.value.message
-    with pytest.raises(EngineError) as err:
+    with pytest.raises(WhitneyError) as err:
         fresh.load_state(tmp_path / "missing")
     assert err.value.type == "invalid_request"
 
@@ -87,7 +88,7 @@ def test_frozen_run_only_samples(trained, tmp_path) -> None:
         lambda: frozen.export_lora(tmp_path / "x.tar"),
     ]
     for call in refused:
-        with pytest.raises(EngineError) as err:
+        with pytest.raises(WhitneyError) as err:
             call()
         assert err.value.type == "invalid_request"
 
@@ -133,6 +134,6 @@ def test_export_is_deterministic_and_loads_in_peft(trained, tmp_path) -> None:
 
 def test_unsupported_base_models() -> None:
     for name in ("local/huge", "gpt2", "hf:no-such-org/no-such-model"):
-        with pytest.raises(EngineError) as err:
+        with pytest.raises(WhitneyError) as err:
             EngineRun.create(base_model=name, lora_rank=4, seed=0)
         assert err.value.type == "unsupported_base_model" and name in err.value.message

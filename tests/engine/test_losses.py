@@ -8,7 +8,8 @@ import math
 import pytest
 import torch
 
-from whitney.local.engine import EngineError, EngineRun
+from whitney.errors import WhitneyError
+from whitney.local.engine import EngineRun
 
 from .helpers import datum, hf_peft, make_sequences, peft_param, token_logprobs, train_a_little
 
@@ -307,10 +308,10 @@ def test_dppo_masking(policy, reference, sequences) -> None:
 def test_policy_run_refuses_critic_loss_and_unknown_losses(policy, sequences) -> None:
     inputs = [{"weights": shifted(s)[2]} for s in sequences]
     for loss in ("ppo_critic", "nope"):
-        with pytest.raises(EngineError) as err:
+        with pytest.raises(WhitneyError) as err:
             policy.forward(payload(sequences, inputs, loss), backward=True)
         assert err.value.type == "unsupported_loss"
-    with pytest.raises(EngineError) as err:
+    with pytest.raises(WhitneyError) as err:
         policy.forward(payload(sequences, inputs, "importance_sampling"), backward=True)
     assert err.value.type == "invalid_datum" and "data[0].loss_inputs.logprobs" in err.value.message
 
@@ -401,9 +402,9 @@ def test_ppo_critic_value_clipping(critic, sequences, loss) -> None:
 
 def test_critic_refuses_policy_losses_and_samplers(critic, sequences) -> None:
     inputs = [{"weights": shifted(s)[2]} for s in sequences]
-    with pytest.raises(EngineError) as err:
+    with pytest.raises(WhitneyError) as err:
         critic.forward(payload(sequences, inputs, "cross_entropy"), backward=True)
     assert err.value.type == "unsupported_loss"
-    with pytest.raises(EngineError) as err:
+    with pytest.raises(WhitneyError) as err:
         critic.save_weights_for_sampler("s")
     assert err.value.type == "invalid_request"

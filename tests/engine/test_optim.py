@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from whitney.local.engine import EngineError, EngineRun
+from whitney.errors import WhitneyError
+from whitney.local.engine import EngineRun
 
 from .helpers import datum, make_sequences
 
@@ -98,7 +99,7 @@ def test_step_without_gradients_and_bad_optimizer() -> None:
     out = run.optim_step({"learning_rate": 1e-3})
     assert out.result == {"step": 1, "metrics": {"grad_norm": 0.0, "learning_rate": 1e-3}}
     for bad in ({"type": "sgd"}, {"learning_rate": float("nan")}, {"beta1": 1.0}):
-        with pytest.raises(EngineError) as err:
+        with pytest.raises(WhitneyError) as err:
             run.optim_step(bad)
         assert err.value.type == "invalid_request"
     assert run.step == 1

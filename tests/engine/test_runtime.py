@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from whitney.local.engine import BASE_MODELS, EngineError, EngineRun
+from whitney.errors import WhitneyError
+from whitney.local.engine import BASE_MODELS, EngineRun
 from whitney.tokenizers import BOS_ID, EOS_ID, PAD_ID, ByteTokenizer, get_tokenizer
 
 from .helpers import datum, make_sequences
@@ -124,7 +125,7 @@ def test_invalid_datums_name_index_and_tensor(mutate, field) -> None:
     run = EngineRun.create(base_model="local/nano", lora_rank=2, seed=1)
     data = [datum(s[:-1], s[1:], weights=[1.0] * (len(s) - 1)) for s in make_sequences(2, 2)]
     mutate(data[1])
-    with pytest.raises(EngineError) as err:
+    with pytest.raises(WhitneyError) as err:
         run.forward(
             {"data": data, "loss_function": "cross_entropy", "loss_config": {}}, backward=True
         )
@@ -137,17 +138,17 @@ def test_invalid_loss_config_and_run_arguments() -> None:
     run = EngineRun.create(base_model="local/nano", lora_rank=2, seed=1)
     s = make_sequences(2, 1)[0]
     d = datum(s[:-1], s[1:], logprobs=[0.0] * (len(s) - 1), advantages=[1.0] * (len(s) - 1))
-    with pytest.raises(EngineError) as err:
+    with pytest.raises(WhitneyError) as err:
         run.forward(
             {"data": [d], "loss_function": "ppo", "loss_config": {"clip_low_threshold": "x"}},
             backward=True,
         )
     assert err.value.type == "invalid_loss_config" and "clip_low_threshold" in err.value.message
-    with pytest.raises(EngineError) as err:
+    with pytest.raises(WhitneyError) as err:
         run.forward({"data": [], "loss_function": "cross_entropy"}, backward=True)
     assert err.value.type == "invalid_datum"
     for kwargs in ({"lora_rank": 0}, {"role": "judge"}):
-        with pytest.raises(EngineError) as err:
+        with pytest.raises(WhitneyError) as err:
             EngineRun.create(**({"base_model": "local/nano", "lora_rank": 2, "seed": 0} | kwargs))
         assert err.value.type == "invalid_request"
 

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from whitney.local.engine import EngineError, EngineRun
+from whitney.errors import WhitneyError
+from whitney.local.engine import EngineRun
 from whitney.local.engine.model import CONFIGS, Llama, init_weights
 from whitney.local.engine.sampling import SampleSpec, SamplingParams, sample
 from whitney.tokenizers import EOS_ID
@@ -176,10 +177,10 @@ def test_sampler_snapshot_is_isolated_from_training() -> None:
 
 
 def test_sampler_errors(run) -> None:
-    with pytest.raises(EngineError) as err:
+    with pytest.raises(WhitneyError) as err:
         run.sample("missing", [request(PROMPTS[0])], [0])
     assert err.value.type == "not_found"
-    with pytest.raises(EngineError) as err:
+    with pytest.raises(WhitneyError) as err:
         run.logprobs("missing", {"sequences": []})
     assert err.value.type == "not_found"
     bad = [
@@ -193,8 +194,8 @@ def test_sampler_errors(run) -> None:
         request([1], temperature=-1.0),
     ]
     for req in bad:
-        with pytest.raises(EngineError) as err:
+        with pytest.raises(WhitneyError) as err:
             run.sample("s0", [req], [0])
         assert err.value.type == "invalid_request"
-    with pytest.raises(EngineError):
+    with pytest.raises(WhitneyError):
         run.save_weights_for_sampler("s0")

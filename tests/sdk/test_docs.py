@@ -155,7 +155,7 @@ def test_every_loss_has_a_section_and_nothing_else_does():
 def test_a_loss_section_states_the_engine_defaults(loss):
     line = bullet(loss_section(loss), "Defaults")
     documented = {key: float(value) for key, value in re.findall(r"`(\w+)` = ([-+.\deE]+)", line)}
-    expected = constant(ENGINE / "losses.py", "DEFAULTS").get(loss, {})
+    expected = constant(ENGINE / "validation.py", "LOSS_CONFIG_DEFAULTS").get(loss, {})
     assert documented == expected
     if not expected:
         assert line == "none"
@@ -177,7 +177,7 @@ def test_a_loss_section_states_the_metrics_the_engine_returns(loss):
 def test_the_loss_inputs_table_is_what_the_engine_reads():
     rows = table(LOSSES, "| name | dtype | read by | when a datum lacks it |")
     names = [row[0].strip("`") for row in rows]
-    read = {"target_tokens", *constant(ENGINE / "runtime.py", "FLOAT_INPUTS")}
+    read = {"target_tokens", *constant(ENGINE / "validation.py", "FLOAT_INPUTS")}
     assert sorted(names) == sorted(read)
     required = {name for names in losses.REQUIRED_LOSS_INPUTS.values() for name in names}
     for row in rows:
@@ -238,23 +238,18 @@ def test_every_route_of_the_app_has_a_section_and_a_row():
 
 
 def server_error_types() -> set[str]:
-    """Every error type the embedded server can answer or record: STATUS_BY_TYPE, the first
-    argument of each ApiError / EngineError, each `{"type": ...}` literal under whitney/local,
-    and the errors of whitney.losses that the provider emulation passes on."""
-    found = set(constant(LOCAL / "api_errors.py", "STATUS_BY_TYPE"))
-    for path in sorted(LOCAL.rglob("*.py")):
-        found |= literal_error_types(path)
-        for node in ast.walk(module(path)):
-            if (
-                isinstance(node, ast.Call)
-                and called_name(node.func) in ("ApiError", "EngineError")
-                and node.args
-                and isinstance(node.args[0], ast.Constant)
-            ):
-                found.add(node.args[0].value)
-    for node in ast.walk(module(ROOT / "whitney" / "losses.py")):
-        if isinstance(node, ast.Raise) and isinstance(node.exc, ast.Call):
-            cls = getattr(errors, called_name(node.exc.func) or "", None)
+    """Every error type the embedded server can answer or record: the errors built under
+    whitney/local, and those of whitney.losses that the provider emulation passes on."""
+    paths = [*sorted(LOCAL.rglob("*.py")), ROOT / "whitney" / "losses.py"]
+    return set().union(*(error_types(path) for path in paths))
+
+
+def error_types(path: Path) -> set[str]:
+    """The `type` of each whitney.errors class `path` calls and of each error-body literal."""
+    found = literal_error_types(path)
+    for node in ast.walk(module(path)):
+        if isinstance(node, ast.Call):
+            cls = getattr(errors, called_name(node.func) or "", None)
             if isinstance(cls, type) and issubclass(cls, errors.WhitneyError):
                 found.add(cls.type)
     return found
@@ -287,8 +282,7 @@ def test_every_error_type_the_server_can_answer_is_documented():
 def test_the_error_table_gives_the_servers_status_for_each_type():
     rows = table(API, "| status | type | when | retry? |")
     documented = {row[1].strip("`"): int(row[0]) for row in rows}
-    assert documented == constant(LOCAL / "api_errors.py", "STATUS_BY_TYPE")
-    assert set(errors.ERRORS_BY_TYPE) <= set(documented)
+    assert documented == {cls.type: cls.status for cls in errors.ERRORS_BY_TYPE.values()}
     for cls in (errors.TransportError, errors.OperationFailed, errors.OperationTimeout):
         assert f"`{cls.type}`" in section(API, "## Errors")
 
@@ -297,10 +291,8 @@ def test_the_operation_error_table_names_real_types():
     rows = table(API, "| `error.type` | when |")
     documented = {name for row in rows for name in TICKED.findall(row[0])}
     assert documented <= server_error_types()
-    # the types only the executor and the journal record, as an operation's error
-    recorded = literal_error_types(LOCAL / "executor.py") | literal_error_types(
-        LOCAL / "journal.py"
-    )
+    # the types the executor and the journal record, as an operation's error
+    recorded = error_types(LOCAL / "executor.py") | error_types(LOCAL / "journal.py")
     assert recorded <= documented
 
 
@@ -335,7 +327,7 @@ def test_the_optimizer_defaults_are_the_wire_and_engine_defaults():
     rows = table(section(API, "### Optimizer"), "| field | default | constraint |")
     documented = {row[0].strip("`"): row[1].strip("`") for row in rows}
     assert set(documented) == set(wire.Optimizer.model_fields)
-    engine = constant(ENGINE / "optim.py", "DEFAULTS")
+    engine = constant(ENGINE / "validation.py", "OPTIMIZER_DEFAULTS")
     for name, value in documented.items():
         default = wire.Optimizer.model_fields[name].default
         if name == "type":

@@ -1,4 +1,5 @@
-"""The server's error: an HTTP status and the whitney-api.md error body."""
+"""The server's side of `whitney.errors`: an error as the wire's error object, and a pydantic
+failure as the error naming its field."""
 
 from __future__ import annotations
 
@@ -6,52 +7,16 @@ from typing import Any
 
 from pydantic import ValidationError
 
-STATUS_BY_TYPE: dict[str, int] = {
-    "invalid_request": 400,
-    "unauthorized": 401,
-    "not_found": 404,
-    "seq_conflict": 409,
-    "seq_gap": 409,
-    "run_not_active": 409,
-    "idempotency_conflict": 409,
-    "invalid_datum": 422,
-    "unsupported_loss": 422,
-    "invalid_loss_config": 422,
-    "unsupported_base_model": 422,  # the engine's type for a base model it cannot load
-    "rate_limited": 429,
-    "internal": 500,
-    "unavailable": 503,
-}
+from whitney.errors import InvalidDatum, InvalidRequest, NotFound, WhitneyError
 
 
-class ApiError(Exception):
-    """A refusal the client sees as `{"error": {"type", "message", "details"}}` with `status`."""
-
-    def __init__(
-        self,
-        type: str,
-        message: str,
-        details: dict[str, Any] | None = None,
-        *,
-        status: int | None = None,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.type = type
-        self.message = message
-        self.details = dict(details or {})
-        self.status = status if status is not None else STATUS_BY_TYPE.get(type, 400)
-        self.retry_after = retry_after
-
-    def body(self) -> dict[str, Any]:
-        return {"error": self.as_error()}
-
-    def as_error(self) -> dict[str, Any]:
-        return {"type": self.type, "message": self.message, "details": self.details}
+def error_object(exc: WhitneyError) -> dict[str, Any]:
+    """`{"type", "message", "details"}`: what an answer's `error` and an operation's hold."""
+    return {"type": exc.type, "message": exc.message, "details": dict(exc.details)}
 
 
-def not_found(what: str, ident: str) -> ApiError:
-    return ApiError("not_found", f"{what} {ident!r} not found", {what.replace(" ", "_"): ident})
+def not_found(what: str, ident: str) -> NotFound:
+    return NotFound(f"{what} {ident!r} not found", details={what.replace(" ", "_"): ident})
 
 
 def _field_path(loc: tuple[Any, ...], prefix: str) -> str:
@@ -80,7 +45,7 @@ def _tensor_name(loc: tuple[Any, ...], message: str) -> str | None:
     return None
 
 
-def from_validation_error(exc: ValidationError, prefix: str = "") -> ApiError:
+def from_validation_error(exc: ValidationError, prefix: str = "") -> InvalidRequest | InvalidDatum:
     """The Whitney error for a pydantic failure, naming the first offending field.
 
     Anything wrong inside `data[i]` of a forward payload is 422 `invalid_datum` with the
@@ -88,7 +53,7 @@ def from_validation_error(exc: ValidationError, prefix: str = "") -> ApiError:
     """
     errors = exc.errors(include_url=False, include_input=False)
     if not errors:  # pragma: no cover - pydantic always reports one
-        return ApiError("invalid_request", f"{prefix or 'body'} is invalid")
+        return InvalidRequest(f"{prefix or 'body'} is invalid")
     first = errors[0]
     loc = tuple(first.get("loc", ()))
     message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
@@ -102,5 +67,5 @@ def from_validation_error(exc: ValidationError, prefix: str = "") -> ApiError:
         details["datum"] = datum
         if tensor is not None:
             details["tensor"] = tensor
-        return ApiError("invalid_datum", f"{path}: {message}", details)
-    return ApiError("invalid_request", f"{path or 'body'}: {message}", details)
+        return InvalidDatum(f"{path}: {message}", details=details)
+    return InvalidRequest(f"{path or 'body'}: {message}", details=details)

@@ -23,7 +23,15 @@ from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from whitney.local.api_errors import ApiError
+from whitney.errors import (
+    InternalError,
+    InvalidDatum,
+    InvalidRequest,
+    NotFound,
+    Unavailable,
+    WhitneyError,
+)
+from whitney.local.api_errors import error_object
 from whitney.local.config import MAX_WAIT_S
 from whitney.local.service import RawJson, WhitneyService
 
@@ -41,15 +49,18 @@ def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None
     return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
-def error_response(exc: ApiError) -> Response:
+def error_response(exc: WhitneyError) -> Response:
+    """The one rendering of a refusal: `{"error": ...}` with the status the error names, else
+    its class's, and Retry-After when the error has one."""
     headers = None
     if exc.retry_after is not None:
         headers = {"Retry-After": f"{exc.retry_after:g}"}
-    return _json(exc.body(), exc.status, headers)
+    status = exc.status or type(exc).status or InternalError.status
+    return _json({"error": error_object(exc)}, status, headers)
 
 
 def _internal() -> Response:
-    return error_response(ApiError("internal", "internal server error"))
+    return error_response(InternalError("internal server error"))
 
 
 class _DroppedConnection(Response):
@@ -149,18 +160,16 @@ def create_app(service: WhitneyService) -> FastAPI:
                 details["datum"] = loc[index + 1]
                 if "loss_inputs" in loc and loc.index("loss_inputs") + 1 < len(loc):
                     details["tensor"] = loc[loc.index("loss_inputs") + 1]
-                return error_response(ApiError("invalid_datum", f"{field}: {message}", details))
-        return error_response(ApiError("invalid_request", f"{field}: {message}", details))
+                return error_response(InvalidDatum(f"{field}: {message}", details=details))
+        return error_response(InvalidRequest(f"{field}: {message}", details=details))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> Response:
         if exc.status_code == 404:
-            return error_response(ApiError("not_found", "no such route"))
+            return error_response(NotFound("no such route"))
         if exc.status_code == 405:
-            return error_response(
-                ApiError("invalid_request", "method not allowed on this route", status=405)
-            )
-        return error_response(ApiError("invalid_request", str(exc.detail), status=exc.status_code))
+            return error_response(InvalidRequest("method not allowed on this route", status=405))
+        return error_response(InvalidRequest(str(exc.detail), status=exc.status_code))
 
     async def call(
         request: Request,
@@ -176,7 +185,7 @@ def create_app(service: WhitneyService) -> FastAPI:
             if body:
                 call_args.append(await _read_json(request))
             result = await run_in_threadpool(fn, *call_args)
-        except ApiError as exc:
+        except WhitneyError as exc:
             return error_response(exc)
         except Exception:
             log.exception("%s %s failed", request.method, request.url.path)
@@ -224,10 +233,9 @@ def create_app(service: WhitneyService) -> FastAPI:
 
     def submit_operation(tenant: str, run_id: str, sampler_id: str | None, body: Any) -> Any:
         if faults.fail_before():
-            raise ApiError(
-                "unavailable",
+            raise Unavailable(
                 "injected fault: unavailable before journaling",
-                {"fault": "fail_before"},
+                details={"fault": "fail_before"},
                 retry_after=0,
             )
         return service.submit_operation(tenant, run_id, sampler_id, body)
@@ -238,10 +246,9 @@ def create_app(service: WhitneyService) -> FastAPI:
             return _DroppedConnection()
         if drop == "unavailable":
             return error_response(
-                ApiError(
-                    "unavailable",
+                Unavailable(
                     "injected fault: answer dropped after commit",
-                    {"fault": "drop_after_commit"},
+                    details={"fault": "drop_after_commit"},
                     retry_after=0,
                 )
             )
@@ -266,9 +273,7 @@ def create_app(service: WhitneyService) -> FastAPI:
     ) -> Response:
         if not 0 <= wait_s < float("inf"):
             return error_response(
-                ApiError(
-                    "invalid_request", f"wait_s: must be >= 0, got {wait_s}", {"field": "wait_s"}
-                )
+                InvalidRequest(f"wait_s: must be >= 0, got {wait_s}", details={"field": "wait_s"})
             )
         return await call(request, service.get_operation, run_id, seq_id, min(wait_s, MAX_WAIT_S))
 
@@ -304,6 +309,4 @@ async def _read_json(request: Request) -> Any:
     try:
         return json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(
-            "invalid_request", f"body: invalid JSON ({exc})", {"field": "body"}
-        ) from None
+        raise InvalidRequest(f"body: invalid JSON ({exc})", details={"field": "body"}) from None

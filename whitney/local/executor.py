@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from whitney.local.api_errors import ApiError
+from whitney.errors import (
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    SeqConflict,
+    SeqGap,
+    WhitneyError,
+)
+from whitney.local.api_errors import error_object
 from whitney.local.journal import Journal
 
 log = logging.getLogger("whitney.local.executor")
@@ -221,18 +229,11 @@ class RunWorker:
             if immediate
             else f"it stayed open for {self.gap_timeout_s:g} s (gap_timeout_s)"
         )
-        self._conclude(
-            ticket,
-            Outcome(
-                "failed",
-                error={
-                    "type": "seq_gap",
-                    "message": f"operation {ticket.seq_id} waited for seq_id {missing}, "
-                    f"which never arrived: {reason}",
-                    "details": {"seq_id": ticket.seq_id, "missing_seq_id": missing},
-                },
-            ),
+        gap = SeqGap(
+            f"operation {ticket.seq_id} waited for seq_id {missing}, which never arrived: {reason}",
+            details={"seq_id": ticket.seq_id, "missing_seq_id": missing},
         )
+        self._conclude(ticket, Outcome("failed", error=error_object(gap)))
 
     # ------------------------------------------------------------------ the loop
 
@@ -307,7 +308,7 @@ class RunWorker:
         except Exception:  # pragma: no cover - a bug in the worker itself
             log.exception("run worker %s crashed", self.run_id)
             with self.cond:
-                error = {"type": "internal", "message": "the run's worker failed", "details": {}}
+                error = error_object(InternalError("the run's worker failed"))
                 for ticket in list(self.tickets.values()):
                     self._conclude(ticket, Outcome("failed", error=error))
                 self._set_status("failed", error=error)
@@ -326,23 +327,16 @@ class RunWorker:
     def _guard(
         self, batch: list[Ticket], fn: Callable[[list[Ticket]], list[Outcome]]
     ) -> list[Outcome]:
-        from whitney.local.engine import EngineError  # the engine is loaded by now
-
         try:
             return fn(batch)
-        except (EngineError, ApiError) as exc:
-            error = {"type": exc.type, "message": exc.message, "details": dict(exc.details)}
-            return [Outcome("failed", error=error) for _ in batch]
+        except WhitneyError as exc:
+            error = error_object(exc)
         except Exception:
             log.exception(
                 "run %s: %s at seq_id %d failed", self.run_id, batch[0].kind, batch[0].seq_id
             )
-            error = {
-                "type": "internal",
-                "message": f"internal error while executing {batch[0].kind}",
-                "details": {},
-            }
-            return [Outcome("failed", error=error) for _ in batch]
+            error = error_object(InternalError(f"internal error while executing {batch[0].kind}"))
+        return [Outcome("failed", error=error) for _ in batch]
 
     @staticmethod
     def _ok(output: Any, extra: dict[str, Any] | None = None) -> Outcome:
@@ -355,11 +349,10 @@ class RunWorker:
 
     def _require_sampler(self, sampler_id: str | None) -> str:
         if sampler_id is None or sampler_id not in self.samplers:
-            raise ApiError(
-                "not_found",
+            raise NotFound(
                 f"sampler {sampler_id!r} does not exist on run {self.run_id} (no earlier "
                 "save_weights_for_sampler produced it)",
-                {"sampler_id": sampler_id},
+                details={"sampler_id": sampler_id},
             )
         return sampler_id
 
@@ -386,10 +379,9 @@ class RunWorker:
         if kind == "save_weights_for_sampler":
             sampler_id = payload.get("name") or default_sampler_id(seq)
             if sampler_id in self.samplers:
-                raise ApiError(
-                    "seq_conflict",
+                raise SeqConflict(
                     f"payload.name: sampler {sampler_id!r} already exists on run {self.run_id}",
-                    {"sampler_id": sampler_id},
+                    details={"sampler_id": sampler_id},
                 )
             outcome = self._ok(engine.save_weights_for_sampler(sampler_id))
             self.samplers.add(sampler_id)
@@ -401,10 +393,9 @@ class RunWorker:
         if kind == "save_state":
             name = payload.get("name") or default_state_name(seq)
             if self.journal.get_checkpoint(self.run_id, name) is not None:
-                raise ApiError(
-                    "seq_conflict",
+                raise SeqConflict(
                     f"payload.name: checkpoint {name!r} already exists on run {self.run_id}",
-                    {"name": name},
+                    details={"name": name},
                 )
             directory = self.hooks.state_dir(self.run_id, name)
             output = engine.save_state(directory)
@@ -438,4 +429,4 @@ class RunWorker:
                 }
             )
             return outcome
-        raise ApiError("invalid_request", f"kind: unknown operation kind {kind!r}")
+        raise InvalidRequest(f"kind: unknown operation kind {kind!r}")

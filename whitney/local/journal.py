@@ -18,6 +18,9 @@ from typing import Any
 
 import pydantic_core
 
+from whitney.errors import InternalError
+from whitney.local.api_errors import error_object
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
     session_id TEXT PRIMARY KEY,
@@ -209,25 +212,20 @@ class Journal:
         artifacts stay usable (`from_checkpoint` resumes from a checkpoint).
         """
         now = utcnow()
-        error = {
-            "type": "internal",
-            "message": "the server restarted while the run was active; its in-memory state is "
-            "lost (resume from a checkpoint with from_checkpoint)",
-            "details": {},
-        }
+        error = InternalError(
+            "the server restarted while the run was active; its in-memory state is lost "
+            "(resume from a checkpoint with from_checkpoint)"
+        )
         with self.transaction() as conn:
             conn.execute(
                 "UPDATE operations SET status='cancelled', finished_at=?, error=? "
                 "WHERE status IN ('pending','running')",
-                (
-                    now,
-                    _dumps({"type": "internal", "message": "server restarted", "details": {}}),
-                ),
+                (now, _dumps(error_object(InternalError("server restarted")))),
             )
             conn.execute(
                 "UPDATE runs SET status='failed', error=?, finished_at=? "
                 "WHERE status IN ('allocating','ready','finishing','cancelling')",
-                (_dumps(error), now),
+                (_dumps(error_object(error)), now),
             )
 
     # ----------------------------------------------------------------- sessions

@@ -9,8 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from whitney import losses
-from whitney.errors import WhitneyError
-from whitney.local.api_errors import ApiError
+from whitney.errors import InvalidDatum, InvalidRequest, UnsupportedLoss
 from whitney.wire import RUN_OPERATION_KINDS, SAMPLER_OPERATION_KINDS
 
 PROVIDERS: tuple[str, ...] = ("modal", "tinker", "local")
@@ -47,10 +46,9 @@ def capabilities(base_models: list[str], max_lora_rank: int) -> dict[str, Any]:
 
 def check_run_role(provider: str, role: str) -> None:
     if role == "critic" and provider not in CRITIC_PROVIDERS:
-        raise ApiError(
-            "invalid_request",
+        raise InvalidRequest(
             f"role: critic runs exist on modal and local only, not on {provider}",
-            {"field": "role", "provider": provider},
+            details={"field": "role", "provider": provider},
         )
 
 
@@ -58,46 +56,36 @@ def check_route(kind: str, sampler_route: bool, run_id: str) -> None:
     """A run operation on the run route, a sampler operation on the sampler route."""
     if kind not in RUN_OPERATION_KINDS and kind not in SAMPLER_OPERATION_KINDS:
         known = ", ".join(RUN_OPERATIONS_ORDER + SAMPLER_OPERATIONS_ORDER)
-        raise ApiError(
-            "invalid_request",
-            f"kind: unknown operation kind {kind!r} (known: {known})",
-            {"field": "kind"},
+        raise InvalidRequest(
+            f"kind: unknown operation kind {kind!r} (known: {known})", details={"field": "kind"}
         )
     if sampler_route and kind in RUN_OPERATION_KINDS:
-        raise ApiError(
-            "invalid_request",
+        raise InvalidRequest(
             f"kind: {kind!r} is a run operation: POST it to /v1/training/runs/{run_id}/operations",
-            {"field": "kind"},
+            details={"field": "kind"},
         )
     if not sampler_route and kind in SAMPLER_OPERATION_KINDS:
-        raise ApiError(
-            "invalid_request",
+        raise InvalidRequest(
             f"kind: {kind!r} is a sampler operation: POST it to "
             f"/v1/training/runs/{run_id}/samplers/{{sampler_id}}/operations",
-            {"field": "kind"},
+            details={"field": "kind"},
         )
-
-
-def _from_whitney(exc: WhitneyError) -> ApiError:
-    return ApiError(exc.type, exc.message, exc.details, status=exc.status or 422)
 
 
 def check_operation(run: dict[str, Any], kind: str, payload: dict[str, Any]) -> None:
     """The provider's and the run's refusals of a validated payload (422 / 400)."""
     run_id, provider, role = run["run_id"], run["provider"], run["role"]
     if not run["trainable"] and kind not in FROZEN_RUN_KINDS:
-        raise ApiError(
-            "invalid_request",
+        raise InvalidRequest(
             f"kind: run {run_id} is not trainable (trainable: false); it accepts only "
             "save_weights_for_sampler, sample and logprobs",
-            {"field": "kind", "kind": kind},
+            details={"field": "kind", "kind": kind},
         )
     if role == "critic" and kind in FROZEN_RUN_KINDS:
-        raise ApiError(
-            "invalid_request",
+        raise InvalidRequest(
             f"kind: run {run_id} is a critic run (a value head): it has no sampler, so "
             f"{kind} is refused",
-            {"field": "kind", "kind": kind},
+            details={"field": "kind", "kind": kind},
         )
     if kind not in ("forward", "forward_backward"):
         return
@@ -106,32 +94,23 @@ def check_operation(run: dict[str, Any], kind: str, payload: dict[str, Any]) -> 
     data = payload["data"]
     served = losses.PROVIDER_LOSS_SUPPORT.get(provider, frozenset())
     if role != "critic" and loss == "ppo_critic" and loss in served:
-        raise ApiError(
-            "unsupported_loss",
+        raise UnsupportedLoss(
             f"loss_function='ppo_critic' needs a critic run (role: critic); run {run_id} "
             "is a policy run",
-            {"loss_function": loss, "provider": provider},
+            details={"loss_function": loss, "provider": provider},
         )
-    try:
-        if role == "critic":
-            losses.validate_loss_config(provider, loss, config, [])
-        else:
-            losses.validate_loss_config(provider, loss, config, data)
-    except WhitneyError as exc:
-        raise _from_whitney(exc) from None
+    losses.validate_loss_config(provider, loss, config, [] if role == "critic" else data)
     if role == "critic":
         if loss not in CRITIC_LOSSES:
-            raise ApiError(
-                "unsupported_loss",
+            raise UnsupportedLoss(
                 f"loss_function={loss!r} is not served on critic runs (a critic run trains "
                 "its value head with ppo_critic, or ppo routed to it)",
-                {"loss_function": loss, "provider": provider},
+                details={"loss_function": loss, "provider": provider},
             )
         for index, datum in enumerate(data):
             for name in CRITIC_INPUTS:
                 if name not in datum["loss_inputs"]:
-                    raise ApiError(
-                        "invalid_datum",
+                    raise InvalidDatum(
                         f"data[{index}].loss_inputs.{name} is required by the critic loss",
-                        {"datum": index, "tensor": name},
+                        details={"datum": index, "tensor": name},
                     )

@@ -1,8 +1,8 @@
 """The Whitney service behind the HTTP app: sessions, runs, operations, artifacts.
 
-Everything here is plain Python called from worker threads; every refusal is an ApiError
-carrying the status and error body of whitney-api.md. The HTTP layer (`app.py`) only parses,
-authenticates and serialises.
+Everything here is plain Python called from worker threads; every refusal raises the
+`whitney.errors` class of its whitney-api.md error type. The HTTP layer (`app.py`) only parses,
+authenticates and serialises (refusals included).
 """
 
 from __future__ import annotations
@@ -20,8 +20,20 @@ from typing import Any
 from pydantic import ValidationError
 
 from whitney import wire
+from whitney.errors import (
+    IdempotencyConflict,
+    InternalError,
+    InvalidRequest,
+    NotFound,
+    RunNotActive,
+    SeqConflict,
+    Unauthorized,
+    Unavailable,
+    UnsupportedBaseModel,
+    WhitneyError,
+)
 from whitney.local import providers
-from whitney.local.api_errors import ApiError, from_validation_error, not_found
+from whitney.local.api_errors import error_object, from_validation_error, not_found
 from whitney.local.config import MAX_WAIT_S, ServerConfig
 from whitney.local.executor import (
     RunWorker,
@@ -141,14 +153,14 @@ class WhitneyService:
 
     def authenticate(self, authorization: str | None) -> str:
         if not authorization:
-            raise ApiError("unauthorized", "missing Authorization: Bearer <api key> header")
+            raise Unauthorized("missing Authorization: Bearer <api key> header")
         scheme, _, token = authorization.partition(" ")
         token = token.strip()
         if scheme.lower() != "bearer" or not token:
-            raise ApiError("unauthorized", "the Authorization header must be 'Bearer <api key>'")
+            raise Unauthorized("the Authorization header must be 'Bearer <api key>'")
         tenant = self._tenant_by_digest.get(hashlib.sha256(token.encode()).digest())
         if tenant is None:
-            raise ApiError("unauthorized", "invalid API key")
+            raise Unauthorized("invalid API key")
         return tenant
 
     # ------------------------------------------------------------------ capabilities
@@ -163,9 +175,8 @@ class WhitneyService:
             return _engine_module()
         except ImportError as exc:
             log.error("the training engine cannot be imported: %s", exc)
-            raise ApiError(
-                "unavailable",
-                "the training engine is not installed (pip install 'whitney-flows[local]')",
+            raise Unavailable(
+                "the training engine is not installed (pip install 'whitney-flows[local]')"
             ) from None
 
     # ------------------------------------------------------------------ idempotency
@@ -177,20 +188,18 @@ class WhitneyService:
         if record is None:
             return None
         if record["body_hash"] != body_hash:
-            raise ApiError(
-                "idempotency_conflict",
+            raise IdempotencyConflict(
                 f"Idempotency-Key {key!r} was used before with another body",
-                {"idempotency_key": key},
+                details={"idempotency_key": key},
             )
         return record["resource_id"]
 
     @staticmethod
     def _check_idempotency_key(key: str | None) -> None:
         if key is not None and not 1 <= len(key) <= 255:
-            raise ApiError(
-                "invalid_request",
+            raise InvalidRequest(
                 "Idempotency-Key must have 1 to 255 characters",
-                {"field": "Idempotency-Key"},
+                details={"field": "Idempotency-Key"},
             )
 
     # ------------------------------------------------------------------ sessions
@@ -239,10 +248,8 @@ class WhitneyService:
         for raw in label_filters:
             key, sep, value = raw.partition(":")
             if not sep or not key:
-                raise ApiError(
-                    "invalid_request",
-                    f"label: expected KEY:VALUE, got {raw!r}",
-                    {"field": "label"},
+                raise InvalidRequest(
+                    f"label: expected KEY:VALUE, got {raw!r}", details={"field": "label"}
                 )
             pairs.append((key, value))
         sessions = self.journal.list_sessions(tenant, pairs)
@@ -286,28 +293,24 @@ class WhitneyService:
     def _create_run(self, tenant: str, request: wire.RunCreate) -> str:
         session = self._own_session(tenant, request.session_id)
         if session["status"] != "open":
-            raise ApiError(
-                "run_not_active",
+            raise RunNotActive(
                 f"session {request.session_id} is closed: it accepts no new run",
-                {"session_id": request.session_id},
+                details={"session_id": request.session_id},
             )
         providers.check_run_role(request.provider, request.role)
         engine = self._engine()
         base_models = tuple(engine.BASE_MODELS)
         if request.base_model not in base_models and not request.base_model.startswith(HF_PREFIX):
-            raise ApiError(
-                "unsupported_base_model",
+            raise UnsupportedBaseModel(
                 f"base_model: unknown base model {request.base_model!r} (served: "
                 f"{', '.join(base_models)}, or hf:<repo id> from the local Hugging Face cache)",
-                {"field": "base_model"},
-                status=422,
+                details={"field": "base_model"},
             )
         max_rank = int(getattr(engine, "MAX_LORA_RANK", DEFAULT_MAX_LORA_RANK))
         if request.lora_rank > max_rank:
-            raise ApiError(
-                "invalid_request",
+            raise InvalidRequest(
                 f"lora_rank: {request.lora_rank} exceeds max_lora_rank {max_rank}",
-                {"field": "lora_rank", "max_lora_rank": max_rank},
+                details={"field": "lora_rank", "max_lora_rank": max_rank},
             )
         checkpoint_dir = None
         if request.from_checkpoint is not None:
@@ -316,7 +319,7 @@ class WhitneyService:
             )
         seed = 0 if request.seed is None else request.seed
         if not -(2**63) <= seed < 2**63:
-            raise ApiError("invalid_request", "seed: must fit in 64 bits", {"field": "seed"})
+            raise InvalidRequest("seed: must fit in 64 bits", details={"field": "seed"})
         run_id = _new_id("run")
         run = {
             "run_id": run_id,
@@ -342,13 +345,13 @@ class WhitneyService:
                 trainable=request.trainable,
                 checkpoint_dir=checkpoint_dir,
             )
-        except engine.EngineError as exc:
+        except WhitneyError:
             self.journal.delete_run(run_id)
-            raise ApiError(exc.type, exc.message, exc.details) from None
+            raise
         except Exception:
             log.exception("allocating run %s failed", run_id)
             self.journal.delete_run(run_id)
-            raise ApiError("internal", "allocating the run failed") from None
+            raise InternalError("allocating the run failed") from None
         self.journal.set_run_step(run_id, int(engine_run.step))
         self.journal.set_run_status(run_id, "ready")
         run["status"] = "ready"
@@ -363,8 +366,8 @@ class WhitneyService:
         )
         with self._workers_lock:
             if self._closing.is_set():
-                error = ApiError("unavailable", "the server is shutting down")
-                self.journal.set_run_status(run_id, "failed", error=error.as_error())
+                error = Unavailable("the server is shutting down")
+                self.journal.set_run_status(run_id, "failed", error=error_object(error))
                 raise error
             self._workers[run_id] = worker
         worker.start()
@@ -452,14 +455,13 @@ class WhitneyService:
     def _parse_checkpoint(self, tenant: str, uri: str, field: str) -> tuple[str, str]:
         match = CHECKPOINT_URI.match(uri)
         if match is None or not _valid_name(match["name"]):
-            raise ApiError(
-                "invalid_request",
+            raise InvalidRequest(
                 f"{field}: expected whitney://runs/<run_id>/states/<name>, got {uri!r}",
-                {"field": field},
+                details={"field": field},
             )
         owner = self.journal.get_run(match["run_id"])
         if owner is None or owner["tenant"] != tenant:
-            raise ApiError("not_found", f"{field}: checkpoint {uri!r} not found", {"field": field})
+            raise NotFound(f"{field}: checkpoint {uri!r} not found", details={"field": field})
         return match["run_id"], match["name"]
 
     def resolve_checkpoint(self, tenant: str, uri: str, field: str = "checkpoint") -> Path:
@@ -467,7 +469,7 @@ class WhitneyService:
         run_id, name = self._parse_checkpoint(tenant, uri, field)
         record = self.journal.get_checkpoint(run_id, name)
         if record is None or not Path(record["path"]).is_dir():
-            raise ApiError("not_found", f"{field}: checkpoint {uri!r} not found", {"field": field})
+            raise NotFound(f"{field}: checkpoint {uri!r} not found", details={"field": field})
         return Path(record["path"])
 
     def artifact_path(self, tenant: str, artifact_id: str) -> tuple[Path, dict[str, Any]]:
@@ -485,20 +487,18 @@ class WhitneyService:
         after `post_wait_s`."""
         run = self._own_run(tenant, run_id, live=True)
         if not isinstance(body, dict):
-            raise ApiError("invalid_request", "body: expected a JSON object", {"field": "body"})
+            raise InvalidRequest("body: expected a JSON object", details={"field": "body"})
         try:
             request = wire.OperationRequest.model_validate(body)
         except ValidationError as exc:
             raise from_validation_error(exc) from None
         if sampler_id is not None and not _valid_name(sampler_id):
-            raise ApiError(
-                "invalid_request",
-                f"sampler_id: invalid sampler id {sampler_id!r}",
-                {"field": "sampler_id"},
+            raise InvalidRequest(
+                f"sampler_id: invalid sampler id {sampler_id!r}", details={"field": "sampler_id"}
             )
         kind, seq_id = request.kind, request.seq_id
         if seq_id >= 2**63:
-            raise ApiError("invalid_request", "seq_id: must fit in 64 bits", {"field": "seq_id"})
+            raise InvalidRequest("seq_id: must fit in 64 bits", details={"field": "seq_id"})
         providers.check_route(kind, sampler_id is not None, run_id)
         try:
             model = wire.validate_payload(kind, request.payload)
@@ -519,10 +519,9 @@ class WhitneyService:
                 ticket = worker.tickets.get(seq_id)
             else:
                 if worker.status != "ready":
-                    raise ApiError(
-                        "run_not_active",
+                    raise RunNotActive(
                         f"run {run_id} is {worker.status}: it accepts no new operation",
-                        {"run_id": run_id, "status": worker.status},
+                        details={"run_id": run_id, "status": worker.status},
                     )
                 providers.check_operation(run, kind, payload)
                 self._check_names(run_id, seq_id, kind, payload)
@@ -546,7 +545,7 @@ class WhitneyService:
     def _render(self, run_id: str, seq_id: int) -> RawJson:
         row = self.journal.get_operation(run_id, seq_id)
         if row is None:  # pragma: no cover - journaled before we look
-            raise ApiError("internal", "operation vanished from the journal")
+            raise InternalError("operation vanished from the journal")
         return RawJson(render_operation(row))
 
     def _existing(
@@ -558,10 +557,9 @@ class WhitneyService:
             if worker is None:
                 run = self.journal.get_run(run_id)
                 status = run["status"] if run else "unknown"
-                raise ApiError(
-                    "run_not_active",
+                raise RunNotActive(
                     f"run {run_id} is {status}: it accepts no new operation",
-                    {"run_id": run_id, "status": status},
+                    details={"run_id": run_id, "status": status},
                 )
             return None
         if (header["kind"], header["sampler_id"], header["payload_hash"]) != (
@@ -576,11 +574,10 @@ class WhitneyService:
                 if header["sampler_id"] != sampler_id
                 else "payload"
             )
-            raise ApiError(
-                "seq_conflict",
+            raise SeqConflict(
                 f"seq_id: operation {seq_id} of run {run_id} was journaled with another "
                 f"{differs} (stored kind {header['kind']!r})",
-                {"seq_id": seq_id, "stored_kind": header["kind"], "differs": differs},
+                details={"seq_id": seq_id, "stored_kind": header["kind"], "differs": differs},
             )
         return header
 
@@ -591,7 +588,7 @@ class WhitneyService:
         if name is None:
             return
         if name in (".", ".."):
-            raise ApiError("invalid_request", f"payload.name: invalid name {name!r}")
+            raise InvalidRequest(f"payload.name: invalid name {name!r}")
         used = self.journal.names_in_use(run_id, kind)
         default = default_sampler_id if kind == "save_weights_for_sampler" else default_state_name
         match = re.fullmatch(r"(?:sampler|seq)-(\d+)", name)
@@ -602,20 +599,18 @@ class WhitneyService:
         )
         if (name in used and used[name] != seq_id) or taken_by_default:
             what = "sampler" if kind == "save_weights_for_sampler" else "checkpoint"
-            raise ApiError(
-                "seq_conflict",
+            raise SeqConflict(
                 f"payload.name: {what} name {name!r} was used before in run {run_id}",
-                {"name": name, "seq_id": seq_id},
+                details={"name": name, "seq_id": seq_id},
             )
 
     def get_operation(self, tenant: str, run_id: str, seq_id: int, wait_s: float) -> RawJson:
         self._own_run(tenant, run_id, live=True)
         row = self.journal.get_operation(run_id, seq_id)
         if row is None:
-            raise ApiError(
-                "not_found",
+            raise NotFound(
                 f"operation {seq_id} of run {run_id} not found",
-                {"run_id": run_id, "seq_id": seq_id},
+                details={"run_id": run_id, "seq_id": seq_id},
             )
         if row["status"] not in OP_TERMINAL and wait_s > 0:
             worker = self._worker(run_id)
@@ -631,10 +626,9 @@ class WhitneyService:
         self._own_run(tenant, run_id)
         limit = DEFAULT_LIST_LIMIT if limit is None else limit
         if limit < 1 or limit > MAX_LIST_LIMIT:
-            raise ApiError(
-                "invalid_request",
+            raise InvalidRequest(
                 f"limit: must be within 1..{MAX_LIST_LIMIT}, got {limit}",
-                {"field": "limit"},
+                details={"field": "limit"},
             )
         rows = self.journal.list_operations(run_id, after_seq, limit)
         return RawJson('{"operations":[' + ",".join(render_operation(r) for r in rows) + "]}")

@@ -6,17 +6,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from whitney.local.engine.errors import EngineError
+from whitney.errors import UnsupportedBaseModel
 from whitney.local.engine.model import ModelConfig, weight_shapes
 
 MAX_POSITIONS = 4096  # a CPU engine's context: bounds the RoPE tables and KV caches
 
 
-def unsupported(base_model: str, why: str) -> EngineError:
-    return EngineError(
-        "unsupported_base_model",
-        f"unsupported base model {base_model!r}: {why}",
-        {"base_model": base_model},
+def unsupported(base_model: str, why: str) -> UnsupportedBaseModel:
+    return UnsupportedBaseModel(
+        f"unsupported base model {base_model!r}: {why}", details={"base_model": base_model}
     )
 
 

@@ -1,5 +1,6 @@
 """The eight Whitney losses of losses.md over right-padded [B, T] tensors: per-token terms times
-w_t, summed (ppo_critic: a mean over datums). Returns (loss, metrics).
+w_t, summed (ppo_critic: a mean over datums), with the loss_config of `validation.loss_config`
+(every key the loss reads, defaults filled in). Returns (loss, metrics).
 
 A datum's contribution is the float64 sum of its tokens' terms, left to right (so padding
 changes nothing); the loss adds the contributions in datum order, in float64, and rounds once."""
@@ -11,32 +12,11 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from whitney.local.engine.errors import EngineError
 from whitney.local.engine.exact import prefix_sum, vectorized
 
 # loss_inputs padded to [B, T]: 0 past each datum's end, NaN where a datum lacks an optional tensor
 Inputs = dict[str, Tensor]
 Result = tuple[Tensor, dict[str, float]]
-
-CRITIC_LOSSES = ("ppo_critic", "ppo")  # on a critic run, ppo is routed to the critic loss
-DEFAULTS: dict[str, dict[str, float]] = {
-    "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
-    "cispo": {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},
-    "dro": {"beta": 0.05},
-    "gspo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
-    "dppo": {"delta_low": 0.2, "delta_high": 0.2},
-    "ppo_critic": {"value_clip": 0.2},
-}
-
-
-def config_value(loss: str, config: dict[str, float], key: str) -> float:
-    """A scalar loss_config value, or the losses.md default."""
-    value = config.get(key, DEFAULTS[loss][key])
-    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
-        raise EngineError(
-            "invalid_loss_config", f"loss_config.{key} must be a number, got {value!r}"
-        )
-    return float(value)
 
 
 def wmean(x: Tensor, w: Tensor) -> float:
@@ -65,11 +45,11 @@ def given_or(inputs: Inputs, name: str, default: Tensor) -> Tensor:
     return default if given is None else torch.where(given.isnan(), default, given)
 
 
-def clip_bounds(loss: str, inputs: Inputs, config: dict[str, float]) -> tuple[Tensor, Tensor]:
+def clip_bounds(inputs: Inputs, config: dict[str, float]) -> tuple[Tensor, Tensor]:
     """Per-token clip bounds: the per-token tensors where a datum has them, else loss_config."""
     shape = inputs["weights"].shape
-    lo = torch.full(shape, config_value(loss, config, "clip_low_threshold"))
-    hi = torch.full(shape, config_value(loss, config, "clip_high_threshold"))
+    lo = torch.full(shape, config["clip_low_threshold"])
+    hi = torch.full(shape, config["clip_high_threshold"])
     return given_or(inputs, "clip_low_threshold", lo), given_or(inputs, "clip_high_threshold", hi)
 
 
@@ -97,7 +77,7 @@ def importance_sampling(lp: Tensor, inputs: Inputs, config: dict[str, float]) ->
 
 def ppo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
     A, w = inputs["advantages"], inputs["weights"]
-    lo, hi = clip_bounds("ppo", inputs, config)
+    lo, hi = clip_bounds(inputs, config)
     r = ratio(lp, inputs["logprobs"])
     loss = total(-torch.minimum(r * A, torch.clamp(r, lo, hi) * A) * w)
     clipped = ((r < lo) | (r > hi)).float()
@@ -106,7 +86,7 @@ def ppo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
 
 def cispo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
     A, w = inputs["advantages"], inputs["weights"]
-    lo, hi = clip_bounds("cispo", inputs, config)
+    lo, hi = clip_bounds(inputs, config)
     r = ratio(lp, inputs["logprobs"]).detach()
     loss = total(-torch.clamp(r, lo, hi) * A * lp * w)
     clipped = ((r < lo) | (r > hi)).float()
@@ -115,7 +95,7 @@ def cispo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
 
 def dro(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
     A, q, w = inputs["advantages"], inputs["logprobs"], inputs["weights"]
-    beta = config_value("dro", config, "beta")
+    beta = config["beta"]
     loss = total(-(lp * A - 0.5 * beta * (lp - q) ** 2) * w)
     return loss, base_metrics(loss, lp, inputs)
 
@@ -124,7 +104,7 @@ def gspo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
     """GSPO-token: the sequence ratio s (geometric mean of token ratios over the mask, log clamped
     to [-20, 20]) in value, each token's own ratio in gradient."""
     A, q, w = inputs["advantages"], inputs["logprobs"], inputs["weights"]
-    lo, hi = clip_bounds("gspo", inputs, config)
+    lo, hi = clip_bounds(inputs, config)
     mask = given_or(inputs, "sequence_ratio_mask", (w != 0).float())
     log_s = prefix_sum((lp.detach() - q) * mask) / prefix_sum(mask).clamp(min=1.0)
     s = exp(log_s.clamp(-20.0, 20.0)[:, None] + lp - lp.detach())
@@ -136,8 +116,8 @@ def gspo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
 def dppo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
     """Importance sampling with a binary total-variation trust region on p = exp(lp)."""
     A, q, w = inputs["advantages"], inputs["logprobs"], inputs["weights"]
-    delta_low = config_value("dppo", config, "delta_low")
-    delta_high = config_value("dppo", config, "delta_high")
+    delta_low = config["delta_low"]
+    delta_high = config["delta_high"]
     p, mu = exp(lp.detach()), exp(q)
     outside = ((A > 0) & (p - mu > delta_high)) | ((A < 0) & (mu - p > delta_low))
     m = (~outside).float()
@@ -148,7 +128,7 @@ def dppo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
 def ppo_critic(values: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
     """Clipped value loss: 0.5 * mean over datums of the weighted mean of max(clipped, plain)."""
     v_old, R, w = inputs["values"], inputs["returns"], inputs["weights"]
-    c = config_value("ppo_critic", config, "value_clip")
+    c = config["value_clip"]
     v_clipped = v_old + torch.clamp(values - v_old, -c, c)
     err = torch.maximum((v_clipped - R) ** 2, (values - R) ** 2)
     sum_w = prefix_sum(w)

@@ -3,44 +3,8 @@ of operations), with global grad-norm clipping."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import Tensor
-
-from whitney.local.engine.errors import EngineError
-
-DEFAULTS = {
-    "learning_rate": 1e-4,
-    "beta1": 0.9,
-    "beta2": 0.95,
-    "eps": 1e-8,
-    "weight_decay": 0.0,
-    "grad_clip_norm": 0.0,
-}
-
-
-def hyperparameters(optimizer: dict) -> dict[str, float]:
-    """The Optimizer payload with defaults filled in, validated."""
-    if optimizer.get("type", "adamw") != "adamw":
-        raise EngineError(
-            "invalid_request", f"optimizer.type {optimizer.get('type')!r}: only adamw"
-        )
-    hp = {}
-    for key, default in DEFAULTS.items():
-        value = optimizer.get(key, default)
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or not math.isfinite(value)
-        ):
-            raise EngineError("invalid_request", f"optimizer.{key} must be a finite number")
-        hp[key] = float(value)
-    if hp["learning_rate"] < 0 or hp["eps"] <= 0 or hp["grad_clip_norm"] < 0:
-        raise EngineError("invalid_request", "optimizer: learning_rate, eps, grad_clip_norm < 0")
-    if not (0 <= hp["beta1"] < 1 and 0 <= hp["beta2"] < 1):
-        raise EngineError("invalid_request", "optimizer: beta1 and beta2 must be in [0, 1)")
-    return hp
 
 
 class AdamW:

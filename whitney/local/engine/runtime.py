@@ -1,10 +1,10 @@
 """EngineRun: one Whitney training run on the CPU (base model, LoRA, optimizer, sampler
-snapshots), with the operations the embedded server calls. No global RNG state is used."""
+snapshots), with the operations the embedded server calls. Each operation has `validation`
+check its request first. No global RNG state is used."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -14,25 +14,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from whitney.local.engine import checkpoint, exact, losses
-from whitney.local.engine.errors import EngineError
+from whitney.errors import InvalidRequest, NotFound, UnsupportedBaseModel
+from whitney.local.engine import checkpoint, exact, losses, validation
 from whitney.local.engine.lora import Lora
 from whitney.local.engine.model import CONFIGS, ExactLinear, Llama, ModelConfig, init_weights
-from whitney.local.engine.optim import AdamW, hyperparameters
-from whitney.local.engine.sampling import SampleSpec, SamplingParams, sample
-from whitney.losses import REQUIRED_LOSS_INPUTS
+from whitney.local.engine.optim import AdamW
+from whitney.local.engine.sampling import sample
 
 BASE_MODELS: tuple[str, ...] = ("local/nano", "local/tiny", "local/small")
-FLOAT_INPUTS = (
-    "weights",
-    "logprobs",
-    "advantages",
-    "clip_low_threshold",
-    "clip_high_threshold",
-    "sequence_ratio_mask",
-    "values",
-    "returns",
-)
 SAMPLER_MODELS_KEPT = 2  # merged sampling copies kept built; older snapshots are rebuilt on use
 LOGPROBS_CHUNK = 16  # sequences per forward in `logprobs` (any chunking gives the same bits)
 FORWARD_CHUNK = 16  # datums per forward pass in `forward` / `forward_backward`, likewise
@@ -58,10 +47,9 @@ def load_base(name: str) -> tuple[ModelConfig, dict[str, Tensor]]:
 
                 _bases[name] = hf_backend.load(name)
             else:
-                raise EngineError(
-                    "unsupported_base_model",
+                raise UnsupportedBaseModel(
                     f"unsupported base model {name!r}: use {', '.join(BASE_MODELS)} or hf:<repo>",
-                    {"base_model": name},
+                    details={"base_model": name},
                 )
         return _bases[name]
 
@@ -76,70 +64,24 @@ def shared_if_equal(name: str, weights: dict[str, Tensor]) -> dict[str, Tensor]:
     return weights
 
 
-def datum_error(message: str, index: int, field: str) -> EngineError:
-    return EngineError("invalid_datum", message, {"index": index, "field": field})
-
-
-def numbers(values: list, dtype: torch.dtype, index: int, name: str) -> Tensor:
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in values):
-        raise datum_error(f"data[{index}].loss_inputs.{name} must hold numbers", index, name)
-    if dtype == torch.long and not all(isinstance(v, int) for v in values):
-        raise datum_error(f"data[{index}].loss_inputs.{name} must hold integers", index, name)
-    return torch.tensor(values, dtype=dtype)
-
-
-def collate(data: list[dict], required: tuple[str, ...], cfg: ModelConfig):
-    """Right-pad datums into token ids [B, T] and loss inputs [B, T] (0 past a datum's end;
-    NaN where a datum lacks an optional tensor; `weights` defaults to 1)."""
-    if not data:
-        raise EngineError("invalid_datum", "data is empty: at least one datum is required")
-    lengths = []
-    for i, datum in enumerate(data):
-        ids = datum.get("input", {}).get("token_ids")
-        if not isinstance(ids, list) or not 0 < len(ids) <= cfg.max_positions:
-            raise datum_error(
-                f"data[{i}].input.token_ids must hold 1..{cfg.max_positions} tokens", i, "token_ids"
-            )
-        if not all(isinstance(t, int) and 0 <= t < cfg.vocab_size for t in ids):
-            raise datum_error(
-                f"data[{i}].input.token_ids: ids must be in [0, {cfg.vocab_size})", i, "token_ids"
-            )
-        loss_inputs = datum.get("loss_inputs", {})
-        for name in required:
-            if name not in loss_inputs:
-                raise datum_error(f"data[{i}].loss_inputs.{name} is required by this loss", i, name)
-        for name, tensor in loss_inputs.items():
-            values = tensor.get("values") if isinstance(tensor, dict) else None
-            if not isinstance(values, list) or len(values) != len(ids):
-                raise datum_error(
-                    f"data[{i}].loss_inputs.{name} must have {len(ids)} values", i, name
-                )
-        lengths.append(len(ids))
+def collate(data: list[validation.Datum]) -> tuple[Tensor, dict[str, Tensor], list[int]]:
+    """Right-pad checked datums into token ids [B, T] and loss inputs [B, T] (0 past a datum's
+    end; NaN where a datum lacks an optional tensor; `weights` defaults to 1)."""
+    lengths = [len(datum.token_ids) for datum in data]
     B, T = len(data), max(lengths)
     valid = torch.arange(T)[None, :] < torch.tensor(lengths)[:, None]
     ids = torch.zeros(B, T, dtype=torch.long)
     inputs: dict[str, Tensor] = {"weights": valid.float()}
     for i, datum in enumerate(data):
-        ids[i, : lengths[i]] = torch.tensor(datum["input"]["token_ids"])
-        for name, tensor in datum.get("loss_inputs", {}).items():
-            if name == "target_tokens":
-                targets = numbers(tensor["values"], torch.long, i, name)
-                if targets.min() < 0 or targets.max() >= cfg.vocab_size:
-                    raise datum_error(
-                        f"data[{i}].loss_inputs.target_tokens out of vocabulary", i, name
-                    )
-                inputs.setdefault(name, torch.zeros(B, T, dtype=torch.long))[i, : lengths[i]] = (
-                    targets
-                )
-            elif name in FLOAT_INPUTS:
-                values = numbers(tensor["values"], torch.float32, i, name)
-                if not torch.isfinite(values).all():
-                    raise datum_error(
-                        f"data[{i}].loss_inputs.{name} has a non-finite value", i, name
-                    )
-                if name not in inputs:
-                    inputs[name] = torch.where(valid, torch.nan, 0.0)
-                inputs[name][i, : lengths[i]] = values
+        n = lengths[i]
+        ids[i, :n] = torch.tensor(datum.token_ids)
+        if datum.target_tokens is not None:
+            targets = inputs.setdefault("target_tokens", torch.zeros(B, T, dtype=torch.long))
+            targets[i, :n] = torch.tensor(datum.target_tokens)
+        for name, values in datum.floats.items():
+            if name not in inputs:
+                inputs[name] = torch.where(valid, torch.nan, 0.0)
+            inputs[name][i, :n] = torch.tensor(values, dtype=torch.float32)
     return ids, inputs, lengths
 
 
@@ -180,10 +122,7 @@ class EngineRun:
         checkpoint_dir: Path | None = None,
     ) -> EngineRun:
         """A new run; with checkpoint_dir, its base weights, adapter, optimizer and step."""
-        if role not in ("policy", "critic"):
-            raise EngineError("invalid_request", f"role {role!r}: expected 'policy' or 'critic'")
-        if lora_rank < 1:
-            raise EngineError("invalid_request", f"lora_rank must be >= 1, got {lora_rank}")
+        validation.check_run(role, lora_rank)
         cfg, weights = load_base(base_model)
         value_head = {}
         if role == "critic":
@@ -204,11 +143,11 @@ class EngineRun:
 
     def require_trainable(self, op: str) -> None:
         if not self.trainable:
-            raise EngineError("invalid_request", f"{op}: this run is frozen (trainable: false)")
+            raise InvalidRequest(f"{op}: this run is frozen (trainable: false)")
 
     def require_policy(self, op: str) -> None:
         if self.role != "policy":
-            raise EngineError("invalid_request", f"{op}: a critic run has no sampler")
+            raise InvalidRequest(f"{op}: a critic run has no sampler")
 
     # --- training -------------------------------------------------------------------------
 
@@ -216,28 +155,15 @@ class EngineRun:
         """forward / forward_backward: loss, metrics and per-token outputs; backward=True
         accumulates gradients until the next optim_step."""
         self.require_trainable("forward_backward" if backward else "forward")
-        name = payload.get("loss_function")
-        config = payload.get("loss_config") or {}
-        if self.role == "critic":
-            if name not in losses.CRITIC_LOSSES:
-                raise EngineError(
-                    "unsupported_loss",
-                    f"loss_function {name!r}: a critic run trains ppo_critic (or ppo)",
-                )
-            name = "ppo_critic"
-        elif name not in losses.POLICY:
-            why = "needs a critic run" if name == "ppo_critic" else "is not a known loss"
-            raise EngineError("unsupported_loss", f"loss_function {name!r} {why}")
-        ids, inputs, lengths = collate(
-            payload.get("data") or [], REQUIRED_LOSS_INPUTS[name], self.cfg
-        )
+        request = validation.forward_request(payload, self.role, self.cfg)
+        ids, inputs, lengths = collate(request.data)
         with torch.enable_grad() if backward else torch.no_grad():
             per_token = self.token_outputs(ids, inputs.get("target_tokens"), lengths)
             if self.role == "critic":
-                loss, metrics = losses.ppo_critic(per_token, inputs, config)
+                loss, metrics = losses.ppo_critic(per_token, inputs, request.config)
                 key = "values"
             else:
-                loss, metrics = losses.POLICY[name](per_token, inputs, config)
+                loss, metrics = losses.POLICY[request.loss](per_token, inputs, request.config)
                 key = "logprobs"
             if backward:
                 loss.backward()
@@ -269,7 +195,7 @@ class EngineRun:
     def optim_step(self, optimizer: dict) -> OpOutput:
         """One AdamW update from the accumulated gradients; clears them."""
         self.require_trainable("optim_step")
-        hp = hyperparameters(optimizer)
+        hp = validation.hyperparameters(optimizer)
         grad_norm = self.optimizer.step(hp)
         self.step += 1
         self.weights_version += 1
@@ -282,7 +208,7 @@ class EngineRun:
         """Snapshot the adapter under sampler_id: later training does not change it."""
         self.require_policy("save_weights_for_sampler")
         if sampler_id in self.samplers:
-            raise EngineError("invalid_request", f"sampler_id {sampler_id!r} already exists")
+            raise InvalidRequest(f"sampler_id {sampler_id!r} already exists")
         if self.weights_version not in self.snapshots:  # unchanged weights share one snapshot
             self.snapshots[self.weights_version] = self.lora.snapshot()
         self.samplers[sampler_id] = self.weights_version
@@ -292,7 +218,7 @@ class EngineRun:
         """The snapshot's merged sampling copy (W + scale * B @ A), built on first use."""
         self.require_policy("sampler operation")
         if sampler_id not in self.samplers:
-            raise EngineError("not_found", f"sampler_id {sampler_id!r} does not exist in this run")
+            raise NotFound(f"sampler_id {sampler_id!r} does not exist in this run")
         version = self.samplers[sampler_id]
         if version not in self.sampler_models:
             merged = self.snapshots[version].merged(self.base_weights)
@@ -308,7 +234,10 @@ class EngineRun:
         """One SampleResult per request, all decoded together (each result is bitwise the same
         whatever else is in `requests`)."""
         model = self.sampler_model(sampler_id)
-        specs = [sample_args(r, s, self.cfg) for r, s in zip(requests, default_seeds, strict=True)]
+        specs = [
+            validation.sample_spec(request, seed, self.cfg)
+            for request, seed in zip(requests, default_seeds, strict=True)
+        ]
         with torch.inference_mode():
             results = sample(model, specs)
         outputs = []
@@ -327,18 +256,7 @@ class EngineRun:
         """log p(token i | tokens before i) at temperature 1 under the snapshot; first is None.
         Bitwise the same whatever else the request holds and however a client chunks a batch."""
         model = self.sampler_model(sampler_id)
-        sequences = [s.get("token_ids") for s in request.get("sequences") or []]
-        for i, ids in enumerate(sequences):
-            if (
-                not isinstance(ids, list)
-                or not 0 < len(ids) <= self.cfg.max_positions
-                or not all(isinstance(t, int) and 0 <= t < self.cfg.vocab_size for t in ids)
-            ):
-                raise EngineError(
-                    "invalid_request",
-                    f"sequences[{i}].token_ids: 1..{self.cfg.max_positions} ids in "
-                    f"[0, {self.cfg.vocab_size})",
-                )
+        sequences = validation.logprobs_sequences(request, self.cfg)
         order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))  # less padding
         result: list[list[float | None]] = [[None] for _ in sequences]
         with torch.inference_mode():
@@ -387,7 +305,7 @@ class EngineRun:
         try:
             ckpt = checkpoint.load_state(directory)
         except (OSError, ValueError) as exc:
-            raise EngineError("invalid_request", f"cannot read checkpoint: {exc}") from exc
+            raise InvalidRequest(f"cannot read checkpoint: {exc}") from exc
         meta = ckpt.meta
         for key, mine in (
             ("base_model", self.base_model),
@@ -395,8 +313,7 @@ class EngineRun:
             ("role", self.role),
         ):
             if meta[key] != mine:
-                raise EngineError(
-                    "invalid_request",
+                raise InvalidRequest(
                     f"checkpoint {key} {meta[key]!r} does not match the run's {mine!r}",
                 )
         self.cfg = ckpt.config
@@ -425,41 +342,3 @@ class EngineRun:
             extra={n: t.detach() for n, t in self.value_head.items()} or None,
         )
         return OpOutput({"format": "peft", "sha256": sha256, "bytes": size}, {"tokens": 0})
-
-
-def sample_args(request: dict, default_seed: int, cfg: ModelConfig) -> SampleSpec:
-    """Validate a SampleRequest."""
-    prompt = (request.get("prompt") or {}).get("token_ids")
-    sp = request.get("sampling_params") or {}
-    n = request.get("num_samples", 1)
-    max_tokens = sp.get("max_tokens")
-    if (
-        not isinstance(prompt, list)
-        or not prompt
-        or not all(isinstance(t, int) and 0 <= t < cfg.vocab_size for t in prompt)
-    ):
-        raise EngineError("invalid_request", f"prompt.token_ids: 1+ ids in [0, {cfg.vocab_size})")
-    if not isinstance(n, int) or n < 1:
-        raise EngineError("invalid_request", "num_samples must be a positive integer")
-    if not isinstance(max_tokens, int) or max_tokens < 1:
-        raise EngineError("invalid_request", "sampling_params.max_tokens must be >= 1")
-    if len(prompt) + max_tokens > cfg.max_positions:
-        raise EngineError(
-            "invalid_request",
-            f"prompt + max_tokens exceeds the model's {cfg.max_positions} positions",
-        )
-    temperature = float(sp.get("temperature", 1.0))
-    top_p = float(sp.get("top_p", 1.0))
-    top_k = sp.get("top_k")
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise EngineError("invalid_request", "sampling_params.temperature must be >= 0")
-    if not 0 < top_p <= 1:
-        raise EngineError("invalid_request", "sampling_params.top_p must be in (0, 1]")
-    if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise EngineError("invalid_request", "sampling_params.top_k must be null or >= 1")
-    stops = sp.get("stop_token_ids") or []
-    if not all(isinstance(t, int) for t in stops):
-        raise EngineError("invalid_request", "sampling_params.stop_token_ids must be integers")
-    seed = sp.get("seed")
-    params = SamplingParams(max_tokens, temperature, top_p, top_k, tuple(stops))
-    return SampleSpec(prompt, n, params, default_seed if seed is None else int(seed))

@@ -4,24 +4,14 @@ stop tokens; every draw by inverse CDF from a per-row generator."""
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 import torch
 from torch import Tensor
 
 from whitney.local.engine import exact
 from whitney.local.engine.model import KVCache, Llama
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """A SampleRequest's sampling_params; temperature 0 means greedy (top_k = 1)."""
-
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = None
-    stop_token_ids: tuple[int, ...] = ()
+from whitney.local.engine.validation import SampleSpec, SamplingParams
 
 
 def row_seed(seed: int, row: int) -> int:
@@ -59,16 +49,6 @@ def draw(logprobs: Tensor, u: Tensor) -> Tensor:
     tokens = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
     last_possible = (probs > 0).cumsum(-1).argmax(-1)  # guards u * total rounding up to total
     return torch.minimum(tokens, last_possible)
-
-
-@dataclass(frozen=True)
-class SampleSpec:
-    """One validated SampleRequest."""
-
-    prompt: list[int]
-    num_samples: int
-    params: SamplingParams
-    seed: int
 
 
 def uniforms(spec: SampleSpec, steps: int) -> Tensor:
