@@ -40,6 +40,17 @@ PricesField = Annotated[
 """A flow's `prices` field, beside its `budget`."""
 
 
+def checkpoint_every_field(default: int) -> Any:
+    """A flow config's `checkpoint_every` field, with the flow's default."""
+    return Field(
+        default=default,
+        ge=0,
+        le=100_000,
+        description="save_state named cycle-{n} after every this many cycles: where a retried "
+        "flow run resumes (0: only the final checkpoint)",
+    )
+
+
 class ConfigError(ValueError):
     """A configuration the flow refuses before anything is allocated; `field` names the culprit."""
 
@@ -88,13 +99,7 @@ class FlowConfig(BaseModel):
     cleanup_timeout_s: float = Field(
         default=60.0, gt=0, le=3600, description="How long cleanup waits for a run to end"
     )
-    checkpoint_every: int = Field(
-        default=10,
-        ge=0,
-        le=100_000,
-        description="save_state named cycle-{n} after every this many cycles: where a retried "
-        "flow run resumes (0: only the final checkpoint)",
-    )
+    checkpoint_every: int = checkpoint_every_field(10)
     resume_from: str | None = Field(
         default=None,
         pattern=CYCLE_CHECKPOINT_PATTERN,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from flows.core.config import FlowConfig
+from flows.core.config import FlowConfig, checkpoint_every_field
 from flows.sft.schedules import ScheduleName
 
 DEFAULT_STEPS = 60
@@ -74,13 +74,7 @@ class SFTConfig(FlowConfig):
         le=1_000_000,
         description="Refuse (before allocation) an example longer than this many tokens",
     )
-    checkpoint_every: int = Field(
-        default=3,
-        ge=0,
-        le=100_000,
-        description="save_state named cycle-{n} after every this many cycles: where a retried "
-        "flow run resumes (0: only the final checkpoint)",
-    )
+    checkpoint_every: int = checkpoint_every_field(3)
     cycles: SkipJsonSchema[int | None] = Field(
         default=None,
         exclude=True,
