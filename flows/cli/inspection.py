@@ -7,12 +7,12 @@ The server's journal is the record (DESIGN.md): every operation with its seq id,
 timestamps, billed usage and result. Nothing here needs the flow run that made them.
 
 Cycle boundaries come from the journal alone: every cycle of every flow here begins by
-publishing a sampler (`save_weights_for_sampler`), so a journal splits at those operations.
-A sampler named `cycle-N` (pipelined RL, distillation, both of its runs) names its cycle; an
-unnamed one (`sampler-<seq>`, the page's loop) counts cycles in order; another name (the
-distillation's `eval-*` samplers) labels its group by that name. Operations before the first
-sampler are the `setup`; the trailing `save_state` / `export_lora` of the run's normal end are
-the `final` group. A journal with no sampler at all (SFT) is listed by optimizer step.
+publishing a sampler (`save_weights_for_sampler`), so a journal splits at those operations. A
+sampler named `cycle-N` (pipelined RL, distillation, both of its runs) names its cycle; an
+unnamed one (`sampler-<seq>`, the Loop building blocks' loop) counts cycles in order; another
+name (the distillation's `eval-*` samplers) labels its group by that name. Operations before the
+first sampler are the `setup`; the trailing `save_state` / `export_lora` of the run's normal end
+are the `final` group. A journal with no sampler at all (SFT) is listed by optimizer step.
 
 Two sources: the Whitney API (`--api-url`, the key from WHITNEY_API_KEY), or the embedded
 server's data directory (`--data-dir`, read-only: its SQLite journal, every tenant). No Prefect

@@ -1,4 +1,4 @@
-"""What `ctx.client` offers a recipe and a flow: the page's two ordered calls."""
+"""What `ctx.client` offers a recipe and a flow: the Loop building blocks' two ordered calls."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Protocol
 
 
 class OperationClient(Protocol):
-    """What `ctx.client` offers a recipe: the page's two ordered calls."""
+    """What `ctx.client` offers a recipe: the Loop building blocks' two ordered calls."""
 
     def run_operation(
         self, run_id: str, kind: str, payload: dict, *, seq_id: int | None = None

@@ -3,12 +3,13 @@ Prefect here).
 
 On-policy distillation with a reverse-KL reward: the student samples completions, a frozen
 teacher run scores every sampled token with `logprobs`, and each completion token t gets the
-advantage `-kl_coef * (student_lp_t - teacher_lp_t)` (the page's `kl_adjust_advantages` with
-zero base advantages), optionally discounted over the tokens after it. The student trains on
-`rl_datum`s with per-token advantages and the `importance_sampling` loss. `student_lp_t` is the
-sampler's logprob (temperature 1, so it is the student's own distribution); the mean of
-`student_lp_t - teacher_lp_t` over a cycle's tokens is `teacher_kl`, a sampled estimate of the
-per-token reverse KL(student || teacher), which falls as the student learns the teacher.
+advantage `-kl_coef * (student_lp_t - teacher_lp_t)` (`kl_adjust_advantages` of Whitney's Loop
+building blocks, with zero base advantages), optionally discounted over the tokens after it. The
+student trains on `rl_datum`s with per-token advantages and the `importance_sampling` loss.
+`student_lp_t` is the sampler's logprob (temperature 1, so it is the student's own
+distribution); the mean of `student_lp_t - teacher_lp_t` over a cycle's tokens is `teacher_kl`,
+a sampled estimate of the per-token reverse KL(student || teacher), which falls as the student
+learns the teacher.
 
 Prompts come from the SFT corpus's training split (the built-in corpus, or `data_path`), its
 held-out split (`flows.sft.plan.held_out`, the same pairs the teacher's SFT held out) is the
@@ -41,8 +42,8 @@ def reverse_kl_advantages(
     discount: float = 0.0,
 ) -> list[float]:
     """Per-token advantages of one completion: `-kl_coef * (student - teacher)` per token
-    (the page's kl_adjust_advantages on zero advantages), then, with a discount, each token
-    also gets the discounted sum of the terms after it."""
+    (kl_adjust_advantages on zero advantages), then, with a discount, each token also gets
+    the discounted sum of the terms after it."""
     terms = kl_adjust_advantages(
         [0.0] * len(student_logprobs), student_logprobs, teacher_logprobs, kl_coef=kl_coef
     )

@@ -3,7 +3,8 @@
     rewards, advantages       per group: `score_group`
     dynamic resampling        uniform groups sampled again, then dropped:
                               `resample_uniform_groups`
-    build_loss                per kept group, with the page's ctx plus the recipe's extras
+    build_loss                per kept group, with the Loop building blocks' ctx plus the
+                              recipe's extras
     finish_cycle              once, e.g. the critic's forward_backward and optim_step
 
 Every call goes through the cycle's client, so its seq ids (on the policy and on each
@@ -43,7 +44,7 @@ ADVANTAGE_ESTIMATORS: dict[str, Callable[[list[float]], list[float]]] = {
     "grpo_no_std": group_mean_advantages,
     "rloo": leave_one_out_baseline,
 }
-"""The config's `advantages` choices, from the page's helpers."""
+"""The config's `advantages` choices, from the Loop building blocks' helpers."""
 
 
 @dataclass(frozen=True)

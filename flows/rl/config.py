@@ -65,7 +65,7 @@ class RLConfig(FlowConfig):
     )
     loss_config: dict[str, float] = Field(
         default_factory=dict,
-        description="The loss's settings by the page's key names (clip_low_threshold, "
+        description="The loss's settings by Whitney's key names (clip_low_threshold, "
         "clip_high_threshold, beta, delta_low, delta_high, value_clip); the recipe sends "
         "them as the provider wants: clip bounds per token on tinker, scalar keys elsewhere",
     )

@@ -1,6 +1,6 @@
 """An RL flow's plug-ins resolved from its config, checked before anything is allocated.
 
-`check_rl_config` is the page's fail-closed step: the loss must be one the provider
+`check_rl_config` is the Loop building blocks' fail-closed step: the loss must be one the provider
 advertises (`require_advertised_loss`), the provider must offer the runs the recipe needs
 (critic runs: modal and local only), the recipe must accept the loss_config keys, and every
 payload the recipe builds for a probe group (the policy's, and those it sends its auxiliary

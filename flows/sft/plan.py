@@ -3,10 +3,11 @@ allocated.
 
 `load_sft_plan(config)` reads the (prompt, completion) pairs (`config.data_path`, or the
 built-in corpus of `flows.sft.corpus`), tokenizes them with the base model's tokenizer (BOS +
-prompt, completion + EOS) into the page's `sft_datum`s, holds out the eval split, and fixes
-which examples every optimizer step trains on: a pure function of (seed, step), so a replayed
-or resumed cycle sends byte-identical payloads. `check_sft_config` is the fail-closed step the
-flow and the CLI run first (exit 2 naming the field, and the line of a bad example).
+prompt, completion + EOS) into `sft_datum`s (Whitney's Loop building blocks), holds out the eval
+split, and fixes which examples every optimizer step trains on: a pure function of (seed, step),
+so a replayed or resumed cycle sends byte-identical payloads. `check_sft_config` is the
+fail-closed step the flow and the CLI run first (exit 2 naming the field, and the line of a bad
+example).
 """
 
 from __future__ import annotations

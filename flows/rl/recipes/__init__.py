@@ -1,14 +1,15 @@
 """`build_loss` recipes by loss name: each turns one group's sample into a ForwardPayload.
 
-A recipe is the page's `build_loss(sample, cycle, request, ctx) -> dict`, called once per
-group (one sample request per prompt) with a `flows.rl.recipes.context.LossContext`; the
-cycle joins the groups' payloads into one forward_backward. A recipe may make further ordered
-calls through `ctx.client`. New recipes register their module here.
+A recipe is the `build_loss(sample, cycle, request, ctx) -> dict` of Whitney's Loop building
+blocks, called once per group (one sample request per prompt) with a
+`flows.rl.recipes.context.LossContext`; the cycle joins the groups' payloads into one
+forward_backward. A recipe may make further ordered calls through `ctx.client`. New recipes
+register their module here.
 
 Beside `build_loss`, a recipe may declare:
 
-- `loss_settings`: the pydantic model of its `loss_config` keys (the page's names, with the
-  losses.md defaults). The recipe places them where the provider wants them: clip bounds as
+- `loss_settings`: the pydantic model of its `loss_config` keys (Whitney's names, with the
+  defaults of docs/losses.md). The recipe places them where the provider wants them: clip bounds as
   per-token tensors on tinker (`rl_datum(clip_low=, clip_high=)`), as scalar `loss_config`
   keys elsewhere. A key the model does not know is refused before anything is allocated.
 - `payload`: the group's payload from per-sequence advantages (a scalar or one value per
@@ -50,8 +51,8 @@ CRITIC_PROVIDERS: frozenset[str] = frozenset({"modal", "local"})
 """Providers with `role: "critic"` runs (whitney-api.md, Providers): Tinker has none."""
 
 CLIP_TENSOR_PROVIDERS: frozenset[str] = frozenset({"tinker"})
-"""Where recipes send clip bounds as per-token tensors (the page: a Tinker mechanism); every
-other provider gets them as scalar loss_config keys (`local` accepts either)."""
+"""Where recipes send clip bounds as per-token tensors (a Tinker mechanism); every other
+provider gets them as scalar loss_config keys (`local` accepts either)."""
 
 
 @dataclass(frozen=True)
@@ -205,7 +206,7 @@ def clipped_payload(
 
 
 def group_build_loss(payload: PayloadBuilder) -> BuildLoss:
-    """The page's build_loss from a payload builder: the group's own advantages, no extra
+    """Loop building blocks' build_loss from a payload builder: the group's own advantages, no extra
     calls."""
 
     def build_loss(

@@ -1,5 +1,5 @@
-"""The page's `ctx` for `build_loss(sample, cycle, request, ctx)`: what a recipe sees of its
-group, its run and the auxiliary runs."""
+"""The `ctx` of `build_loss(sample, cycle, request, ctx)` (Whitney's Loop building blocks):
+what a recipe sees of its group, its run and the auxiliary runs."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ class AuxiliaryRunRef(Protocol):
 
 @dataclass(frozen=True)
 class LossContext:
-    """The page's ctx (client, run_id, sampler_id, provider) for one group, plus the group's
+    """The ctx (client, run_id, sampler_id, provider) for one group, plus the group's
     rewards and advantages and the configured loss_config.
 
     `runs` holds the auxiliary runs the recipe declared, by name; their calls go through

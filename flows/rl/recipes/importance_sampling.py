@@ -23,7 +23,7 @@ def payload(
     loss_config: Mapping[str, float],
     provider: str,
 ) -> dict[str, Any]:
-    """The page's build_loss for importance_sampling: no extra calls, no clip tensors."""
+    """Loop building blocks' build_loss for importance_sampling: no extra calls, no clip tensors."""
     data = policy_datums(prompt_tokens, sequences, advantages)
     return forward_backward_payload(data, LOSS_FUNCTION, dict(loss_config))
 
