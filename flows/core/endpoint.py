@@ -46,15 +46,8 @@ def resolve_endpoint(
     """The Whitney of `whitney_block`, else of `api_url` (named `url_field` in errors), else
     of WHITNEY_API_URL; None when none is set. ConfigError naming what to fix."""
     if whitney_block:
-        block = load_block(whitney_block)
-        connection = WhitneyConnection(
-            base_url=block.base_url,
-            api_key=block.api_key,
-            timeout_s=block.timeout_s,
-            max_attempts=block.max_attempts,
-            max_retry_seconds=block.max_retry_seconds,
-            poll_wait_s=block.poll_wait_s,
-        )
+        block = load_block(whitney_block)  # the connection takes its fields of the same names
+        connection = WhitneyConnection.model_validate(block, from_attributes=True)
         return Endpoint(connection, BLOCK_FIELD)
     named_by = url_field if api_url else API_URL_ENV
     url = api_url or os.environ.get(API_URL_ENV)
