@@ -13,9 +13,10 @@ train the same adapter: the script checks the sha256s agree.
 
 A cycle's wall time is the interval between the starts of consecutive cycles, so it includes
 everything a cycle costs: subflow creation and teardown, task runs, artifacts. Each run's
-figure is the median over its cycles after the first; the repeats interleave the variants, and
-the script prints the median over the repeats and the best repeat of each variant (on a
-machine shared with other work, the least disturbed one).
+figures are the median, the mean and the 95th percentile over its cycles after the first; the
+repeats interleave the variants, and the script prints, for each variant, the median of each
+figure over the repeats and the best repeat (the lowest median: on a machine shared with other
+work, the least disturbed one), with the ratios to the plain loop by median and by mean.
 
 First it measures what a sync subflow run costs with and without its heartbeat thread
 (Prefect 3.9 joins it at teardown: about a second per subflow run; the flow turns it off for
@@ -34,6 +35,7 @@ import itertools
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from prefect import flow
@@ -96,10 +98,41 @@ def rl_flow_cycles(config: RLConfig) -> tuple[list[CycleMetrics], str]:
     return result.cycles, result.adapter.sha256
 
 
-def seconds_per_cycle(cycles: list[CycleMetrics]) -> float:
-    """Median interval between consecutive cycle starts (the first cycle is a warm-up)."""
+@dataclass(frozen=True)
+class CycleTimes:
+    """Seconds a cycle takes: the median, mean and 95th percentile of a run's cycles."""
+
+    median: float
+    mean: float
+    p95: float
+
+
+def cycle_times(cycles: list[CycleMetrics]) -> CycleTimes:
+    """Of the intervals between consecutive cycle starts (the first cycle is a warm-up)."""
     starts = [metrics.started_at.timestamp() for metrics in cycles[1:]]
-    return statistics.median(later - earlier for earlier, later in itertools.pairwise(starts))
+    intervals = [later - earlier for earlier, later in itertools.pairwise(starts)]
+    return CycleTimes(statistics.median(intervals), statistics.fmean(intervals), p95(intervals))
+
+
+def p95(values: list[float]) -> float:
+    """The 95th percentile, interpolated between the values (the value itself if only one)."""
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=20, method="inclusive")[-1]
+
+
+def median_of_repeats(repeats: list[CycleTimes]) -> CycleTimes:
+    """Each figure's median over the repeats."""
+    return CycleTimes(
+        statistics.median(times.median for times in repeats),
+        statistics.median(times.mean for times in repeats),
+        statistics.median(times.p95 for times in repeats),
+    )
+
+
+def best_repeat(repeats: list[CycleTimes]) -> CycleTimes:
+    """The repeat with the lowest median: the least disturbed one."""
+    return min(repeats, key=lambda times: times.median)
 
 
 @flow
@@ -150,33 +183,40 @@ def main() -> None:
         with served_whitney(latency_ms) as url:
             config = RLConfig(api_url=url, base_model=args.base_model, cycles=args.cycles, seed=1)
             rl_flow(config.model_copy(update={"cycles": 2}))  # warm up Prefect and the server
-            measured: dict[str, list[float]] = {name: [] for name in variants}
+            measured: dict[str, list[CycleTimes]] = {name: [] for name in variants}
             adapters: set[str] = set()
             for _ in range(args.repeats):
                 for name, (runner, updates) in variants.items():
                     cycles, sha256 = runner(config.model_copy(update=updates))
-                    measured[name].append(seconds_per_cycle(cycles))
+                    measured[name].append(cycle_times(cycles))
                     adapters.add(sha256)
             if len(adapters) != 1:
                 raise SystemExit(f"the variants trained different adapters: {sorted(adapters)}")
             runs = {
-                name: [round(value, 3) for value in values] for name, values in measured.items()
+                name: [round(times.median, 3) for times in repeats]
+                for name, repeats in measured.items()
             }
-            print(f"latency {latency_ms:g} ms: {runs} (one adapter: {adapters.pop()[:12]})")
+            print(f"latency {latency_ms:g} ms: medians {runs} (one adapter: {adapters.pop()[:12]})")
             rows.append((latency_ms, measured))
 
-    for title, statistic in (("median of the repeats", statistics.median), ("best repeat", min)):
+    for title, statistic in (
+        ("median of the repeats", median_of_repeats),
+        ("best repeat", best_repeat),
+    ):
         print()
-        print(f"per-cycle wall time (median of cycles 2..{args.cycles}), {title} of {args.repeats}")
-        header = ("latency", "plain loop", "flow", "ratio", "fan-out", "ratio", "pipelined")
-        print("{:>8} {:>11} {:>9} {:>7} {:>9} {:>7} {:>10} {:>7}".format(*header, "ratio"))
+        print(f"per-cycle wall time (cycles 2..{args.cycles}), {title} of {args.repeats}")
+        header = ("latency", "variant", "median", "mean", "p95", "ratio/median", "ratio/mean")
+        print("{:>8} {:<10} {:>8} {:>8} {:>8} {:>13} {:>11}".format(*header))
         for latency_ms, measured in rows:
-            row = {name: statistic(values) for name, values in measured.items()}
+            row = {name: statistic(repeats) for name, repeats in measured.items()}
             plain = row["plain"]
-            cells = [f"{latency_ms:>6g}ms", f"{plain:>10.3f}s"]
-            for name, width in (("flow", 8), ("fan-out", 8), ("pipelined", 9)):
-                cells += [f"{row[name]:>{width}.3f}s", f"{row[name] / plain:>6.2f}x"]
-            print(" ".join(cells), flush=True)
+            for name, times in row.items():
+                cells = [f"{latency_ms:>6g}ms", f"{name:<10}"]
+                cells += [f"{value:>7.3f}s" for value in (times.median, times.mean, times.p95)]
+                if name != "plain":
+                    cells += [f"{times.median / plain.median:>12.2f}x"]
+                    cells += [f"{times.mean / plain.mean:>10.2f}x"]
+                print(" ".join(cells), flush=True)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,5 @@
-"""What the flow benchmarks share: a Whitney server in its own process, and Prefect's console
-as quiet as `whitney-flows run` keeps it."""
+"""What the flow benchmarks share: a Whitney server in its own process, and Prefect set up as
+`whitney-flows run` sets it (a quiet console, a batching ephemeral server)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from flows.cli.main import PREFECT_ENV_DEFAULTS
+from flows.cli.prefect_env import set_prefect_env_defaults
 
 READY = re.compile(r"ready at (http://\S+)")
 
@@ -44,8 +44,8 @@ def served_whitney(latency_ms: float) -> Iterator[str]:
 
 def quiet_prefect() -> None:
     """Warnings only on the console (the API still gets every log), and an ephemeral Prefect
-    server that does not phone home: `whitney-flows run`'s defaults, unless set."""
-    for name, value in PREFECT_ENV_DEFAULTS.items():
-        os.environ.setdefault(name, value)
+    server that does not phone home and batches its writes: `whitney-flows run`'s defaults
+    (flows.cli.prefect_env), unless set."""
+    set_prefect_env_defaults()
     for handler in logging.getLogger().handlers:
         handler.setLevel(logging.WARNING)

@@ -90,7 +90,7 @@ def _save(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
-    from blocks.resolve import BlockNotFound, load_credentials
+    from blocks.credentials import BlockNotFound, load_credentials
     from whitney.errors import WhitneyError
 
     try:

@@ -14,7 +14,7 @@ from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
 
 from whitney import wire
-from whitney.client import WhitneyClient
+from whitney.client import API_KEY_ENV, WhitneyClient
 
 Provider = Literal["local", "modal", "tinker"]
 
@@ -160,3 +160,20 @@ with credentials.get_client() as client:
             self.price_table.get(kind, 0.0) * tokens / 1000.0
             for kind, tokens in tokens_by_kind.items()
         )
+
+
+class BlockNotFound(ValueError):
+    """The named `WhitneyCredentials` block does not exist on the Prefect server."""
+
+
+def load_credentials(name: str) -> WhitneyCredentials:
+    """The saved `WhitneyCredentials` block `name`; BlockNotFound saying how to create it."""
+    try:
+        return WhitneyCredentials.load(name, _sync=True)
+    except ValueError as error:
+        if "Unable to find block document" not in str(error):
+            raise
+        raise BlockNotFound(
+            f"no WhitneyCredentials block named {name!r} on this Prefect server: create it "
+            f"with `python -m blocks save {name} --base-url URL` (key from {API_KEY_ENV})"
+        ) from None

@@ -8,12 +8,11 @@ repr and JSON dump, and is revealed only to build the client.
 
 from __future__ import annotations
 
-import os
 import threading
 
 from pydantic import BaseModel, ConfigDict, Field, SecretStr
 
-from whitney.client import API_KEY_ENV, API_URL_ENV, WhitneyClient
+from whitney.client import WhitneyClient
 
 
 class WhitneyConnection(BaseModel):
@@ -32,19 +31,16 @@ class WhitneyConnection(BaseModel):
         default=30.0, ge=0, le=60, description="Long-poll wait of one operation GET"
     )
 
-    @classmethod
-    def from_env(cls, base_url: str | None = None) -> WhitneyConnection:
-        """`base_url` (else WHITNEY_API_URL) with the key from WHITNEY_API_KEY.
-
-        ValueError naming the missing variable when either is absent.
-        """
-        url = base_url or os.environ.get(API_URL_ENV)
-        if not url:
-            raise ValueError(f"no Whitney URL: give api_url or set {API_URL_ENV}")
-        key = os.environ.get(API_KEY_ENV)
-        if not key:
-            raise ValueError(f"no Whitney API key: set {API_KEY_ENV}")
-        return cls(base_url=url, api_key=SecretStr(key))
+    def new_client(self) -> WhitneyClient:
+        """A new client for this connection; close it. Tasks share one: `client_for`."""
+        return WhitneyClient(
+            self.base_url,
+            self.api_key.get_secret_value(),
+            timeout=self.timeout_s,
+            max_attempts=self.max_attempts,
+            max_retry_seconds=self.max_retry_seconds,
+            poll_wait_s=self.poll_wait_s,
+        )
 
 
 _clients: dict[WhitneyConnection, WhitneyClient] = {}
@@ -56,13 +52,6 @@ def client_for(connection: WhitneyConnection) -> WhitneyClient:
     with _clients_lock:
         client = _clients.get(connection)
         if client is None:
-            client = WhitneyClient(
-                connection.base_url,
-                connection.api_key.get_secret_value(),
-                timeout=connection.timeout_s,
-                max_attempts=connection.max_attempts,
-                max_retry_seconds=connection.max_retry_seconds,
-                poll_wait_s=connection.poll_wait_s,
-            )
+            client = connection.new_client()
             _clients[connection] = client
         return client

@@ -13,25 +13,29 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
+from typing import TYPE_CHECKING
 
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_NOT_FOUND, EXIT_OK
 
+if TYPE_CHECKING:
+    from flows.cli.inspection import ApiJournal, DataDirJournal
 
-def journal_source(options: argparse.Namespace):
+
+def journal_source(options: argparse.Namespace) -> ApiJournal | DataDirJournal:
     """The source `options` name (see the module docstring); ValueError saying what is
     missing."""
     from flows.cli.inspection import ApiJournal, DataDirJournal
-    from whitney.client import API_KEY_ENV, API_URL_ENV, WhitneyClient
+    from flows.core.config import ConfigError
+    from flows.core.endpoint import resolve_endpoint
 
-    url = options.api_url or (None if options.data_dir else os.environ.get(API_URL_ENV))
-    if url:
-        key = os.environ.get(API_KEY_ENV)
-        if not key:
-            raise ValueError(f"reading {url} needs {API_KEY_ENV}")
-        return ApiJournal(WhitneyClient(url, key))
     if options.data_dir is None:
+        try:
+            endpoint = resolve_endpoint(options.api_url, url_field="--api-url")
+        except ConfigError as error:
+            raise ValueError(error.message) from None
+        if endpoint is not None:
+            return ApiJournal(endpoint.connection.new_client())
         from whitney.local.config import default_data_dir
 
         options.data_dir = default_data_dir()

@@ -16,15 +16,17 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 from prefect import Flow
+from pydantic import SecretStr
 from rich.console import Console
 from rich.table import Table
 
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_FLOW_FAILED, EXIT_OK
 from flows.core.config import ConfigError, FlowConfig
-from flows.core.connection import EMBEDDED_URL_ENV, check_whitney, resolve_connection
+from flows.core.connection import EMBEDDED_URL_ENV, check_whitney
+from flows.core.endpoint import resolve_endpoint
 from flows.core.summary import export_command
-from tasks.connection import client_for
-from whitney.client import API_KEY_ENV, API_URL_ENV
+from tasks.connection import WhitneyConnection, client_for
+from whitney.client import API_KEY_ENV
 from whitney.local import EmbeddedWhitney, ServerStartError
 from whitney.local.config import default_data_dir
 
@@ -32,12 +34,6 @@ ProgressFactory = Callable[[Path, Console], AbstractContextManager[Any]]
 """(metrics path, console) -> the progress display, entered around the flow run."""
 Summarize = Callable[[Any, Path, float], Table]
 """(flow result, downloaded adapter path, wall seconds) -> the summary table."""
-
-
-def check_api_key(config: FlowConfig) -> None:
-    """ConfigError if a Whitney URL is set (config or environment) but no key is."""
-    if (config.api_url or os.environ.get(API_URL_ENV)) and not os.environ.get(API_KEY_ENV):
-        raise ConfigError("api_url", f"a Whitney URL is set but {API_KEY_ENV} is not")
 
 
 def launch_flow(
@@ -50,19 +46,20 @@ def launch_flow(
 ) -> int:
     """Run `flow(config)` (a checked config) against Whitney; the exit code.
 
-    A URL (config or WHITNEY_API_URL) is probed first (`check_whitney`); with none, the
-    embedded server runs for the duration. The result must have `run_id` and `adapter` (the
-    exported adapter), downloaded to `adapter_dir`.
+    The endpoint `resolve_endpoint` finds (a URL from the config or WHITNEY_API_URL) is
+    probed first (`check_whitney`); with none, the embedded server runs for the duration. The
+    result must have `run_id` and `adapter` (the exported adapter), downloaded to
+    `adapter_dir`.
     """
     console = Console()
     with ExitStack() as stack:
-        api_url = config.api_url or os.environ.get(API_URL_ENV)
-        export_url = api_url
         try:
-            if api_url:
-                check_whitney(api_url, "--api-url" if config.api_url else API_URL_ENV)
+            endpoint = resolve_endpoint(config.api_url, url_field="--api-url")
+            if endpoint is None:
+                connection, export_url = start_embedded_server(stack, console), None
             else:
-                api_url = start_embedded_server(stack, console)
+                check_whitney(endpoint)
+                connection, export_url = endpoint.connection, endpoint.connection.base_url
         except (ConfigError, ServerStartError) as error:
             print(f"{prog}: {error}", file=sys.stderr)
             return EXIT_BAD_CONFIG
@@ -70,7 +67,8 @@ def launch_flow(
             metrics_path = Path(config.metrics_path)
         else:
             metrics_path = Path(stack.enter_context(TemporaryDirectory())) / "metrics.jsonl"
-        config = config.model_copy(update={"api_url": api_url, "metrics_path": str(metrics_path)})
+        update = {"api_url": connection.base_url, "metrics_path": str(metrics_path)}
+        config = config.model_copy(update=update)
         started = time.monotonic()
         try:
             with progress(metrics_path, console):
@@ -83,7 +81,7 @@ def launch_flow(
             print(f"{prog}: the flow run ended {state.name}: {state.message}", file=sys.stderr)
             return EXIT_FLOW_FAILED
         result = state.result()
-        adapter_path = client_for(resolve_connection(api_url)).download_artifact(
+        adapter_path = client_for(connection).download_artifact(
             result.adapter.artifact_id, adapter_dir / f"{result.run_id}-adapter.tar"
         )
         console.print(summarize(result, adapter_path.resolve(), wall_seconds))
@@ -92,8 +90,8 @@ def launch_flow(
     return EXIT_OK
 
 
-def start_embedded_server(stack: ExitStack, console: Console) -> str:
-    """The embedded server, for the duration of `stack`; its URL. Its key goes in
+def start_embedded_server(stack: ExitStack, console: Console) -> WhitneyConnection:
+    """The embedded server, for the duration of `stack`; its connection. Its key goes in
     WHITNEY_API_KEY (where the cleanup hooks read it), its URL in WHITNEY_FLOWS_EMBEDDED_URL
     (the summary artifact's export command then needs no --api-url)."""
     server = stack.enter_context(EmbeddedWhitney(data_dir=default_data_dir()))
@@ -103,4 +101,4 @@ def start_embedded_server(stack: ExitStack, console: Console) -> str:
     console.print(
         f"Embedded Whitney server at {server.url} (data: {server.data_dir})", soft_wrap=True
     )
-    return server.url
+    return WhitneyConnection(base_url=server.url, api_key=SecretStr(server.api_key))

@@ -23,15 +23,7 @@ from flows.cli.commands import run_inspection
 from flows.cli.exit_codes import EXIT_CLOSED_PIPE
 from flows.cli.export import run_export
 from flows.cli.parsers import build_parser
-
-PREFECT_ENV_DEFAULTS = {
-    "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "1",
-}
-"""Set unless the user set them: the progress bar replaces Prefect's per-task console lines
-(the Prefect API still gets every log), the ephemeral server does not phone home, and the
-Prefect client sends no usage data and prints no first-run telemetry notice."""
+from flows.cli.prefect_env import set_prefect_env_defaults
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -56,8 +48,7 @@ def run_command(arguments: list[str]) -> int:
         return run_inspection(options)
     if options.command == "export":
         return run_export(options)
-    for name, value in PREFECT_ENV_DEFAULTS.items():
-        os.environ.setdefault(name, value)
+    set_prefect_env_defaults()
     if options.flow == "sft":
         from flows.cli.run_sft import run_sft  # imports Prefect, which reads the variables above
 

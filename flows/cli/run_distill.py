@@ -19,7 +19,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flows.cli.exit_codes import EXIT_BAD_CONFIG
-from flows.cli.launch import check_api_key, launch_flow
+from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
 from flows.cli.terminal import CycleProgress
 from flows.core.budget import check_budget
@@ -74,7 +74,6 @@ def checked_config(options: argparse.Namespace) -> DistillationConfig:
     config = distill_config_from(options)
     check_distill_config(config)
     check_budget(config.budget, cost_model(config.prices))  # the CLI names no block
-    check_api_key(config)
     return config
 
 

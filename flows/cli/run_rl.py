@@ -8,7 +8,7 @@ import argparse
 import sys
 
 from flows.cli.exit_codes import EXIT_BAD_CONFIG
-from flows.cli.launch import check_api_key, launch_flow
+from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
 from flows.cli.terminal import CycleProgress, summary_table
 from flows.core.config import ConfigError, settings_with_overrides, validated
@@ -35,7 +35,6 @@ def checked_config(options: argparse.Namespace) -> RLConfig:
     """The validated config, checked against the provider, before anything is allocated."""
     config = rl_config_from(options)
     check_rl_config(config)
-    check_api_key(config)
     return config
 
 

@@ -12,7 +12,7 @@ from typing import Any
 from rich.table import Table
 
 from flows.cli.exit_codes import EXIT_BAD_CONFIG
-from flows.cli.launch import check_api_key, launch_flow
+from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
 from flows.cli.terminal import CycleProgress
 from flows.core.config import ConfigError, settings_with_overrides, validated
@@ -46,7 +46,6 @@ def checked_config(options: argparse.Namespace) -> tuple[SFTConfig, SFTPlan]:
     allocated."""
     config = sft_config_from(options)
     plan = check_sft_config(config)
-    check_api_key(config)
     return config, plan
 
 

@@ -23,19 +23,14 @@ from flows.core.cost import (
     cost_model,
     total_tokens,
 )
+from flows.core.endpoint import load_block
 
 
 def flow_cost_model(prices: PriceTable | None, whitney_block: str | None) -> CostModel | None:
     """The config's price table, else the credentials block's (when the flow names one)."""
     if prices is not None or not whitney_block:
         return cost_model(prices)
-    from blocks import resolve_whitney
-
-    try:
-        endpoint = resolve_whitney(whitney_block)
-    except ValueError as error:
-        raise ConfigError("whitney_block", str(error)) from None
-    return cost_model(None, endpoint.price_table if endpoint is not None else None)
+    return cost_model(None, load_block(whitney_block).price_table)
 
 
 def check_budget(budget: Budget, prices: CostModel | None) -> None:

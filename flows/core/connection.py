@@ -1,9 +1,8 @@
-"""Which Whitney a flow talks to: the `whitney_block` WhitneyCredentials block if the flow run
-names one, else the config's `api_url` (else WHITNEY_API_URL) and the key from
-WHITNEY_API_KEY. Resolved from parameters and the environment only, so a hook in another
-process (a runner or worker) resolves the same one.
+"""The connection of a flow run (its `whitney_block` parameter, else its config's `api_url`,
+as `flows.core.endpoint` resolves them), from parameters and the environment only, so a hook
+in another process (a runner or worker) resolves the same one.
 
-`check_whitney` is the CLI's fail-fast probe of a URL and key, before any flow run starts.
+`check_whitney` is the CLI's fail-fast probe of an endpoint, before any flow run starts.
 """
 
 from __future__ import annotations
@@ -12,10 +11,10 @@ import os
 
 from prefect.context import FlowRunContext
 
-from blocks import resolve_whitney
 from flows.core.config import ConfigError
+from flows.core.endpoint import Endpoint, resolve_endpoint
 from tasks.connection import WhitneyConnection
-from whitney.client import API_KEY_ENV, WhitneyClient
+from whitney.client import API_KEY_ENV, API_URL_ENV
 from whitney.errors import TransportError, Unauthorized, WhitneyError
 
 EMBEDDED_URL_ENV = "WHITNEY_FLOWS_EMBEDDED_URL"
@@ -26,37 +25,33 @@ PROBE_TIMEOUT_S = 2.0
 
 def resolve_connection(api_url: str | None, whitney_block: str | None = None) -> WhitneyConnection:
     """The connection of the block `whitney_block` if given, else for `api_url`;
-    ConfigError naming the parameter if the block, URL or key is missing."""
-    if whitney_block:
-        try:
-            endpoint = resolve_whitney(whitney_block)
-        except ValueError as error:
-            raise ConfigError("whitney_block", str(error)) from None
-        return WhitneyConnection(**endpoint.connection_fields())
-    try:
-        return WhitneyConnection.from_env(api_url)
-    except ValueError as error:
-        raise ConfigError("api_url", str(error)) from None
+    ConfigError naming the parameter if the block, URL or key is missing (a flow run starts
+    no embedded server)."""
+    endpoint = resolve_endpoint(api_url, whitney_block)
+    if endpoint is None:
+        raise ConfigError("api_url", f"no Whitney URL: give api_url or set {API_URL_ENV}")
+    return endpoint.connection
 
 
-def check_whitney(url: str, url_field: str) -> None:
-    """ConfigError naming `url_field` (where the URL came from) if nothing at `url` answers
-    like Whitney within PROBE_TIMEOUT_S, or naming WHITNEY_API_KEY if it refuses the key.
+def check_whitney(endpoint: Endpoint) -> None:
+    """ConfigError naming what named the endpoint if nothing there answers like Whitney
+    within PROBE_TIMEOUT_S, or naming WHITNEY_API_KEY if it refuses the key.
     Busy answers (429, 5xx) pass: the flow's retries wait for those."""
-    key = os.environ.get(API_KEY_ENV, "")
+    url, field = endpoint.connection.base_url, endpoint.named_by
+    probe = endpoint.connection.model_copy(update={"timeout_s": PROBE_TIMEOUT_S, "max_attempts": 1})
     try:
-        with WhitneyClient(url, key, timeout=PROBE_TIMEOUT_S, max_attempts=1) as client:
+        with probe.new_client() as client:
             client.capabilities()
     except Unauthorized as error:
         raise ConfigError(API_KEY_ENV, f"{url} refused the key ({error})") from None
     except TransportError as error:
         reason = error.message.split(": ", 1)[-1]  # "GET <path>: <exception>: <detail>"
-        raise ConfigError(url_field, f"no Whitney answers at {url} ({reason})") from None
+        raise ConfigError(field, f"no Whitney answers at {url} ({reason})") from None
     except WhitneyError as error:
         if not error.retryable:
-            raise ConfigError(url_field, f"{url} does not answer as Whitney ({error})") from None
-    except ValueError as error:  # not an http(s) URL (check_api_key saw to the key)
-        raise ConfigError(url_field, str(error)) from None
+            raise ConfigError(field, f"{url} does not answer as Whitney ({error})") from None
+    except ValueError as error:  # not an http(s) URL (resolve_endpoint saw to the key)
+        raise ConfigError(field, str(error)) from None
 
 
 def flow_run_api_url() -> str | None:

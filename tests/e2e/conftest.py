@@ -1,7 +1,9 @@
 """The end-to-end stack, once per session, as the README's "Run it on a Prefect server" sets it
 up by hand:
 
-- `prefect server start` on 127.0.0.1:<free port>, with a fresh temporary PREFECT_HOME;
+- `prefect server start` on 127.0.0.1:<free port>, with a fresh temporary PREFECT_HOME and
+  the project's server settings (`flows.cli.prefect_env.SERVER_SETTINGS`, as the README
+  exports them);
 - the embedded Whitney server (`whitney-flows serve`) on 127.0.0.1:<free port>, with a known
   key (in WHITNEY_LOCAL_API_KEYS) and a temporary data directory;
 - `prefect work-pool create whitney-process --type process`;
@@ -30,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from flows.cli.prefect_env import SERVER_SETTINGS
 
 from .harness import (
     ARTIFACTS_DIR,
@@ -106,6 +110,7 @@ def _child_env(prefect_home: Path, api_url: str, fault_dir: Path) -> dict[str, s
             "PREFECT_HOME": str(prefect_home),
             "PREFECT_API_URL": api_url,
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+            **SERVER_SETTINGS,
             "PREFECT_WORKER_QUERY_SECONDS": "1",
             "PREFECT_WORKER_PREFETCH_SECONDS": "5",
             "PREFECT_CLI_COLORS": "false",

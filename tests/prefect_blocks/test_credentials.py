@@ -1,4 +1,5 @@
-"""`WhitneyCredentials` and the endpoint resolution, against the real embedded server.
+"""`WhitneyCredentials` and the endpoint resolution (`flows.core.endpoint`), against the real
+embedded server.
 
 Saving and loading through a Prefect server, the UI's view of the block and the key's
 absence from logs and artifacts of real runs are covered end to end in tests/e2e.
@@ -6,16 +7,22 @@ absence from logs and artifacts of real runs are covered end to end in tests/e2e
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import subprocess
 import sys
+from contextlib import ExitStack
 
 import pytest
 from pydantic import SecretStr, ValidationError
+from rich.console import Console
 
-from blocks import BlockNotFound, WhitneyCredentials, WhitneyEndpoint, resolve_whitney
-from blocks.resolve import whitney_endpoint
+from blocks import BlockNotFound, WhitneyCredentials, load_credentials
+from flows.cli.launch import start_embedded_server
+from flows.core.budget import flow_cost_model
+from flows.core.config import ConfigError
+from flows.core.endpoint import resolve_endpoint
 from whitney.errors import Unauthorized
 
 KEY = "sk-test-blocks-0123456789"
@@ -100,16 +107,16 @@ def test_cost_estimate_from_the_price_table():
     )
 
 
-def test_an_endpoint_from_a_block_keeps_everything_but_shows_no_key():
+def test_an_endpoint_from_a_block_keeps_everything_but_shows_no_key(monkeypatch):
     block = credentials(default_provider="tinker", max_attempts=3, price_table={"sample": 1.0})
-    endpoint = WhitneyEndpoint.from_block(block, "prod")
-    assert endpoint.source == "block" and endpoint.block_name == "prod"
-    assert endpoint.api_key.get_secret_value() == KEY
-    assert endpoint.max_attempts == 3 and endpoint.price_table == {"sample": 1.0}
-    assert endpoint.provider_for("local", explicitly_set=False) == "tinker"
-    assert endpoint.provider_for("modal", explicitly_set=True) == "modal"
-    fields = endpoint.connection_fields()
-    assert set(fields) == {
+    monkeypatch.setattr(WhitneyCredentials, "load", lambda name, **kwargs: block)
+    endpoint = resolve_endpoint(None, "prod")
+    assert endpoint.named_by == "whitney_block"
+    connection = endpoint.connection
+    assert connection.api_key.get_secret_value() == KEY
+    assert connection.max_attempts == 3
+    assert flow_cost_model(None, "prod").cost({"sample": {"tokens": 1000}}) == 1.0
+    assert set(connection.model_dump()) == {
         "base_url",
         "api_key",
         "timeout_s",
@@ -117,31 +124,40 @@ def test_an_endpoint_from_a_block_keeps_everything_but_shows_no_key():
         "max_retry_seconds",
         "poll_wait_s",
     }
-    assert isinstance(fields["api_key"], SecretStr)
-    for text in (repr(endpoint), endpoint.describe(), endpoint.model_dump_json()):
+    assert isinstance(connection.api_key, SecretStr)
+    for text in (repr(endpoint), str(endpoint), connection.model_dump_json()):
         assert KEY not in text
-    assert "block 'prod'" in endpoint.describe()
 
 
 def test_resolution_without_a_block_reads_the_environment(monkeypatch):
     monkeypatch.delenv("WHITNEY_API_URL", raising=False)
     monkeypatch.delenv("WHITNEY_API_KEY", raising=False)
-    assert resolve_whitney(None) is None
-    assert resolve_whitney("") is None
+    assert resolve_endpoint(None) is None
+    assert resolve_endpoint(None, "") is None
 
     monkeypatch.setenv("WHITNEY_API_URL", "http://whitney.example:9000/")
     with pytest.raises(ValueError, match="WHITNEY_API_KEY"):
-        resolve_whitney(None)
+        resolve_endpoint(None)
 
     monkeypatch.setenv("WHITNEY_API_KEY", KEY)
-    endpoint = resolve_whitney(None)
-    assert endpoint.source == "environment"
-    assert endpoint.base_url == "http://whitney.example:9000"
-    assert endpoint.api_key.get_secret_value() == KEY
-    assert endpoint.default_provider is None
-    assert endpoint.provider_for("modal", explicitly_set=False) == "modal"
+    endpoint = resolve_endpoint(None)
+    assert endpoint.named_by == "WHITNEY_API_URL"
+    assert endpoint.connection.base_url == "http://whitney.example:9000"
+    assert endpoint.connection.api_key.get_secret_value() == KEY
     # an explicit URL (the config's api_url) wins over WHITNEY_API_URL
-    assert resolve_whitney(None, api_url="http://other:1").base_url == "http://other:1"
+    explicit = resolve_endpoint("http://other:1")
+    assert (explicit.connection.base_url, explicit.named_by) == ("http://other:1", "api_url")
+
+
+def test_a_url_without_a_key_names_where_the_url_came_from(monkeypatch):
+    monkeypatch.delenv("WHITNEY_API_KEY", raising=False)
+    monkeypatch.setenv("WHITNEY_API_URL", "http://env:1")
+    with pytest.raises(ConfigError) as from_env:
+        resolve_endpoint(None)
+    assert str(from_env.value) == "WHITNEY_API_URL: reading http://env:1 needs WHITNEY_API_KEY"
+    with pytest.raises(ConfigError) as given:
+        resolve_endpoint("http://given:2", url_field="--api-url")
+    assert str(given.value) == "--api-url: reading http://given:2 needs WHITNEY_API_KEY"
 
 
 def test_a_named_block_wins_and_a_missing_one_is_an_error(monkeypatch):
@@ -157,24 +173,34 @@ def test_a_named_block_wins_and_a_missing_one_is_an_error(monkeypatch):
         raise ValueError(f"Unable to find block document named {name} for block type x")
 
     monkeypatch.setattr(WhitneyCredentials, "load", load)
-    endpoint = resolve_whitney("whitney", api_url="http://ignored:3")
-    assert (endpoint.source, endpoint.base_url) == ("block", "http://from-block:2")
+    endpoint = resolve_endpoint("http://ignored:3", "whitney")
+    assert (endpoint.named_by, endpoint.connection.base_url) == (
+        "whitney_block",
+        "http://from-block:2",
+    )
     with pytest.raises(BlockNotFound, match="python -m blocks save nosuch"):
-        resolve_whitney("nosuch")
-    assert names == ["whitney", "nosuch"]
+        load_credentials("nosuch")
+    with pytest.raises(ConfigError, match="python -m blocks save nosuch") as error:
+        resolve_endpoint(None, "nosuch")
+    assert error.value.field == "whitney_block"
+    assert names == ["whitney", "nosuch", "nosuch"]
 
 
 def test_nothing_configured_starts_an_embedded_server(monkeypatch, tmp_path, caplog):
     monkeypatch.delenv("WHITNEY_API_URL", raising=False)
-    monkeypatch.delenv("WHITNEY_API_KEY", raising=False)
+    monkeypatch.setenv("WHITNEY_API_KEY", "")  # restored after the test, like the server's key
+    monkeypatch.delenv("WHITNEY_API_KEY")
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     caplog.set_level(logging.DEBUG)
-    with whitney_endpoint(None, data_dir=tmp_path) as endpoint:
-        assert endpoint.source == "embedded"
-        assert endpoint.base_url.startswith("http://127.0.0.1:")
-        with endpoint.get_client() as client:
+    assert resolve_endpoint(None) is None
+    shown = io.StringIO()
+    with ExitStack() as stack:
+        connection = start_embedded_server(stack, Console(file=shown))
+        assert connection.base_url.startswith("http://127.0.0.1:")
+        with connection.new_client() as client:
             assert "local" in client.capabilities().providers
-        key = endpoint.api_key.get_secret_value()
-    assert key not in caplog.text
+        key = connection.api_key.get_secret_value()
+    assert key not in caplog.text and key not in shown.getvalue()
 
 
 def test_blocks_import_neither_flows_nor_tasks():

@@ -117,3 +117,27 @@ def test_a_url_that_is_not_http_is_refused(
         "whitney-flows run rl: --api-url: base_url must be an http:// or https:// URL, "
         "got 'ftp://example.org'\n"
     )
+
+
+@pytest.mark.parametrize(
+    ("arguments", "variables", "named_by"),
+    [
+        (["--api-url", "http://127.0.0.1:9"], {}, "--api-url"),
+        ([], {"WHITNEY_API_URL": "http://127.0.0.1:9"}, "WHITNEY_API_URL"),
+    ],
+)
+def test_a_url_without_a_key_is_one_line_naming_where_the_url_came_from(
+    arguments: list[str],
+    variables: dict[str, str],
+    named_by: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("WHITNEY_API_KEY", raising=False)
+    monkeypatch.delenv("WHITNEY_API_URL", raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert main(["run", "rl", *arguments]) == 2
+    assert capsys.readouterr().err == (
+        f"whitney-flows run rl: {named_by}: reading http://127.0.0.1:9 needs WHITNEY_API_KEY\n"
+    )

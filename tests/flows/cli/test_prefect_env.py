@@ -1,0 +1,53 @@
+"""The project's Prefect server settings (flows.cli.prefect_env): `whitney-flows run` puts them
+in the environment its ephemeral Prefect server starts with, under a user's own values, and
+the README's `prefect server start` step exports the same."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from prefect.settings import Settings
+
+from flows.cli.main import main
+from flows.cli.prefect_env import PREFECT_ENV_DEFAULTS, SERVER_SETTINGS
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+RECORDER_BATCH_SIZE = "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"
+
+
+@pytest.fixture
+def unset_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    """None of PREFECT_ENV_DEFAULTS set; each restored (or removed again) after the test."""
+    for name in PREFECT_ENV_DEFAULTS:
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+
+
+def test_a_run_starts_prefect_with_the_server_settings(
+    unset_defaults: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["run", "rl", "--cycles", "0"]) == 2  # refused after the defaults are set
+    services = Settings().server.services
+    assert services.task_run_recorder.batch_size == 100
+    assert services.task_run_recorder.read_batch_size == 50
+    assert services.task_run_recorder.flush_interval == 1
+    assert services.event_persister.batch_size == 200
+    assert services.event_persister.read_batch_size == 100
+    assert services.event_persister.flush_interval == 1
+    assert "cycles" in capsys.readouterr().err
+
+
+def test_a_users_own_value_wins(unset_defaults: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(RECORDER_BATCH_SIZE, "7")
+    assert main(["run", "rl", "--cycles", "0"]) == 2
+    services = Settings().server.services
+    assert services.task_run_recorder.batch_size == 7
+    assert services.event_persister.batch_size == 200
+
+
+def test_the_readme_exports_the_server_settings_before_prefect_server_start() -> None:
+    step = README.read_text().split("# 1. The Prefect server.", 1)[1].split("prefect server")[0]
+    exported = dict(re.findall(r"^export (PREFECT_SERVER_SERVICES_\w+)=(\S+)$", step, re.M))
+    assert exported == SERVER_SETTINGS
