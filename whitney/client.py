@@ -25,7 +25,6 @@ import uuid
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -228,12 +227,7 @@ class WhitneyClient:
     def __enter__(self) -> WhitneyClient:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self) -> None:
