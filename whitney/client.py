@@ -25,7 +25,6 @@ import uuid
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import quote
 
@@ -148,6 +147,18 @@ def _parse_retry_after(value: str | None) -> float | None:
     return max(0.0, seconds)
 
 
+def _given_or_env(value: str | None, argument: str, env: str, what: str) -> str:
+    """`value` if given, else the environment variable `env` (set and not empty); ValueError if
+    neither."""
+    if value is None:
+        value = os.environ.get(env) or None
+        if value is None:
+            raise ValueError(
+                f"no Whitney {what}: pass {argument}= or set the {env} environment variable"
+            )
+    return value
+
+
 class WhitneyClient:
     """A client for one Whitney endpoint and API key. Use it as a context manager, or `close()` it.
 
@@ -171,20 +182,8 @@ class WhitneyClient:
         poll_wait_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if base_url is None:
-            base_url = os.environ.get(API_URL_ENV) or None
-            if base_url is None:
-                raise ValueError(
-                    f"no Whitney base URL: pass base_url= or set the {API_URL_ENV} "
-                    "environment variable"
-                )
-        if api_key is None:
-            api_key = os.environ.get(API_KEY_ENV) or None
-            if api_key is None:
-                raise ValueError(
-                    f"no Whitney API key: pass api_key= or set the {API_KEY_ENV} "
-                    "environment variable"
-                )
+        base_url = _given_or_env(base_url, "base_url", API_URL_ENV, "base URL")
+        api_key = _given_or_env(api_key, "api_key", API_KEY_ENV, "API key")
         if not base_url.startswith(("http://", "https://")):
             raise ValueError(f"base_url must be an http:// or https:// URL, got {base_url!r}")
         if not api_key:
@@ -228,12 +227,7 @@ class WhitneyClient:
     def __enter__(self) -> WhitneyClient:
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self) -> None:

@@ -73,13 +73,19 @@ REQUIRED_LOSS_INPUTS: dict[str, tuple[str, ...]] = {
 PER_TOKEN_CLIP_PROVIDERS: frozenset[str] = frozenset({"tinker", "local"})
 
 
+def _provider_losses(provider: str, support: dict[str, frozenset[str]]) -> frozenset[str]:
+    """The losses `support` lists for `provider`; ValueError for a provider it does not name."""
+    supported = support.get(provider)
+    if supported is None:
+        raise ValueError(f"Unknown provider {provider!r}")
+    return supported
+
+
 def require_advertised_loss(
     provider: str, loss_function: str, support: dict[str, frozenset[str]]
 ) -> None:
     """Fail closed before allocation when a loss name isn't one Whitney forwards for this provider."""  # noqa: E501
-    supported = support.get(provider)
-    if supported is None:
-        raise ValueError(f"Unknown provider {provider!r}")
+    supported = _provider_losses(provider, support)
     if loss_function not in supported:
         raise ValueError(
             f"{provider} does not advertise loss_function={loss_function!r} "
@@ -97,9 +103,7 @@ def validate_loss_config(
 
     Raises UnsupportedLoss, InvalidLossConfig or InvalidDatum with the provider's message.
     """
-    supported = PROVIDER_LOSS_SUPPORT.get(provider)
-    if supported is None:
-        raise ValueError(f"Unknown provider {provider!r}")
+    supported = _provider_losses(provider, PROVIDER_LOSS_SUPPORT)
     if loss_function not in supported:
         raise UnsupportedLoss(
             f"{provider} does not serve loss_function={loss_function!r} "

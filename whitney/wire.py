@@ -19,18 +19,20 @@ Role = Literal["policy", "critic"]
 
 RUN_TERMINAL: frozenset[str] = frozenset({"finished", "cancelled", "failed"})
 OPERATION_TERMINAL: frozenset[str] = frozenset({"succeeded", "failed", "cancelled"})
-RUN_OPERATION_KINDS: frozenset[str] = frozenset(
-    {
-        "forward_backward",
-        "forward",
-        "optim_step",
-        "save_weights_for_sampler",
-        "save_state",
-        "load_state",
-        "export_lora",
-    }
+RUN_OPERATIONS: tuple[str, ...] = (
+    "forward_backward",
+    "forward",
+    "optim_step",
+    "save_weights_for_sampler",
+    "save_state",
+    "load_state",
+    "export_lora",
 )
-SAMPLER_OPERATION_KINDS: frozenset[str] = frozenset({"sample", "logprobs"})
+"""The run operation kinds, in the order the contract (and the capabilities document) lists them."""
+SAMPLER_OPERATIONS: tuple[str, ...] = ("sample", "logprobs")
+"""The sampler operation kinds, in the contract's order."""
+RUN_OPERATION_KINDS: frozenset[str] = frozenset(RUN_OPERATIONS)
+SAMPLER_OPERATION_KINDS: frozenset[str] = frozenset(SAMPLER_OPERATIONS)
 
 FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 StrictFiniteFloat = Annotated[float, Field(allow_inf_nan=False, strict=True)]

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextvars
 import threading
 from collections.abc import Iterator
-from types import TracebackType
 from typing import Self
 
 
@@ -29,12 +28,7 @@ class PollingThread:
         self._thread.start()
         return self
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self._stopped.set()
         self.stopped()
 

@@ -17,7 +17,6 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 from whitney.local.config import (
@@ -218,12 +217,7 @@ class EmbeddedWhitney:
     def __enter__(self) -> EmbeddedWhitney:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def __repr__(self) -> str:

@@ -10,7 +10,12 @@ from typing import Any
 
 from whitney import losses
 from whitney.errors import InvalidDatum, InvalidRequest, UnsupportedLoss
-from whitney.wire import RUN_OPERATION_KINDS, SAMPLER_OPERATION_KINDS
+from whitney.wire import (
+    RUN_OPERATION_KINDS,
+    RUN_OPERATIONS,
+    SAMPLER_OPERATION_KINDS,
+    SAMPLER_OPERATIONS,
+)
 
 PROVIDERS: tuple[str, ...] = ("modal", "tinker", "local")
 CRITIC_PROVIDERS: frozenset[str] = frozenset({"modal", "local"})
@@ -18,28 +23,14 @@ FROZEN_RUN_KINDS: frozenset[str] = frozenset({"save_weights_for_sampler"}) | SAM
 CRITIC_LOSSES: frozenset[str] = frozenset({"ppo_critic", "ppo"})
 CRITIC_INPUTS: tuple[str, ...] = ("values", "returns")
 
-# The order of the capabilities document (stable, as the contract lists them).
-RUN_OPERATIONS_ORDER: tuple[str, ...] = (
-    "forward_backward",
-    "forward",
-    "optim_step",
-    "save_weights_for_sampler",
-    "save_state",
-    "load_state",
-    "export_lora",
-)
-SAMPLER_OPERATIONS_ORDER: tuple[str, ...] = ("sample", "logprobs")
-assert set(RUN_OPERATIONS_ORDER) == RUN_OPERATION_KINDS
-assert set(SAMPLER_OPERATIONS_ORDER) == SAMPLER_OPERATION_KINDS
-
 
 def capabilities(base_models: list[str], max_lora_rank: int) -> dict[str, Any]:
     """The capabilities document: never a loss list (Whitney forwards loss_function as is)."""
     provider = {
         "base_models": list(base_models),
         "max_lora_rank": max_lora_rank,
-        "run_operations": list(RUN_OPERATIONS_ORDER),
-        "sampler_operations": list(SAMPLER_OPERATIONS_ORDER),
+        "run_operations": list(RUN_OPERATIONS),
+        "sampler_operations": list(SAMPLER_OPERATIONS),
     }
     return {"api_version": "1", "providers": {name: dict(provider) for name in PROVIDERS}}
 
@@ -55,7 +46,7 @@ def check_run_role(provider: str, role: str) -> None:
 def check_route(kind: str, sampler_route: bool, run_id: str) -> None:
     """A run operation on the run route, a sampler operation on the sampler route."""
     if kind not in RUN_OPERATION_KINDS and kind not in SAMPLER_OPERATION_KINDS:
-        known = ", ".join(RUN_OPERATIONS_ORDER + SAMPLER_OPERATIONS_ORDER)
+        known = ", ".join(RUN_OPERATIONS + SAMPLER_OPERATIONS)
         raise InvalidRequest(
             f"kind: unknown operation kind {kind!r} (known: {known})", details={"field": "kind"}
         )

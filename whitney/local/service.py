@@ -12,10 +12,11 @@ import logging
 import re
 import secrets
 import threading
+from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
@@ -50,6 +51,8 @@ from whitney.local.journal import (
 )
 
 log = logging.getLogger("whitney.local")
+
+_RequestT = TypeVar("_RequestT", bound=wire.RequestModel)
 
 CHECKPOINT_URI = re.compile(r"^whitney://runs/(?P<run_id>[A-Za-z0-9_-]+)/states/(?P<name>[^/]+)$")
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
@@ -202,29 +205,46 @@ class WhitneyService:
                 details={"field": "Idempotency-Key"},
             )
 
+    def _create_once(
+        self,
+        tenant: str,
+        scope: str,
+        model: type[_RequestT],
+        body: dict[str, Any],
+        idempotency_key: str | None,
+        create: Callable[[str, _RequestT], str],
+    ) -> str:
+        """Validate `body` as `model` and `create(tenant, request)` its resource: the new id,
+        or, under an Idempotency-Key used before with the same body, the id that key created."""
+        self._check_idempotency_key(idempotency_key)
+        try:
+            request = model.model_validate(body)
+        except ValidationError as exc:
+            raise from_validation_error(exc) from None
+        body_hash = canonical_hash(request.model_dump(mode="json"))
+        with self._idempotency_lock if idempotency_key else nullcontext():
+            existing = self._idempotent(tenant, scope, idempotency_key, body_hash)
+            if existing is not None:
+                return existing
+            resource_id = create(tenant, request)
+            if idempotency_key:
+                self.journal.put_idempotent(tenant, scope, idempotency_key, body_hash, resource_id)
+        return resource_id
+
     # ------------------------------------------------------------------ sessions
 
     def create_session(
         self, tenant: str, body: dict[str, Any], idempotency_key: str | None
     ) -> dict[str, Any]:
-        self._check_idempotency_key(idempotency_key)
-        try:
-            request = wire.SessionCreate.model_validate(body)
-        except ValidationError as exc:
-            raise from_validation_error(exc) from None
-        normalized = request.model_dump(mode="json")
-        body_hash = canonical_hash(normalized)
-        with self._idempotency_lock if idempotency_key else nullcontext():
-            existing = self._idempotent(tenant, "sessions", idempotency_key, body_hash)
-            if existing is not None:
-                return self.get_session(tenant, existing)
-            session_id = _new_id("sess")
-            self.journal.insert_session(session_id, tenant, request.labels)
-            if idempotency_key:
-                self.journal.put_idempotent(
-                    tenant, "sessions", idempotency_key, body_hash, session_id
-                )
+        session_id = self._create_once(
+            tenant, "sessions", wire.SessionCreate, body, idempotency_key, self._insert_session
+        )
         return self.get_session(tenant, session_id)
+
+    def _insert_session(self, tenant: str, request: wire.SessionCreate) -> str:
+        session_id = _new_id("sess")
+        self.journal.insert_session(session_id, tenant, request.labels)
+        return session_id
 
     def _own_session(self, tenant: str, session_id: str) -> dict[str, Any]:
         session = self.journal.get_session(session_id)
@@ -274,20 +294,9 @@ class WhitneyService:
     def create_run(
         self, tenant: str, body: dict[str, Any], idempotency_key: str | None
     ) -> dict[str, Any]:
-        self._check_idempotency_key(idempotency_key)
-        try:
-            request = wire.RunCreate.model_validate(body)
-        except ValidationError as exc:
-            raise from_validation_error(exc) from None
-        normalized = request.model_dump(mode="json")
-        body_hash = canonical_hash(normalized)
-        with self._idempotency_lock if idempotency_key else nullcontext():
-            existing = self._idempotent(tenant, "runs", idempotency_key, body_hash)
-            if existing is not None:
-                return self.get_run(tenant, existing)
-            run_id = self._create_run(tenant, request)
-            if idempotency_key:
-                self.journal.put_idempotent(tenant, "runs", idempotency_key, body_hash, run_id)
+        run_id = self._create_once(
+            tenant, "runs", wire.RunCreate, body, idempotency_key, self._create_run
+        )
         return self.get_run(tenant, run_id)
 
     def _create_run(self, tenant: str, request: wire.RunCreate) -> str:
