@@ -13,7 +13,7 @@ from prefect.settings import Settings
 from flows.cli.main import main
 from flows.cli.prefect_env import PREFECT_ENV_DEFAULTS, SERVER_SETTINGS
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 RECORDER_BATCH_SIZE = "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"
 
 
