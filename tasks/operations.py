@@ -27,107 +27,58 @@ TASK_DEFAULTS: dict[str, Any] = {
 }
 
 
-def _execute(
-    connection: WhitneyConnection,
-    run_id: str,
-    kind: str,
-    seq_id: int,
-    payload: dict,
-    sampler_id: str | None = None,
-) -> wire.Operation:
-    client = client_for(connection)
-    return client.execute(run_id, kind, payload, seq_id=seq_id, sampler_id=sampler_id)
+RUN_OPERATION_DOCS: dict[str, str] = {
+    "save_weights_for_sampler": "Snapshot the run's weights for sampling; the result holds the "
+    "`sampler_id`.",
+    "forward": "Loss and per-token outputs of a ForwardPayload, with no gradient.",
+    "forward_backward": "Loss of a ForwardPayload; its gradients accumulate until the next "
+    "optim_step.",
+    "optim_step": "Apply the accumulated gradients with the payload's optimizer; clears them.",
+    "save_state": "Checkpoint weights and optimizer state; the result holds the checkpoint URI.",
+    "load_state": "Load a checkpoint (and optionally its optimizer state) into the run.",
+    "export_lora": "Export the adapter (PEFT layout) as a downloadable artifact with its sha256.",
+}
+SAMPLER_OPERATION_DOCS: dict[str, str] = {
+    "sample": "Sample completions of one prompt (a SampleRequest) from a sampler snapshot.",
+    "logprobs": "Per-token logprobs of given sequences under a sampler snapshot.",
+}
 
 
-@task(
-    name="save_weights_for_sampler",
-    task_run_name="save_weights_for_sampler[seq={seq_id}]",
-    **TASK_DEFAULTS,
-)
-def save_weights_for_sampler(
-    connection: WhitneyConnection, run_id: str, seq_id: int, payload: dict
-) -> wire.Operation:
-    """Snapshot the run's weights for sampling; the result holds the `sampler_id`."""
-    return _execute(connection, run_id, "save_weights_for_sampler", seq_id, payload)
+def operation_task(fn: Any, kind: str, doc: str) -> Task[..., wire.Operation]:
+    """`fn` as the task of `kind`: named `kind`, its runs `{kind}[seq={seq_id}]`."""
+    fn.__name__ = fn.__qualname__ = kind
+    fn.__doc__ = doc
+    return task(name=kind, task_run_name=f"{kind}[seq={{seq_id}}]", **TASK_DEFAULTS)(fn)
 
 
-@task(name="sample", task_run_name="sample[seq={seq_id}]", **TASK_DEFAULTS)
-def sample(
-    connection: WhitneyConnection, run_id: str, sampler_id: str, seq_id: int, payload: dict
-) -> wire.Operation:
-    """Sample completions of one prompt (a SampleRequest) from a sampler snapshot."""
-    return _execute(connection, run_id, "sample", seq_id, payload, sampler_id)
+def run_operation_task(kind: str, doc: str) -> Task[..., wire.Operation]:
+    """The task of a run operation: `task(connection, run_id, seq_id, payload)`."""
+
+    def run_operation(
+        connection: WhitneyConnection, run_id: str, seq_id: int, payload: dict
+    ) -> wire.Operation:
+        return client_for(connection).execute(run_id, kind, payload, seq_id=seq_id)
+
+    return operation_task(run_operation, kind, doc)
 
 
-@task(name="logprobs", task_run_name="logprobs[seq={seq_id}]", **TASK_DEFAULTS)
-def logprobs(
-    connection: WhitneyConnection, run_id: str, sampler_id: str, seq_id: int, payload: dict
-) -> wire.Operation:
-    """Per-token logprobs of given sequences under a sampler snapshot."""
-    return _execute(connection, run_id, "logprobs", seq_id, payload, sampler_id)
+def sampler_operation_task(kind: str, doc: str) -> Task[..., wire.Operation]:
+    """The task of a sampler operation: `task(connection, run_id, sampler_id, seq_id, payload)`."""
 
+    def sampler_operation(
+        connection: WhitneyConnection, run_id: str, sampler_id: str, seq_id: int, payload: dict
+    ) -> wire.Operation:
+        client = client_for(connection)
+        return client.execute(run_id, kind, payload, seq_id=seq_id, sampler_id=sampler_id)
 
-@task(name="forward", task_run_name="forward[seq={seq_id}]", **TASK_DEFAULTS)
-def forward(
-    connection: WhitneyConnection, run_id: str, seq_id: int, payload: dict
-) -> wire.Operation:
-    """Loss and per-token outputs of a ForwardPayload, with no gradient."""
-    return _execute(connection, run_id, "forward", seq_id, payload)
-
-
-@task(name="forward_backward", task_run_name="forward_backward[seq={seq_id}]", **TASK_DEFAULTS)
-def forward_backward(
-    connection: WhitneyConnection, run_id: str, seq_id: int, payload: dict
-) -> wire.Operation:
-    """Loss of a ForwardPayload; its gradients accumulate until the next optim_step."""
-    return _execute(connection, run_id, "forward_backward", seq_id, payload)
-
-
-@task(name="optim_step", task_run_name="optim_step[seq={seq_id}]", **TASK_DEFAULTS)
-def optim_step(
-    connection: WhitneyConnection, run_id: str, seq_id: int, payload: dict
-) -> wire.Operation:
-    """Apply the accumulated gradients with the payload's optimizer; clears them."""
-    return _execute(connection, run_id, "optim_step", seq_id, payload)
-
-
-@task(name="save_state", task_run_name="save_state[seq={seq_id}]", **TASK_DEFAULTS)
-def save_state(
-    connection: WhitneyConnection, run_id: str, seq_id: int, payload: dict
-) -> wire.Operation:
-    """Checkpoint weights and optimizer state; the result holds the checkpoint URI."""
-    return _execute(connection, run_id, "save_state", seq_id, payload)
-
-
-@task(name="load_state", task_run_name="load_state[seq={seq_id}]", **TASK_DEFAULTS)
-def load_state(
-    connection: WhitneyConnection, run_id: str, seq_id: int, payload: dict
-) -> wire.Operation:
-    """Load a checkpoint (and optionally its optimizer state) into the run."""
-    return _execute(connection, run_id, "load_state", seq_id, payload)
-
-
-@task(name="export_lora", task_run_name="export_lora[seq={seq_id}]", **TASK_DEFAULTS)
-def export_lora(
-    connection: WhitneyConnection, run_id: str, seq_id: int, payload: dict
-) -> wire.Operation:
-    """Export the adapter (PEFT layout) as a downloadable artifact with its sha256."""
-    return _execute(connection, run_id, "export_lora", seq_id, payload)
+    return operation_task(sampler_operation, kind, doc)
 
 
 RUN_OPERATION_TASKS: dict[str, Task[..., wire.Operation]] = {
-    "save_weights_for_sampler": save_weights_for_sampler,
-    "forward": forward,
-    "forward_backward": forward_backward,
-    "optim_step": optim_step,
-    "save_state": save_state,
-    "load_state": load_state,
-    "export_lora": export_lora,
+    kind: run_operation_task(kind, doc) for kind, doc in RUN_OPERATION_DOCS.items()
 }
 """Run operations by kind: `task(connection, run_id, seq_id, payload)`."""
-
 SAMPLER_OPERATION_TASKS: dict[str, Task[..., wire.Operation]] = {
-    "sample": sample,
-    "logprobs": logprobs,
+    kind: sampler_operation_task(kind, doc) for kind, doc in SAMPLER_OPERATION_DOCS.items()
 }
 """Sampler operations by kind: `task(connection, run_id, sampler_id, seq_id, payload)`."""

@@ -16,14 +16,17 @@ Exit codes: 0 success, 1 the flow failed (or stdout was closed early, never with
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import os
 import sys
 
 from flows.cli.commands import run_inspection
-from flows.cli.exit_codes import EXIT_CLOSED_PIPE
+from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_CLOSED_PIPE
 from flows.cli.export import run_export
 from flows.cli.parsers import build_parser
 from flows.cli.prefect_env import set_prefect_env_defaults
+from flows.core.config import ConfigError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,17 +52,17 @@ def run_command(arguments: list[str]) -> int:
     if options.command == "export":
         return run_export(options)
     set_prefect_env_defaults()
-    if options.flow == "sft":
-        from flows.cli.run_sft import run_sft  # imports Prefect, which reads the variables above
+    return run_flow(options)
 
-        return run_sft(options)
-    if options.flow == "distill":
-        from flows.cli.run_distill import run_distill  # imports Prefect, as above
 
-        return run_distill(options)
-    from flows.cli.run_rl import run_rl  # imports Prefect, which reads the variables above
-
-    return run_rl(options)
+def run_flow(options: argparse.Namespace) -> int:
+    """`whitney-flows run FLOW`: its exit code; 2 with one line if its config is refused."""
+    module = importlib.import_module(f"flows.cli.run_{options.flow}")  # imports Prefect
+    try:
+        return module.run(options)
+    except ConfigError as error:
+        print(f"whitney-flows run {options.flow}: {error}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
 
 
 if __name__ == "__main__":

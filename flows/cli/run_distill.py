@@ -11,19 +11,17 @@ download the student's adapter and print a summary.
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.table import Table
 
-from flows.cli.exit_codes import EXIT_BAD_CONFIG
 from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
-from flows.cli.terminal import CycleProgress
+from flows.cli.terminal import CycleProgress, add_weights_rows, result_table
 from flows.core.budget import check_budget
-from flows.core.config import ConfigError, settings_with_overrides, validated
+from flows.core.config import settings_with_overrides, validated
 from flows.core.cost import cost_model, format_cost, format_usage
 from flows.core.summary import first_and_last
 from flows.distill.config import DistillationConfig, teacher_metrics_path
@@ -98,11 +96,8 @@ def describe(line: dict[str, Any]) -> str:
 
 def summary_table(result: DistillationResult, adapter_path: Path, wall_seconds: float) -> Table:
     """The end-of-run table: teacher_kl first and last, eval losses, usage, cost, weights."""
-    table = Table(title="Distillation flow finished", show_header=False)
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")
-    table.add_row("cycles", str(len(result.cycles)))
-    table.add_row("wall time", f"{wall_seconds:.1f} s")
+    cycles = ("cycles", str(len(result.cycles)))
+    table = result_table("Distillation flow finished", cycles, wall_seconds)
     table.add_row("teacher", result.teacher)
     if result.teacher_sft is not None and result.teacher_sft.eval_losses:
         losses = result.teacher_sft.eval_losses
@@ -121,23 +116,16 @@ def summary_table(result: DistillationResult, adapter_path: Path, wall_seconds: 
     table.add_row("estimated cost", format_cost(result.cost))
     if result.budget_stop:
         table.add_row("stopped early", result.budget_stop)
-    table.add_row("student run", result.run_id)
-    table.add_row("teacher run", result.teacher_run_id)
-    table.add_row("checkpoint", result.checkpoint)
-    table.add_row("adapter sha256", result.adapter.sha256)
-    table.add_row("adapter file", str(adapter_path))
+    runs = [("student run", result.run_id), ("teacher run", result.teacher_run_id)]
+    add_weights_rows(table, result, adapter_path, runs)
     return table
 
 
-def run_distill(options: argparse.Namespace) -> int:
-    """Run the distillation flow; the exit code."""
-    try:
-        config = checked_config(options)
-        sft_config = config.teacher_sft_config()
-        teacher_cycles = sft_cycles(sft_config) if sft_config is not None else 0
-    except ConfigError as error:
-        print(f"{PROG}: {error}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+def run(options: argparse.Namespace) -> int:
+    """Run the distillation flow; the exit code (ConfigError: the config is refused)."""
+    config = checked_config(options)
+    sft_config = config.teacher_sft_config()
+    teacher_cycles = sft_cycles(sft_config) if sft_config is not None else 0
 
     def progress(metrics_path: Path, console: Console) -> CycleProgress:
         bars = [("distillation cycles", metrics_path, config.cycles)]

@@ -5,15 +5,18 @@ summary."""
 from __future__ import annotations
 
 import argparse
-import sys
+from pathlib import Path
 
-from flows.cli.exit_codes import EXIT_BAD_CONFIG
+from rich.table import Table
+
 from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
-from flows.cli.terminal import CycleProgress, summary_table
-from flows.core.config import ConfigError, settings_with_overrides, validated
+from flows.cli.terminal import CycleProgress, add_weights_rows, result_table
+from flows.core.config import settings_with_overrides, validated
+from flows.core.summary import first_and_last
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
+from flows.rl.metrics import RLResult
 from flows.rl.plan import check_rl_config
 
 PROG = "whitney-flows run rl"
@@ -38,13 +41,19 @@ def checked_config(options: argparse.Namespace) -> RLConfig:
     return config
 
 
-def run_rl(options: argparse.Namespace) -> int:
-    """Run the RL flow; the exit code."""
-    try:
-        config = checked_config(options)
-    except ConfigError as error:
-        print(f"{PROG}: {error}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+def summary_table(result: RLResult, adapter_path: Path, wall_seconds: float) -> Table:
+    """The end-of-run table: cycles, time, reward first and last, and where the weights are."""
+    table = result_table("RL flow finished", ("cycles", str(len(result.cycles))), wall_seconds)
+    for label, reward in first_and_last("reward", result.cycles, lambda c: c.reward_mean, 5):
+        table.add_row(label, f"{reward:.3f}")
+    table.add_row("final loss", f"{result.cycles[-1].loss:+.4f}")
+    add_weights_rows(table, result, adapter_path, [("Whitney run", result.run_id)])
+    return table
+
+
+def run(options: argparse.Namespace) -> int:
+    """Run the RL flow; the exit code (ConfigError: the config is refused)."""
+    config = checked_config(options)
     return launch_flow(
         PROG,
         config,

@@ -5,17 +5,15 @@ adapter and print a summary with the first and last eval loss."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Any
 
 from rich.table import Table
 
-from flows.cli.exit_codes import EXIT_BAD_CONFIG
 from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
-from flows.cli.terminal import CycleProgress
-from flows.core.config import ConfigError, settings_with_overrides, validated
+from flows.cli.terminal import CycleProgress, add_weights_rows, result_table
+from flows.core.config import settings_with_overrides, validated
 from flows.sft.config import SFTConfig
 from flows.sft.flow import sft_flow
 from flows.sft.metrics import SFTResult
@@ -59,11 +57,8 @@ def describe_sft_cycle(line: dict[str, Any]) -> str:
 
 def summary_table(result: SFTResult, adapter_path: Path, wall_seconds: float) -> Table:
     """The end-of-run table: steps, time, eval loss first and last, and where the weights are."""
-    table = Table(title="SFT flow finished", show_header=False)
-    table.add_column(style="bold", no_wrap=True)
-    table.add_column(overflow="fold")
-    table.add_row("steps", f"{result.steps} in {len(result.cycles)} cycles")
-    table.add_row("wall time", f"{wall_seconds:.1f} s")
+    steps = ("steps", f"{result.steps} in {len(result.cycles)} cycles")
+    table = result_table("SFT flow finished", steps, wall_seconds)
     if result.eval_losses:
         first, last = result.eval_losses[0], result.eval_losses[-1]
         table.add_row(f"eval loss, step {result.eval_steps[0]}", f"{first:.4f}")
@@ -74,21 +69,13 @@ def summary_table(result: SFTResult, adapter_path: Path, wall_seconds: float) ->
         table.add_row("train loss, last cycle", f"{result.cycles[-1].train_loss:.4f}")
     if result.resumed_from:
         table.add_row("resumed from", result.resumed_from)
-    table.add_row("Whitney run", result.run_id)
-    table.add_row("checkpoint", result.checkpoint)
-    table.add_row("adapter artifact", f"{result.adapter.artifact_id} ({result.adapter.format})")
-    table.add_row("adapter sha256", result.adapter.sha256)
-    table.add_row("adapter file", str(adapter_path))
+    add_weights_rows(table, result, adapter_path, [("Whitney run", result.run_id)])
     return table
 
 
-def run_sft(options: argparse.Namespace) -> int:
-    """Run the SFT flow; the exit code."""
-    try:
-        config, plan = checked_config(options)
-    except ConfigError as error:
-        print(f"{PROG}: {error}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
+def run(options: argparse.Namespace) -> int:
+    """Run the SFT flow; the exit code (ConfigError: the config is refused)."""
+    config, plan = checked_config(options)
     return launch_flow(
         PROG,
         config,

@@ -28,8 +28,8 @@ from rich.progress import (
 from rich.table import Table
 
 from flows.cli.polling import PollingThread
-from flows.core.summary import first_and_last
-from flows.rl.metrics import CycleMetrics, RLResult
+from flows.core.training import TrainingResult
+from flows.rl.metrics import CycleMetrics
 
 POLL_INTERVAL_S = 0.2
 SPEED_WINDOW_S = 3600.0
@@ -147,19 +147,23 @@ class CycleProgress(PollingThread):
             self._console.print(plain_line(task), markup=False, highlight=False, soft_wrap=True)
 
 
-def summary_table(result: RLResult, adapter_path: Path, wall_seconds: float) -> Table:
-    """The end-of-run table: cycles, time, reward first and last, and where the weights are."""
-    table = Table(title="RL flow finished", show_header=False)
+def result_table(title: str, first: tuple[str, str], wall_seconds: float) -> Table:
+    """A flow's end-of-run table, started: its first row, then the wall time."""
+    table = Table(title=title, show_header=False)
     table.add_column(style="bold", no_wrap=True)
     table.add_column(overflow="fold")
-    table.add_row("cycles", str(len(result.cycles)))
+    table.add_row(*first)
     table.add_row("wall time", f"{wall_seconds:.1f} s")
-    for label, reward in first_and_last("reward", result.cycles, lambda c: c.reward_mean, 5):
-        table.add_row(label, f"{reward:.3f}")
-    table.add_row("final loss", f"{result.cycles[-1].loss:+.4f}")
-    table.add_row("Whitney run", result.run_id)
+    return table
+
+
+def add_weights_rows(
+    table: Table, result: TrainingResult, adapter_path: Path, runs: list[tuple[str, str]]
+) -> None:
+    """The rows every end-of-run table ends with: the runs, the checkpoint, the adapter."""
+    for label, run_id in runs:
+        table.add_row(label, run_id)
     table.add_row("checkpoint", result.checkpoint)
     table.add_row("adapter artifact", f"{result.adapter.artifact_id} ({result.adapter.format})")
     table.add_row("adapter sha256", result.adapter.sha256)
     table.add_row("adapter file", str(adapter_path))
-    return table
