@@ -1,4 +1,4 @@
-"""The Whitney SDK: wire types, a client, and the page's datum, advantage, payload and loss
+"""The Whitney SDK: wire types, a client, and the datum, advantage, payload and loss
 helpers. Imports neither prefect nor torch."""
 
 from importlib.metadata import PackageNotFoundError, version

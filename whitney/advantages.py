@@ -1,4 +1,4 @@
-"""The page's advantage helpers (loop-building-blocks, "Advantage helpers"), to the letter."""
+"""The advantage helpers of Whitney's Loop building blocks ("Advantage helpers"), to the letter."""
 
 __all__ = [
     "all_zero",

@@ -48,7 +48,7 @@ logger = logging.getLogger("whitney.client")
 API_URL_ENV = "WHITNEY_API_URL"
 API_KEY_ENV = "WHITNEY_API_KEY"
 MAX_SERVER_WAIT_S = 60.0
-"""The server holds a long-poll GET at most this long (whitney-api.md)."""
+"""The server holds a long-poll GET at most this long (docs/api.md)."""
 
 _ModelT = TypeVar("_ModelT", bound=BaseModel)
 

@@ -1,4 +1,4 @@
-"""The page's datum helpers (loop-building-blocks, "Datum helpers"), to the letter.
+"""The datum helpers of Whitney's Loop building blocks ("Datum helpers"), to the letter.
 
 A "datum" is one Whitney training example: right-shifted input/target tokens plus whatever
 loss-specific tensors your loss_function needs. The completion's last token only ever appears

@@ -1,4 +1,4 @@
-"""The Whitney error hierarchy: one class per error type of whitney-api.md, each with its wire
+"""The Whitney error hierarchy: one class per error type of docs/api.md, each with its wire
 `type` and the HTTP `status` Whitney answers it with. The client types answers by them; the
 embedded server raises them."""
 

@@ -1,4 +1,5 @@
-"""The page's provider loss tables as data, and the checks that fail closed before allocation."""
+"""The provider loss tables of Whitney's Loop building blocks as data, and the checks that fail
+closed before allocation."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ PROVIDER_LOSS_SUPPORT: dict[str, frozenset[str]] = {
     "tinker": frozenset({"cross_entropy", "importance_sampling", "ppo", "cispo", "dro"}),
     "local": frozenset(LOSS_FUNCTIONS),
 }
-"""The page's "Provider loss support" table, plus `local`: the embedded server serves all."""
+"""The "Provider loss support" table, plus `local`: the embedded server serves all."""
 
 MODAL_LOSS_CONFIG_KEYS: dict[str, frozenset[str]] = {
     "cross_entropy": frozenset(),
@@ -36,7 +37,7 @@ MODAL_LOSS_CONFIG_KEYS: dict[str, frozenset[str]] = {
     "ppo_critic": frozenset({"value_clip"}),
     "dppo": frozenset({"delta_low", "delta_high"}),
 }
-"""The page's "Scalar loss_config keys Modal actually validates, per loss" table."""
+"""The "Scalar loss_config keys Modal actually validates, per loss" table."""
 
 TINKER_LOSS_CONFIG_KEYS: dict[str, frozenset[str]] = {
     "cross_entropy": frozenset(),

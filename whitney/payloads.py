@@ -1,7 +1,8 @@
-"""Operation payloads: the page's `forward_backward_payload`, and the helpers its skeleton uses
-without showing them (`adamw_optimizer`, `result_sampler_id`, `sample_request`).
+"""Operation payloads: `forward_backward_payload` of Whitney's Loop building blocks, and the
+helpers its skeleton uses without showing them (`adamw_optimizer`, `result_sampler_id`,
+`sample_request`).
 
-Each helper returns the plain JSON-ready dict of whitney-api.md, validated with the matching
+Each helper returns the plain JSON-ready dict of docs/api.md, validated with the matching
 `whitney.wire` model, so a malformed payload fails here, before anything is sent. Validation
 failures are ValueErrors (pydantic's ValidationError is one).
 """
@@ -37,7 +38,7 @@ def forward_backward_payload(
 
 
 def adamw_optimizer(learning_rate: float, **overrides: float) -> dict:
-    """The Optimizer dict of whitney-api.md: `adamw` with its defaults (beta1 0.9, beta2 0.95,
+    """The Optimizer dict of docs/api.md: `adamw` with its defaults (beta1 0.9, beta2 0.95,
     eps 1e-8, weight_decay 0.0, grad_clip_norm 0.0 = off), `overrides` replacing any of them.
 
     An unknown override, or a value the wire model refuses, raises ValueError.
@@ -87,7 +88,7 @@ def sample_request(prompt_tokens: Sequence[int], num_samples: int, **sampling_pa
     """A SampleRequest dict with every sampling parameter filled in.
 
     `max_tokens` is required; `temperature` (1.0), `top_p` (1.0), `top_k` (None = off),
-    `stop_token_ids` ([]) and `seed` (None) default as in whitney-api.md. An unknown
+    `stop_token_ids` ([]) and `seed` (None) default as in docs/api.md. An unknown
     parameter, a missing `max_tokens` or a value the wire model refuses raises ValueError.
     """
     for key in sampling_params:

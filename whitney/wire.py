@@ -1,4 +1,4 @@
-"""Pydantic models for every shape of the Whitney wire contract (whitney-api.md).
+"""Pydantic models for every shape of the Whitney wire contract (docs/api.md).
 
 Request models are strict: unknown fields, mismatched tensor shapes, NaN or infinite floats
 are ValidationErrors whose location names the field. Response models accept unknown fields.

@@ -1,4 +1,4 @@
-"""Each loss of losses.md: value, metrics and the gradient of LoRA parameters against an
+"""Each loss of docs/losses.md: value, metrics and the gradient of LoRA parameters against an
 independent computation (transformers + peft forward, the formula written out here)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Every route of whitney-api.md over HTTP against the real embedded server: status codes,
+"""Every route of docs/api.md over HTTP against the real embedded server: status codes,
 error bodies, auth, tenant isolation, idempotency, the run state machine, long-polls."""
 
 from __future__ import annotations

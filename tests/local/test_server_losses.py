@@ -311,7 +311,7 @@ def test_ppo_critic_value_clipping(embedded_server):
 # --------------------------------------------------------------------------- gradients
 #
 # For any of these losses, dL/dtheta = sum_t c_t * dlp_t/dtheta with c_t = dL/dlp_t. The test
-# computes c_t from the losses.md formula (by hand, below) and builds a cross_entropy datum
+# computes c_t from the docs/losses.md formula (by hand, below) and builds a cross_entropy datum
 # with weights -c_t: its gradient is the same by the chain rule. Two runs with the same seed
 # (the same initial weights) take one forward_backward each, the loss's and the surrogate's:
 # `optim_step` must report the same pre-clip grad_norm, and the adapters after the step must

@@ -1,4 +1,4 @@
-"""The HTTP face of the embedded Whitney (FastAPI): every route of whitney-api.md.
+"""The HTTP face of the embedded Whitney (FastAPI): every route of docs/api.md.
 
 Handlers parse and authenticate, run the service call in a worker thread, and answer JSON.
 Every refusal is `{"error": {"type", "message", "details"}}`; FastAPI's own validation and

@@ -1,7 +1,7 @@
 """The Whitney service behind the HTTP app: sessions, runs, operations, artifacts.
 
 Everything here is plain Python called from worker threads; every refusal raises the
-`whitney.errors` class of its whitney-api.md error type. The HTTP layer (`app.py`) only parses,
+`whitney.errors` class of its docs/api.md error type. The HTTP layer (`app.py`) only parses,
 authenticates and serialises (refusals included).
 """
 

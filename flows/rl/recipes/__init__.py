@@ -48,7 +48,7 @@ Placement = tuple[dict[str, float], dict[str, float]]
 """Where a loss's settings go: (rl_datum keyword arguments, the payload's loss_config keys)."""
 
 CRITIC_PROVIDERS: frozenset[str] = frozenset({"modal", "local"})
-"""Providers with `role: "critic"` runs (whitney-api.md, Providers): Tinker has none."""
+"""Providers with `role: "critic"` runs (docs/api.md, Providers): Tinker has none."""
 
 CLIP_TENSOR_PROVIDERS: frozenset[str] = frozenset({"tinker"})
 """Where recipes send clip bounds as per-token tensors (a Tinker mechanism); every other
@@ -96,7 +96,7 @@ class Recipe:
 
 
 class LossSettings(BaseModel):
-    """A recipe's loss_config keys: unknown keys refused, defaults from losses.md."""
+    """A recipe's loss_config keys: unknown keys refused, defaults from docs/losses.md."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -1,5 +1,5 @@
 """The `cispo` recipe: REINFORCE weighted by the clipped, detached importance ratio
-(losses.md bounds 0.0 / 4.0), placed per token on tinker, as loss_config keys elsewhere."""
+(docs/losses.md bounds 0.0 / 4.0), placed per token on tinker, as loss_config keys elsewhere."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ LOSS_FUNCTION = "cispo"
 
 
 class CISPOSettings(ClipRange):
-    """CISPO's ratio bounds (losses.md defaults)."""
+    """CISPO's ratio bounds (docs/losses.md defaults)."""
 
     clip_low_threshold: float = Field(default=0.0, ge=0, description="Lower ratio bound")
     clip_high_threshold: float = Field(default=4.0, gt=0, description="Upper ratio bound")

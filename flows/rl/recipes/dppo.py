@@ -12,7 +12,7 @@ LOSS_FUNCTION = "dppo"
 
 
 class DPPOSettings(LossSettings):
-    """DPPO's trust region on p - mu (losses.md defaults)."""
+    """DPPO's trust region on p - mu (docs/losses.md defaults)."""
 
     delta_low: float = Field(default=0.2, gt=0, le=1, description="Largest drop mu - p kept")
     delta_high: float = Field(default=0.2, gt=0, le=1, description="Largest rise p - mu kept")

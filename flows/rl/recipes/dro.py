@@ -13,7 +13,7 @@ LOSS_FUNCTION = "dro"
 
 
 class DROSettings(LossSettings):
-    """DRO's penalty weight (losses.md default)."""
+    """DRO's penalty weight (docs/losses.md default)."""
 
     beta: float = Field(default=0.05, ge=0, description="Weight of the (lp - q)^2 penalty")
 

@@ -21,7 +21,7 @@ LOSS_FUNCTION = "gspo"
 
 
 class GSPOSettings(ClipRange):
-    """GSPO's bounds on the sequence ratio (losses.md defaults)."""
+    """GSPO's bounds on the sequence ratio (docs/losses.md defaults)."""
 
     clip_low_threshold: float = Field(default=0.8, ge=0, description="Lower ratio bound")
     clip_high_threshold: float = Field(default=1.2, gt=0, description="Upper ratio bound")

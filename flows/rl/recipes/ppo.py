@@ -13,7 +13,7 @@ LOSS_FUNCTION = "ppo"
 
 
 class PPOSettings(ClipRange):
-    """PPO's ratio bounds (losses.md defaults)."""
+    """PPO's ratio bounds (docs/losses.md defaults)."""
 
     clip_low_threshold: float = Field(default=0.8, ge=0, description="Lower ratio bound")
     clip_high_threshold: float = Field(default=1.2, gt=0, description="Upper ratio bound")

@@ -1,5 +1,5 @@
-"""The embedded server's torch engine: a Llama-style decoder with LoRA, the losses of losses.md,
-AdamW, seeded sampling, checkpoints and PEFT export."""
+"""The embedded server's torch engine: a Llama-style decoder with LoRA, the losses of
+docs/losses.md, AdamW, seeded sampling, checkpoints and PEFT export."""
 
 from whitney.local.engine.runtime import BASE_MODELS, EngineRun, OpOutput
 

@@ -1,6 +1,7 @@
-"""The eight Whitney losses of losses.md over right-padded [B, T] tensors: per-token terms times
-w_t, summed (ppo_critic: a mean over datums), with the loss_config of `validation.loss_config`
-(every key the loss reads, defaults filled in). Returns (loss, metrics).
+"""The eight Whitney losses of docs/losses.md over right-padded [B, T] tensors: per-token terms
+times w_t, summed (ppo_critic: a mean over datums), with the loss_config of
+`validation.loss_config` (every key the loss reads, defaults filled in). Returns (loss,
+metrics).
 
 A datum's contribution is the float64 sum of its tokens' terms, left to right (so padding
 changes nothing); the loss adds the contributions in datum order, in float64, and rounds once."""

@@ -32,7 +32,7 @@ _bases_lock = threading.Lock()
 
 @dataclass(frozen=True)
 class OpOutput:
-    result: dict  # the operation's result exactly as whitney-api.md specifies
+    result: dict  # the operation's result exactly as docs/api.md specifies
     usage: dict[str, int]  # {"tokens": n, plus prefill/sampled/trained tokens where they apply}
 
 

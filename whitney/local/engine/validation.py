@@ -36,7 +36,7 @@ LOSS_CONFIG_DEFAULTS: dict[str, dict[str, float]] = {
     "dppo": {"delta_low": 0.2, "delta_high": 0.2},
     "ppo_critic": {"value_clip": 0.2},
 }
-"""The losses.md defaults of each loss's scalar loss_config keys (the keys the engine reads)."""
+"""The docs/losses.md defaults of each loss's scalar loss_config keys (those the engine reads)."""
 OPTIMIZER_DEFAULTS = {
     "learning_rate": 1e-4,
     "beta1": 0.9,
@@ -179,7 +179,7 @@ def _datum_error(message: str, index: int, field: str) -> InvalidDatum:
 
 
 def loss_config(loss: str, config: dict[str, Any]) -> dict[str, float]:
-    """The scalar loss_config values `loss` reads, each given or its losses.md default."""
+    """The scalar loss_config values `loss` reads, each given or its docs/losses.md default."""
     values = {}
     for key, default in LOSS_CONFIG_DEFAULTS.get(loss, {}).items():
         value = config.get(key, default)
