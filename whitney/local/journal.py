@@ -371,12 +371,6 @@ class Journal:
             (run_id, seq_id),
         )
 
-    def get_operation_payload(self, run_id: str, seq_id: int) -> dict[str, Any] | None:
-        row = self._one(
-            "SELECT payload FROM operations WHERE run_id=? AND seq_id=?", (run_id, seq_id)
-        )
-        return None if row is None else _loads(row["payload"])
-
     def list_operations(self, run_id: str, after_seq: int, limit: int) -> list[sqlite3.Row]:
         return self._all(
             "SELECT run_id, seq_id, kind, sampler_id, status, result, error, usage, executions,"
