@@ -4,13 +4,11 @@ the server journaled, a recipe's auxiliary run, and a cycle failing after a reci
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
-from flowtest_helpers import assert_executed_once_in_order
+from flowtest_helpers import assert_executed_once_in_order, journal_rows
 
 from flows.core.sequenced_client import SequencedClient
 from flows.rl.config import RLConfig
@@ -41,20 +39,12 @@ REFUSED = [
 
 
 def journaled(server: EmbeddedWhitney, run_id: str, kind: str | None = None) -> list[dict]:
-    """The run's journaled operations (seq_id, kind, status, executions, payload), in order."""
-    path = Path(server.data_dir) / "journal.sqlite3"
-    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    connection.row_factory = sqlite3.Row
-    try:
-        rows = connection.execute(
-            "SELECT seq_id, kind, status, executions, payload FROM operations WHERE run_id=? "
-            "ORDER BY seq_id",
-            (run_id,),
-        ).fetchall()
-    finally:
-        connection.close()
-    operations = [{**dict(row), "payload": json.loads(row["payload"])} for row in rows]
-    return [op for op in operations if kind is None or op["kind"] == kind]
+    """The run's journaled operations (`journal_rows`, the payload decoded), in order."""
+    return [
+        {**row, "payload": json.loads(row["payload"])}
+        for row in journal_rows(server, run_id)
+        if kind is None or row["kind"] == kind
+    ]
 
 
 def auxiliary_run_id(inspector: WhitneyClient, session_id: str, policy_run_id: str) -> str:
