@@ -1,6 +1,6 @@
 """Fixtures of the flow tests: one Prefect test harness for the session, the shared embedded
 Whitney server (tests/conftest.py) with its key in WHITNEY_API_KEY, a check that the CLI
-refuses a bad config, and a small config.
+refuses a bad config, a terminal wide enough for the CLI's tables, and a small config.
 
 This directory has no __init__.py on purpose: test modules import as top-level names, so
 helper modules here use names that cannot shadow a package (`flowtest_*`).
@@ -34,6 +34,12 @@ def whitney(embedded_server: EmbeddedWhitney, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("WHITNEY_API_KEY", embedded_server.api_key)
     monkeypatch.delenv("WHITNEY_API_URL", raising=False)
     return embedded_server
+
+
+@pytest.fixture
+def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """COLUMNS=250, so that the CLI's tables and summaries print without wrapping."""
+    monkeypatch.setenv("COLUMNS", "250")
 
 
 @pytest.fixture

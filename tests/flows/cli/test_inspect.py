@@ -189,13 +189,10 @@ def test_inspect_lists_every_seq_id_of_the_journal_once(
     assert kinds == ["save_weights_for_sampler"] + ["logprobs"] * 3
 
 
+@pytest.mark.usefixtures("wide_terminal")
 def test_inspect_one_cycle_as_json_and_as_tables(
-    finished: DistillationResult,
-    whitney: EmbeddedWhitney,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    finished: DistillationResult, whitney: EmbeddedWhitney, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("COLUMNS", "250")
     report = inspect_json(capsys, finished.run_id, "--cycle", "1", "--api-url", whitney.url)
     assert [group["cycle"] for group in report["groups"]] == [1]
     assert main(["inspect", finished.run_id, "--api-url", whitney.url]) == 0
@@ -221,13 +218,10 @@ def test_the_data_directory_gives_the_same_report_as_the_api(
     assert from_disk == from_api
 
 
+@pytest.mark.usefixtures("wide_terminal")
 def test_runs_lists_the_sessions_and_runs_with_their_status(
-    finished: DistillationResult,
-    whitney: EmbeddedWhitney,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    finished: DistillationResult, whitney: EmbeddedWhitney, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("COLUMNS", "250")
     assert main(["runs", "--json", "--api-url", whitney.url]) == 0
     sessions = {s["session_id"]: s for s in json.loads(capsys.readouterr().out)["sessions"]}
     session = sessions[finished.session_id]
