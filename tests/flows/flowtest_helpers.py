@@ -50,6 +50,15 @@ def assert_released(client: WhitneyClient, flow_run_id: UUID | str) -> list[wire
     return runs
 
 
+def assert_finished(client: WhitneyClient, session_id: str) -> list[wire.Run]:
+    """The session is closed and its runs are all finished; its runs."""
+    session = client.get_session(session_id)
+    assert session.status == "closed"
+    runs = [client.get_run(run_id) for run_id in session.run_ids or []]
+    assert {run.status for run in runs} == {"finished"}
+    return runs
+
+
 def subflow_runs(flow_run_id: UUID) -> list[FlowRun]:
     with get_client(sync_client=True) as prefect:
         runs = prefect.read_flow_runs(
