@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 from flowtest_cli import Refusal, assert_refused_before_any_session
+from flowtest_settings import QUICK_RECOVERY
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.rl.config import RLConfig
-from tasks.retry import TaskRetrySettings
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 
@@ -69,7 +69,5 @@ def small_config(whitney: EmbeddedWhitney) -> RLConfig:
         group_size=4,
         max_tokens=8,
         seed=11,
-        task_retry=TaskRetrySettings(retries=3, delay_s=0.05, max_delay_s=0.5, jitter=0.2),
-        cycle_retries=1,
-        cleanup_timeout_s=30,
+        **QUICK_RECOVERY,
     )
