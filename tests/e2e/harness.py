@@ -299,23 +299,25 @@ class PrefectAPI:
             },
         )
 
-    def task_runs(self, flow_run_ids: list[str]) -> list[dict[str, Any]]:
-        runs: list[dict[str, Any]] = []
+    def _every_page(self, path: str, query: dict[str, Any]) -> list[dict[str, Any]]:
+        """Every record a `/.../filter` query answers, 200 at a time."""
+        records: list[dict[str, Any]] = []
         offset = 0
         while True:
-            page = self.post(
-                "/task_runs/filter",
-                json={
-                    "task_runs": {"flow_run_id": {"any_": flow_run_ids}},
-                    "sort": "EXPECTED_START_TIME_ASC",
-                    "limit": 200,
-                    "offset": offset,
-                },
-            )
-            runs.extend(page)
+            page = self.post(path, json={**query, "limit": 200, "offset": offset})
+            records.extend(page)
             if len(page) < 200:
-                return runs
+                return records
             offset += 200
+
+    def task_runs(self, flow_run_ids: list[str]) -> list[dict[str, Any]]:
+        return self._every_page(
+            "/task_runs/filter",
+            {
+                "task_runs": {"flow_run_id": {"any_": flow_run_ids}},
+                "sort": "EXPECTED_START_TIME_ASC",
+            },
+        )
 
     def artifacts(self, flow_run_ids: list[str]) -> list[dict[str, Any]]:
         return self.post(
@@ -324,22 +326,10 @@ class PrefectAPI:
         )
 
     def logs(self, flow_run_ids: list[str]) -> list[dict[str, Any]]:
-        records: list[dict[str, Any]] = []
-        offset = 0
-        while True:
-            page = self.post(
-                "/logs/filter",
-                json={
-                    "logs": {"flow_run_id": {"any_": flow_run_ids}},
-                    "limit": 200,
-                    "offset": offset,
-                    "sort": "TIMESTAMP_ASC",
-                },
-            )
-            records.extend(page)
-            if len(page) < 200:
-                return records
-            offset += 200
+        return self._every_page(
+            "/logs/filter",
+            {"logs": {"flow_run_id": {"any_": flow_run_ids}}, "sort": "TIMESTAMP_ASC"},
+        )
 
     def events(self, resource_ids: list[str], max_pages: int = 100) -> list[dict[str, Any]]:
         """The events about (or related to) these resources, e.g. `prefect.flow-run.<id>`, in

@@ -1,6 +1,6 @@
 """Fixtures of the flow tests: one Prefect test harness for the session, the shared embedded
 Whitney server (tests/conftest.py) with its key in WHITNEY_API_KEY, a check that the CLI
-refuses a bad config, and a small config.
+refuses a bad config, a terminal wide enough for the CLI's tables, and a small config.
 
 This directory has no __init__.py on purpose: test modules import as top-level names, so
 helper modules here use names that cannot shadow a package (`flowtest_*`).
@@ -13,10 +13,10 @@ from collections.abc import Iterator
 
 import pytest
 from flowtest_cli import Refusal, assert_refused_before_any_session
+from flowtest_settings import QUICK_RECOVERY
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.rl.config import RLConfig
-from tasks.retry import TaskRetrySettings
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 
@@ -34,6 +34,12 @@ def whitney(embedded_server: EmbeddedWhitney, monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("WHITNEY_API_KEY", embedded_server.api_key)
     monkeypatch.delenv("WHITNEY_API_URL", raising=False)
     return embedded_server
+
+
+@pytest.fixture
+def wide_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
+    """COLUMNS=250, so that the CLI's tables and summaries print without wrapping."""
+    monkeypatch.setenv("COLUMNS", "250")
 
 
 @pytest.fixture
@@ -63,7 +69,5 @@ def small_config(whitney: EmbeddedWhitney) -> RLConfig:
         group_size=4,
         max_tokens=8,
         seed=11,
-        task_retry=TaskRetrySettings(retries=3, delay_s=0.05, max_delay_s=0.5, jitter=0.2),
-        cycle_retries=1,
-        cleanup_timeout_s=30,
+        **QUICK_RECOVERY,
     )

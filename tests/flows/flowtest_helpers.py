@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import re
-import sqlite3
 import time
-from pathlib import Path
 from uuid import UUID
 
 from prefect import get_client
@@ -19,25 +17,10 @@ from prefect.client.schemas.filters import (
 from prefect.client.schemas.objects import Artifact, FlowRun, TaskRun
 
 from tasks.names import FLOW_RUN_LABEL
+from tests.local.helpers import journal_rows
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
-
-
-def journal_rows(server: EmbeddedWhitney, run_id: str) -> list[dict]:
-    """The run's operations from the server's SQLite journal, with `executions` counts."""
-    path = Path(server.data_dir) / "journal.sqlite3"
-    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    connection.row_factory = sqlite3.Row
-    try:
-        rows = connection.execute(
-            "SELECT seq_id, kind, status, executions FROM operations WHERE run_id=? "
-            "ORDER BY seq_id",
-            (run_id,),
-        ).fetchall()
-        return [dict(row) for row in rows]
-    finally:
-        connection.close()
 
 
 def assert_executed_once_in_order(server: EmbeddedWhitney, run_id: str) -> list[dict]:
@@ -64,6 +47,15 @@ def assert_released(client: WhitneyClient, flow_run_id: UUID | str) -> list[wire
             runs.append(client.get_run(run_id))
     assert runs
     assert {run.status for run in runs} == {"cancelled"}
+    return runs
+
+
+def assert_finished(client: WhitneyClient, session_id: str) -> list[wire.Run]:
+    """The session is closed and its runs are all finished; its runs."""
+    session = client.get_session(session_id)
+    assert session.status == "closed"
+    runs = [client.get_run(run_id) for run_id in session.run_ids or []]
+    assert {run.status for run in runs} == {"finished"}
     return runs
 
 

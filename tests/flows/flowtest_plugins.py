@@ -11,18 +11,23 @@ from flows.rl.recipes.context import LossContext
 from flows.rl.recipes.importance_sampling import build_loss as importance_sampling
 
 
-class BrokenAtCycle1(DigitsEnvironment):
-    """The digits environment, except that rewarding anything in cycle 1 always fails."""
+class CycleAwareDigits(DigitsEnvironment):
+    """The digits environment, keeping the cycle of its latest prompts in `cycle` (a cycle
+    asks for its prompts before it rewards their completions)."""
 
     def __init__(self) -> None:
-        self._cycle = 0
+        self.cycle = 0
 
     def prompts(self, cycle: int, count: int, seed: int) -> list[str]:
-        self._cycle = cycle
+        self.cycle = cycle
         return super().prompts(cycle, count, seed)
 
+
+class BrokenAtCycle1(CycleAwareDigits):
+    """The digits environment, except that rewarding anything in cycle 1 always fails."""
+
     def reward(self, prompt: str, completion: Completion) -> float:
-        if self._cycle == 1:
+        if self.cycle == 1:
             raise RuntimeError("injected: the reward of cycle 1 is broken")
         return super().reward(prompt, completion)
 

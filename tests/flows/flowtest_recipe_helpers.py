@@ -1,20 +1,22 @@
 """Checks the recipe tests make: the provider table as (loss, provider) pairs, the payloads
-the server journaled, a recipe's auxiliary run, and a cycle failing after a recipe's call."""
+the server journaled, a recipe's auxiliary run, and a cycle failing once after a given call
+(`replay_after_one_failure`, which the replay and resampling tests use too)."""
 
 from __future__ import annotations
 
+import inspect
 import json
-import sqlite3
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
-from flowtest_helpers import assert_executed_once_in_order
+from flowtest_helpers import assert_executed_once_in_order, journal_rows
+from prefect.states import State
 
 from flows.core.sequenced_client import SequencedClient
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
+from flows.rl.metrics import RLResult
 from flows.rl.recipes import CRITIC_PROVIDERS, RECIPES, AuxiliaryRun, Recipe, load_recipe
 from flows.rl.recipes.ppo import RECIPE as PPO
 from whitney.client import WhitneyClient
@@ -41,20 +43,12 @@ REFUSED = [
 
 
 def journaled(server: EmbeddedWhitney, run_id: str, kind: str | None = None) -> list[dict]:
-    """The run's journaled operations (seq_id, kind, status, executions, payload), in order."""
-    path = Path(server.data_dir) / "journal.sqlite3"
-    connection = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
-    connection.row_factory = sqlite3.Row
-    try:
-        rows = connection.execute(
-            "SELECT seq_id, kind, status, executions, payload FROM operations WHERE run_id=? "
-            "ORDER BY seq_id",
-            (run_id,),
-        ).fetchall()
-    finally:
-        connection.close()
-    operations = [{**dict(row), "payload": json.loads(row["payload"])} for row in rows]
-    return [op for op in operations if kind is None or op["kind"] == kind]
+    """The run's journaled operations (`journal_rows`, the payload decoded), in order."""
+    return [
+        {**row, "payload": json.loads(row["payload"])}
+        for row in journal_rows(server, run_id)
+        if kind is None or row["kind"] == kind
+    ]
 
 
 def auxiliary_run_id(inspector: WhitneyClient, session_id: str, policy_run_id: str) -> str:
@@ -67,6 +61,53 @@ def auxiliary_run_id(inspector: WhitneyClient, session_id: str, policy_run_id: s
     return auxiliary
 
 
+class Replay(NamedTuple):
+    undisturbed: RLResult
+    state: State
+    result: RLResult
+    matched: list[int]
+    """The seq ids of the calls `fails_after` matched, replays included."""
+
+
+def replay_after_one_failure(
+    config: RLConfig,
+    monkeypatch: pytest.MonkeyPatch,
+    fails_after: Callable[[str, dict[str, Any]], bool],
+    count: int,
+    owner: object = SequencedClient,
+    name: str = "execute",
+) -> Replay:
+    """Run the flow undisturbed, then with its cycle failing once right after the `count`-th
+    call of `owner.name` (an execute taking `kind` and `payload`, as `SequencedClient.execute`
+    and `tasks.operations._execute` do) for which `fails_after(kind, payload)` holds was
+    answered: the flow completes (the failed cycle is retried and replays) with the adapter of
+    the undisturbed run."""
+    undisturbed = rl_flow(config)
+    execute = getattr(owner, name)
+    signature = inspect.signature(execute)
+    matched: list[int] = []
+
+    def fail_once(*args: Any, **options: Any) -> Any:
+        operation = execute(*args, **options)
+        call = signature.bind(*args, **options).arguments
+        if fails_after(call["kind"], call["payload"]):
+            matched.append(operation.seq_id)
+            if len(matched) == count:
+                raise RuntimeError(
+                    f"injected: the cycle fails after {call['kind']} [seq={operation.seq_id}]"
+                )
+        return operation
+
+    with monkeypatch.context() as patch:
+        patch.setattr(owner, name, fail_once)
+        state = rl_flow(config, return_state=True)
+
+    assert state.is_completed(), state.message
+    result = state.result()
+    assert result.adapter.sha256 == undisturbed.adapter.sha256
+    return Replay(undisturbed, state, result, matched)
+
+
 def assert_replays_exactly(
     whitney: EmbeddedWhitney,
     inspector: WhitneyClient,
@@ -75,31 +116,12 @@ def assert_replays_exactly(
     fails_after: Callable[[str, dict[str, Any]], bool],
     count: int,
 ) -> list[int]:
-    """Run the flow undisturbed, then with its cycle failing once right after the `count`-th
-    call for which `fails_after(kind, payload)` holds was answered: the retried cycle replays,
-    so the adapter and the recipe's metrics are the same, and both runs executed every seq id
-    once. The seq ids of the matching calls, replays included."""
-    undisturbed = rl_flow(config)
-    execute = SequencedClient.execute
-    matched: list[int] = []
-
-    def fail_once(self, run_id, kind, payload, **options):
-        operation = execute(self, run_id, kind, payload, **options)
-        if fails_after(kind, payload):
-            matched.append(operation.seq_id)
-            if len(matched) == count:
-                raise RuntimeError(
-                    f"injected: the cycle fails after {kind} [seq={operation.seq_id}]"
-                )
-        return operation
-
-    with monkeypatch.context() as patch:
-        patch.setattr(SequencedClient, "execute", fail_once)
-        state = rl_flow(config, return_state=True)
-
-    assert state.is_completed(), state.message
-    result = state.result()
-    assert result.adapter.sha256 == undisturbed.adapter.sha256
+    """`replay_after_one_failure` of the policy's calls, for a recipe with an auxiliary run:
+    the recipe's metrics are the same too, and both runs executed every seq id once. The seq
+    ids of the matching calls, replays included."""
+    undisturbed, _, result, matched = replay_after_one_failure(
+        config, monkeypatch, fails_after, count
+    )
     assert [cycle.recipe_metrics for cycle in result.cycles] == [
         cycle.recipe_metrics for cycle in undisturbed.cycles
     ]

@@ -7,6 +7,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from flowtest_plugins import CycleAwareDigits
+
 from flows.core.environments import Completion
 from flows.core.environments.digits import DigitsEnvironment
 from flows.rl.recipes import Recipe
@@ -31,19 +33,12 @@ def fail_once_at(cycle: int, what: str) -> None:
     raise RuntimeError(f"injected: the {what} of cycle {cycle} fails once")
 
 
-class FailOnceAtCycle(DigitsEnvironment):
+class FailOnceAtCycle(CycleAwareDigits):
     """The digits environment, except that rewarding cycle $FLOWTEST_FAIL_AT_CYCLE raises,
     once (`fail_once_at`)."""
 
-    def __init__(self) -> None:
-        self._cycle = 0
-
-    def prompts(self, cycle: int, count: int, seed: int) -> list[str]:
-        self._cycle = cycle
-        return super().prompts(cycle, count, seed)
-
     def reward(self, prompt: str, completion: Completion) -> float:
-        fail_once_at(self._cycle, "reward")
+        fail_once_at(self.cycle, "reward")
         return super().reward(prompt, completion)
 
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from flowtest_settings import QUICK_RECOVERY
+
 from flows.sft.config import SFTConfig
-from tasks.retry import TaskRetrySettings
 
 
 def small_sft_config(api_url: str, **updates: Any) -> SFTConfig:
@@ -21,8 +22,6 @@ def small_sft_config(api_url: str, **updates: Any) -> SFTConfig:
         "warmup_steps": 1,
         "checkpoint_every": 1,
         "seed": 5,
-        "task_retry": TaskRetrySettings(retries=3, delay_s=0.05, max_delay_s=0.5, jitter=0.2),
-        "cycle_retries": 1,
-        "cleanup_timeout_s": 30,
+        **QUICK_RECOVERY,
     }
     return SFTConfig(**(settings | updates))

@@ -124,7 +124,9 @@ def assert_error(response: httpx.Response, status: int, type_: str, *needles: st
 
 
 def journal_rows(server: EmbeddedWhitney, run_id: str) -> list[dict]:
-    """The run's operations straight from the server's SQLite journal."""
+    """The run's operations straight from the server's SQLite journal, every column (the
+    `executions` count and the payload's JSON text included), in seq id order; the flow tests
+    read it too (`flowtest_helpers`)."""
     path = Path(server.data_dir) / "journal.sqlite3"
     conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     conn.row_factory = sqlite3.Row

@@ -4,6 +4,7 @@ GRPO-style RL loop on a reward the tiny model can learn (the share of one byte).
 from __future__ import annotations
 
 from whitney.advantages import group_mean_advantages
+from whitney.client import WhitneyClient
 from whitney.datums import rl_datum, sft_datum
 
 from .helpers import adamw, forward, sample_request
@@ -11,12 +12,18 @@ from .helpers import adamw, forward, sample_request
 TEXT = list(b"The quick brown fox jumps over the lazy dog.")
 
 
+def tiny_run(client: WhitneyClient, test: str, lora_rank: int, seed: int) -> tuple[str, str]:
+    """A local/tiny run in a session of its own: (session id, run id)."""
+    session = client.open_session({"test": test})
+    run = client.create_run(
+        session.session_id, "local", "local/tiny", lora_rank=lora_rank, seed=seed
+    )
+    return session.session_id, run.run_id
+
+
 def test_sft_loss_falls_by_half_within_50_steps(whitney_client):
     client = whitney_client
-    session = client.open_session({"test": "sft"})
-    run_id = client.create_run(
-        session.session_id, "local", "local/tiny", lora_rank=8, seed=0
-    ).run_id
+    session_id, run_id = tiny_run(client, "sft", lora_rank=8, seed=0)
     payload = forward([sft_datum(list(b"Q: "), TEXT)], "cross_entropy")
     losses = []
     for _ in range(50):
@@ -26,7 +33,7 @@ def test_sft_loss_falls_by_half_within_50_steps(whitney_client):
             break
     assert losses[-1] <= 0.5 * losses[0], losses
     client.finish(run_id)
-    client.close_session(session.session_id)
+    client.close_session(session_id)
 
 
 # Settings found reliable (seeds 1..5 all pass 0.8 by cycle 10): LoRA rank 64, 4 prompts x a
@@ -44,10 +51,7 @@ def reward(tokens: list[int]) -> float:
 
 def test_grpo_learns_a_byte_within_20_cycles(whitney_client):
     client = whitney_client
-    session = client.open_session({"test": "grpo"})
-    run_id = client.create_run(
-        session.session_id, "local", "local/tiny", lora_rank=64, seed=1
-    ).run_id
+    session_id, run_id = tiny_run(client, "grpo", lora_rank=64, seed=1)
     means = []
     for _ in range(20):
         sampler_id = client.run_operation(run_id, "save_weights_for_sampler", {})["sampler_id"]
@@ -75,4 +79,4 @@ def test_grpo_learns_a_byte_within_20_cycles(whitney_client):
     assert means[0] < 0.05, means
     assert means[-1] > 0.8, means
     client.finish(run_id)
-    client.close_session(session.session_id)
+    client.close_session(session_id)

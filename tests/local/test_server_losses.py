@@ -108,30 +108,37 @@ def per_token(result: dict, data: list[dict]):
         yield index, lp, q, A, w
 
 
+def weighted_sums(result: dict, data: list[dict], term) -> tuple[float, float, float]:
+    """Over every completion token t of every datum, with `term(t, lp, q, A)` giving the
+    token's (loss term, metric term): the sums of w * loss term, of w * metric term, and of w."""
+    loss, metric, weight = 0.0, 0.0, 0.0
+    for _, lp, q, A, w in per_token(result, data):
+        for t in range(N):
+            loss_term, metric_term = term(t, lp[t], q[t], A[t])
+            loss += w[t] * loss_term
+            metric += w[t] * metric_term
+            weight += w[t]
+    return loss, metric, weight
+
+
 def test_importance_sampling(policy):
     data = two_datums(policy.base_lp(), RATIOS)
     result = policy.forward(data, "importance_sampling")
-    expected = 0.0
-    kl, weight = 0.0, 0.0
-    for _, lp, q, A, w in per_token(result, data):
-        for t in range(N):
-            expected += w[t] * -ratio(lp[t], q[t]) * A[t]
-            kl += w[t] * (q[t] - lp[t])
-            weight += w[t]
+    expected, kl, weight = weighted_sums(
+        result, data, lambda t, lp, q, A: (-ratio(lp, q) * A, q - lp)
+    )
     check_common(result, expected, 2 * N)
     assert result["metrics"]["kl_sample_train:mean"] == approx(kl / weight)
 
 
 def ppo_expected(result, data, lo_default, hi_default, lo_tensor=None, hi_tensor=None):
-    loss, clipped, weight = 0.0, 0.0, 0.0
-    for _index, lp, q, A, w in per_token(result, data):
-        for t in range(N):
-            lo = lo_tensor[t] if lo_tensor else lo_default
-            hi = hi_tensor[t] if hi_tensor else hi_default
-            r = ratio(lp[t], q[t])
-            loss += w[t] * -min(r * A[t], clip(r, lo, hi) * A[t])
-            clipped += w[t] * (r < lo or r > hi)
-            weight += w[t]
+    def term(t, lp, q, A):
+        lo = lo_tensor[t] if lo_tensor else lo_default
+        hi = hi_tensor[t] if hi_tensor else hi_default
+        r = ratio(lp, q)
+        return -min(r * A, clip(r, lo, hi) * A), r < lo or r > hi
+
+    loss, clipped, weight = weighted_sums(result, data, term)
     return loss, clipped / weight
 
 
@@ -172,13 +179,12 @@ def test_cispo(policy, config):
     result = policy.forward(data, "cispo", config)
     lo = config.get("clip_low_threshold", 0.0)
     hi = config.get("clip_high_threshold", 4.0)
-    expected, clipped, weight = 0.0, 0.0, 0.0
-    for _, lp, q, A, w in per_token(result, data):
-        for t in range(N):
-            r = ratio(lp[t], q[t])
-            expected += w[t] * -clip(r, lo, hi) * A[t] * lp[t]
-            clipped += w[t] * (r < lo or r > hi)
-            weight += w[t]
+
+    def term(t, lp, q, A):
+        r = ratio(lp, q)
+        return -clip(r, lo, hi) * A * lp, r < lo or r > hi
+
+    expected, clipped, weight = weighted_sums(result, data, term)
     check_common(result, expected, 2 * N)
     assert result["metrics"]["clip_fraction:mean"] == approx(clipped / weight)
     assert clipped > 0  # the 5.0 ratio is clipped at 4 by default
@@ -189,11 +195,11 @@ def test_dro_quadratic_term(policy, config):
     data = two_datums(policy.base_lp(), RATIOS)
     result = policy.forward(data, "dro", config)
     beta = config.get("beta", 0.05)
-    expected, quadratic = 0.0, 0.0
-    for _, lp, q, A, w in per_token(result, data):
-        for t in range(N):
-            expected += w[t] * -(lp[t] * A[t] - 0.5 * beta * (lp[t] - q[t]) ** 2)
-            quadratic += w[t] * 0.5 * beta * (lp[t] - q[t]) ** 2
+
+    def term(t, lp, q, A):
+        return -(lp * A - 0.5 * beta * (lp - q) ** 2), 0.5 * beta * (lp - q) ** 2
+
+    expected, quadratic, _ = weighted_sums(result, data, term)
     check_common(result, expected, 2 * N)
     assert quadratic > 1e-3  # the quadratic term matters in this case
 
@@ -235,7 +241,6 @@ def test_gspo_sequence_ratio(policy, ratios, mask):
     ],
 )
 def test_dppo_masking(policy, mu, config):
-    lp = policy.base_lp()
     q = [math.log(m) for m in mu]
     data = [
         datum(PROMPT, COMPLETION, logprobs=q, advantages=ADVANTAGES),
@@ -244,16 +249,15 @@ def test_dppo_masking(policy, mu, config):
     result = policy.forward(data, "dppo", config)
     delta_low = config.get("delta_low", 0.2)
     delta_high = config.get("delta_high", 0.2)
-    expected, masked, weight = 0.0, 0.0, 0.0
-    for _, lp, q_, A, w in per_token(result, data):
-        for t in range(N):
-            p, m_u = math.exp(lp[t]), math.exp(q_[t])
-            assert abs(p - m_u - delta_high) > 1e-4 and abs(m_u - p - delta_low) > 1e-4
-            outside = (A[t] > 0 and p - m_u > delta_high) or (A[t] < 0 and m_u - p > delta_low)
-            m = 0.0 if outside else 1.0
-            expected += w[t] * -ratio(lp[t], q_[t]) * A[t] * m
-            masked += w[t] * (1 - m)
-            weight += w[t]
+
+    def term(t, lp, q, A):
+        p, m_u = math.exp(lp), math.exp(q)
+        assert abs(p - m_u - delta_high) > 1e-4 and abs(m_u - p - delta_low) > 1e-4
+        outside = (A > 0 and p - m_u > delta_high) or (A < 0 and m_u - p > delta_low)
+        m = 0.0 if outside else 1.0
+        return -ratio(lp, q) * A * m, 1 - m
+
+    expected, masked, weight = weighted_sums(result, data, term)
     check_common(result, expected, 2 * N)
     assert result["metrics"]["masked_fraction:mean"] == approx(masked / weight)
     assert 0 < masked < weight

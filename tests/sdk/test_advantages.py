@@ -39,10 +39,24 @@ def test_group_mean_advantages_uniform_group_is_all_zero_even_with_std():
 
 
 @pytest.mark.parametrize("rewards", [[], [1.0]])
-def test_group_mean_advantages_needs_two_rewards(rewards):
+@pytest.mark.parametrize(
+    ("helper", "message"),
+    [
+        (
+            group_mean_advantages,
+            "group_mean_advantages needs at least two rewards to form a group",
+        ),
+        (
+            leave_one_out_baseline,
+            "leave_one_out_baseline needs at least two rewards to form a group",
+        ),
+    ],
+    ids=["group_mean_advantages", "leave_one_out_baseline"],
+)
+def test_a_group_needs_two_rewards(helper, message, rewards):
     with pytest.raises(ValueError) as caught:
-        group_mean_advantages(rewards)
-    assert str(caught.value) == "group_mean_advantages needs at least two rewards to form a group"
+        helper(rewards)
+    assert str(caught.value) == message
 
 
 def test_all_zero():
@@ -60,13 +74,6 @@ def test_leave_one_out_baseline():
     assert leave_one_out_baseline([3.0, 1.0]) == [2.0, -2.0]
     # 6 - (1 + 2) / 2 = 4.5 ; 1 - 8 / 2 = -3 ; 2 - 7 / 2 = -1.5
     assert leave_one_out_baseline([6.0, 1.0, 2.0]) == [4.5, -3.0, -1.5]
-
-
-@pytest.mark.parametrize("rewards", [[], [1.0]])
-def test_leave_one_out_baseline_needs_two_rewards(rewards):
-    with pytest.raises(ValueError) as caught:
-        leave_one_out_baseline(rewards)
-    assert str(caught.value) == "leave_one_out_baseline needs at least two rewards to form a group"
 
 
 def test_length_normalize():

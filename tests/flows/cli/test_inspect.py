@@ -10,6 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 from flowtest_cli import CONSOLE_SCRIPT
+from flowtest_distill import small_distill_config
 
 from flows.cli.inspection import (
     ApiJournal,
@@ -19,10 +20,8 @@ from flows.cli.inspection import (
     run_report,
 )
 from flows.cli.main import main
-from flows.distill.config import DistillationConfig
 from flows.distill.flow import distillation_flow
 from flows.distill.metrics import DistillationResult
-from tasks.retry import TaskRetrySettings
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
@@ -128,17 +127,12 @@ def finished(embedded_server: EmbeddedWhitney) -> Iterator[DistillationResult]:
     server."""
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("WHITNEY_API_KEY", embedded_server.api_key)
-        config = DistillationConfig(
-            api_url=embedded_server.url,
-            base_model="local/nano",
+        config = small_distill_config(
+            embedded_server.url,
             cycles=3,
             prompts_per_cycle=3,
-            samples_per_prompt=2,
-            max_tokens=8,
-            teacher_chunk_size=2,
             checkpoint_every=2,
             eval_fraction=0.02,
-            task_retry=TaskRetrySettings(retries=2, delay_s=0.05, max_delay_s=0.2, jitter=0.1),
         )
         yield distillation_flow(config)
 
@@ -195,13 +189,10 @@ def test_inspect_lists_every_seq_id_of_the_journal_once(
     assert kinds == ["save_weights_for_sampler"] + ["logprobs"] * 3
 
 
+@pytest.mark.usefixtures("wide_terminal")
 def test_inspect_one_cycle_as_json_and_as_tables(
-    finished: DistillationResult,
-    whitney: EmbeddedWhitney,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    finished: DistillationResult, whitney: EmbeddedWhitney, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("COLUMNS", "250")
     report = inspect_json(capsys, finished.run_id, "--cycle", "1", "--api-url", whitney.url)
     assert [group["cycle"] for group in report["groups"]] == [1]
     assert main(["inspect", finished.run_id, "--api-url", whitney.url]) == 0
@@ -227,13 +218,10 @@ def test_the_data_directory_gives_the_same_report_as_the_api(
     assert from_disk == from_api
 
 
+@pytest.mark.usefixtures("wide_terminal")
 def test_runs_lists_the_sessions_and_runs_with_their_status(
-    finished: DistillationResult,
-    whitney: EmbeddedWhitney,
-    capsys: pytest.CaptureFixture[str],
-    monkeypatch: pytest.MonkeyPatch,
+    finished: DistillationResult, whitney: EmbeddedWhitney, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("COLUMNS", "250")
     assert main(["runs", "--json", "--api-url", whitney.url]) == 0
     sessions = {s["session_id"]: s for s in json.loads(capsys.readouterr().out)["sessions"]}
     session = sessions[finished.session_id]

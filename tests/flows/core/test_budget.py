@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from flowtest_distill import small_distill_config, small_sft_teacher
+from flowtest_helpers import assert_finished
 
 from blocks import WhitneyCredentials
 from flows.core.budget import BudgetGuard, flow_cost_model
@@ -160,9 +161,7 @@ def test_a_budget_stops_the_flow_at_the_right_cycle_with_everything_closed(
     # stopped cleanly: saved, exported, finished, closed
     assert result.checkpoint.endswith(f"/states/cycle-{ran - 1}")
     assert len(result.adapter.sha256) == 64
-    session = inspector.get_session(result.session_id)
-    assert session.status == "closed"
-    assert {inspector.get_run(run_id).status for run_id in session.run_ids or []} == {"finished"}
+    assert_finished(inspector, result.session_id)
 
 
 def test_the_sft_teachers_tokens_count_toward_the_distillation_budget(
@@ -185,9 +184,7 @@ def test_the_sft_teachers_tokens_count_toward_the_distillation_budget(
     assert result.cycles == []
     assert result.budget_stop is not None and "stopped before cycle 0" in result.budget_stop
     assert f"{sft_tokens:,} tokens used" in result.budget_stop
-    session = inspector.get_session(result.session_id)
-    assert session.status == "closed"
-    assert {inspector.get_run(run_id).status for run_id in session.run_ids or []} == {"finished"}
+    assert_finished(inspector, result.session_id)
 
 
 def test_the_rl_flow_stops_on_its_budget_after_the_first_cycle(
@@ -207,6 +204,4 @@ def test_the_rl_flow_stops_on_its_budget_after_the_first_cycle(
     assert result.cost == pytest.approx(prices.cost(result.usage))
     assert result.cycles[0].cost == pytest.approx(result.cost)
     assert result.checkpoint.endswith("/states/cycle-0")
-    session = inspector.get_session(result.session_id)
-    assert session.status == "closed"
-    assert {inspector.get_run(run_id).status for run_id in session.run_ids or []} == {"finished"}
+    assert_finished(inspector, result.session_id)

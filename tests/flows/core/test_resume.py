@@ -155,12 +155,9 @@ def test_retried_flow_run_resumes_from_its_latest_checkpoint(
     assert names[6:] == ["cycle-4", "cycle-5", "cycle-6"]  # the retry
 
 
+@pytest.mark.usefixtures("fail_once_at_cycle_5")
 def test_in_process_flow_retry_resumes_and_releases_the_earlier_run(
-    whitney: EmbeddedWhitney,
-    resumable: RLConfig,
-    undisturbed: RLResult,
-    inspector: WhitneyClient,
-    fail_once_at_cycle_5: Path,
+    resumable: RLConfig, undisturbed: RLResult, inspector: WhitneyClient
 ) -> None:
     """A flow with retries runs no failure hook between attempts: the retry itself releases
     the earlier attempt's run before resuming."""

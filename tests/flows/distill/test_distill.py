@@ -9,12 +9,12 @@ from collections.abc import Iterator
 
 import pytest
 from flowtest_distill import make_teacher_checkpoint, max_in_flight, recorded_span_s
+from flowtest_settings import QUICK_RECOVERY
 
 from flows.cli.inspection import ApiJournal, cycle_groups
 from flows.distill.config import DistillationConfig
 from flows.distill.flow import distillation_flow
 from flows.distill.metrics import DistillationResult
-from tasks.retry import TaskRetrySettings
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 
@@ -57,9 +57,7 @@ def config(journal: ApiJournal, slow_server: EmbeddedWhitney) -> DistillationCon
         max_tokens=24,
         teacher_chunk_size=4,
         checkpoint_every=0,
-        task_retry=TaskRetrySettings(retries=3, delay_s=0.05, max_delay_s=0.5, jitter=0.2),
-        cycle_retries=1,
-        cleanup_timeout_s=30,
+        **QUICK_RECOVERY,
     )
 
 

@@ -4,7 +4,7 @@ refused before any session opens on each that does not."""
 from __future__ import annotations
 
 import pytest
-from flowtest_helpers import assert_executed_once_in_order, flow_run_sessions
+from flowtest_helpers import assert_executed_once_in_order, assert_finished, flow_run_sessions
 from flowtest_recipe_helpers import REFUSED, SERVED, journaled
 
 from flows.core.config import ConfigError
@@ -46,10 +46,7 @@ def test_recipe_runs_three_cycles(
         elif loss in CLIPPED:
             assert "clip_low_threshold" not in inputs
             assert set(payload["loss_config"]) >= {"clip_low_threshold", "clip_high_threshold"}
-    session = inspector.get_session(result.session_id)
-    assert session.status == "closed"
-    runs = [inspector.get_run(run_id) for run_id in session.run_ids or []]
-    assert {run.status for run in runs} == {"finished"}
+    runs = assert_finished(inspector, result.session_id)
     assert len(runs) == 1 + len(recipe.auxiliary_runs)
     for run in runs:
         if run.run_id != result.run_id:

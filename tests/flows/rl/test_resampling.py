@@ -8,12 +8,11 @@ import random
 
 import pytest
 from flowtest_helpers import assert_executed_once_in_order
-from flowtest_recipe_helpers import journaled
+from flowtest_recipe_helpers import journaled, replay_after_one_failure
 
 from flows.core.environments import Completion
 from flows.core.environments.lowercase import LowercaseEnvironment
 from flows.core.seeds import derive_seed
-from flows.core.sequenced_client import SequencedClient
 from flows.rl.batch import Group, GroupScore, resample_uniform_groups
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
@@ -135,28 +134,15 @@ def test_a_cycle_failing_after_resampling_replays_exactly(
     config = base_config(
         small_config, "test_resampling:HalfUniform", concurrent_sampling=False, loss="ppo"
     )
-    undisturbed = rl_flow(config)
-
-    execute = SequencedClient.execute
     resample_seeds = {derive_seed(config.seed, 1, index, 1) for index in range(4)}
-    failed: list[int] = []
 
-    def fail_once_after_a_resample(self, run_id, kind, payload, **options):
-        operation = execute(self, run_id, kind, payload, **options)
+    def a_resample(kind: str, payload: dict) -> bool:
         seed = payload.get("sampling_params", {}).get("seed")
-        if kind == "sample" and seed in resample_seeds and not failed:
-            failed.append(operation.seq_id)
-            raise RuntimeError("injected: cycle 1 fails after a resample")
-        return operation
+        return kind == "sample" and seed in resample_seeds
 
-    monkeypatch.setattr(SequencedClient, "execute", fail_once_after_a_resample)
-    state = rl_flow(config, return_state=True)
-    monkeypatch.undo()
-
-    assert state.is_completed(), state.message
+    # cycle 1 fails after its first resample
+    undisturbed, _, result, failed = replay_after_one_failure(config, monkeypatch, a_resample, 1)
     assert failed
-    result = state.result()
-    assert result.adapter.sha256 == undisturbed.adapter.sha256
     assert [(c.groups_resampled, c.groups_dropped) for c in result.cycles] == [
         (c.groups_resampled, c.groups_dropped) for c in undisturbed.cycles
     ]

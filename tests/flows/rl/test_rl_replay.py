@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 from flowtest_helpers import assert_executed_once_in_order, subflow_runs, task_runs_of
+from flowtest_recipe_helpers import replay_after_one_failure
 
 from flows.rl import recipes
 from flows.rl.config import RLConfig
@@ -22,26 +23,16 @@ def test_cycle_failing_after_forward_backward_replays_exactly(
     pipelined: bool,
 ) -> None:
     small_config = small_config.model_copy(update={"pipelined": pipelined})
-    undisturbed = rl_flow(small_config)
-
-    execute = operations._execute  # what every operation task runs, submitted or not
-    backward_calls: list[int] = []
-
-    def fail_once_after_second_forward_backward(connection, run_id, kind, *args, **options):
-        operation = execute(connection, run_id, kind, *args, **options)
-        if kind == "forward_backward":
-            backward_calls.append(operation.seq_id)
-            if len(backward_calls) == 2:
-                raise RuntimeError("injected: cycle 1 fails after its forward_backward")
-        return operation
-
-    monkeypatch.setattr(operations, "_execute", fail_once_after_second_forward_backward)
-    state = rl_flow(small_config, return_state=True)
-    monkeypatch.undo()
-
-    assert state.is_completed(), state.message
-    result = state.result()
-    assert result.adapter.sha256 == undisturbed.adapter.sha256
+    # cycle 1 fails after its forward_backward (the second), in operations._execute: what
+    # every operation task runs, submitted or not
+    undisturbed, state, result, backward_calls = replay_after_one_failure(
+        small_config,
+        monkeypatch,
+        lambda kind, payload: kind == "forward_backward",
+        2,
+        owner=operations,
+        name="_execute",
+    )
     assert [cycle.reward_mean for cycle in result.cycles] == [
         cycle.reward_mean for cycle in undisturbed.cycles
     ]
