@@ -229,6 +229,17 @@ class SequencedClient:
         """`calls` submitted together on a reserved block of seq ids; their operations."""
         return self.collect(self.submit(run_id, calls))
 
+    def run_calls(self, run_id: str, calls: Sequence[Call], together: bool) -> list[wire.Operation]:
+        """`calls` on the run's next seq ids: submitted together as one block (`together`) or
+        one after another; the same ids and, the server executing in seq order, the same
+        results either way."""
+        if together:
+            return self.run_block(run_id, calls)
+        return [
+            self.execute(run_id, call.kind, call.payload, sampler_id=call.sampler_id)
+            for call in calls
+        ]
+
     def cancel_behind_failure(self, run_id: str) -> None:
         """Cancel the run whose block failed for good, so nothing waits behind the failure."""
         try:

@@ -77,15 +77,11 @@ def sampler_block(
     """save_weights_for_sampler named `name`, then one `kind` call per payload on it: one
     submitted block (`together`; the sampler is named, so its calls queue before it answers)
     or one call after another, with the same seq ids either way. The calls' results."""
-    if together:
-        calls = [Call("save_weights_for_sampler", {"name": name})]
-        calls += [Call(kind, payload, name) for payload in payloads]
-        operations = client.run_block(run_id, calls)
-        operations[0].result_as(wire.SamplerResult)
-        return [operation.result or {} for operation in operations[1:]]
-    sampler = client.execute(run_id, "save_weights_for_sampler", {"name": name})
-    sampler_id = sampler.result_as(wire.SamplerResult).sampler_id
-    return [client.sampler_operation(run_id, sampler_id, kind, payload) for payload in payloads]
+    calls = [Call("save_weights_for_sampler", {"name": name})]
+    calls += [Call(kind, payload, name) for payload in payloads]
+    operations = client.run_calls(run_id, calls, together)
+    operations[0].result_as(wire.SamplerResult)
+    return [operation.result or {} for operation in operations[1:]]
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,6 @@ checkpoint that precedes the failure (`tasks.resume`).
 
 from __future__ import annotations
 
-import functools
 import statistics
 import time
 from collections.abc import Sequence
@@ -83,21 +82,6 @@ from flows.rl.plan import RLPlan, check_rl_config, load_rl_plan
 from tasks.names import cycle_name
 from whitney import wire
 from whitney.payloads import adamw_optimizer
-
-
-def sample_groups(
-    client: SequencedClient,
-    run_id: str,
-    sampler_id: str,
-    requests: list[dict[str, Any]],
-    concurrent: bool,
-) -> list[dict[str, Any]]:
-    """One sample result per request: submitted together on a reserved block of seq ids, or
-    one after another (the same ids either way)."""
-    if concurrent:
-        calls = [Call("sample", request, sampler_id) for request in requests]
-        return [operation.result or {} for operation in client.run_block(run_id, calls)]
-    return [client.sampler_operation(run_id, sampler_id, "sample", request) for request in requests]
 
 
 def cycle_metrics(
@@ -185,10 +169,7 @@ def run_tail(
     calls = tail_calls(
         cycle, payload, optimizer, checkpoint=checkpoint, publish_next=pipelined and not last
     )
-    if pipelined:
-        operations = client.run_block(run_id, calls)
-    else:
-        operations = [client.execute(run_id, call.kind, call.payload) for call in calls]
+    operations = client.run_calls(run_id, calls, together=pipelined)
     by_kind = {operation.kind: operation for operation in operations}
     saved = by_kind.get("save_state")
     published = by_kind.get("save_weights_for_sampler")
@@ -222,12 +203,25 @@ def run_cycle(
     if sampler_id is None:
         sampler_id = publish_sampler(client, run_id, cycle, named=config.pipelined)
     prompts, requests = plan.sample_requests(cycle)
-    samples = sample_groups(client, run_id, sampler_id, requests, config.concurrent_sampling)
-    resample = functools.partial(
-        sample_groups, client, run_id, sampler_id, concurrent=config.concurrent_sampling
-    )
+
+    def sample(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One sample result per request, on the next seq ids: submitted together, or one
+        after another (the same ids either way)."""
+        calls = [Call("sample", request, sampler_id) for request in requests]
+        operations = client.run_calls(run_id, calls, together=config.concurrent_sampling)
+        return [operation.result or {} for operation in operations]
+
     batch = build_training_batch(
-        plan, client, cycle, run_id, sampler_id, prompts, requests, samples, resample, auxiliary
+        plan,
+        client,
+        cycle,
+        run_id,
+        sampler_id,
+        prompts,
+        requests,
+        sample(requests),
+        sample,
+        auxiliary,
     )
     checkpoint = checkpoint_due(cycle, config.checkpoint_every, config.cycles)
     if checkpoint:
