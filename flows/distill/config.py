@@ -9,7 +9,7 @@ from pydantic import Field, field_validator
 
 from flows.core.config import BudgetField, FlowConfig, PricesField
 from flows.core.task_runner_settings import TaskRunnerSettings
-from flows.sft.config import SFTConfig
+from flows.sft.config import EvalFraction, SFTConfig
 from tasks.names import CHECKPOINT_URI
 
 LOSS_FUNCTION = "importance_sampling"
@@ -58,13 +58,7 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
         description="prompts=corpus: a JSONL file of {prompt, completion} objects; empty: the "
         "built-in corpus (312 Q/A pairs about 24 animals)",
     )
-    eval_fraction: float = Field(
-        default=0.1,
-        ge=0,
-        le=0.5,
-        description="prompts=corpus: share held out for the eval loss (0: none); the same "
-        "split as an SFT flow on the same data",
-    )
+    eval_fraction: EvalFraction = 0.1  # with prompts=corpus
     prompts_per_cycle: int = Field(default=8, ge=1, le=1024, description="Prompts per cycle")
     samples_per_prompt: int = Field(
         default=4, ge=1, le=256, description="Completions the student samples per prompt"

@@ -9,11 +9,25 @@ shared `cycles` field is hidden from the form and refused when given. `checkpoin
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from flows.core.config import FlowConfig, checkpoint_every_field
 from flows.sft.schedules import ScheduleName
+
+EvalFraction = Annotated[
+    float,
+    Field(
+        ge=0,
+        le=0.5,
+        description="Share of the examples held out for the eval loss (0: no eval); the split "
+        "depends on the examples' text only, not on the seed, so SFT and a distillation on the "
+        "same data hold out the same examples",
+    ),
+]
+"""The `eval_fraction` of the flows that read (prompt, completion) examples."""
 
 DEFAULT_STEPS = 60
 
@@ -54,13 +68,7 @@ class SFTConfig(FlowConfig):
     warmup_steps: int = Field(
         default=5, ge=0, le=10_000_000, description="Steps of linear warmup up to learning_rate"
     )
-    eval_fraction: float = Field(
-        default=0.1,
-        ge=0,
-        le=0.5,
-        description="Share of the examples held out for the eval loss (0: no eval); the "
-        "split depends on the examples' text only, not on the seed",
-    )
+    eval_fraction: EvalFraction = 0.1
     eval_every: int = Field(
         default=10,
         ge=1,
