@@ -4,8 +4,8 @@
 `sampler_operation`), but every call is a retried Prefect task whose seq id comes from the
 cycle's `SeqLedger`: extra calls a recipe makes take the next ids in order, so a replayed cycle
 makes them again with the same ids. The flows make their calls through the same object, one
-at a time (`execute`) or as a block submitted together (`run_block`): the one way every flow
-and task runner submits concurrent operations.
+at a time (`execute`), as a block submitted together (`run_block`: the one way every flow and
+task runner submits concurrent operations), or either, by a flag (`run_calls`).
 
 Seq ids: a `SeqLedger` hands out each run's ids in order from a known start. A cycle starts
 at the id where the previous one ended and allocates in a deterministic order (a block
