@@ -1,5 +1,5 @@
 """The RL flow: the ordered loop skeleton of Whitney's Loop building blocks, one subflow run
-per cycle (the outer loop: flows.core.cycle_loop).
+per cycle (the outer loop: flows.core.cycles).
 
     rl_flow(config)                       resume point (tasks.resume), open_session
                                           (labelled), create_run (from_checkpoint if resuming),
@@ -10,7 +10,7 @@ per cycle (the outer loop: flows.core.cycle_loop).
         rewards, advantages, build_loss   (recipe calls through ctx take the next ids)
         [resampling, finish_cycle]        flows.rl.batch: uniform groups resampled or dropped;
                                           the recipe's cycle end (a critic's update)
-        forward_backward, optim_step      the tail (flows.rl.pipeline): pipelined, submitted
+        forward_backward, optim_step      the tail (run_tail, below): pipelined, submitted
         [save_state cycle-{n}]            together with the checkpoint when one is due and
         [save_weights_for_sampler]        the next cycle's sampler, named cycle-{n+1}
       save_state cycle-{n-1}, export_lora, finish_run, close_session
@@ -192,7 +192,7 @@ def run_cycle(
     """The loop body of one cycle, every call through `client` (the cycle's ledger).
 
     `sampler_id`: the sampler the previous cycle published (pipelined); None: this cycle
-    publishes its own first. The tail is `flows.rl.pipeline.run_tail`. `auxiliary`: the runs
+    publishes its own first. The tail is `run_tail`. `auxiliary`: the runs
     the recipe declared (their seq ids are in the ledger too); the middle of the cycle
     (scores, resampling, build_loss, the recipe's finish_cycle) is `flows.rl.batch`.
     """

@@ -1,5 +1,5 @@
 """The SFT flow: the Loop building blocks' single-pass loop without sampling, one subflow run
-per cycle (the outer loop: flows.core.cycle_loop).
+per cycle (the outer loop: flows.core.cycles).
 
     sft_flow(config)                      check the config and data (fail closed), resume
                                           point, open_session (labelled), create_run
