@@ -44,6 +44,19 @@ SAMPLER_OPERATION_DOCS: dict[str, str] = {
 }
 
 
+def execute_operation(
+    connection: WhitneyConnection,
+    run_id: str,
+    kind: str,
+    seq_id: int,
+    payload: dict,
+    sampler_id: str | None = None,
+) -> wire.Operation:
+    """What every operation task runs: the call on seq id `seq_id`, until it is terminal."""
+    client = client_for(connection)
+    return client.execute(run_id, kind, payload, seq_id=seq_id, sampler_id=sampler_id)
+
+
 def operation_task(fn: Any, kind: str, doc: str) -> Task[..., wire.Operation]:
     """`fn` as the task of `kind`: named `kind`, its runs `{kind}[seq={seq_id}]`."""
     fn.__name__ = fn.__qualname__ = kind
@@ -57,7 +70,7 @@ def run_operation_task(kind: str, doc: str) -> Task[..., wire.Operation]:
     def run_operation(
         connection: WhitneyConnection, run_id: str, seq_id: int, payload: dict
     ) -> wire.Operation:
-        return client_for(connection).execute(run_id, kind, payload, seq_id=seq_id)
+        return execute_operation(connection, run_id, kind, seq_id, payload)
 
     return operation_task(run_operation, kind, doc)
 
@@ -68,8 +81,7 @@ def sampler_operation_task(kind: str, doc: str) -> Task[..., wire.Operation]:
     def sampler_operation(
         connection: WhitneyConnection, run_id: str, sampler_id: str, seq_id: int, payload: dict
     ) -> wire.Operation:
-        client = client_for(connection)
-        return client.execute(run_id, kind, payload, seq_id=seq_id, sampler_id=sampler_id)
+        return execute_operation(connection, run_id, kind, seq_id, payload, sampler_id)
 
     return operation_task(sampler_operation, kind, doc)
 

@@ -79,7 +79,7 @@ def replay_after_one_failure(
 ) -> Replay:
     """Run the flow undisturbed, then with its cycle failing once right after the `count`-th
     call of `owner.name` (an execute taking `kind` and `payload`, as `SequencedClient.execute`
-    and `tasks.operations._execute` do) for which `fails_after(kind, payload)` holds was
+    and `tasks.operations.execute_operation` do) for which `fails_after(kind, payload)` holds was
     answered: the flow completes (the failed cycle is retried and replays) with the adapter of
     the undisturbed run."""
     undisturbed = rl_flow(config)

@@ -1,6 +1,7 @@
 """What an RL flow run leaves for people: a metrics JSON line and one artifact (its metrics
-and operations) per cycle, a progress artifact at 100 %, and a markdown summary naming the checkpoint, the
-exported adapter and the command that exports it, and the reward over the first and last cycles."""
+and operations) per cycle, a progress artifact at 100 %, and a markdown summary naming the
+checkpoint, the exported adapter and the command that exports it, and the reward over the first
+and last cycles."""
 
 from __future__ import annotations
 

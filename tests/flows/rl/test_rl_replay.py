@@ -23,15 +23,15 @@ def test_cycle_failing_after_forward_backward_replays_exactly(
     pipelined: bool,
 ) -> None:
     small_config = small_config.model_copy(update={"pipelined": pipelined})
-    # cycle 1 fails after its forward_backward (the second), in operations._execute: what
-    # every operation task runs, submitted or not
+    # cycle 1 fails after its forward_backward (the second), in operations.execute_operation:
+    # what every operation task runs, submitted or not
     undisturbed, state, result, backward_calls = replay_after_one_failure(
         small_config,
         monkeypatch,
         lambda kind, payload: kind == "forward_backward",
         2,
         owner=operations,
-        name="_execute",
+        name="execute_operation",
     )
     assert [cycle.reward_mean for cycle in result.cycles] == [
         cycle.reward_mean for cycle in undisturbed.cycles
