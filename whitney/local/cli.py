@@ -18,6 +18,7 @@ from whitney.local.config import (
     DEFAULT_GAP_TIMEOUT_S,
     ServerConfig,
     api_keys_from_env,
+    api_keys_from_file,
     default_data_dir,
     generate_api_key,
 )
@@ -58,6 +59,19 @@ def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
+def keys_from_file(path: Path | None) -> list[str]:
+    """The keys of `--api-keys-file` (none without one); ServerStartError naming the flag."""
+    if path is None:
+        return []
+    try:
+        return api_keys_from_file(path)
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = getattr(exc, "strerror", None) or str(exc)
+        raise ServerStartError(f"--api-keys-file: cannot read {str(path)!r}: {reason}") from None
+    except ValueError as exc:
+        raise ServerStartError(f"--api-keys-file: {exc}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -73,12 +87,19 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"journal, checkpoints and artifacts (default: {default_data_dir()})",
     )
     parser.add_argument(
+        "--api-keys-file",
+        type=Path,
+        metavar="FILE",
+        help=f"accepted API keys, one a line, one tenant each; also ${API_KEYS_ENV} "
+        "(comma-separated); with neither, a fresh key is generated and printed",
+    )
+    parser.add_argument(
         "--api-key",
         action="append",
         default=[],
         metavar="KEY",
-        help=f"an accepted API key, one tenant each; repeatable; also ${API_KEYS_ENV} "
-        "(comma-separated); with none, a fresh key is generated and printed",
+        help="an accepted API key (repeatable; for tests: other users of this machine see "
+        "the command line)",
     )
     faults = parser.add_argument_group("fault injection (off by default)")
     faults.add_argument(
@@ -119,6 +140,12 @@ def main(argv: list[str] | None = None) -> int:
     if args_list and args_list[0] == "serve":
         args_list = args_list[1:]
     args = build_parser().parse_args(args_list)
+    if args.api_key:
+        print(
+            f"{PROG}: warning: --api-key is visible to other users of this machine (ps); "
+            f"prefer ${API_KEYS_ENV} or --api-keys-file",
+            file=sys.stderr,
+        )
     logging.basicConfig(
         level=args.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -126,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_dependencies()
         data_dir = check_data_dir(args.data_dir or default_data_dir())
-        keys = [*args.api_key, *api_keys_from_env()]
+        keys = [*args.api_key, *api_keys_from_env(), *keys_from_file(args.api_keys_file)]
         generated = not keys
         if generated:
             keys = [generate_api_key()]
@@ -158,7 +185,10 @@ def main(argv: list[str] | None = None) -> int:
     shown_host = f"[{host}]" if ":" in host else host
     server = make_uvicorn(create_app(service), args.host, port, log_level=args.log_level)
     if generated:
-        print(f"API key (generated for this start; pass --api-key to choose one): {keys[0]}")
+        print(
+            f"API key (generated for this start; set ${API_KEYS_ENV} or --api-keys-file to "
+            f"choose one): {keys[0]}"
+        )
     print(
         f"Whitney embedded server ready at http://{shown_host}:{port} "
         f"(data dir {data_dir}, {len(keys)} API key{'s' if len(keys) != 1 else ''}); "

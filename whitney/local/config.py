@@ -24,6 +24,16 @@ def api_keys_from_env(environ: dict[str, str] | None = None) -> list[str]:
     return [key.strip() for key in raw.split(",") if key.strip()]
 
 
+def api_keys_from_file(path: Path) -> list[str]:
+    """The keys of a keys file: one a line; blank lines and `#` comments skipped. OSError if
+    it cannot be read, ValueError if it holds no key."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    keys = [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+    if not keys:
+        raise ValueError(f"{path} holds no API key (one a line)")
+    return keys
+
+
 def default_data_dir() -> Path:
     """The user's data directory for the embedded server: $XDG_DATA_HOME/whitney-flows/local."""
     base = os.environ.get("XDG_DATA_HOME") or os.path.join(
