@@ -163,8 +163,13 @@ def validate_payload(kind: str, payload: dict[str, Any]) -> RequestModel:
     return model.model_validate(payload)
 
 
+SEQ_ID_LIMIT = 2**63
+"""seq ids are JSON integers below this (they fit a signed 64-bit integer)."""
+SeqId = Annotated[StrictInt, Field(ge=1, lt=SEQ_ID_LIMIT)]
+
+
 class OperationRequest(RequestModel):
-    seq_id: int = Field(ge=1)
+    seq_id: SeqId
     kind: str
     payload: dict[str, Any] = Field(default_factory=dict)
 

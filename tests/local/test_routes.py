@@ -17,7 +17,6 @@ from .helpers import (
     assert_error,
     datum,
     forward,
-    http,
     new_run,
     new_session,
     post_op,
@@ -32,18 +31,6 @@ RL = forward(
     [datum([1, 2, 3], [4, 5, 6], logprobs=[-5.0, -5.0, -5.0], advantages=[1.0, -1.0, 0.5])],
     "importance_sampling",
 )
-
-
-@pytest.fixture
-def api(embedded_server):
-    with http(embedded_server) as client:
-        yield client
-
-
-@pytest.fixture
-def other(embedded_server):
-    with http(embedded_server, embedded_server.api_keys[1]) as client:
-        yield client
 
 
 def all_routes(run_id: str = "run-x", session_id: str = "sess-x") -> list[tuple[str, str]]:

@@ -13,16 +13,17 @@ import json
 import logging
 from collections.abc import Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
 import anyio.to_thread
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response
 from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from whitney import wire
 from whitney.errors import (
     InternalError,
     InvalidDatum,
@@ -269,7 +270,10 @@ def create_app(service: WhitneyService) -> FastAPI:
 
     @app.get("/v1/training/runs/{run_id}/operations/{seq_id}")
     async def get_operation(
-        request: Request, run_id: str, seq_id: int, wait_s: float = 0.0
+        request: Request,
+        run_id: str,
+        seq_id: Annotated[int, Path(ge=1, lt=wire.SEQ_ID_LIMIT)],
+        wait_s: float = 0.0,
     ) -> Response:
         if not 0 <= wait_s < float("inf"):
             return error_response(
@@ -279,7 +283,10 @@ def create_app(service: WhitneyService) -> FastAPI:
 
     @app.get("/v1/training/runs/{run_id}/operations")
     async def list_operations(
-        request: Request, run_id: str, after_seq: int = 0, limit: int | None = None
+        request: Request,
+        run_id: str,
+        after_seq: Annotated[int, Query(ge=0, lt=wire.SEQ_ID_LIMIT)] = 0,
+        limit: int | None = None,
     ) -> Response:
         return await call(request, service.list_operations, run_id, after_seq, limit)
 

@@ -506,8 +506,6 @@ class WhitneyService:
                 f"sampler_id: invalid sampler id {sampler_id!r}", details={"field": "sampler_id"}
             )
         kind, seq_id = request.kind, request.seq_id
-        if seq_id >= 2**63:
-            raise InvalidRequest("seq_id: must fit in 64 bits", details={"field": "seq_id"})
         providers.check_route(kind, sampler_id is not None, run_id)
         try:
             model = wire.validate_payload(kind, request.payload)
