@@ -16,6 +16,8 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 from prefect import Flow
+from prefect.server.api.server import SubprocessASGIServer
+from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
 from pydantic import SecretStr
 from rich.console import Console
 from rich.table import Table
@@ -69,6 +71,11 @@ def launch_flow(
             metrics_path = Path(stack.enter_context(TemporaryDirectory())) / "metrics.jsonl"
         update = {"api_url": connection.base_url, "metrics_path": str(metrics_path)}
         config = config.model_copy(update=update)
+        try:
+            start_ephemeral_prefect(console)
+        except RuntimeError as error:
+            print(f"{prog}: {prefect_start_failure(error)}", file=sys.stderr)
+            return EXIT_FLOW_FAILED
         started = time.monotonic()
         try:
             with progress(metrics_path, console):
@@ -102,3 +109,25 @@ def start_embedded_server(stack: ExitStack, console: Console) -> WhitneyConnecti
         f"Embedded Whitney server at {server.url} (data: {server.data_dir})", soft_wrap=True
     )
     return WhitneyConnection(base_url=server.url, api_key=SecretStr(server.api_key))
+
+
+def start_ephemeral_prefect(console: Console) -> None:
+    """With no PREFECT_API_URL, start Prefect's ephemeral API server now (the flow run reuses
+    it), so that a server that does not come up fails here, as one line, not inside the flow.
+    Raises RuntimeError (Prefect's) when it does not."""
+    if PREFECT_API_URL.value():
+        return
+    console.print("Starting Prefect's ephemeral API server", soft_wrap=True)
+    SubprocessASGIServer().start()
+
+
+def prefect_start_failure(error: RuntimeError) -> str:
+    """The line to print when Prefect's ephemeral server did not start: Prefect's first
+    sentence (its server's output follows it) and what to do."""
+    reason = str(error).split(" stdout:", 1)[0].strip()
+    timeout = PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
+    return (
+        f"Prefect did not start: {reason} (waited {timeout} s: raise"
+        " PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or set PREFECT_API_URL to a running"
+        " `prefect server start`)"
+    )

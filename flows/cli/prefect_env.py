@@ -29,12 +29,15 @@ PREFECT_ENV_DEFAULTS: dict[str, str] = {
     "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
     "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "180",
     **SERVER_SETTINGS,
 }
 """Set unless the user set them: the progress bar replaces Prefect's per-task console lines
 (the Prefect API still gets every log), the ephemeral server does not phone home and batches
 its writes (`SERVER_SETTINGS`), and the Prefect client sends no usage data and prints no
-first-run telemetry notice."""
+first-run telemetry notice; the ephemeral server may take 3 minutes to start (Prefect's 20 s
+is too short for a first start, which creates and migrates its database, on a slow or busy
+machine: CI once timed out there)."""
 
 
 def set_prefect_env_defaults(environ: MutableMapping[str, str] = os.environ) -> None:

@@ -192,7 +192,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             with stack.whitney_client() as client:
                 return bool(client.capabilities().providers)
 
-        wait_for("the Prefect server", prefect_up, timeout=90, evidence=stack.evidence)
+        wait_for("the Prefect server", prefect_up, timeout=180, evidence=stack.evidence)
         wait_for("the Whitney server", whitney_up, timeout=90, evidence=stack.evidence)
 
         def cli(name: str, *argv: str, extra_env: dict[str, str] | None = None) -> str:

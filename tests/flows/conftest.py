@@ -24,7 +24,7 @@ from whitney.local import EmbeddedWhitney
 @pytest.fixture(scope="session", autouse=True)
 def prefect_harness() -> Iterator[None]:
     """One temporary Prefect API (SQLite) for every flow test: it takes seconds to start."""
-    with prefect_test_harness(server_startup_timeout=60):
+    with prefect_test_harness(server_startup_timeout=180):
         yield
 
 

@@ -9,6 +9,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from flowtest_cli import CONSOLE_SCRIPT
@@ -25,7 +26,11 @@ MARGIN = 2.0
 def run_script(*arguments: str, **variables: str) -> tuple[int, str, str, float]:
     """The console script as a user runs it, without any WHITNEY_API_* variable but
     `variables`: (exit code, stdout, stderr, wall seconds)."""
-    environment = {k: v for k, v in os.environ.items() if not k.startswith("WHITNEY_API_")}
+    environment = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("WHITNEY_API_") and k != "PREFECT_API_URL"
+    }
     started = time.monotonic()
     completed = subprocess.run(
         [str(CONSOLE_SCRIPT), *arguments],
@@ -94,6 +99,23 @@ def test_a_refused_key_is_one_line_naming_whitney_api_key(
     assert wrong_key not in err
     assert elapsed < DEADLINE_S * MARGIN, elapsed
     assert len(whitney_client.list_sessions()) == sessions
+
+
+def test_a_prefect_that_does_not_start_is_one_line_and_exit_1(tmp_path: Path) -> None:
+    variables = {
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "XDG_DATA_HOME": str(tmp_path / "data"),
+        "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "0",
+    }
+    code, out, err, _ = run_script("run", "rl", "--cycles", "1", **variables)
+    assert code == 1
+    assert "Starting Prefect's ephemeral API server" in out
+    assert err == (
+        "whitney-flows run rl: Prefect did not start: Timed out while attempting to connect to"
+        " ephemeral Prefect API server. (waited 0 s: raise"
+        " PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, or set PREFECT_API_URL to a running"
+        " `prefect server start`)\n"
+    )
 
 
 def test_the_url_from_the_environment_is_named_as_such(
