@@ -91,6 +91,13 @@ class IdempotencyConflict(Conflict):
     type = "idempotency_conflict"
 
 
+class PayloadTooLarge(WhitneyError):
+    """A request body over the server's `max_body_bytes`."""
+
+    type = "payload_too_large"
+    status = 413
+
+
 class Unprocessable(WhitneyError):
     """A 422: the payload is well formed but the provider refuses it."""
 
@@ -114,6 +121,27 @@ class UnsupportedBaseModel(Unprocessable):
     """A base model the provider does not serve (or, for `hf:` models, has not cached)."""
 
     type = "unsupported_base_model"
+
+
+class LimitExceeded(Unprocessable):
+    """A request over one of the server's limits (capabilities `limits`); details name the
+    field, the limit and the value."""
+
+    type = "limit_exceeded"
+
+
+class NonFiniteResult(Unprocessable):
+    """The operation would have produced a non-finite loss, gradient, weight or logprob; it
+    failed and the run's state is what it was before it."""
+
+    type = "non_finite"
+
+
+class OperationCancelled(WhitneyError):
+    """The operation's run was cancelled (or its session closed) before it ended."""
+
+    type = "cancelled"
+    status = 409
 
 
 class RateLimited(WhitneyError):
@@ -162,10 +190,14 @@ ERRORS_BY_TYPE: dict[str, type[WhitneyError]] = {
         SeqGap,
         RunNotActive,
         IdempotencyConflict,
+        PayloadTooLarge,
         InvalidDatum,
         UnsupportedLoss,
         InvalidLossConfig,
         UnsupportedBaseModel,
+        LimitExceeded,
+        NonFiniteResult,
+        OperationCancelled,
         RateLimited,
         InternalError,
         Unavailable,
@@ -174,7 +206,15 @@ ERRORS_BY_TYPE: dict[str, type[WhitneyError]] = {
 
 ERRORS_BY_STATUS: dict[int, type[WhitneyError]] = {
     cls.status: cls
-    for cls in (InvalidRequest, Unauthorized, NotFound, Conflict, Unprocessable, RateLimited)
+    for cls in (
+        InvalidRequest,
+        Unauthorized,
+        NotFound,
+        Conflict,
+        PayloadTooLarge,
+        Unprocessable,
+        RateLimited,
+    )
 }
 """Each 4xx status to the most general class answered with it (a 5xx is a ServerError)."""
 

@@ -315,6 +315,8 @@ class ProviderCapabilities(ResponseModel):
 class Capabilities(ResponseModel):
     api_version: str
     providers: dict[str, ProviderCapabilities]
+    limits: dict[str, int] = Field(default_factory=dict)
+    """The server's request limits by name (docs/api.md, Limits); empty when it states none."""
 
 
 class ErrorDetail(ResponseModel):

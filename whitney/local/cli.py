@@ -29,6 +29,7 @@ from whitney.local.embedded import (
     check_dependencies,
     make_uvicorn,
 )
+from whitney.local.limits import LIMIT_HELP, Limits
 
 PROG = "whitney-flows serve"
 EXIT_START_FAILURE = 2
@@ -52,6 +53,13 @@ def _positive(text: str) -> float:
     value = float(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return value
 
 
@@ -101,6 +109,24 @@ def build_parser() -> argparse.ArgumentParser:
         help="an accepted API key (repeatable; for tests: other users of this machine see "
         "the command line)",
     )
+    parser.add_argument(
+        "--hf-dir",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a directory `hf:<path>` base models may be loaded from (repeatable); without "
+        "one, hf: models come only from the local Hugging Face cache",
+    )
+    limits = parser.add_argument_group("limits (docs/api.md, Limits; in the capabilities)")
+    for name, default in Limits().document().items():
+        limits.add_argument(
+            f"--{name.replace('_', '-')}",
+            type=_count,
+            default=default,
+            metavar="N",
+            help=f"{LIMIT_HELP[name]} (default: {default})",
+        )
     faults = parser.add_argument_group("fault injection (off by default)")
     faults.add_argument(
         "--latency-ms", type=_non_negative, default=0.0, help="added to every answer"
@@ -169,6 +195,8 @@ def main(argv: list[str] | None = None) -> int:
             drop_after_commit_rate=args.drop_after_commit_rate,
             fault_seed=args.fault_seed,
             gap_timeout_s=args.gap_timeout_s,
+            limits=Limits(**{name: getattr(args, name) for name in LIMIT_HELP}),
+            hf_dirs=tuple(path.expanduser().resolve() for path in args.hf_dir),
         )
         try:
             service = WhitneyService(config)

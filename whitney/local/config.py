@@ -7,6 +7,8 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from whitney.local.limits import Limits
+
 API_KEYS_ENV = "WHITNEY_LOCAL_API_KEYS"
 DEFAULT_GAP_TIMEOUT_S = 300.0
 DEFAULT_POST_WAIT_S = 2.0
@@ -54,6 +56,10 @@ class ServerConfig:
     fault_seed: int = 0
     gap_timeout_s: float = DEFAULT_GAP_TIMEOUT_S
     post_wait_s: float = DEFAULT_POST_WAIT_S
+    limits: Limits = field(default_factory=Limits)
+    hf_dirs: tuple[Path, ...] = ()
+    """Directories an `hf:<path>` base model may be loaded from (`serve --hf-dir`); besides
+    them, `hf:<repo id>` resolves only from the local Hugging Face cache."""
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)

@@ -25,6 +25,7 @@ from whitney.local.config import (
     ServerConfig,
     generate_api_key,
 )
+from whitney.local.limits import Limits
 
 STARTUP_TIMEOUT_S = 20.0
 
@@ -119,6 +120,7 @@ class EmbeddedWhitney:
         fault_seed: int = 0,
         gap_timeout_s: float = DEFAULT_GAP_TIMEOUT_S,
         post_wait_s: float = DEFAULT_POST_WAIT_S,
+        limits: Limits | None = None,
         host: str = "127.0.0.1",
     ) -> None:
         self._given_data_dir = Path(data_dir) if data_dir is not None else None
@@ -132,6 +134,7 @@ class EmbeddedWhitney:
             "fault_seed": fault_seed,
             "gap_timeout_s": gap_timeout_s,
             "post_wait_s": post_wait_s,
+            "limits": limits or Limits(),
         }
         self.data_dir: Path | None = None
         self.port: int | None = None

@@ -10,6 +10,7 @@ from typing import Any
 
 from whitney import losses
 from whitney.errors import InvalidDatum, InvalidRequest, UnsupportedLoss
+from whitney.local.limits import Limits
 from whitney.wire import (
     RUN_OPERATION_KINDS,
     RUN_OPERATIONS,
@@ -24,15 +25,20 @@ CRITIC_LOSSES: frozenset[str] = frozenset({"ppo_critic", "ppo"})
 CRITIC_INPUTS: tuple[str, ...] = ("values", "returns")
 
 
-def capabilities(base_models: list[str], max_lora_rank: int) -> dict[str, Any]:
-    """The capabilities document: never a loss list (Whitney forwards loss_function as is)."""
+def capabilities(base_models: list[str], max_lora_rank: int, limits: Limits) -> dict[str, Any]:
+    """The capabilities document: never a loss list (Whitney forwards loss_function as is);
+    the server's request limits, so that a client can plan its batches."""
     provider = {
         "base_models": list(base_models),
         "max_lora_rank": max_lora_rank,
         "run_operations": list(RUN_OPERATIONS),
         "sampler_operations": list(SAMPLER_OPERATIONS),
     }
-    return {"api_version": "1", "providers": {name: dict(provider) for name in PROVIDERS}}
+    return {
+        "api_version": "1",
+        "providers": {name: dict(provider) for name in PROVIDERS},
+        "limits": limits.document(),
+    }
 
 
 def check_run_role(provider: str, role: str) -> None:

@@ -171,7 +171,7 @@ class WhitneyService:
     def capabilities(self) -> dict[str, Any]:
         engine = self._engine()
         max_rank = int(getattr(engine, "MAX_LORA_RANK", DEFAULT_MAX_LORA_RANK))
-        return providers.capabilities(list(engine.BASE_MODELS), max_rank)
+        return providers.capabilities(list(engine.BASE_MODELS), max_rank, self.config.limits)
 
     def _engine(self) -> Any:
         try:
