@@ -131,7 +131,7 @@ def test_invalid_datums_name_index_and_tensor(mutate, field) -> None:
         )
     assert err.value.type == "invalid_datum"
     assert "data[1]" in err.value.message and field in err.value.message
-    assert err.value.details == {"index": 1, "field": field}
+    assert err.value.details == {"datum": 1, "tensor": field}
 
 
 def test_invalid_loss_config_and_run_arguments() -> None:

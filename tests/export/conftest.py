@@ -9,10 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 
-from .helpers import export, new_trained_run
+from .helpers import export, new_client, new_trained_run
 
 
 @dataclass(frozen=True)
@@ -21,10 +20,6 @@ class Exported:
     sampler_id: str
     peft_dir: Path
     merged_dir: Path
-
-
-def new_client(server: EmbeddedWhitney) -> WhitneyClient:
-    return WhitneyClient(server.url, server.api_key, backoff_base=0.01, backoff_max=0.1)
 
 
 @pytest.fixture

@@ -12,11 +12,17 @@ import torch
 from flows.cli.main import main
 from whitney.client import WhitneyClient
 from whitney.datums import sft_datum
+from whitney.local import EmbeddedWhitney
 from whitney.tokenizers import BOS_ID, EOS_ID, VOCAB_SIZE, ByteTokenizer
 
 BYTES = ByteTokenizer()
 PAIRS = [("Number: ", "42"), ("n=", "7"), ("Digits: ", "123"), ("x = ", "9000")]
 """What the run learns, in the flows' SFT layout (BOS + prompt, completion + EOS)."""
+
+
+def new_client(server: EmbeddedWhitney) -> WhitneyClient:
+    """A client of `server` with short backoffs."""
+    return WhitneyClient(server.url, server.api_key, backoff_base=0.01, backoff_max=0.1)
 
 
 def prompt_tokens(text: str) -> list[int]:

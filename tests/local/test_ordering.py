@@ -234,11 +234,11 @@ def test_save_state_then_load_state_and_from_checkpoint_reproduce_exactly(embedd
         assert shas[0] == shas[1] == shas[2]
 
         missing = f"whitney://runs/{run_id}/states/nope"
-        op = post_op(api, fresh, 7, "load_state", {"checkpoint": missing}).json()
-        op = wait_op(api, fresh, 7) if op["status"] == "pending" else op
-        assert op["status"] == "failed" and op["error"]["type"] == "not_found"
+        response = post_op(api, fresh, 7, "load_state", {"checkpoint": missing})
+        assert_error(response, 404, "not_found", "payload.checkpoint")  # before journaling
+        assert api.get(f"/v1/training/runs/{fresh}").json()["next_seq_id"] == 7
         assert_error(
-            post_op(api, fresh, 8, "load_state", {"checkpoint": "/etc/passwd"}),
+            post_op(api, fresh, 7, "load_state", {"checkpoint": "/etc/passwd"}),
             400,
             "invalid_request",
             "checkpoint",

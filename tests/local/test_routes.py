@@ -379,17 +379,9 @@ def test_named_samplers_and_states(api):
     assert_error(post_op(api, run_id, 4, "save_state", {"name": "best"}), 409, "seq_conflict")
     assert_error(post_op(api, run_id, 4, "save_state", {"name": ".."}), 400, "invalid_request")
     assert_error(post_op(api, run_id, 4, "save_state", {"name": "a/b"}), 400, "invalid_request")
-    missing = run_op_failed(api, run_id, 4, "sample", sample_request([1], 1, 2), "nope")
-    assert missing["error"]["type"] == "not_found"
-
-
-def run_op_failed(api, run_id, seq, kind, payload, sampler_id=None) -> dict:
-    response = post_op(api, run_id, seq, kind, payload, sampler_id)
-    assert response.status_code == 200, response.text
-    op = wait_op(api, run_id, seq)
-    assert op["status"] == "failed", op
-    assert set(op["error"]) == {"type", "message", "details"}
-    return op
+    missing = post_op(api, run_id, 4, "sample", sample_request([1], 1, 2), "nope")
+    assert_error(missing, 404, "not_found", "nope")  # before journaling: seq_id 4 is unused
+    assert api.get(f"/v1/training/runs/{run_id}").json()["next_seq_id"] == 4
 
 
 def test_operation_request_errors(api):
@@ -483,10 +475,17 @@ def test_datum_errors_name_the_datum_and_the_tensor(api):
         "invalid_datum",
         "data[0]",
     )
-    # the engine's own check (a token beyond the vocabulary) fails the operation
+    # the engine's own check (a token beyond the vocabulary) refuses it before journaling
     huge = datum([1, 2], [3, 100000])
-    op = run_op_failed(api, run_id, 1, "forward", forward([huge], "cross_entropy"))
-    assert op["error"]["type"] == "invalid_datum"
+    error = assert_error(
+        post_op(api, run_id, 1, "forward", forward([huge], "cross_entropy")),
+        422,
+        "invalid_datum",
+        "data[0]",
+        "vocabulary",
+    )
+    assert error["details"] == {"datum": 0, "tensor": "target_tokens"}
+    assert api.get(f"/v1/training/runs/{run_id}").json()["next_seq_id"] == 1
 
 
 @pytest.mark.parametrize(

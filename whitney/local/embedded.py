@@ -121,6 +121,7 @@ class EmbeddedWhitney:
         gap_timeout_s: float = DEFAULT_GAP_TIMEOUT_S,
         post_wait_s: float = DEFAULT_POST_WAIT_S,
         limits: Limits | None = None,
+        hf_dirs: tuple[Path, ...] = (),
         host: str = "127.0.0.1",
     ) -> None:
         self._given_data_dir = Path(data_dir) if data_dir is not None else None
@@ -135,6 +136,7 @@ class EmbeddedWhitney:
             "gap_timeout_s": gap_timeout_s,
             "post_wait_s": post_wait_s,
             "limits": limits or Limits(),
+            "hf_dirs": tuple(Path(d).resolve() for d in hf_dirs),
         }
         self.data_dir: Path | None = None
         self.port: int | None = None

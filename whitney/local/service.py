@@ -49,6 +49,7 @@ from whitney.local.journal import (
     canonical_json,
     render_operation,
 )
+from whitney.local.limits import check_labels, check_payload, check_pending, check_seq_window
 
 log = logging.getLogger("whitney.local")
 
@@ -62,6 +63,7 @@ DEFAULT_LIST_LIMIT = 100
 RUN_TERMINAL = wire.RUN_TERMINAL
 OP_TERMINAL = wire.OPERATION_TERMINAL
 HF_PREFIX = "hf:"  # `hf:<repo id>` base models go to the engine, which loads them offline
+HF_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,13 @@ def _new_id(prefix: str) -> str:
 
 def _valid_name(name: str) -> bool:
     return bool(NAME.match(name)) and name not in (".", "..")
+
+
+def _journaled_before(worker: RunWorker, seq_id: int) -> bool:
+    """Whether every seq_id of the worker's run before `seq_id` is journaled (the caller
+    holds `worker.cond`): below the frontier all are; past it, pending or terminal ones."""
+    known = worker.tickets.keys() | worker.terminal_ahead
+    return all(seq in known for seq in range(worker.frontier, seq_id))
 
 
 def _engine_module() -> Any:
@@ -242,6 +251,7 @@ class WhitneyService:
         return self.get_session(tenant, session_id)
 
     def _insert_session(self, tenant: str, request: wire.SessionCreate) -> str:
+        check_labels(request.labels, self.config.limits)
         session_id = _new_id("sess")
         self.journal.insert_session(session_id, tenant, request.labels)
         return session_id
@@ -306,6 +316,7 @@ class WhitneyService:
                 f"session {request.session_id} is closed: it accepts no new run",
                 details={"session_id": request.session_id},
             )
+        check_labels(request.labels, self.config.limits)
         providers.check_run_role(request.provider, request.role)
         engine = self._engine()
         base_models = tuple(engine.BASE_MODELS)
@@ -315,6 +326,8 @@ class WhitneyService:
                 f"{', '.join(base_models)}, or hf:<repo id> from the local Hugging Face cache)",
                 details={"field": "base_model"},
             )
+        if request.base_model.startswith(HF_PREFIX):
+            self._check_hf_source(request.base_model)
         max_rank = int(getattr(engine, "MAX_LORA_RANK", DEFAULT_MAX_LORA_RANK))
         if request.lora_rank > max_rank:
             raise InvalidRequest(
@@ -383,6 +396,24 @@ class WhitneyService:
         if self.journal.get_session(request.session_id)["status"] != "open":
             self._cancel(run_id)  # the session closed while the run was allocated
         return run_id
+
+    def _check_hf_source(self, base_model: str) -> None:
+        """An `hf:` base model is a repo id (the engine loads it from the local Hugging Face
+        cache only) or a directory under `hf_dirs`; any other name gets this one answer,
+        before the disk is looked at, so that no tenant can probe the server's files."""
+        source = base_model.removeprefix(HF_PREFIX)
+        if HF_REPO_ID.match(source) and ".." not in source:
+            return
+        path = Path(source)
+        allowed = any(path.is_relative_to(directory) for directory in self.config.hf_dirs)
+        if path.is_absolute() and ".." not in path.parts and allowed:
+            return
+        raise UnsupportedBaseModel(
+            f"base_model: {base_model!r} is not served: hf: takes a Hugging Face repo id "
+            "(owner/name) from the server's local cache, or a directory the server allows "
+            "(serve --hf-dir)",
+            details={"field": "base_model"},
+        )
 
     def _worker_exited(self, run_id: str) -> None:
         with self._workers_lock:
@@ -530,10 +561,7 @@ class WhitneyService:
                         f"run {run_id} is {worker.status}: it accepts no new operation",
                         details={"run_id": run_id, "status": worker.status},
                     )
-                providers.check_operation(run, kind, payload)
-                self._check_names(run_id, seq_id, kind, payload)
-                if kind == "load_state":
-                    self._parse_checkpoint(tenant, payload["checkpoint"], "payload.checkpoint")
+                self._check_new_operation(tenant, run, worker, seq_id, kind, sampler_id, payload)
                 submitted_at = self.journal.insert_operation(
                     run_id, seq_id, kind, sampler_id, payload_hash, payload_json
                 )
@@ -548,6 +576,81 @@ class WhitneyService:
         if ticket is not None and not self._closing.is_set():
             ticket.done.wait(self.config.post_wait_s)
         return self._render(run_id, seq_id)
+
+    def _check_new_operation(
+        self,
+        tenant: str,
+        run: dict[str, Any],
+        worker: RunWorker,
+        seq_id: int,
+        kind: str,
+        sampler_id: str | None,
+        payload: dict[str, Any],
+    ) -> None:
+        """Everything a new operation can be refused for without running it, before it is
+        journaled (the caller holds `worker.cond`): the limits, the provider's rules, names,
+        the sampler, the checkpoint, and the engine's checks of every field."""
+        run_id, limits = run["run_id"], self.config.limits
+        check_seq_window(seq_id, self.journal.get_run(run_id)["next_seq_id"], limits)
+        check_pending(len(worker.tickets), limits)
+        check_payload(kind, payload, limits)
+        providers.check_operation(run, kind, payload)
+        self._check_names(run_id, seq_id, kind, payload)
+        if sampler_id is not None:
+            self._check_sampler(worker, seq_id, sampler_id)
+        if kind == "load_state":
+            self._check_checkpoint(tenant, worker, seq_id, payload["checkpoint"])
+        engine = worker.engine
+        if engine is not None:
+            from whitney.local.engine import validation  # torch: loaded with the run's engine
+
+            validation.check_request(kind, payload, engine.role, engine.cfg)
+
+    def _check_sampler(self, worker: RunWorker, seq_id: int, sampler_id: str) -> None:
+        """A sampler that exists, or that a save_weights_for_sampler before `seq_id` will
+        produce: journaled, or possibly still to come while a seq_id before is missing."""
+        run_id, kind = worker.run_id, "save_weights_for_sampler"
+        if sampler_id in worker.samplers or not _journaled_before(worker, seq_id):
+            return
+        if self._made_before(run_id, seq_id, kind, sampler_id):
+            return
+        raise NotFound(
+            f"sampler_id: sampler {sampler_id!r} does not exist on run {worker.run_id} and no "
+            f"save_weights_for_sampler before seq_id {seq_id} produces it",
+            details={"field": "sampler_id", "sampler_id": sampler_id},
+        )
+
+    def _check_checkpoint(self, tenant: str, worker: RunWorker, seq_id: int, uri: str) -> None:
+        """A load_state checkpoint that exists, or that a save_state of this run before
+        `seq_id` will write: journaled, or possibly still to come while a seq_id before is
+        missing."""
+        field, run_id = "payload.checkpoint", worker.run_id
+        owner, name = self._parse_checkpoint(tenant, uri, field)
+        if (
+            owner == run_id
+            and self.journal.get_checkpoint(run_id, name) is None
+            and (
+                not _journaled_before(worker, seq_id)
+                or self._made_before(run_id, seq_id, "save_state", name)
+            )
+        ):
+            return
+        self.resolve_checkpoint(tenant, uri, field=field)
+
+    def _made_before(self, run_id: str, seq_id: int, kind: str, name: str) -> bool:
+        """Whether a journaled `kind` operation of the run before `seq_id` is named `name`,
+        by its payload or by default (`sampler-<seq>`, `seq-<seq>`)."""
+        named = self.journal.names_in_use(run_id, kind)
+        if name in named:
+            return named[name] < seq_id
+        default = default_sampler_id if kind == "save_weights_for_sampler" else default_state_name
+        match = re.fullmatch(r"(?:sampler|seq)-(\d+)", name)
+        if match is None or default(int(match[1])) != name:
+            return False
+        made_by = int(match[1])
+        header = self.journal.get_operation_header(run_id, made_by)
+        unnamed = made_by not in named.values()
+        return made_by < seq_id and unnamed and header is not None and header["kind"] == kind
 
     def _render(self, run_id: str, seq_id: int) -> RawJson:
         row = self.journal.get_operation(run_id, seq_id)

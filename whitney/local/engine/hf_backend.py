@@ -1,5 +1,6 @@
 """Base models `hf:<repo id or local dir>`: a Llama checkpoint from the local Hugging Face cache
-(offline), loaded through transformers into the plain-torch engine. Imported lazily."""
+(offline) or a directory, loaded through transformers into the plain-torch engine. Imported
+lazily. Which directories a tenant may name is the service's decision (`serve --hf-dir`)."""
 
 from __future__ import annotations
 
@@ -18,13 +19,29 @@ def unsupported(base_model: str, why: str) -> UnsupportedBaseModel:
     )
 
 
+def local_source(base_model: str) -> str:
+    """The directory to load an `hf:` base model from: an absolute path as given, a repo id's
+    snapshot in the local Hugging Face cache (never a directory of that name elsewhere)."""
+    source = base_model.removeprefix("hf:")
+    if source.startswith("/"):
+        return source
+    try:
+        from huggingface_hub import snapshot_download
+    except ImportError:
+        raise unsupported(base_model, "the optional `hf` extra (transformers) is missing") from None
+    try:
+        return snapshot_download(source, local_files_only=True)
+    except Exception:  # huggingface_hub raises several types for a name it does not have
+        raise unsupported(base_model, "not in the local Hugging Face cache") from None
+
+
 def load(base_model: str) -> tuple[ModelConfig, dict[str, Tensor]]:
     """Config and float32 weights (HF Llama names, untied head) of a cached Llama model."""
-    repo = base_model.removeprefix("hf:")
     try:
         from transformers import AutoConfig, AutoModelForCausalLM
     except ImportError:
         raise unsupported(base_model, "the optional `hf` extra (transformers) is missing") from None
+    repo = local_source(base_model)
     try:
         config = AutoConfig.from_pretrained(repo, local_files_only=True)
     except (OSError, ValueError):

@@ -28,6 +28,13 @@ FLOAT_INPUTS = (
     "values",
     "returns",
 )
+LOSS_INPUTS = ("target_tokens", *FLOAT_INPUTS)
+"""Every loss_inputs tensor some loss reads; any other name is refused."""
+MAX_LEARNING_RATE = 10.0
+"""An AdamW step moves each weight by about the learning rate: past this, only garbage (and
+soon non-finite weights) can come out."""
+MIN_TEMPERATURE = 1e-3
+"""Below this (0 aside, which is greedy), logits / temperature overflow float32."""
 LOSS_CONFIG_DEFAULTS: dict[str, dict[str, float]] = {
     "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "cispo": {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},
@@ -86,6 +93,19 @@ class SampleSpec:
     seed: int
 
 
+def check_request(kind: str, payload: dict[str, Any], role: str, cfg: ModelConfig) -> None:
+    """Every check of a `kind` payload the engine makes when it runs it, made before it is
+    journaled (a refusal then uses up no seq_id)."""
+    if kind in ("forward", "forward_backward"):
+        forward_request(payload, role, cfg)
+    elif kind == "optim_step":
+        hyperparameters(payload.get("optimizer") or {})
+    elif kind == "sample":
+        sample_spec(payload, 0, cfg)
+    elif kind == "logprobs":
+        logprobs_sequences(payload, cfg)
+
+
 def check_run(role: str, lora_rank: int) -> None:
     """A new run's role and LoRA rank."""
     if role not in ROLES:
@@ -125,6 +145,14 @@ def datums(data: list[dict[str, Any]], required: tuple[str, ...], cfg: ModelConf
                 f"data[{i}].input.token_ids: ids must be in [0, {cfg.vocab_size})", i, "token_ids"
             )
         loss_inputs = datum.get("loss_inputs", {})
+        for name in loss_inputs:
+            if name not in LOSS_INPUTS:
+                raise _datum_error(
+                    f"data[{i}].loss_inputs.{name} is not a tensor any loss reads "
+                    f"(known: {', '.join(LOSS_INPUTS)})",
+                    i,
+                    name,
+                )
         for name in required:
             if name not in loss_inputs:
                 raise _datum_error(
@@ -174,8 +202,8 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _datum_error(message: str, index: int, field: str) -> InvalidDatum:
-    return InvalidDatum(message, details={"index": index, "field": field})
+def _datum_error(message: str, index: int, tensor: str) -> InvalidDatum:
+    return InvalidDatum(message, details={"datum": index, "tensor": tensor})
 
 
 def loss_config(loss: str, config: dict[str, Any]) -> dict[str, float]:
@@ -201,6 +229,12 @@ def hyperparameters(optimizer: dict[str, Any]) -> dict[str, float]:
         hp[key] = float(value)
     if hp["learning_rate"] < 0 or hp["eps"] <= 0 or hp["grad_clip_norm"] < 0:
         raise InvalidRequest("optimizer: learning_rate, eps, grad_clip_norm < 0")
+    if hp["learning_rate"] > MAX_LEARNING_RATE:
+        raise InvalidRequest(
+            f"optimizer.learning_rate: {hp['learning_rate']:g} is over {MAX_LEARNING_RATE:g}, "
+            "which can only produce non-finite weights",
+            details={"field": "optimizer.learning_rate"},
+        )
     if not (0 <= hp["beta1"] < 1 and 0 <= hp["beta2"] < 1):
         raise InvalidRequest("optimizer: beta1 and beta2 must be in [0, 1)")
     return hp
@@ -227,6 +261,12 @@ def sample_spec(request: dict[str, Any], default_seed: int, cfg: ModelConfig) ->
     top_k = sp.get("top_k")
     if not (math.isfinite(temperature) and temperature >= 0):
         raise InvalidRequest("sampling_params.temperature must be >= 0")
+    if 0 < temperature < MIN_TEMPERATURE:
+        raise InvalidRequest(
+            f"sampling_params.temperature: {temperature:g} is under {MIN_TEMPERATURE:g} (use "
+            "top_k 1 for greedy decoding): logits / temperature would overflow",
+            details={"field": "sampling_params.temperature"},
+        )
     if not 0 < top_p <= 1:
         raise InvalidRequest("sampling_params.top_p must be in (0, 1]")
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
