@@ -1,6 +1,7 @@
 """The HTTP face of the embedded Whitney (FastAPI): every route of docs/api.md.
 
-Handlers parse and authenticate, run the service call in a worker thread, and answer JSON.
+Handlers parse and authenticate, run the service call in a worker thread, await on the event
+loop any wait it asks for (a long-poll holds no thread), and answer JSON.
 Every refusal is `{"error": {"type", "message", "details"}}`; FastAPI's own validation and
 routing errors are rewritten into that body; an unexpected exception is logged here and
 answered 500 `internal` with a short message, never a traceback.
@@ -34,7 +35,7 @@ from whitney.errors import (
 )
 from whitney.local.api_errors import error_object
 from whitney.local.config import MAX_WAIT_S
-from whitney.local.service import RawJson, WhitneyService
+from whitney.local.service import RawJson, Waiting, WhitneyService
 
 log = logging.getLogger("whitney.local.app")
 
@@ -179,13 +180,17 @@ def create_app(service: WhitneyService) -> FastAPI:
         body: bool = False,
         wrap: Callable[[Any], Response] | None = None,
     ) -> Response:
-        """Authenticate, parse the body if asked, run `fn(tenant, *args[, body])` in a thread."""
+        """Authenticate, parse the body if asked, and run `fn(tenant, *args[, body])` in a
+        thread; a `Waiting` answer is awaited on the event loop, then rendered in a thread."""
         try:
             tenant = service.authenticate(request.headers.get("authorization"))
             call_args: list[Any] = [tenant, *args]
             if body:
                 call_args.append(await _read_json(request))
             result = await run_in_threadpool(fn, *call_args)
+            if isinstance(result, Waiting):
+                await service.wait(result)
+                result = await run_in_threadpool(service.render_waited, result)
         except WhitneyError as exc:
             return error_response(exc)
         except Exception:
