@@ -100,7 +100,8 @@ class TenantGate:
         if count >= cap:
             what = "long-polls" if long_poll else "requests"
             raise RateLimited(
-                f"this API key has {count} {what} in flight, the server's {name}: retry later",
+                f"this API key already has {count} {what} in flight, the server's {name}; "
+                f"retry after {RETRY_AFTER_S:g} s",
                 details={"limit": name, "max": cap},
                 retry_after=RETRY_AFTER_S,
             )
