@@ -49,10 +49,11 @@ class ServedWhitney:
 
 
 @contextmanager
-def served(tmp_path: Path, *flags: str) -> Iterator[ServedWhitney]:
+def served(tmp_path: Path, *flags: str, keys: tuple[str, ...] = KEYS) -> Iterator[ServedWhitney]:
     """`python -m whitney.local serve --port 0 FLAGS` with a fresh data directory under
-    `tmp_path`, until the block ends (SIGTERM, then SIGKILL after 30 s)."""
-    env = os.environ | {"WHITNEY_LOCAL_API_KEYS": ",".join(KEYS)}
+    `tmp_path` and the API keys `keys`, until the block ends (SIGTERM, then SIGKILL after
+    30 s)."""
+    env = os.environ | {"WHITNEY_LOCAL_API_KEYS": ",".join(keys)}
     argv = [sys.executable, "-m", "whitney.local", "serve", "--port", "0"]
     argv += ["--data-dir", str(tmp_path / "served-data"), *flags]
     log = tmp_path / "served.log"
@@ -60,7 +61,7 @@ def served(tmp_path: Path, *flags: str) -> Iterator[ServedWhitney]:
         process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
         url = _wait_ready(process, log)
-        server = ServedWhitney(url, process)
+        server = ServedWhitney(url, process, keys)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not server.alive():
             assert time.monotonic() < deadline, "the served Whitney did not answer"

@@ -1,6 +1,8 @@
 """The HTTP face of the embedded Whitney (FastAPI): every route of docs/api.md.
 
-Handlers parse and authenticate, run the service call in a worker thread, and answer JSON.
+Handlers authenticate, admit the call under the tenant's caps (`fairness.TenantGate`: 429
+`rate_limited` past them), parse, run the service call in one of the tenant's worker threads,
+await on the event loop any wait it asks for (a long-poll holds no thread), and answer JSON.
 Every refusal is `{"error": {"type", "message", "details"}}`; FastAPI's own validation and
 routing errors are rewritten into that body; an unexpected exception is logged here and
 answered 500 `internal` with a short message, never a traceback.
@@ -19,7 +21,6 @@ import anyio.to_thread
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, Response
-from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -34,7 +35,8 @@ from whitney.errors import (
 )
 from whitney.local.api_errors import error_object
 from whitney.local.config import MAX_WAIT_S
-from whitney.local.service import RawJson, WhitneyService
+from whitney.local.fairness import TenantGate
+from whitney.local.service import RawJson, Waiting, WhitneyService
 
 log = logging.getLogger("whitney.local.app")
 
@@ -146,6 +148,7 @@ def create_app(service: WhitneyService) -> FastAPI:
         openapi_url=None,
     )
     faults = service.faults
+    gate = TenantGate(service.config.limits)
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_: Request, exc: RequestValidationError) -> Response:
@@ -178,14 +181,21 @@ def create_app(service: WhitneyService) -> FastAPI:
         *args: Any,
         body: bool = False,
         wrap: Callable[[Any], Response] | None = None,
+        long_poll: bool = False,
     ) -> Response:
-        """Authenticate, parse the body if asked, run `fn(tenant, *args[, body])` in a thread."""
+        """Authenticate, admit (against the tenant's long-poll cap if `long_poll`, else its
+        request cap), parse the body if asked, and run `fn(tenant, *args[, body])` in a thread;
+        a `Waiting` answer is awaited on the event loop, then rendered in a thread."""
         try:
             tenant = service.authenticate(request.headers.get("authorization"))
-            call_args: list[Any] = [tenant, *args]
-            if body:
-                call_args.append(await _read_json(request))
-            result = await run_in_threadpool(fn, *call_args)
+            with gate.admit(tenant, long_poll):
+                call_args: list[Any] = [tenant, *args]
+                if body:
+                    call_args.append(await _read_json(request))
+                result = await gate.run_sync(tenant, fn, *call_args)
+                if isinstance(result, Waiting):
+                    await service.wait(result)
+                    result = await gate.run_sync(tenant, service.render_waited, result)
         except WhitneyError as exc:
             return error_response(exc)
         except Exception:
@@ -279,7 +289,10 @@ def create_app(service: WhitneyService) -> FastAPI:
             return error_response(
                 InvalidRequest(f"wait_s: must be >= 0, got {wait_s}", details={"field": "wait_s"})
             )
-        return await call(request, service.get_operation, run_id, seq_id, min(wait_s, MAX_WAIT_S))
+        wait_s = min(wait_s, MAX_WAIT_S)
+        return await call(
+            request, service.get_operation, run_id, seq_id, wait_s, long_poll=wait_s > 0
+        )
 
     @app.get("/v1/training/runs/{run_id}/operations")
     async def list_operations(

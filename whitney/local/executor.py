@@ -28,6 +28,7 @@ from whitney.errors import (
     WhitneyError,
 )
 from whitney.local.api_errors import error_object
+from whitney.local.fairness import DoneEvent
 from whitney.local.journal import Journal
 
 log = logging.getLogger("whitney.local.executor")
@@ -74,7 +75,7 @@ class Ticket:
     payload: dict[str, Any]
     submitted_at: str = ""
     submitted: float = field(default_factory=time.monotonic)
-    done: threading.Event = field(default_factory=threading.Event)
+    done: DoneEvent = field(default_factory=DoneEvent)  # long-polls subscribe to it
     running: bool = False
     final: dict[str, Any] | None = None  # the terminal operation, once done
 

@@ -1,6 +1,7 @@
 """The Whitney service behind the HTTP app: sessions, runs, operations, artifacts.
 
-Everything here is plain Python called from worker threads; every refusal raises the
+Everything here is plain Python called from worker threads (but `wait`, awaited on the HTTP
+layer's event loop so that a long-poll holds no thread); every refusal raises the
 `whitney.errors` class of its docs/api.md error type. The HTTP layer (`app.py`) only parses,
 authenticates and serialises (refusals included).
 """
@@ -42,6 +43,7 @@ from whitney.local.executor import (
     default_sampler_id,
     default_state_name,
 )
+from whitney.local.fairness import wait_event
 from whitney.local.faults import FaultInjector
 from whitney.local.journal import (
     Journal,
@@ -71,6 +73,17 @@ class RawJson:
     """An answer already serialised (operations: the journal's JSON texts spliced together)."""
 
     text: str
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """An operation answer to give once `ticket` is done or `timeout_s` has passed: the HTTP
+    layer awaits `WhitneyService.wait(...)`, then `render_waited(...)`."""
+
+    run_id: str
+    seq_id: int
+    ticket: Ticket
+    timeout_s: float
 
 
 def tenant_of(api_key: str) -> str:
@@ -522,9 +535,9 @@ class WhitneyService:
 
     def submit_operation(
         self, tenant: str, run_id: str, sampler_id: str | None, body: Any
-    ) -> RawJson:
+    ) -> RawJson | Waiting:
         """Journal an operation (or find its stored twin) and answer once it is terminal or
-        after `post_wait_s`."""
+        after `post_wait_s` (a `Waiting` while it is not)."""
         run = self._own_run(tenant, run_id, live=True)
         if not isinstance(body, dict):
             raise InvalidRequest("body: expected a JSON object", details={"field": "body"})
@@ -573,9 +586,25 @@ class WhitneyService:
                     submitted_at=submitted_at,
                 )
                 worker.add(ticket)
-        if ticket is not None and not self._closing.is_set():
-            ticket.done.wait(self.config.post_wait_s)
-        return self._render(run_id, seq_id)
+        return self._answer(run_id, seq_id, ticket, self.config.post_wait_s)
+
+    def _answer(
+        self, run_id: str, seq_id: int, ticket: Ticket | None, wait_s: float
+    ) -> RawJson | Waiting:
+        """The operation now, or a `Waiting` while its `ticket` is not done within `wait_s`."""
+        if ticket is None or wait_s <= 0 or ticket.done.is_set() or self._closing.is_set():
+            return self._render(run_id, seq_id)
+        return Waiting(run_id, seq_id, ticket, wait_s)
+
+    async def wait(self, waiting: Waiting) -> None:
+        """On the event loop, holding no thread: until the operation is terminal, the server
+        stops (`wake_waiters`) or `waiting.timeout_s` has passed."""
+        if not self._closing.is_set():
+            await wait_event(waiting.ticket.done, waiting.timeout_s)
+
+    def render_waited(self, waiting: Waiting) -> RawJson:
+        """The operation, after `wait(waiting)`."""
+        return self._render(waiting.run_id, waiting.seq_id)
 
     def _check_new_operation(
         self,
@@ -714,7 +743,9 @@ class WhitneyService:
                 details={"name": name, "seq_id": seq_id},
             )
 
-    def get_operation(self, tenant: str, run_id: str, seq_id: int, wait_s: float) -> RawJson:
+    def get_operation(
+        self, tenant: str, run_id: str, seq_id: int, wait_s: float
+    ) -> RawJson | Waiting:
         self._own_run(tenant, run_id, live=True)
         row = self.journal.get_operation(run_id, seq_id)
         if row is None:
@@ -725,9 +756,7 @@ class WhitneyService:
         if row["status"] not in OP_TERMINAL and wait_s > 0:
             worker = self._worker(run_id)
             ticket = worker.ticket(seq_id) if worker is not None else None
-            if ticket is not None and not self._closing.is_set():
-                ticket.done.wait(min(wait_s, MAX_WAIT_S))
-            return self._render(run_id, seq_id)
+            return self._answer(run_id, seq_id, ticket, min(wait_s, MAX_WAIT_S))
         return RawJson(render_operation(row))
 
     def list_operations(
