@@ -6,16 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import signal
 import statistics
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
 
 from whitney.local import EmbeddedWhitney
 
-from .helpers import assert_error, datum, forward, http, new_run
+from .helpers import adamw, assert_error, datum, forward, http, new_run, post_op
 from .served import ServedWhitney, served
 
 CE = forward([datum([1, 2, 3], [4, 5])], "cross_entropy")
@@ -209,3 +212,30 @@ def test_stopping_the_server_answers_every_long_poll(tmp_path):
     print(f"server stopped: 16 long-polls answered within {max(a[2] for a in answers):.2f} s")
     assert all(status == 200 and op["status"] == "pending" for status, op, _ in answers)
     assert max(waited for *_, waited in answers) < POLL_WAIT_S / 2
+
+
+def test_serve_answers_its_long_polls_when_told_to_stop(tmp_path: Path) -> None:
+    """SIGTERM wakes every long-poll at once: each answers its pending operation before
+    uvicorn's 5 s graceful shutdown would drop it."""
+    with served(tmp_path, "--gap-timeout-s", "120") as server, server.client(0) as api:
+        run_id = new_run(api)["run_id"]
+        assert post_op(api, run_id, 2, "optim_step", adamw()).status_code == 200  # waits on 1
+        answers: list[tuple[int, float]] = []
+
+        def long_poll() -> None:
+            with server.client(0) as client:
+                response = client.get(f"/v1/training/runs/{run_id}/operations/2?wait_s=30")
+                answers.append((response.status_code, time.monotonic()))
+
+        polls = [threading.Thread(target=long_poll) for _ in range(8)]
+        for poll in polls:
+            poll.start()
+        time.sleep(1.0)
+        stopped = time.monotonic()
+        server.process.send_signal(signal.SIGTERM)
+        for poll in polls:
+            poll.join(30)
+    waits = [at - stopped for _, at in answers]
+    print(f"long-polls answered {min(waits):.2f} to {max(waits):.2f} s after SIGTERM")
+    assert [status for status, _ in answers] == [200] * 8
+    assert max(waits) < 4.0

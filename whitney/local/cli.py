@@ -11,7 +11,9 @@ import logging
 import signal
 import sqlite3
 import sys
+import threading
 from pathlib import Path
+from typing import Any
 
 from whitney.local.config import (
     API_KEYS_ENV,
@@ -65,6 +67,18 @@ def _count(text: str) -> int:
 
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
+
+
+def wake_waiters_on_exit(server: Any, service: Any) -> None:
+    """When uvicorn is told to stop (SIGINT, SIGTERM), wake every long-poll at once, so that
+    each answers before uvicorn's graceful shutdown instead of being dropped after it."""
+    handle_exit = server.handle_exit
+
+    def exit_and_wake(sig: int, frame: Any) -> None:
+        handle_exit(sig, frame)
+        threading.Thread(target=service.wake_waiters, name="whitney-wake", daemon=True).start()
+
+    server.handle_exit = exit_and_wake
 
 
 def keys_from_file(path: Path | None) -> list[str]:
@@ -225,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     # uvicorn stops gracefully on SIGINT / SIGTERM, then re-raises the signal under the
     # handlers found at start: make SIGTERM, like SIGINT, end here so the cleanup below runs
+    wake_waiters_on_exit(server, service)
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         server.run(sockets=[sock])
