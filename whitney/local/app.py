@@ -34,6 +34,7 @@ from whitney.errors import (
 )
 from whitney.local.api_errors import error_object
 from whitney.local.config import MAX_WAIT_S
+from whitney.local.request_body import read_json
 from whitney.local.service import RawJson, WhitneyService
 
 log = logging.getLogger("whitney.local.app")
@@ -184,7 +185,7 @@ def create_app(service: WhitneyService) -> FastAPI:
             tenant = service.authenticate(request.headers.get("authorization"))
             call_args: list[Any] = [tenant, *args]
             if body:
-                call_args.append(await _read_json(request))
+                call_args.append(await read_json(request, service.config.limits.max_body_bytes))
             result = await run_in_threadpool(fn, *call_args)
         except WhitneyError as exc:
             return error_response(exc)
@@ -307,13 +308,3 @@ def create_app(service: WhitneyService) -> FastAPI:
         app.add_middleware(LatencyMiddleware, delay_s=faults.latency_s)
     install_log_filter()
     return app
-
-
-async def _read_json(request: Request) -> Any:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"body: invalid JSON ({exc})", details={"field": "body"}) from None
