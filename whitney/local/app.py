@@ -32,6 +32,7 @@ from whitney.errors import (
     Unavailable,
     WhitneyError,
 )
+from whitney.local import openapi
 from whitney.local.api_errors import error_object
 from whitney.local.config import MAX_WAIT_S
 from whitney.local.request_body import read_json
@@ -144,8 +145,9 @@ def create_app(service: WhitneyService) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",
     )
+    openapi.install(app)
     faults = service.faults
 
     @app.exception_handler(RequestValidationError)
