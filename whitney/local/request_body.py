@@ -99,9 +99,18 @@ def parse_json(raw: bytes) -> Any:
         raise invalid("body", f"invalid JSON ({exc})") from None
     if _depth_over(raw, MAX_DEPTH):
         raise _too_deep()
-    if _SURROGATE_ESCAPE.search(raw):
+    if _SURROGATE_ESCAPE.search(raw) and not _encodable(value):
         _check_surrogates(value)
     return value
+
+
+def _encodable(value: Any) -> bool:
+    """Whether every string and key of `value` is Unicode (no lone surrogate), at C speed."""
+    try:
+        json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _integer(literal: str) -> int:
