@@ -221,3 +221,22 @@ def test_a_non_finite_number_in_an_operation_is_refused_and_leaves_next_seq_id(
     assert error["details"]["field"] == field
     after = api.get(f"/v1/training/runs/{run['run_id']}").json()
     assert after["next_seq_id"] == (2 if case == "a sampler float" else 1)
+
+
+def test_a_client_leaving_mid_body_is_no_server_error(
+    api: httpx.Client, other: httpx.Client, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = httpx.URL(str(api.base_url))
+    head = (
+        f"POST /v1/sessions HTTP/1.1\r\nHost: {url.host}\r\n"
+        f"Authorization: {api.headers['authorization']}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n"
+        '{"labels": {'
+    )
+    with caplog.at_level("ERROR", logger="whitney.local.app"):
+        with socket.create_connection((url.host, url.port), timeout=10) as conn:
+            conn.sendall(head.encode())
+            time.sleep(0.2)
+        assert_still_serving(other)
+        time.sleep(0.2)
+    assert [r for r in caplog.records if r.name == "whitney.local.app"] == []

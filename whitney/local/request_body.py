@@ -18,6 +18,7 @@ from typing import Any
 
 from fastapi import Request
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
 from whitney.errors import InvalidRequest, PayloadTooLarge
 
@@ -52,11 +53,14 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
         raise too_large(max_bytes, declared)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > max_bytes:
-            raise too_large(max_bytes, size)
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > max_bytes:
+                raise too_large(max_bytes, size)
+            chunks.append(chunk)
+    except ClientDisconnect:
+        raise invalid("body", f"the client left after {size} bytes") from None
     return b"".join(chunks)
 
 
