@@ -33,9 +33,11 @@ from whitney.errors import (
     Unavailable,
     WhitneyError,
 )
+from whitney.local import openapi
 from whitney.local.api_errors import error_object
 from whitney.local.config import MAX_WAIT_S
 from whitney.local.fairness import TenantGate
+from whitney.local.request_body import read_json
 from whitney.local.service import RawJson, Waiting, WhitneyService
 
 log = logging.getLogger("whitney.local.app")
@@ -145,8 +147,9 @@ def create_app(service: WhitneyService) -> FastAPI:
         lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
-        openapi_url=None,
+        openapi_url="/openapi.json",
     )
+    openapi.install(app)
     faults = service.faults
     gate = TenantGate(service.config.limits)
 
@@ -191,7 +194,8 @@ def create_app(service: WhitneyService) -> FastAPI:
             with gate.admit(tenant, long_poll):
                 call_args: list[Any] = [tenant, *args]
                 if body:
-                    call_args.append(await _read_json(request))
+                    max_bytes = service.config.limits.max_body_bytes
+                    call_args.append(await read_json(request, max_bytes))
                 result = await gate.run_sync(tenant, fn, *call_args)
                 if isinstance(result, Waiting):
                     await service.wait(result)
@@ -320,13 +324,3 @@ def create_app(service: WhitneyService) -> FastAPI:
         app.add_middleware(LatencyMiddleware, delay_s=faults.latency_s)
     install_log_filter()
     return app
-
-
-async def _read_json(request: Request) -> Any:
-    raw = await request.body()
-    if not raw.strip():
-        return {}
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequest(f"body: invalid JSON ({exc})", details={"field": "body"}) from None
