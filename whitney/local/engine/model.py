@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -226,6 +227,20 @@ class Attention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, None, None, None, None
 
 
+class Checkpoint(torch.autograd.Function):
+    """The identity, whose backward first calls `check` (which raises to stop the backward)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, check: Callable[[], None]):
+        ctx.check = check
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        ctx.check()
+        return grad, None
+
+
 class ExactLinear(torch.autograd.Function):
     """x @ weight.T exact in value (from `fixed`), with plain float gradients."""
 
@@ -399,20 +414,26 @@ class Llama:
         ids: Tensor,
         cache: KVCache | None = None,
         layers: list[LayerWeights] | None = None,
+        check: Callable[[], None] | None = None,
     ) -> Tensor:
         """Final-norm hidden states [B, T, hidden] of token ids [B, T]; right padding is harmless
         (causal attention never looks ahead). With a cache, continues at each row's position;
-        `layers` reuses the weights of `layer_weights()` across calls."""
+        `layers` reuses the weights of `layer_weights()` across calls. `check` is called before
+        each layer and, in the backward, after each layer's (it raises to stop the work)."""
         B, T = ids.shape
         start = torch.zeros(B, dtype=torch.long) if cache is None else cache.positions
         positions = start[:, None] + torch.arange(T)[None, :]
         x = F.embedding(ids, self.w["model.embed_tokens.weight"])
         for n, layer in enumerate(layers or self.layer_weights()):
+            if check is not None:
+                check()
             p = f"model.layers.{n}."
             attn_in = rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_eps)
             x = x + self.attention(attn_in, n, layer, positions, cache)
             mlp_in = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_eps)
             x = x + self.mlp(mlp_in, layer)
+            if check is not None and x.requires_grad:
+                x = Checkpoint.apply(x, check)
         if cache is not None:
             cache.positions += T
         return rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_eps)
