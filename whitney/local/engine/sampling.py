@@ -4,14 +4,13 @@ stop tokens; every draw by inverse CDF from a per-row generator."""
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
 from dataclasses import replace
 
 import torch
 from torch import Tensor
 
 from whitney.local.engine import exact
-from whitney.local.engine.model import KVCache, Llama
+from whitney.local.engine.model import Check, KVCache, Llama, no_check
 from whitney.local.engine.validation import SampleSpec, SamplingParams
 
 
@@ -63,16 +62,13 @@ def uniforms(spec: SampleSpec, steps: int) -> Tensor:
     return torch.nn.functional.pad(torch.stack(rows), (0, steps - spec.params.max_tokens))
 
 
-def sample(
-    model: Llama, specs: list[SampleSpec], check: Callable[[], None] | None = None
-) -> list[list[dict]]:
+def sample(model: Llama, specs: list[SampleSpec], check: Check = no_check) -> list[list[dict]]:
     """SampleResult sequences for each request, all decoded together: each prompt is prefilled
     once and shared by its samples; row r of a request draws from its own generator seeded by
     (seed, r). The engine's arithmetic is batch-invariant, so a request's result is bitwise the
     same alone or beside others, and each sampled token's logprob at temperature 1 equals the
     one a forward of the whole sequence computes. `check` is called before every token step
     (and each prefill layer); it raises to stop the decode."""
-    check = check or (lambda: None)
     cfg, steps = model.cfg, max(s.params.max_tokens for s in specs)
     prompt_lengths = torch.tensor([len(s.prompt) for s in specs])
     prompts = torch.zeros(len(specs), int(prompt_lengths.max()), dtype=torch.long)
