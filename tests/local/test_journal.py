@@ -56,11 +56,11 @@ def test_journal_rows_render_as_the_wire_operation(tmp_path):
     journal.insert_operation("run-1", 2, "sample", 's"1', "h", "{}")
     journal.mark_running("run-1", [1])
     journal.finish_operation(
-        "run-1", 1, "succeeded", result={"loss": float("nan"), "v": [1.5]}, usage={"tokens": 3}
+        "run-1", 1, "succeeded", result={"loss": -0.25, "v": [1.5]}, usage={"tokens": 3}
     )
     first = operation_dict(journal.get_operation("run-1", 1))
     assert first["status"] == "succeeded" and first["usage"] == {"tokens": 3}
-    assert first["result"]["v"] == [1.5] and first["result"]["loss"] != first["result"]["loss"]
+    assert first["result"] == {"loss": -0.25, "v": [1.5]}  # NaN: tests/local/test_non_finite.py
     second = json.loads(render_operation(journal.get_operation("run-1", 2)))
     assert second["sampler_id"] == 's"1' and second["status"] == "pending"
     assert second["result"] is None and second["usage"] == {}

@@ -6,6 +6,10 @@ waits for the gap to fill, and fails with `seq_gap` once it has waited `gap_time
 POST that submitted it had already been answered: the failure is the operation's terminal
 status, with `error.type == "seq_gap"`). Consecutive `sample` operations on one sampler run as
 one batched engine call when the engine declares batching bitwise batch-invariant.
+
+Cancelling the run (or closing its session) sets the engine's `interrupt`: the engine checks it
+at every decode step, forward chunk and layer (backward too) and raises `OperationCancelled`,
+so the running operation ends `cancelled` within a layer's or a token step's time.
 """
 
 from __future__ import annotations
@@ -22,7 +26,9 @@ from typing import Any, Protocol
 from whitney.errors import (
     InternalError,
     InvalidRequest,
+    NonFiniteResult,
     NotFound,
+    OperationCancelled,
     SeqConflict,
     SeqGap,
     WhitneyError,
@@ -54,11 +60,14 @@ class Engine(Protocol):
     """What the worker needs of `whitney.local.engine.EngineRun`."""
 
     step: int
+    interrupt: threading.Event  # set to stop the running operation (OperationCancelled)
 
     def forward(self, payload: dict, *, backward: bool) -> Any: ...
     def optim_step(self, optimizer: dict) -> Any: ...
     def save_weights_for_sampler(self, sampler_id: str) -> Any: ...
-    def sample(self, sampler_id: str, requests: list[dict], default_seeds: list[int]) -> Any: ...
+    def sample(
+        self, sampler_id: str, requests: list[dict], default_seeds: list[int]
+    ) -> list[Any]: ...
     def logprobs(self, sampler_id: str, request: dict) -> Any: ...
     def save_state(self, directory: Path) -> Any: ...
     def load_state(self, directory: Path, *, with_optimizer: bool = True) -> Any: ...
@@ -119,6 +128,8 @@ class RunWorker:
         self.role: str = run["role"]
         self.status: str = run["status"]
         self.engine: Engine | None = engine
+        self.interrupt = threading.Event()
+        engine.interrupt = self.interrupt
         self.journal = journal
         self.hooks = hooks
         self.gap_timeout_s = gap_timeout_s
@@ -157,7 +168,8 @@ class RunWorker:
                 self.cond.notify_all()
 
     def cancel(self) -> None:
-        """-> cancelling: pending operations end `cancelled`; the running one completes."""
+        """-> cancelling: pending operations end `cancelled`; the running one is interrupted
+        (it ends `cancelled` at the engine's next check, unless it completes first)."""
         with self.cond:
             if self.status not in ("ready", "allocating", "finishing"):
                 return
@@ -176,6 +188,7 @@ class RunWorker:
                             },
                         ),
                     )
+            self.interrupt.set()
             self.cond.notify_all()
 
     def stop(self, timeout: float = 30.0) -> None:
@@ -199,15 +212,13 @@ class RunWorker:
         self.journal.set_run_status(self.run_id, status, error=error)
 
     def _conclude(self, ticket: Ticket, outcome: Outcome) -> None:
-        """Journal a terminal operation and wake its waiters (the caller holds `cond`)."""
-        finished_at = self.journal.finish_operation(
-            self.run_id,
-            ticket.seq_id,
-            outcome.status,
-            result=outcome.result,
-            error=outcome.error,
-            usage=outcome.usage,
-        )
+        """Journal a terminal operation and wake its waiters (the caller holds `cond`). A result
+        that JSON cannot carry (a non-finite number) is journaled as its failure instead."""
+        try:
+            finished_at = self._journal_final(ticket, outcome)
+        except NonFiniteResult as exc:
+            outcome = Outcome("failed", error=error_object(exc))
+            finished_at = self._journal_final(ticket, outcome)
         ticket.final = {
             "status": outcome.status,
             "result": outcome.result,
@@ -222,6 +233,16 @@ class RunWorker:
             self.terminal_ahead.discard(self.frontier)
             self.frontier += 1
         ticket.done.set()
+
+    def _journal_final(self, ticket: Ticket, outcome: Outcome) -> str:
+        return self.journal.finish_operation(
+            self.run_id,
+            ticket.seq_id,
+            outcome.status,
+            result=outcome.result,
+            error=outcome.error,
+            usage=outcome.usage,
+        )
 
     def _fail_gap(self, ticket: Ticket, immediate: bool = False) -> None:
         missing = self.frontier
@@ -330,6 +351,8 @@ class RunWorker:
     ) -> list[Outcome]:
         try:
             return fn(batch)
+        except OperationCancelled:
+            return [self._cancelled_while_running(ticket) for ticket in batch]
         except WhitneyError as exc:
             error = error_object(exc)
         except Exception:
@@ -338,6 +361,10 @@ class RunWorker:
             )
             error = error_object(InternalError(f"internal error while executing {batch[0].kind}"))
         return [Outcome("failed", error=error) for _ in batch]
+
+    def _cancelled_while_running(self, ticket: Ticket) -> Outcome:
+        message = f"run {self.run_id} was cancelled while operation {ticket.seq_id} ran"
+        return Outcome("cancelled", error={"type": "cancelled", "message": message, "details": {}})
 
     @staticmethod
     def _ok(output: Any, extra: dict[str, Any] | None = None) -> Outcome:
@@ -365,7 +392,12 @@ class RunWorker:
             [ticket.payload for ticket in batch],
             [default_seed(self.run_seed, ticket.seq_id) for ticket in batch],
         )
-        return [self._ok(output) for output in outputs]
+        return [
+            Outcome("failed", error=error_object(output))
+            if isinstance(output, WhitneyError)
+            else self._ok(output)
+            for output in outputs
+        ]
 
     def _execute_one(self, ticket: Ticket) -> Outcome:
         engine = self.engine

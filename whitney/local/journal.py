@@ -18,7 +18,7 @@ from typing import Any
 
 import pydantic_core
 
-from whitney.errors import InternalError
+from whitney.errors import InternalError, NonFiniteResult
 from whitney.local.api_errors import error_object
 
 SCHEMA = """
@@ -123,11 +123,24 @@ def canonical_hash(value: Any) -> str:
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 
+NON_FINITE_TOKENS = ("NaN", "Infinity")
+
+
+def _refuse_constant(token: str) -> Any:
+    raise NonFiniteResult(
+        f"the operation's result holds a non-finite number ({token}), which JSON cannot carry",
+        details={"quantity": "result"},
+    )
+
+
 def fast_json(value: Any) -> str:
-    """Compact JSON of an engine result (pydantic-core's serialiser: several times faster than
-    `json.dumps` on long float lists; a non-finite float is written NaN / Infinity as Python's
-    json module would)."""
-    return pydantic_core.to_json(value, inf_nan_mode="constants").decode()
+    """Compact strict JSON of an engine result (pydantic-core's serialiser: several times faster
+    than `json.dumps` on long float lists). A non-finite float raises `NonFiniteResult`: the text
+    is parsed strictly again only when it holds a NaN / Infinity token (perhaps inside a string)."""
+    text = pydantic_core.to_json(value, inf_nan_mode="constants").decode()
+    if any(token in text for token in NON_FINITE_TOKENS):
+        json.loads(text, parse_constant=_refuse_constant)
+    return text
 
 
 def _dumps(value: Any) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -40,6 +41,11 @@ GROUPS = {  # projections that read the same input run as one matmul (bitwise th
     "down": PROJECTIONS[6:],
 }
 VALUE_BITS = 21  # per part of a value on its static grid; see `value_grid`
+Check = Callable[[], None]  # called between stages of the work; raises to stop it
+
+
+def no_check() -> None:
+    """The `Check` of work nothing can stop."""
 
 
 @dataclass(frozen=True)
@@ -174,7 +180,9 @@ class Values:
         return Values(self.hi[:, :, :length], self.lo[:, :, :length])
 
 
-def attention_weights_times_values(p: Tensor, values: Values, prob_bits: int) -> Tensor:
+def attention_weights_times_values(
+    p: Tensor, values: Values, prob_bits: int, check: Check = no_check
+) -> Tensor:
     """sum_j p_j v_j / sum_j p_j for p in [0, 1] (float32) [B, H, Tq, Tk], from exact sums (p
     split in hi + lo parts of prob_bits each, on grids common to all keys) combined in a fixed
     order."""
@@ -182,6 +190,7 @@ def attention_weights_times_values(p: Tensor, values: Values, prob_bits: int) ->
     p_hi = torch.round(scaled)
     p_lo = torch.round((scaled - p_hi) * 2.0**prob_bits) * 2.0**-prob_bits
     z = p_hi.sum(-1, keepdim=True) + p_lo.sum(-1, keepdim=True)
+    check()
     hi, lo = repeat_heads(values.hi, p.shape[1]), repeat_heads(values.lo, p.shape[1])
     fine = torch.matmul(p_hi, lo) + torch.matmul(p_lo, hi)
     return ((torch.matmul(p_hi, hi) + fine) / z).float()
@@ -196,15 +205,28 @@ def repeat_heads(x: Tensor, heads: int) -> Tensor:
 
 class Attention(torch.autograd.Function):
     """Causal attention of queries over fixed-point keys and values, exact in value; the
-    gradient is softmax attention's own, from the forward's probabilities."""
+    gradient is softmax attention's own, from the forward's probabilities. `check` runs
+    between the stages of the forward (long ones, for long sequences)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, keys: Tensor, values: Values, visible: Tensor, prob_bits: int):
+    def forward(
+        ctx,
+        q,
+        k,
+        v,
+        keys: Tensor,
+        values: Values,
+        visible: Tensor,
+        prob_bits: int,
+        check: Check,
+    ):
         fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
         scores = exact.matmul(fq, repeat_heads(keys, q.shape[1])) * (1.0 / math.sqrt(q.shape[-1]))
         scores = scores.masked_fill(~visible, float("-inf"))
+        check()
         p = exact.vectorized(torch.exp, scores - scores.amax(-1, keepdim=True))
-        out = attention_weights_times_values(p, values, prob_bits)
+        check()
+        out = attention_weights_times_values(p, values, prob_bits, check)
         if ctx.needs_input_grad[0]:
             z = p.double().sum(-1, keepdim=True)
             ctx.save_for_backward(q, k, v, (p.double() / z).float(), out)
@@ -223,7 +245,21 @@ class Attention(torch.autograd.Function):
         if groups > 1:
             grad_k = grad_k.unflatten(1, (-1, groups)).sum(2)
             grad_v = grad_v.unflatten(1, (-1, groups)).sum(2)
-        return grad_q, grad_k, grad_v, None, None, None, None
+        return grad_q, grad_k, grad_v, None, None, None, None, None
+
+
+class Checkpoint(torch.autograd.Function):
+    """The identity, whose backward first calls `check` (which raises to stop the backward)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, check: Check):
+        ctx.check = check
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        ctx.check()
+        return grad, None
 
 
 class ExactLinear(torch.autograd.Function):
@@ -370,7 +406,13 @@ class Llama:
         return exact.linear(x, layer.fixed[group])
 
     def attention(
-        self, x: Tensor, n: int, layer: LayerWeights, positions: Tensor, cache: KVCache | None
+        self,
+        x: Tensor,
+        n: int,
+        layer: LayerWeights,
+        positions: Tensor,
+        cache: KVCache | None,
+        check: Check = no_check,
     ) -> Tensor:
         cfg = self.cfg
         B, T, _ = x.shape
@@ -387,7 +429,7 @@ class Llama:
             keys, values = cache.write(n, k, v, layer.value_grid)
             key_positions = torch.arange(keys.shape[2]).expand(B, -1)
         visible = key_positions[:, None, None, :] <= positions[:, None, :, None]
-        y = Attention.apply(q, k, v, keys, values, visible, cfg.prob_bits)
+        y = Attention.apply(q, k, v, keys, values, visible, cfg.prob_bits, check)
         return self.linear(y.transpose(1, 2).reshape(B, T, h * d), layer, "o")
 
     def mlp(self, x: Tensor, layer: LayerWeights) -> Tensor:
@@ -399,20 +441,28 @@ class Llama:
         ids: Tensor,
         cache: KVCache | None = None,
         layers: list[LayerWeights] | None = None,
+        check: Check | None = None,
     ) -> Tensor:
         """Final-norm hidden states [B, T, hidden] of token ids [B, T]; right padding is harmless
         (causal attention never looks ahead). With a cache, continues at each row's position;
-        `layers` reuses the weights of `layer_weights()` across calls."""
+        `layers` reuses the weights of `layer_weights()` across calls. `check` is called before
+        each attention and MLP, between the attention's stages and, in the backward, after each
+        layer's (it raises to stop the work)."""
         B, T = ids.shape
         start = torch.zeros(B, dtype=torch.long) if cache is None else cache.positions
         positions = start[:, None] + torch.arange(T)[None, :]
         x = F.embedding(ids, self.w["model.embed_tokens.weight"])
+        probe = check or no_check
         for n, layer in enumerate(layers or self.layer_weights()):
+            probe()
             p = f"model.layers.{n}."
             attn_in = rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_eps)
-            x = x + self.attention(attn_in, n, layer, positions, cache)
+            x = x + self.attention(attn_in, n, layer, positions, cache, probe)
+            probe()
             mlp_in = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_eps)
             x = x + self.mlp(mlp_in, layer)
+            if check is not None and x.requires_grad:
+                x = Checkpoint.apply(x, check)
         if cache is not None:
             cache.positions += T
         return rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_eps)

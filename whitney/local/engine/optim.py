@@ -3,8 +3,21 @@ of operations), with global grad-norm clipping."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Saved:
+    """Copies of what a step changes: parameters, moments, gradients and `t`."""
+
+    params: dict[str, Tensor]
+    m: dict[str, Tensor]
+    v: dict[str, Tensor]
+    grads: dict[str, Tensor | None]
+    t: int
 
 
 class AdamW:
@@ -43,6 +56,31 @@ class AdamW:
                 p.addcdiv_(m, denom, value=-lr / bias1)
                 p.grad = None
         return float(norm)
+
+    def saved(self) -> Saved:
+        """What `restore` needs to undo the next step."""
+        return Saved(
+            {n: p.detach().clone() for n, p in self.params.items()},
+            {n: m.clone() for n, m in self.m.items()},
+            {n: v.clone() for n, v in self.v.items()},
+            {n: None if p.grad is None else p.grad.clone() for n, p in self.params.items()},
+            self.t,
+        )
+
+    def restore(self, saved: Saved) -> None:
+        """Parameters (in place), moments, gradients and `t` as `saved` holds them."""
+        with torch.no_grad():
+            for n, p in self.params.items():
+                p.copy_(saved.params[n])
+                p.grad = saved.grads[n]
+                self.m[n].copy_(saved.m[n])
+                self.v[n].copy_(saved.v[n])
+        self.t = saved.t
+
+    def finite(self) -> bool:
+        """Every parameter and moment is finite."""
+        tensors = [*self.params.values(), *self.m.values(), *self.v.values()]
+        return all(bool(torch.isfinite(t).all()) for t in tensors)
 
     def state(self) -> dict[str, Tensor]:
         """Moments as flat tensors for safetensors (`t` is kept beside, in json)."""

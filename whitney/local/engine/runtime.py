@@ -5,8 +5,10 @@ check its request first. No global RNG state is used."""
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 from collections import OrderedDict
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,7 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from whitney.errors import InvalidRequest, NotFound, UnsupportedBaseModel
+from whitney.errors import (
+    InvalidRequest,
+    NonFiniteResult,
+    NotFound,
+    OperationCancelled,
+    UnsupportedBaseModel,
+    WhitneyError,
+)
 from whitney.local.engine import checkpoint, exact, losses, validation
 from whitney.local.engine.lora import Lora
 from whitney.local.engine.model import CONFIGS, ExactLinear, Llama, ModelConfig, init_weights
@@ -64,6 +73,24 @@ def shared_if_equal(name: str, weights: dict[str, Tensor]) -> dict[str, Tensor]:
     return weights
 
 
+def non_finite(what: str) -> NonFiniteResult:
+    return NonFiniteResult(
+        f"the operation's {what} would not be finite (NaN or infinity); it was not applied and "
+        "the run's state is what it was before it",
+        details={"quantity": what},
+    )
+
+
+def require_finite(what: str, *tensors: Tensor) -> None:
+    """Raise `NonFiniteResult` naming `what` unless every element of `tensors` is finite."""
+    if not all(bool(torch.isfinite(t).all()) for t in tensors):
+        raise non_finite(what)
+
+
+def all_finite(values: Iterable[float]) -> bool:
+    return all(math.isfinite(v) for v in values)
+
+
 def collate(data: list[validation.Datum]) -> tuple[Tensor, dict[str, Tensor], list[int]]:
     """Right-pad checked datums into token ids [B, T] and loss inputs [B, T] (0 past a datum's
     end; NaN where a datum lacks an optional tensor; `weights` defaults to 1)."""
@@ -109,6 +136,7 @@ class EngineRun:
         self.snapshots: dict[int, Lora] = {}  # weights_version -> adapter snapshot
         self.samplers: dict[str, int] = {}  # sampler_id -> weights_version
         self.sampler_models: OrderedDict[int, Llama] = OrderedDict()
+        self.interrupt = threading.Event()  # set to cancel the running operation (the worker's)
 
     @classmethod
     def create(
@@ -149,28 +177,60 @@ class EngineRun:
         if self.role != "policy":
             raise InvalidRequest(f"{op}: a critic run has no sampler")
 
+    def check_interrupt(self) -> None:
+        """Raise `OperationCancelled` once `interrupt` is set (a cheap check, called often)."""
+        if self.interrupt.is_set():
+            raise OperationCancelled("the run was cancelled while this operation ran")
+
     # --- training -------------------------------------------------------------------------
 
     def forward(self, payload: dict, *, backward: bool) -> OpOutput:
         """forward / forward_backward: loss, metrics and per-token outputs; backward=True
-        accumulates gradients until the next optim_step."""
+        accumulates gradients until the next optim_step. A non-finite loss, output, metric or
+        accumulated gradient fails it with the gradients as they were before."""
         self.require_trainable("forward_backward" if backward else "forward")
         request = validation.forward_request(payload, self.role, self.cfg)
         ids, inputs, lengths = collate(request.data)
-        with torch.enable_grad() if backward else torch.no_grad():
-            per_token = self.token_outputs(ids, inputs.get("target_tokens"), lengths)
-            if self.role == "critic":
-                loss, metrics = losses.ppo_critic(per_token, inputs, request.config)
-                key = "values"
-            else:
-                loss, metrics = losses.POLICY[request.loss](per_token, inputs, request.config)
-                key = "logprobs"
+        saved = self.saved_grads() if backward else {}
+        try:
+            with torch.enable_grad() if backward else torch.no_grad():
+                per_token = self.token_outputs(ids, inputs.get("target_tokens"), lengths)
+                if self.role == "critic":
+                    loss, metrics = losses.ppo_critic(per_token, inputs, request.config)
+                    key = "values"
+                else:
+                    loss, metrics = losses.POLICY[request.loss](per_token, inputs, request.config)
+                    key = "logprobs"
+                require_finite("loss", loss)
+                require_finite(key, per_token)
+                if not all_finite(metrics.values()):
+                    raise non_finite("metrics")
+                if backward:
+                    loss.backward()
+                    require_finite("gradients", *self.grads())
+        except BaseException:
             if backward:
-                loss.backward()
+                self.restore_grads(saved)
+            raise
         outputs = [{key: per_token[i, :n].tolist()} for i, n in enumerate(lengths)]
         tokens = sum(lengths)
         usage = {"tokens": tokens} | ({"trained_tokens": tokens} if backward else {})
         return OpOutput({"loss": loss.item(), "metrics": metrics, "outputs": outputs}, usage)
+
+    def grads(self) -> list[Tensor]:
+        """The accumulated gradients (parameters without one have none yet)."""
+        return [p.grad for p in self.trainable_parameters().values() if p.grad is not None]
+
+    def saved_grads(self) -> dict[str, Tensor | None]:
+        """A copy of the accumulated gradients, for `restore_grads`."""
+        return {
+            n: None if p.grad is None else p.grad.clone()
+            for n, p in self.trainable_parameters().items()
+        }
+
+    def restore_grads(self, saved: dict[str, Tensor | None]) -> None:
+        for name, param in self.trainable_parameters().items():
+            param.grad = saved[name]
 
     def token_outputs(self, ids: Tensor, targets: Tensor | None, lengths: list[int]) -> Tensor:
         """Per-token logprobs of the targets (policy) or values (critic) [B, T]. Datums run in
@@ -179,9 +239,12 @@ class EngineRun:
         layers = self.model.layer_weights()
         parts = []
         for start in range(0, len(order), FORWARD_CHUNK):
+            self.check_interrupt()
             chunk = order[start : start + FORWARD_CHUNK]
             width = max(lengths[i] for i in chunk)
-            hidden = self.model.hidden(ids[chunk, :width], layers=layers)
+            hidden = self.model.hidden(
+                ids[chunk, :width], layers=layers, check=self.check_interrupt
+            )
             if self.role == "critic":
                 weight = self.value_head["value_head.weight"]
                 values = ExactLinear.apply(hidden, exact.weight(weight), weight)
@@ -193,10 +256,15 @@ class EngineRun:
         return torch.cat(parts)[torch.tensor(order).argsort()]
 
     def optim_step(self, optimizer: dict) -> OpOutput:
-        """One AdamW update from the accumulated gradients; clears them."""
+        """One AdamW update from the accumulated gradients; clears them. A non-finite grad norm,
+        parameter or moment fails it with everything (step and gradients too) as before."""
         self.require_trainable("optim_step")
         hp = validation.hyperparameters(optimizer)
+        saved = self.optimizer.saved()
         grad_norm = self.optimizer.step(hp)
+        if not (math.isfinite(grad_norm) and self.optimizer.finite()):
+            self.optimizer.restore(saved)
+            raise non_finite("parameters, optimizer moments or grad norm")
         self.step += 1
         self.weights_version += 1
         metrics = {"grad_norm": grad_norm, "learning_rate": hp["learning_rate"]}
@@ -230,18 +298,22 @@ class EngineRun:
 
     def sample(
         self, sampler_id: str, requests: list[dict], default_seeds: list[int]
-    ) -> list[OpOutput]:
+    ) -> list[OpOutput | WhitneyError]:
         """One SampleResult per request, all decoded together (each result is bitwise the same
-        whatever else is in `requests`)."""
+        whatever else is in `requests`); a `NonFiniteResult` in place of a request whose
+        sequences hold a non-finite logprob."""
         model = self.sampler_model(sampler_id)
         specs = [
             validation.sample_spec(request, seed, self.cfg)
             for request, seed in zip(requests, default_seeds, strict=True)
         ]
         with torch.inference_mode():
-            results = sample(model, specs)
-        outputs = []
+            results = sample(model, specs, check=self.check_interrupt)
+        outputs: list[OpOutput | WhitneyError] = []
         for spec, sequences in zip(specs, results, strict=True):
+            if not all(all_finite(s["logprobs"]) for s in sequences):
+                outputs.append(non_finite("logprobs"))
+                continue
             sampled = sum(len(s["tokens"]) for s in sequences)
             prompt = len(spec.prompt)
             usage = {
@@ -261,6 +333,7 @@ class EngineRun:
         result: list[list[float | None]] = [[None] for _ in sequences]
         with torch.inference_mode():
             for start in range(0, len(order), LOGPROBS_CHUNK):
+                self.check_interrupt()
                 chunk = [i for i in order[start : start + LOGPROBS_CHUNK] if len(sequences[i]) > 1]
                 if not chunk:
                     continue  # a single token has no logprob to report
@@ -268,10 +341,13 @@ class EngineRun:
                 ids = torch.zeros(len(chunk), width, dtype=torch.long)
                 for row, i in enumerate(chunk):
                     ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
-                logp = model.logits(model.hidden(ids)).log_softmax(-1)[:, :-1]
+                hidden = model.hidden(ids, check=self.check_interrupt)
+                logp = model.logits(hidden).log_softmax(-1)[:, :-1]
                 lp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
                 for row, i in enumerate(chunk):
-                    result[i] = [None, *lp[row, : len(sequences[i]) - 1].tolist()]
+                    values = lp[row, : len(sequences[i]) - 1]
+                    require_finite("logprobs", values)
+                    result[i] = [None, *values.tolist()]
         return OpOutput({"logprobs": result}, {"tokens": sum(len(s) for s in sequences)})
 
     # --- checkpoints ----------------------------------------------------------------------

@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from whitney.local.engine import exact
-from whitney.local.engine.model import KVCache, Llama
+from whitney.local.engine.model import Check, KVCache, Llama, no_check
 from whitney.local.engine.validation import SampleSpec, SamplingParams
 
 
@@ -62,12 +62,13 @@ def uniforms(spec: SampleSpec, steps: int) -> Tensor:
     return torch.nn.functional.pad(torch.stack(rows), (0, steps - spec.params.max_tokens))
 
 
-def sample(model: Llama, specs: list[SampleSpec]) -> list[list[dict]]:
+def sample(model: Llama, specs: list[SampleSpec], check: Check = no_check) -> list[list[dict]]:
     """SampleResult sequences for each request, all decoded together: each prompt is prefilled
     once and shared by its samples; row r of a request draws from its own generator seeded by
     (seed, r). The engine's arithmetic is batch-invariant, so a request's result is bitwise the
     same alone or beside others, and each sampled token's logprob at temperature 1 equals the
-    one a forward of the whole sequence computes."""
+    one a forward of the whole sequence computes. `check` is called before every token step
+    (and each prefill layer); it raises to stop the decode."""
     cfg, steps = model.cfg, max(s.params.max_tokens for s in specs)
     prompt_lengths = torch.tensor([len(s.prompt) for s in specs])
     prompts = torch.zeros(len(specs), int(prompt_lengths.max()), dtype=torch.long)
@@ -75,7 +76,7 @@ def sample(model: Llama, specs: list[SampleSpec]) -> list[list[dict]]:
         prompts[i, : len(spec.prompt)] = torch.tensor(spec.prompt)
     length = max(len(s.prompt) + s.params.max_tokens for s in specs)
     cache = KVCache(cfg, len(specs), length)
-    last = model.hidden(prompts, cache)[torch.arange(len(specs)), prompt_lengths - 1]
+    last = model.hidden(prompts, cache, check=check)[torch.arange(len(specs)), prompt_lengths - 1]
     owner = torch.tensor([i for i, s in enumerate(specs) for _ in range(s.num_samples)])
     logits = model.logits(last)[owner]
     cache = cache.rows(owner)
@@ -102,6 +103,7 @@ def sample(model: Llama, specs: list[SampleSpec]) -> list[list[dict]]:
     done = torch.zeros(rows, dtype=torch.bool)
     stopped = torch.zeros(rows, dtype=torch.bool)
     for t in range(steps):
+        check()
         for params, index in groups.items():
             lp = sampling_logprobs(logits[index], params)
             tok = draw(lp, u[index, t])
