@@ -20,6 +20,11 @@ PAIRS = [("Number: ", "42"), ("n=", "7"), ("Digits: ", "123"), ("x = ", "9000")]
 """What the run learns, in the flows' SFT layout (BOS + prompt, completion + EOS)."""
 
 
+FORWARD_DATUMS = 64
+"""Datums per `forward` of `server_log_probs`: 64 x 100 tokens is within the server's default
+max_tokens_per_request (16384); the chunking changes no bit of the results."""
+
+
 def new_client(server: EmbeddedWhitney) -> WhitneyClient:
     """A client of `server` with short backoffs."""
     return WhitneyClient(server.url, server.api_key, backoff_base=0.01, backoff_max=0.1)
@@ -64,7 +69,7 @@ def server_log_probs(
     client: WhitneyClient, run_id: str, tokens: list[int], vocab: int = VOCAB_SIZE
 ) -> torch.Tensor:
     """log softmax [len(tokens), vocab] of the run's current weights, from `forward`: one
-    datum per vocabulary id, that id the target at every position."""
+    datum per vocabulary id, that id the target at every position, FORWARD_DATUMS a call."""
     n = len(tokens)
     data = [
         {
@@ -76,8 +81,11 @@ def server_log_probs(
         }
         for v in range(vocab)
     ]
-    payload = {"data": data, "loss_function": "cross_entropy", "loss_config": {}}
-    outputs = client.run_operation(run_id, "forward", payload)["outputs"]
+    outputs = []
+    for start in range(0, vocab, FORWARD_DATUMS):  # within the server's tokens per request
+        chunk = data[start : start + FORWARD_DATUMS]
+        payload = {"data": chunk, "loss_function": "cross_entropy", "loss_config": {}}
+        outputs += client.run_operation(run_id, "forward", payload)["outputs"]
     return torch.tensor([output["logprobs"] for output in outputs]).T
 
 

@@ -392,6 +392,12 @@ class EngineRun:
                 raise InvalidRequest(
                     f"checkpoint {key} {meta[key]!r} does not match the run's {mine!r}",
                 )
+        require_finite(
+            "checkpoint weights or moments",
+            *ckpt.base_weights.values(),
+            *ckpt.adapter.values(),
+            *ckpt.optimizer.values(),
+        )
         self.cfg = ckpt.config
         self.base_weights = shared_if_equal(self.base_model, ckpt.base_weights)
         self.model = Llama(self.cfg, self.base_weights, self.lora)

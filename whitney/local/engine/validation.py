@@ -35,6 +35,8 @@ MAX_LEARNING_RATE = 10.0
 soon non-finite weights) can come out."""
 MIN_TEMPERATURE = 1e-3
 """Below this (0 aside, which is greedy), logits / temperature overflow float32."""
+MIN_TOP_P = 1e-6
+"""Below this, top_p rounds towards float32 0, which keeps no token at all."""
 LOSS_CONFIG_DEFAULTS: dict[str, dict[str, float]] = {
     "ppo": {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2},
     "cispo": {"clip_low_threshold": 0.0, "clip_high_threshold": 4.0},
@@ -267,8 +269,11 @@ def sample_spec(request: dict[str, Any], default_seed: int, cfg: ModelConfig) ->
             "top_k 1 for greedy decoding): logits / temperature would overflow",
             details={"field": "sampling_params.temperature"},
         )
-    if not 0 < top_p <= 1:
-        raise InvalidRequest("sampling_params.top_p must be in (0, 1]")
+    if not MIN_TOP_P <= top_p <= 1:
+        raise InvalidRequest(
+            f"sampling_params.top_p must be in [{MIN_TOP_P:g}, 1] (use top_k 1 for greedy)",
+            details={"field": "sampling_params.top_p"},
+        )
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
         raise InvalidRequest("sampling_params.top_k must be null or >= 1")
     stops = sp.get("stop_token_ids") or []
