@@ -222,7 +222,26 @@ def test_what_can_be_checked_without_running_is_refused_before_journaling(
     needles: list[str],
 ) -> None:
     response = submit(api, run_id, 2, kind, payload, sampler)
-    assert_error(response, status, type_, *needles)
+    error = assert_error(response, status, type_, *needles)
+    assert error["details"].get("field") or error["details"].get("tensor"), error
+    refused_before_journaling(server, api, run_id, response)
+
+
+def test_a_body_over_max_body_bytes_is_refused_unread(
+    server: ServedWhitney, api: httpx.Client, run_id: str
+) -> None:
+    """A forward_backward of 100k datums (12 MB; it once peaked at 10.6 GB), and a 9 MB label
+    (a 200 MB one was stored and journaled): 413 before a byte is parsed or stored."""
+    sessions = len(api.get("/v1/sessions").json()["sessions"])
+    datums = forward([datum([1], [2])] * 100_000, "cross_entropy")
+    response = submit(api, run_id, 2, "forward_backward", datums)
+    error = assert_error(response, 413, "payload_too_large", "max_body_bytes")
+    assert error["details"]["limit"] == "max_body_bytes"
+    refused_before_journaling(server, api, run_id, response)
+    label = {"labels": {"big": "x" * (9 * 1024 * 1024)}}
+    response = api.post("/v1/sessions", json=label)
+    assert_error(response, 413, "payload_too_large", "max_body_bytes")
+    assert len(api.get("/v1/sessions").json()["sessions"]) == sessions
     refused_before_journaling(server, api, run_id, response)
 
 

@@ -222,23 +222,23 @@ def loss_config(loss: str, config: dict[str, Any]) -> dict[str, float]:
 def hyperparameters(optimizer: dict[str, Any]) -> dict[str, float]:
     """The Optimizer payload with defaults filled in, validated."""
     if optimizer.get("type", "adamw") != "adamw":
-        raise InvalidRequest(f"optimizer.type {optimizer.get('type')!r}: only adamw")
+        raise _refused("optimizer.type", f"optimizer.type {optimizer.get('type')!r}: only adamw")
     hp = {}
     for key, default in OPTIMIZER_DEFAULTS.items():
         value = optimizer.get(key, default)
         if not _is_number(value) or not math.isfinite(value):
-            raise InvalidRequest(f"optimizer.{key} must be a finite number")
+            raise _refused(f"optimizer.{key}", f"optimizer.{key} must be a finite number")
         hp[key] = float(value)
     if hp["learning_rate"] < 0 or hp["eps"] <= 0 or hp["grad_clip_norm"] < 0:
-        raise InvalidRequest("optimizer: learning_rate, eps, grad_clip_norm < 0")
+        raise _refused("optimizer", "optimizer: learning_rate, eps, grad_clip_norm < 0")
     if hp["learning_rate"] > MAX_LEARNING_RATE:
-        raise InvalidRequest(
+        raise _refused(
+            "optimizer.learning_rate",
             f"optimizer.learning_rate: {hp['learning_rate']:g} is over {MAX_LEARNING_RATE:g}, "
             "which can only produce non-finite weights",
-            details={"field": "optimizer.learning_rate"},
         )
     if not (0 <= hp["beta1"] < 1 and 0 <= hp["beta2"] < 1):
-        raise InvalidRequest("optimizer: beta1 and beta2 must be in [0, 1)")
+        raise _refused("optimizer", "optimizer: beta1 and beta2 must be in [0, 1)")
     return hp
 
 
@@ -249,36 +249,39 @@ def sample_spec(request: dict[str, Any], default_seed: int, cfg: ModelConfig) ->
     n = request.get("num_samples", 1)
     max_tokens = sp.get("max_tokens")
     if not isinstance(prompt, list) or not prompt or not _token_ids(prompt, cfg):
-        raise InvalidRequest(f"prompt.token_ids: 1+ ids in [0, {cfg.vocab_size})")
+        raise _refused("prompt.token_ids", f"prompt.token_ids: 1+ ids in [0, {cfg.vocab_size})")
     if not isinstance(n, int) or n < 1:
-        raise InvalidRequest("num_samples must be a positive integer")
+        raise _refused("num_samples", "num_samples must be a positive integer")
     if not isinstance(max_tokens, int) or max_tokens < 1:
-        raise InvalidRequest("sampling_params.max_tokens must be >= 1")
+        raise _refused("sampling_params.max_tokens", "sampling_params.max_tokens must be >= 1")
     if len(prompt) + max_tokens > cfg.max_positions:
-        raise InvalidRequest(
+        raise _refused(
+            "sampling_params.max_tokens",
             f"prompt + max_tokens exceeds the model's {cfg.max_positions} positions",
         )
     temperature = float(sp.get("temperature", 1.0))
     top_p = float(sp.get("top_p", 1.0))
     top_k = sp.get("top_k")
     if not (math.isfinite(temperature) and temperature >= 0):
-        raise InvalidRequest("sampling_params.temperature must be >= 0")
+        raise _refused("sampling_params.temperature", "sampling_params.temperature must be >= 0")
     if 0 < temperature < MIN_TEMPERATURE:
-        raise InvalidRequest(
+        raise _refused(
+            "sampling_params.temperature",
             f"sampling_params.temperature: {temperature:g} is under {MIN_TEMPERATURE:g} (use "
             "top_k 1 for greedy decoding): logits / temperature would overflow",
-            details={"field": "sampling_params.temperature"},
         )
     if not MIN_TOP_P <= top_p <= 1:
-        raise InvalidRequest(
+        raise _refused(
+            "sampling_params.top_p",
             f"sampling_params.top_p must be in [{MIN_TOP_P:g}, 1] (use top_k 1 for greedy)",
-            details={"field": "sampling_params.top_p"},
         )
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise InvalidRequest("sampling_params.top_k must be null or >= 1")
+        raise _refused("sampling_params.top_k", "sampling_params.top_k must be null or >= 1")
     stops = sp.get("stop_token_ids") or []
     if not all(isinstance(t, int) for t in stops):
-        raise InvalidRequest("sampling_params.stop_token_ids must be integers")
+        raise _refused(
+            "sampling_params.stop_token_ids", "sampling_params.stop_token_ids must be integers"
+        )
     seed = sp.get("seed")
     params = SamplingParams(max_tokens, temperature, top_p, top_k, tuple(stops))
     return SampleSpec(prompt, n, params, default_seed if seed is None else int(seed))
@@ -293,10 +296,15 @@ def logprobs_sequences(request: dict[str, Any], cfg: ModelConfig) -> list[list[i
             or not 0 < len(ids) <= cfg.max_positions
             or not _token_ids(ids, cfg)
         ):
-            raise InvalidRequest(
+            raise _refused(
+                f"sequences[{i}].token_ids",
                 f"sequences[{i}].token_ids: 1..{cfg.max_positions} ids in [0, {cfg.vocab_size})",
             )
     return sequences
+
+
+def _refused(field: str, message: str) -> InvalidRequest:
+    return InvalidRequest(message, details={"field": field})
 
 
 def _token_ids(ids: list[Any], cfg: ModelConfig) -> bool:
