@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_FLOW_FAILED, EXIT_OK
+from flows.cli.watchdog import watch
 from flows.core.config import ConfigError, FlowConfig
 from flows.core.connection import EMBEDDED_URL_ENV, check_whitney
 from flows.core.endpoint import resolve_endpoint
@@ -113,12 +114,16 @@ def start_embedded_server(stack: ExitStack, console: Console) -> WhitneyConnecti
 
 def start_ephemeral_prefect(console: Console) -> None:
     """With no PREFECT_API_URL, start Prefect's ephemeral API server now (the flow run reuses
-    it), so that a server that does not come up fails here, as one line, not inside the flow.
-    Raises RuntimeError (Prefect's) when it does not."""
+    it), so that a server that does not come up fails here, as one line, not inside the flow,
+    with a watchdog that stops it if this process dies without stopping it (SIGKILL,
+    SIGTERM). Raises RuntimeError (Prefect's) when it does not start."""
     if PREFECT_API_URL.value():
         return
     console.print("Starting Prefect's ephemeral API server", soft_wrap=True)
-    SubprocessASGIServer().start()
+    server = SubprocessASGIServer()
+    server.start()
+    if server.server_process is not None:
+        watch(server.server_process.pid)
 
 
 def prefect_start_failure(error: RuntimeError) -> str:
