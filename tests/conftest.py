@@ -15,7 +15,11 @@ from whitney.local import EmbeddedWhitney
 
 @pytest.fixture(scope="session")
 def embedded_server():
-    with EmbeddedWhitney(api_keys=["test-key-tenant-a", "test-key-tenant-b"]) as server:
+    """The suite's shared server. Its sessions never expire (session_ttl_s 0): fixtures hold
+    runs across many tests with raw HTTP clients, which renew no lease; tests/local/
+    test_leases.py tries leases on servers of their own."""
+    keys = ["test-key-tenant-a", "test-key-tenant-b"]
+    with EmbeddedWhitney(api_keys=keys, session_ttl_s=0) as server:
         yield server
 
 

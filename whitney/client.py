@@ -40,6 +40,7 @@ from whitney.errors import (
     WhitneyError,
     error_for,
 )
+from whitney.leases import LeaseKeeper
 
 __all__ = ["WhitneyClient"]
 
@@ -218,6 +219,9 @@ class WhitneyClient:
         self._seq_guard = threading.Lock()
         self._seq_locks: dict[str, threading.Lock] = {}
         self._next_seq: dict[str, int] = {}
+        self._leases: LeaseKeeper | None = None
+        self._leases_asked = False
+        self._leases_lock = threading.Lock()
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -231,7 +235,9 @@ class WhitneyClient:
         self.close()
 
     def close(self) -> None:
-        """Close the connection pool. Idempotent."""
+        """Stop renewing leases and close the connection pool. Idempotent."""
+        if self._leases is not None:
+            self._leases.stop()
         self._http.close()
 
     # -- capabilities and sessions -----------------------------------------------------------
@@ -248,7 +254,27 @@ class WhitneyClient:
         response = self._send(
             "POST", "/v1/sessions", body=body, headers=self._idempotency(idempotency_key)
         )
+        session = self._parse(wire.Session, response)
+        leases = self._lease_keeper()
+        if leases is not None:
+            leases.hold(session.session_id)
+        return session
+
+    def heartbeat_session(self, session_id: str) -> wire.Session:
+        """Renew an open session's lease (a client that opened it does so by itself)."""
+        response = self._send("POST", f"/v1/sessions/{_segment(session_id)}/heartbeat")
         return self._parse(wire.Session, response)
+
+    def _lease_keeper(self) -> LeaseKeeper | None:
+        """The lease keeper, made on the first session when the server states a lease
+        (`session_ttl_s` in its capabilities); None when its sessions never expire."""
+        with self._leases_lock:
+            if not self._leases_asked:
+                ttl = self.capabilities().session_ttl_s
+                if ttl:
+                    self._leases = LeaseKeeper(self.heartbeat_session, ttl / 3)
+                self._leases_asked = True
+            return self._leases
 
     def get_session(self, session_id: str) -> wire.Session:
         return self._get_model(wire.Session, f"/v1/sessions/{_segment(session_id)}")
@@ -265,6 +291,8 @@ class WhitneyClient:
 
     def close_session(self, session_id: str) -> wire.Session:
         """Close a session; the server cancels its non-terminal runs first. Idempotent."""
+        if self._leases is not None:
+            self._leases.release(session_id)
         response = self._send("POST", f"/v1/sessions/{_segment(session_id)}/close")
         return self._parse(wire.Session, response)
 

@@ -242,6 +242,8 @@ class Session(ResponseModel):
     labels: dict[str, str] = Field(default_factory=dict)
     created_at: str
     run_ids: list[str] | None = None
+    lease_expires_at: str | None = None
+    closed_reason: str | None = None
 
 
 class SessionList(ResponseModel):
@@ -317,6 +319,9 @@ class Capabilities(ResponseModel):
     providers: dict[str, ProviderCapabilities]
     limits: dict[str, int] = Field(default_factory=dict)
     """The server's request limits by name (docs/api.md, Limits); empty when it states none."""
+    session_ttl_s: float | None = None
+    """A session's lease: a client renews it every third of this (docs/api.md, Leases);
+    0 or None: sessions never expire."""
 
 
 class ErrorDetail(ResponseModel):

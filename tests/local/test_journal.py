@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 import subprocess
 import sys
 
@@ -35,7 +36,7 @@ def test_default_seeds_and_names_are_deterministic_across_processes():
 
 def test_journal_rows_render_as_the_wire_operation(tmp_path):
     journal = Journal(tmp_path / "j.sqlite3")
-    journal.insert_session("sess-1", "tenant", {"a": "b"})
+    journal.insert_session("sess-1", "tenant", {"a": "b"}, lease_expires_at=None)
     journal.insert_run(
         {
             "run_id": "run-1",
@@ -70,4 +71,29 @@ def test_journal_rows_render_as_the_wire_operation(tmp_path):
     assert journal.get_run("run-1")["status"] == "failed"
     assert operation_dict(journal.get_operation("run-1", 2))["status"] == "cancelled"
     assert operation_dict(journal.get_operation("run-1", 1))["status"] == "succeeded"
+    journal.close()
+
+
+def test_a_journal_from_before_leases_opens_with_their_columns_added(tmp_path):
+    path = tmp_path / "old.sqlite3"
+    with sqlite3.connect(path) as old:
+        old.execute(
+            "CREATE TABLE sessions (session_id TEXT PRIMARY KEY, tenant TEXT NOT NULL,"
+            " status TEXT NOT NULL, labels TEXT NOT NULL, created_at TEXT NOT NULL,"
+            " closed_at TEXT)"
+        )
+        old.execute(
+            "INSERT INTO sessions VALUES ('sess-old', 't', 'open', '{}', '2026-11-30T00:00:00Z',"
+            " NULL)"
+        )
+    journal = Journal(path)
+    session = journal.get_session("sess-old")
+    assert session is not None
+    assert (session["lease_expires_at"], session["closed_reason"]) == (None, None)
+    assert journal.renew_lease("sess-old", 1_800_000_000.0)
+    assert journal.get_session("sess-old")["lease_expires_at"] == "2027-01-15T08:00:00.000000Z"
+    assert journal.expired_sessions(1_800_000_001.0) == ["sess-old"]
+    journal.close_session("sess-old", "closed by the client")
+    assert journal.get_session("sess-old")["closed_reason"] == "closed by the client"
+    assert not journal.renew_lease("sess-old", 1_900_000_000.0)
     journal.close()

@@ -661,7 +661,13 @@ def test_finish_and_cancel(mock, client):
     assert finish.call_count == cancel.call_count == 1
 
 
+def serves_no_leases(mock: respx.MockRouter) -> None:
+    """The capabilities a client reads on its first session: no lease to renew."""
+    mock.get("/v1/training/capabilities").respond(json={"api_version": "1", "providers": {}})
+
+
 def test_open_session_sends_labels_and_keeps_its_idempotency_key_across_retries(mock, client):
+    serves_no_leases(mock)
     route = mock.post("/v1/sessions").mock(
         side_effect=[
             httpx.ReadError("connection reset"),
@@ -678,6 +684,7 @@ def test_open_session_sends_labels_and_keeps_its_idempotency_key_across_retries(
 
 
 def test_explicit_idempotency_keys_are_sent(mock, client):
+    serves_no_leases(mock)
     sessions = mock.post("/v1/sessions").respond(json=session_json())
     runs = mock.post("/v1/training/runs").respond(json=run_json())
     client.open_session(idempotency_key="open-1")

@@ -229,6 +229,10 @@ def create_app(service: WhitneyService) -> FastAPI:
     async def close_session(request: Request, session_id: str) -> Response:
         return await call(request, service.close_session, session_id)
 
+    @app.post("/v1/sessions/{session_id}/heartbeat")
+    async def heartbeat(request: Request, session_id: str) -> Response:
+        return await call(request, service.heartbeat, session_id)
+
     @app.post("/v1/training/runs")
     async def create_run(request: Request) -> Response:
         key = request.headers.get("idempotency-key")

@@ -18,6 +18,7 @@ from typing import Any
 from whitney.local.config import (
     API_KEYS_ENV,
     DEFAULT_GAP_TIMEOUT_S,
+    DEFAULT_SESSION_TTL_S,
     ServerConfig,
     api_keys_from_env,
     api_keys_from_file,
@@ -166,6 +167,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="how long an operation waits for a missing seq_id before failing with seq_gap",
     )
     parser.add_argument(
+        "--session-ttl-s",
+        type=_non_negative,
+        default=DEFAULT_SESSION_TTL_S,
+        help="a session's lease: without a heartbeat for this long it is closed and its runs "
+        "cancelled (0: never)",
+    )
+    parser.add_argument(
         "--log-level",
         default="warning",
         choices=["debug", "info", "warning", "error"],
@@ -209,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
             drop_after_commit_rate=args.drop_after_commit_rate,
             fault_seed=args.fault_seed,
             gap_timeout_s=args.gap_timeout_s,
+            session_ttl_s=args.session_ttl_s,
             limits=Limits(**{name: getattr(args, name) for name in LIMIT_HELP}),
             hf_dirs=tuple(path.expanduser().resolve() for path in args.hf_dir),
         )

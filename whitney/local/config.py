@@ -13,6 +13,9 @@ API_KEYS_ENV = "WHITNEY_LOCAL_API_KEYS"
 DEFAULT_GAP_TIMEOUT_S = 300.0
 DEFAULT_POST_WAIT_S = 2.0
 MAX_WAIT_S = 60.0
+DEFAULT_SESSION_TTL_S = 300.0
+"""A session's lease: closed by the server (its runs cancelled) after this long without a
+heartbeat; 0 turns expiry off."""
 
 
 def generate_api_key() -> str:
@@ -57,6 +60,7 @@ class ServerConfig:
     gap_timeout_s: float = DEFAULT_GAP_TIMEOUT_S
     post_wait_s: float = DEFAULT_POST_WAIT_S
     limits: Limits = field(default_factory=Limits)
+    session_ttl_s: float = DEFAULT_SESSION_TTL_S
     hf_dirs: tuple[Path, ...] = ()
     """Directories an `hf:<path>` base model may be loaded from (`serve --hf-dir`); besides
     them, `hf:<repo id>` resolves only from the local Hugging Face cache."""
@@ -75,3 +79,5 @@ class ServerConfig:
             raise ValueError(f"gap_timeout_s must be > 0, got {self.gap_timeout_s}")
         if self.post_wait_s < 0:
             raise ValueError(f"post_wait_s must be >= 0, got {self.post_wait_s}")
+        if not 0 <= self.session_ttl_s < float("inf"):
+            raise ValueError(f"session_ttl_s must be >= 0, got {self.session_ttl_s}")

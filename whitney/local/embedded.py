@@ -22,6 +22,7 @@ from typing import Any
 from whitney.local.config import (
     DEFAULT_GAP_TIMEOUT_S,
     DEFAULT_POST_WAIT_S,
+    DEFAULT_SESSION_TTL_S,
     ServerConfig,
     generate_api_key,
 )
@@ -122,6 +123,7 @@ class EmbeddedWhitney:
         post_wait_s: float = DEFAULT_POST_WAIT_S,
         limits: Limits | None = None,
         hf_dirs: tuple[Path, ...] = (),
+        session_ttl_s: float = DEFAULT_SESSION_TTL_S,
         host: str = "127.0.0.1",
     ) -> None:
         self._given_data_dir = Path(data_dir) if data_dir is not None else None
@@ -137,6 +139,7 @@ class EmbeddedWhitney:
             "post_wait_s": post_wait_s,
             "limits": limits or Limits(),
             "hf_dirs": tuple(Path(d).resolve() for d in hf_dirs),
+            "session_ttl_s": session_ttl_s,
         }
         self.data_dir: Path | None = None
         self.port: int | None = None

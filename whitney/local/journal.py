@@ -28,7 +28,9 @@ CREATE TABLE IF NOT EXISTS sessions (
     status TEXT NOT NULL,
     labels TEXT NOT NULL,
     created_at TEXT NOT NULL,
-    closed_at TEXT
+    closed_at TEXT,
+    lease_expires_at REAL,
+    closed_reason TEXT
 );
 CREATE INDEX IF NOT EXISTS sessions_tenant ON sessions (tenant, created_at);
 CREATE TABLE IF NOT EXISTS session_labels (
@@ -109,9 +111,18 @@ RUN_NON_TERMINAL = ("allocating", "ready", "finishing", "cancelling")
 OP_NON_TERMINAL = ("pending", "running")
 
 
+SESSION_LEASE_COLUMNS = {"lease_expires_at": "REAL", "closed_reason": "TEXT"}
+
+
 def utcnow() -> str:
     """Now, as ISO 8601 UTC with microseconds (what every timestamp in the journal is)."""
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+def iso_time(epoch_s: float) -> str:
+    """A Unix time as the journal's timestamps are written."""
+    stamp = datetime.fromtimestamp(epoch_s, UTC).isoformat(timespec="microseconds")
+    return stamp.replace("+00:00", "Z")
 
 
 def canonical_json(value: Any) -> str:
@@ -187,6 +198,14 @@ class Journal:
             self._conn.execute("PRAGMA synchronous=NORMAL")
             self._conn.execute("PRAGMA foreign_keys=OFF")
             self._conn.executescript(SCHEMA)
+            self._add_missing_columns()
+
+    def _add_missing_columns(self) -> None:
+        """A journal written before session leases gets their columns (empty)."""
+        have = {row["name"] for row in self._conn.execute("PRAGMA table_info(sessions)")}
+        for column, kind in SESSION_LEASE_COLUMNS.items():
+            if column not in have:
+                self._conn.execute(f"ALTER TABLE sessions ADD COLUMN {column} {kind}")
 
     def close(self) -> None:
         with self._lock:
@@ -243,12 +262,14 @@ class Journal:
 
     # ----------------------------------------------------------------- sessions
 
-    def insert_session(self, session_id: str, tenant: str, labels: dict[str, str]) -> None:
+    def insert_session(
+        self, session_id: str, tenant: str, labels: dict[str, str], lease_expires_at: float | None
+    ) -> None:
         with self.transaction() as conn:
             conn.execute(
-                "INSERT INTO sessions (session_id, tenant, status, labels, created_at) "
-                "VALUES (?, ?, 'open', ?, ?)",
-                (session_id, tenant, _dumps(labels), utcnow()),
+                "INSERT INTO sessions (session_id, tenant, status, labels, created_at,"
+                " lease_expires_at) VALUES (?, ?, 'open', ?, ?, ?)",
+                (session_id, tenant, _dumps(labels), utcnow(), lease_expires_at),
             )
             conn.executemany(
                 "INSERT INTO session_labels (session_id, key, value) VALUES (?, ?, ?)",
@@ -271,11 +292,34 @@ class Journal:
         sql += " ORDER BY s.created_at, s.session_id"
         return [self._session(row) for row in self._all(sql, params)]
 
-    def close_session(self, session_id: str) -> None:
+    def close_session(self, session_id: str, reason: str) -> None:
         self._write(
-            "UPDATE sessions SET status='closed', closed_at=? WHERE session_id=? AND status='open'",
-            (utcnow(), session_id),
+            "UPDATE sessions SET status='closed', closed_at=?, closed_reason=?"
+            " WHERE session_id=? AND status='open'",
+            (utcnow(), reason, session_id),
         )
+
+    def renew_lease(self, session_id: str, expires_at: float | None) -> bool:
+        """Move an open session's lease to `expires_at`; False if it is closed."""
+        return bool(
+            self._write(
+                "UPDATE sessions SET lease_expires_at=? WHERE session_id=? AND status='open'",
+                (expires_at, session_id),
+            )
+        )
+
+    def renew_open_leases(self, expires_at: float | None) -> None:
+        """Every open session's lease to `expires_at` (a restarted server's grace)."""
+        self._write("UPDATE sessions SET lease_expires_at=? WHERE status='open'", (expires_at,))
+
+    def expired_sessions(self, now: float) -> list[str]:
+        """The open sessions whose lease ended before `now` (a Unix time)."""
+        rows = self._all(
+            "SELECT session_id FROM sessions WHERE status='open'"
+            " AND lease_expires_at IS NOT NULL AND lease_expires_at < ?",
+            (now,),
+        )
+        return [row["session_id"] for row in rows]
 
     def session_run_ids(self, session_id: str) -> list[str]:
         rows = self._all(
@@ -285,12 +329,15 @@ class Journal:
 
     @staticmethod
     def _session(row: sqlite3.Row) -> dict[str, Any]:
+        lease = row["lease_expires_at"]
         return {
             "session_id": row["session_id"],
             "tenant": row["tenant"],
             "status": row["status"],
             "labels": _loads(row["labels"]),
             "created_at": row["created_at"],
+            "lease_expires_at": None if lease is None else iso_time(lease),
+            "closed_reason": row["closed_reason"],
         }
 
     # ----------------------------------------------------------------- runs

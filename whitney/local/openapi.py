@@ -26,6 +26,7 @@ RESPONSES: dict[tuple[str, str], type[BaseModel]] = {
     ("get", "/v1/sessions"): wire.SessionList,
     ("get", "/v1/sessions/{session_id}"): wire.Session,
     ("post", "/v1/sessions/{session_id}/close"): wire.Session,
+    ("post", "/v1/sessions/{session_id}/heartbeat"): wire.Session,
     ("post", "/v1/training/runs"): wire.Run,
     ("get", "/v1/training/runs/{run_id}"): wire.Run,
     ("post", "/v1/training/runs/{run_id}/finish"): wire.Run,

@@ -25,9 +25,12 @@ CRITIC_LOSSES: frozenset[str] = frozenset({"ppo_critic", "ppo"})
 CRITIC_INPUTS: tuple[str, ...] = ("values", "returns")
 
 
-def capabilities(base_models: list[str], max_lora_rank: int, limits: Limits) -> dict[str, Any]:
+def capabilities(
+    base_models: list[str], max_lora_rank: int, limits: Limits, session_ttl_s: float
+) -> dict[str, Any]:
     """The capabilities document: never a loss list (Whitney forwards loss_function as is);
-    the server's request limits, so that a client can plan its batches."""
+    the server's request limits, so that a client can plan its batches, and the session
+    lease (0: sessions never expire)."""
     provider = {
         "base_models": list(base_models),
         "max_lora_rank": max_lora_rank,
@@ -38,6 +41,7 @@ def capabilities(base_models: list[str], max_lora_rank: int, limits: Limits) -> 
         "api_version": "1",
         "providers": {name: dict(provider) for name in PROVIDERS},
         "limits": limits.document(),
+        "session_ttl_s": session_ttl_s,
     }
 
 

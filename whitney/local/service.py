@@ -13,6 +13,7 @@ import logging
 import re
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -61,6 +62,8 @@ CHECKPOINT_URI = re.compile(r"^whitney://runs/(?P<run_id>[A-Za-z0-9_-]+)/states/
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 DEFAULT_MAX_LORA_RANK = 64
 MAX_LIST_LIMIT = 1000
+REAP_EVERY_S = 5.0
+"""The lease reaper looks at least this often (every ttl / 4 for shorter leases)."""
 DEFAULT_LIST_LIMIT = 100
 RUN_TERMINAL = wire.RUN_TERMINAL
 OP_TERMINAL = wire.OPERATION_TERMINAL
@@ -123,6 +126,7 @@ class WhitneyService:
         (self.data_dir / "artifacts").mkdir(exist_ok=True)
         self.journal = Journal(self.data_dir / "journal.sqlite3")
         self.journal.recover_after_restart()
+        self.journal.renew_open_leases(self._lease_expiry())
         self.faults = FaultInjector(
             latency_ms=config.latency_ms,
             fail_before_rate=config.fail_before_rate,
@@ -137,6 +141,12 @@ class WhitneyService:
         self._idempotency_lock = threading.Lock()
         self._closing = threading.Event()
         self._preload: threading.Thread | None = None
+        self._reaper: threading.Thread | None = None
+        if config.session_ttl_s > 0:
+            self._reaper = threading.Thread(
+                target=self._reap_expired_leases, name="whitney-lease-reaper", daemon=True
+            )
+            self._reaper.start()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -160,8 +170,9 @@ class WhitneyService:
             self._workers.clear()
         for worker in workers:
             worker.stop()
-        if self._preload is not None:
-            self._preload.join()
+        for thread in (self._preload, self._reaper):
+            if thread is not None:
+                thread.join()
         self.journal.close()
 
     def wake_waiters(self) -> None:
@@ -193,7 +204,9 @@ class WhitneyService:
     def capabilities(self) -> dict[str, Any]:
         engine = self._engine()
         max_rank = int(getattr(engine, "MAX_LORA_RANK", DEFAULT_MAX_LORA_RANK))
-        return providers.capabilities(list(engine.BASE_MODELS), max_rank, self.config.limits)
+        return providers.capabilities(
+            list(engine.BASE_MODELS), max_rank, self.config.limits, self.config.session_ttl_s
+        )
 
     def _engine(self) -> Any:
         try:
@@ -266,8 +279,35 @@ class WhitneyService:
     def _insert_session(self, tenant: str, request: wire.SessionCreate) -> str:
         check_labels(request.labels, self.config.limits)
         session_id = _new_id("sess")
-        self.journal.insert_session(session_id, tenant, request.labels)
+        self.journal.insert_session(session_id, tenant, request.labels, self._lease_expiry())
         return session_id
+
+    def _lease_expiry(self) -> float | None:
+        """When a lease renewed now ends (a Unix time); None when leases never expire."""
+        ttl = self.config.session_ttl_s
+        return time.time() + ttl if ttl > 0 else None
+
+    def heartbeat(self, tenant: str, session_id: str) -> dict[str, Any]:
+        """Renew an open session's lease; 409 run_not_active for a closed one."""
+        session = self._own_session(tenant, session_id)
+        if not self.journal.renew_lease(session_id, self._lease_expiry()):
+            raise RunNotActive(
+                f"session {session_id} is closed ({session['closed_reason']}): its lease "
+                "cannot be renewed",
+                details={"session_id": session_id, "closed_reason": session["closed_reason"]},
+            )
+        return self.get_session(tenant, session_id)
+
+    def _reap_expired_leases(self) -> None:
+        """Close each session whose lease ran out (its runs cancelled), until shutdown."""
+        ttl = self.config.session_ttl_s
+        reason = f"lease expired: no heartbeat for {ttl:g} s"
+        while not self._closing.wait(min(ttl / 4, REAP_EVERY_S)):
+            for session_id in self.journal.expired_sessions(time.time()):
+                log.warning(
+                    "session %s: %s; closing it and cancelling its runs", session_id, reason
+                )
+                self._close_session(session_id, reason)
 
     def _own_session(self, tenant: str, session_id: str) -> dict[str, Any]:
         session = self.journal.get_session(session_id)
@@ -305,12 +345,16 @@ class WhitneyService:
 
     def close_session(self, tenant: str, session_id: str) -> dict[str, Any]:
         self._own_session(tenant, session_id)
+        self._close_session(session_id, "closed by the client")
+        return self.get_session(tenant, session_id)
+
+    def _close_session(self, session_id: str, reason: str) -> None:
+        """Cancel the session's runs that are not terminal, then close it for `reason`."""
         for run_id in self.journal.session_run_ids(session_id):
             run = self.journal.get_run(run_id)
             if run is not None and run["status"] not in RUN_TERMINAL:
                 self._cancel(run_id)
-        self.journal.close_session(session_id)
-        return self.get_session(tenant, session_id)
+        self.journal.close_session(session_id, reason)
 
     # ------------------------------------------------------------------ runs
 
