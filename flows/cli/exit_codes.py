@@ -5,6 +5,8 @@ EXIT_FLOW_FAILED = 1
 """The flow run failed, crashed or was cancelled."""
 EXIT_NOT_FOUND = 1
 """`inspect` / `export`: no such run."""
+EXIT_REAP_FAILED = 1
+"""`reap --apply`: a session could not be closed."""
 EXIT_CLOSED_PIPE = 1
 """stdout was closed before the output ended (`| head`): as rich's Console exits then."""
 EXIT_BAD_CONFIG = 2

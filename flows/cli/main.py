@@ -6,6 +6,7 @@
     whitney-flows inspect RUN_ID [--cycle N] [--json]     (flows.cli.commands)
     whitney-flows runs [--json]
     whitney-flows export RUN_ID --out DIR [--merged]      (flows.cli.export)
+    whitney-flows reap [--apply] [--json]                 (flows.cli.reap)
     whitney-flows serve [--port P] [--api-key KEY] ...
 
 `serve` goes straight to `whitney.local.cli.main` without importing Prefect (fast start), and
@@ -26,6 +27,7 @@ from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_CLOSED_PIPE
 from flows.cli.export import run_export
 from flows.cli.parsers import build_parser
 from flows.cli.prefect_env import set_prefect_env_defaults
+from flows.cli.reap import run_reap
 from flows.core.config import ConfigError
 
 
@@ -52,6 +54,8 @@ def run_command(arguments: list[str]) -> int:
     if options.command == "export":
         return run_export(options)
     set_prefect_env_defaults()
+    if options.command == "reap":
+        return run_reap(options)
     return run_flow(options)
 
 

@@ -1,5 +1,6 @@
-"""Every parser of `whitney-flows`: `run rl|sft|distill`, `inspect`, `runs`, `export`, with
-`run FLOW --help` showing each option's default from the flow's config model. No Prefect."""
+"""Every parser of `whitney-flows`: `run rl|sft|distill`, `inspect`, `runs`, `export`,
+`reap`, with `run FLOW --help` showing each option's default from the flow's config model.
+No Prefect."""
 
 from __future__ import annotations
 
@@ -107,6 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_output_options(add_distill_parser(flows))
     add_inspection_parsers(commands)
     add_export_parser(commands)
+    add_reap_parser(commands)
     return parser
 
 
@@ -236,3 +238,21 @@ def add_export_parser(commands: argparse._SubParsersAction) -> None:
         "directory with its base model in DIR/base_model)",
     )
     add_source_options(command)
+
+
+def add_reap_parser(commands: argparse._SubParsersAction) -> None:
+    """`reap [--api-url URL] [--apply] [--json]`."""
+    command = commands.add_parser(
+        "reap",
+        help="close the Whitney sessions whose Prefect flow run is over or gone (dry run "
+        "unless --apply)",
+    )
+    command.add_argument(
+        "--api-url",
+        metavar="URL",
+        help="Whitney URL (default: $WHITNEY_API_URL); the key comes from $WHITNEY_API_KEY",
+    )
+    command.add_argument(
+        "--apply", action="store_true", help="close them (default: only list what would be)"
+    )
+    command.add_argument("--json", action="store_true", help="print JSON instead of a table")
