@@ -1,0 +1,1 @@
+"""The reaper flow: close the Whitney sessions whose flow run is over or gone."""
