@@ -1,0 +1,115 @@
+"""deployments/: prefect.yaml validates as Prefect's own model of it, every entrypoint loads
+with the parameters its deployment sets, and the reaper runs every 15 minutes with apply on;
+automations.yaml validates as Prefect's automation model (no key it would drop) and the
+README's install command creates it on the harness's Prefect server."""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+from prefect import get_client
+from prefect.cli.deploy._models import PrefectYamlModel
+from prefect.events.schemas.automations import AutomationCore
+from prefect.flows import load_flow_from_entrypoint
+from prefect.settings import PREFECT_API_URL
+from prefect.settings.models.flows import FlowsSettings
+from pydantic import BaseModel, RootModel
+
+ROOT = Path(__file__).resolve().parents[3]
+DEPLOYMENTS = ROOT / "deployments" / "prefect.yaml"
+AUTOMATIONS = ROOT / "deployments" / "automations.yaml"
+README = ROOT / "README.md"
+HEARTBEATS_MISSED = 3
+"""The automation waits for at least this many missed heartbeats at Prefect's default rate."""
+
+
+def load(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+def unknown_keys(data: Any, model: BaseModel) -> list[str]:
+    """The keys of `data` that `model` (validated from it) has no field for, at any depth
+    (Prefect's automation models ignore them)."""
+    unknown = []
+    for key, value in data.items():
+        if key not in type(model).model_fields:
+            unknown.append(key)
+            continue
+        attribute = getattr(model, key)
+        listed = isinstance(value, list) and isinstance(attribute, list)
+        pairs = zip(value, attribute, strict=True) if listed else [(value, attribute)]
+        for item, child in pairs:
+            if (
+                isinstance(item, dict)
+                and isinstance(child, BaseModel)
+                and not isinstance(child, RootModel)
+            ):
+                unknown += [f"{key}.{name}" for name in unknown_keys(item, child)]
+    return unknown
+
+
+def test_every_deployment_validates_and_its_entrypoint_takes_its_parameters() -> None:
+    data = load(DEPLOYMENTS)
+    PrefectYamlModel.model_validate(data)
+    deployments = {deployment["name"]: deployment for deployment in data["deployments"]}
+    assert list(deployments) == [
+        "rl-on-demand",
+        "sft-nightly",
+        "distill-on-demand",
+        "reap-every-15-minutes",
+    ]
+    for deployment in deployments.values():
+        entrypoint = load_flow_from_entrypoint(str(ROOT / deployment["entrypoint"]))
+        assert set(deployment["parameters"]) <= set(entrypoint.parameters.properties)
+    reaper = deployments["reap-every-15-minutes"]
+    assert reaper["entrypoint"] == "flows/reap/flow.py:reap_orphaned_sessions"
+    assert reaper["parameters"] == {"whitney_block": "whitney", "apply": True}
+    assert reaper["schedules"] == [{"interval": 900, "active": True}]
+
+
+def test_the_automation_is_a_proactive_heartbeat_trigger_that_crashes_the_flow_run() -> None:
+    (data,) = load(AUTOMATIONS)["automations"]
+    automation = AutomationCore.model_validate(data)
+    assert unknown_keys(data, automation) == []
+    trigger = automation.trigger
+    assert trigger.posture == "Proactive"
+    assert trigger.after == {"prefect.flow-run.heartbeat"}
+    assert {"prefect.flow-run.heartbeat", "prefect.flow-run.Completed"} <= trigger.expect
+    assert trigger.for_each == {"prefect.resource.id"}
+    default_frequency = FlowsSettings.model_fields["heartbeat_frequency"].default
+    assert trigger.within.total_seconds() >= HEARTBEATS_MISSED * default_frequency
+    (action,) = automation.actions
+    assert (action.type, action.state.value) == ("change-flow-run-state", "CRASHED")
+
+
+def test_the_readme_command_installs_the_automation() -> None:
+    (command,) = [
+        line for line in README.read_text().splitlines() if line.startswith("prefect automation")
+    ]
+    argv = shlex.split(command)
+    (name,) = [automation["name"] for automation in load(AUTOMATIONS)["automations"]]
+    environment = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
+    executable = Path(sys.executable).with_name(argv[0])
+    completed = subprocess.run(
+        [str(executable), *argv[1:]],
+        cwd=ROOT,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert completed.returncode == 0, completed.stdout + completed.stderr
+    with get_client(sync_client=True) as prefect:
+        installed = prefect.read_automations_by_name(name)
+        try:
+            assert len(installed) == 1
+            assert installed[0].trigger.within.total_seconds() == 600
+        finally:
+            for automation in installed:
+                prefect.delete_automation(automation.id)
