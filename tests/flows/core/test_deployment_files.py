@@ -1,7 +1,8 @@
 """deployments/: prefect.yaml validates as Prefect's own model of it, every entrypoint loads
 with the parameters its deployment sets, and the reaper runs every 15 minutes with apply on;
-automations.yaml validates as Prefect's automation model (no key it would drop) and the
-README's install command creates it on the harness's Prefect server."""
+automations.yaml validates as Prefect's automation model (no key it would drop), the README's
+install command creates it on the harness's Prefect server, and it crashes a Running flow run
+whose heartbeats stopped (with a 10 s window), not one that completed."""
 
 from __future__ import annotations
 
@@ -9,16 +10,20 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import yaml
-from prefect import get_client
+from prefect import flow, get_client
 from prefect.cli.deploy._models import PrefectYamlModel
+from prefect.events import emit_event
 from prefect.events.schemas.automations import AutomationCore
+from prefect.events.worker import EventsWorker
 from prefect.flows import load_flow_from_entrypoint
 from prefect.settings import PREFECT_API_URL
 from prefect.settings.models.flows import FlowsSettings
+from prefect.states import Completed, Running
 from pydantic import BaseModel, RootModel
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -27,6 +32,15 @@ AUTOMATIONS = ROOT / "deployments" / "automations.yaml"
 README = ROOT / "README.md"
 HEARTBEATS_MISSED = 3
 """The automation waits for at least this many missed heartbeats at Prefect's default rate."""
+TEST_WITHIN_S = 10
+"""The automation's window in the firing test: the least Prefect takes for a proactive one."""
+CRASH_DEADLINE_S = 90
+"""How long the firing test waits for the Crashed state (window, 5 s evaluation, actions)."""
+
+
+@flow(name="heartbeat-subject")
+def subject() -> None:
+    """Never run: its flow runs are created Running and beat by hand."""
 
 
 def load(path: Path) -> Any:
@@ -113,3 +127,29 @@ def test_the_readme_command_installs_the_automation() -> None:
         finally:
             for automation in installed:
                 prefect.delete_automation(automation.id)
+
+
+def test_the_automation_crashes_a_running_flow_run_whose_heartbeats_stopped() -> None:
+    (data,) = load(AUTOMATIONS)["automations"]
+    with get_client(sync_client=True) as prefect:
+        silent, completed = (prefect.create_flow_run(subject, state=Running()) for _ in "ab")
+        resources = [f"prefect.flow-run.{run.id}" for run in (silent, completed)]
+        trigger = {**data["trigger"], "within": TEST_WITHIN_S}
+        trigger["match"] = {"prefect.resource.id": resources}  # these two flow runs only
+        automation_id = prefect.create_automation(
+            AutomationCore.model_validate({**data, "trigger": trigger})
+        )
+        try:
+            for resource in resources:
+                emit_event("prefect.flow-run.heartbeat", resource={"prefect.resource.id": resource})
+            EventsWorker.drain_all()
+            prefect.set_flow_run_state(completed.id, Completed())
+            deadline = time.monotonic() + CRASH_DEADLINE_S
+            while prefect.read_flow_run(silent.id).state.type.value != "CRASHED":
+                assert time.monotonic() < deadline, prefect.read_flow_run(silent.id).state
+                time.sleep(1)
+            state = prefect.read_flow_run(silent.id).state
+            assert "No heartbeat" in (state.message or "")
+            assert prefect.read_flow_run(completed.id).state.type.value == "COMPLETED"
+        finally:
+            prefect.delete_automation(automation_id)
