@@ -13,6 +13,7 @@ import json
 import re
 import sqlite3
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -241,6 +242,23 @@ def test_the_sft_nightly_deployment_is_scheduled_and_typed(alive: Stack) -> None
         name for name, prop in sft_config["properties"].items() if not prop.get("description")
     ]
     assert not undocumented, f"config fields with no description in the UI form: {undocumented}"
+
+
+def test_the_reaper_deployment_runs_every_15_minutes_and_closes_orphans(alive: Stack) -> None:
+    deployment = alive.api.deployment("reap", "reap-every-15-minutes")
+    assert deployment["entrypoint"] == "flows/reap/flow.py:reap_orphaned_sessions"
+    assert deployment["parameters"] == {"whitney_block": BLOCK_NAME, "apply": True}
+    (schedule,) = deployment["schedules"]
+    assert (schedule["active"], schedule["schedule"]["interval"]) == (True, 900)
+    with alive.whitney_client() as client:
+        gone = client.open_session(labels={FLOW_RUN_LABEL: str(uuid.uuid4())})
+        unlabelled = client.open_session()
+    flow_run = alive.api.create_flow_run_from_deployment(deployment["id"], {}, "e2e: reap")
+    wait_run(alive, flow_run["id"], ["COMPLETED"])
+    with alive.whitney_client() as client:
+        assert client.get_session(gone.session_id).status == "closed"
+        assert client.get_session(unlabelled.session_id).status == "open"
+        client.close_session(unlabelled.session_id)
 
 
 def test_the_block_never_shows_its_key(alive: Stack) -> None:
