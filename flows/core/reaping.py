@@ -72,6 +72,11 @@ def labelled_flow_run(session: wire.Session) -> UUID | None:
         return None
 
 
+def over(state: FlowRunState | None) -> bool:
+    """Whether a flow run in `state` (None: gone) is over, so its sessions are closed."""
+    return state is None or state.type in CLOSE_STATE_TYPES
+
+
 def judge(sessions: Iterable[wire.Session], states: Mapping[UUID, FlowRunState]) -> list[Verdict]:
     """A verdict for each open session labelled with a flow run id: close it if that flow
     run's state (from `states`; absent: gone) is terminal or gone, else keep it."""
@@ -81,13 +86,12 @@ def judge(sessions: Iterable[wire.Session], states: Mapping[UUID, FlowRunState])
         if flow_run_id is None or session.status == "closed":
             continue
         state = states.get(flow_run_id)
-        close = state is None or state.type in CLOSE_STATE_TYPES
         verdicts.append(
             Verdict(
                 session_id=session.session_id,
                 flow_run_id=str(flow_run_id),
                 state=GONE if state is None else state.name,
-                action="close" if close else "keep",
+                action="close" if over(state) else "keep",
             )
         )
     return verdicts
@@ -125,20 +129,20 @@ def reap(
     timeout_s: float = DEFAULT_CLEANUP_TIMEOUT_S,
 ) -> list[Verdict]:
     """Release the flow runs of the `close` verdicts (`tasks.release`: runs cancelled,
-    sessions closed); the verdicts, now `closed`, or `failed` with the error."""
+    sessions closed), each once its state, read again, still says it is over (a flow run
+    retried since the survey is kept); the verdicts, now `closed`, `failed` with the error,
+    or `keep` with the new state."""
     verdicts = list(verdicts)
-    errors: dict[str, str | None] = {}
+    outcomes: dict[str, dict[str, Any]] = {}
     for flow_run_id in dict.fromkeys(v.flow_run_id for v in verdicts if v.action == "close"):
+        state = flow_run_states([UUID(flow_run_id)]).get(UUID(flow_run_id))
+        if state is not None and not over(state):
+            outcomes[flow_run_id] = {"action": "keep", "state": state.name}
+            continue
         try:
             release_sessions(client, flow_run_id, timeout_s, logger)
-            errors[flow_run_id] = None
+            outcomes[flow_run_id] = {"action": "closed"}
         except WhitneyError as error:
             logger.error("Could not release the sessions of flow run %s: %s", flow_run_id, error)
-            errors[flow_run_id] = str(error)
-    reaped = []
-    for verdict in verdicts:
-        if verdict.flow_run_id in errors:
-            error = errors[verdict.flow_run_id]
-            verdict = replace(verdict, action="failed" if error else "closed", error=error)
-        reaped.append(verdict)
-    return reaped
+            outcomes[flow_run_id] = {"action": "failed", "error": str(error)}
+    return [replace(verdict, **outcomes.get(verdict.flow_run_id, {})) for verdict in verdicts]

@@ -6,6 +6,7 @@ session and an unlabelled one are kept; a bad URL is one line and exit code 2.""
 from __future__ import annotations
 
 import json
+import logging
 import socket
 from collections.abc import Iterator
 from uuid import UUID, uuid4
@@ -15,7 +16,7 @@ from prefect import flow, get_client
 from prefect.states import Completed, Crashed, Failed, Running, State
 
 from flows.cli.main import main
-from flows.core.reaping import FlowRunState, judge
+from flows.core.reaping import FlowRunState, Verdict, judge, reap
 from flows.reap.flow import reap_orphaned_sessions
 from tasks.names import FLOW_RUN_LABEL
 from whitney import wire
@@ -157,6 +158,16 @@ def test_the_flow_closes_only_with_apply(
     ]
     assert status(inspector, completed)[0] == "closed"
     assert status(inspector, sessions["running"][0])[0] == "open"
+
+
+def test_a_flow_run_running_again_by_the_time_of_apply_is_kept(
+    sessions: dict[str, tuple[str, str]], inspector: WhitneyClient
+) -> None:
+    session_id, flow_run_id = sessions["running"]  # as if retried since the survey
+    surveyed = Verdict(session_id, flow_run_id, "Failed", "close")
+    (verdict,) = reap(inspector, [surveyed], logging.getLogger(__name__))
+    assert (verdict.state, verdict.action) == ("Running", "keep")
+    assert status(inspector, session_id) == ("open", ["ready"])
 
 
 def test_a_bad_url_is_one_line_and_exit_2(
