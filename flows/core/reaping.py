@@ -12,7 +12,7 @@ names; `reap` closes through `tasks.release`, as the cleanup hooks do.
 from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal, NamedTuple
 from uuid import UUID
 
@@ -54,13 +54,7 @@ class Verdict:
     error: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "session_id": self.session_id,
-            "flow_run_id": self.flow_run_id,
-            "state": self.state,
-            "action": self.action,
-            "error": self.error,
-        }
+        return asdict(self)
 
 
 def labelled_flow_run(session: wire.Session) -> UUID | None:

@@ -22,7 +22,8 @@ def reap_orphaned_sessions(
     apply: bool = False, whitney_block: str | None = None, api_url: str | None = None
 ) -> list[dict[str, Any]]:
     """Close the Whitney sessions whose Prefect flow run is Completed, Failed, Cancelled,
-    Crashed or gone; keep the others. Returns the verdicts.
+    Crashed or gone; keep the others. Returns the verdicts; fails if a session could not be
+    closed.
 
     Args:
         apply: Close them (False: only list what would be closed).
