@@ -26,6 +26,7 @@ from tasks.names import FLOW_RUN_LABEL
 from tasks.resume import latest_checkpoints, run_checkpoints
 from whitney import wire
 from whitney.client import WhitneyClient
+from whitney.errors import OperationFailed
 from whitney.local import EmbeddedWhitney
 
 REPO = Path(__file__).resolve().parents[3]
@@ -186,6 +187,19 @@ def test_resume_from_a_checkpoint_of_another_flow_run(
         assert_executed_once_in_order(whitney, resumed.run_id)
 
 
+def overflowing_forward() -> dict:
+    """A forward whose loss overflows float32 (ratio e^20 times an advantage of 3e38): it is
+    accepted, then fails `non_finite` when it runs."""
+    tokens = {"dtype": "int64", "shape": [3], "values": [2, 3, 4]}
+    inputs = {
+        "target_tokens": tokens,
+        "logprobs": {"dtype": "float32", "shape": [3], "values": [-100.0] * 3},
+        "advantages": {"dtype": "float32", "shape": [3], "values": [3e38] * 3},
+    }
+    datum = {"input": {"token_ids": [1, 2, 3]}, "loss_inputs": inputs}
+    return {"loss_function": "importance_sampling", "loss_config": {}, "data": [datum]}
+
+
 def test_checkpoints_behind_a_failed_operation_are_not_trusted(
     inspector: WhitneyClient,
 ) -> None:
@@ -194,10 +208,8 @@ def test_checkpoints_behind_a_failed_operation_are_not_trusted(
     inspector.run_operation(run.run_id, "save_weights_for_sampler", {}, seq_id=1)
     inspector.run_operation(run.run_id, "save_state", {"name": "cycle-0"}, seq_id=2)
     inspector.run_operation(run.run_id, "save_state", {"name": "other"}, seq_id=3)
-    with pytest.raises(Exception, match="sampler"):  # fails in execution: journaled failed
-        inspector.sampler_operation(
-            run.run_id, "missing", "logprobs", {"sequences": [{"token_ids": [1, 2]}]}, seq_id=4
-        )
+    with pytest.raises(OperationFailed, match="non_finite"):  # journaled, failed in execution
+        inspector.run_operation(run.run_id, "forward", overflowing_forward(), seq_id=4)
     inspector.run_operation(run.run_id, "save_state", {"name": "cycle-1"}, seq_id=5)
 
     assert run_checkpoints(inspector, run.run_id) == {
