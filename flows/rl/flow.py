@@ -75,8 +75,9 @@ from flows.rl.auxiliary import (
     save_auxiliary_checkpoints,
     seq_ends,
 )
-from flows.rl.batch import GroupScore, build_training_batch
+from flows.rl.batch import GroupScore, TrainingBatch, build_training_batch
 from flows.rl.config import RLConfig
+from flows.rl.episodes import build_episode_batch
 from flows.rl.metrics import CycleMetrics, RLResult
 from flows.rl.plan import RLPlan, check_rl_config, load_rl_plan
 from tasks.names import cycle_name
@@ -194,7 +195,9 @@ def run_cycle(
     `sampler_id`: the sampler the previous cycle published (pipelined); None: this cycle
     publishes its own first. The tail is `run_tail`. `auxiliary`: the runs
     the recipe declared (their seq ids are in the ledger too); the middle of the cycle
-    (scores, resampling, build_loss, the recipe's finish_cycle) is `flows.rl.batch`.
+    (scores, resampling, build_loss, the recipe's finish_cycle) is `flows.rl.batch`; with a
+    multi-turn environment, `flows.rl.episodes` plays the episodes turn by turn instead of
+    sampling one completion per prompt.
     """
     started_at = datetime.now(UTC)
     started = time.perf_counter()
@@ -202,27 +205,10 @@ def run_cycle(
     seq_start = client.ledger.position(run_id)
     if sampler_id is None:
         sampler_id = publish_sampler(client, run_id, cycle, named=config.pipelined)
-    prompts, requests = plan.sample_requests(cycle)
-
-    def sample(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """One sample result per request, on the next seq ids: submitted together, or one
-        after another (the same ids either way)."""
-        calls = [Call("sample", request, sampler_id) for request in requests]
-        operations = client.run_calls(run_id, calls, together=config.concurrent_sampling)
-        return [operation.result or {} for operation in operations]
-
-    batch = build_training_batch(
-        plan,
-        client,
-        cycle,
-        run_id,
-        sampler_id,
-        prompts,
-        requests,
-        sample(requests),
-        sample,
-        auxiliary,
-    )
+    if plan.multi_turn:  # episodes of several turns: flows.rl.episodes
+        batch = build_episode_batch(plan, client, cycle, run_id, sampler_id, auxiliary)
+    else:
+        batch = single_turn_batch(plan, client, cycle, run_id, sampler_id, auxiliary)
     checkpoint = checkpoint_due(cycle, config.checkpoint_every, config.cycles)
     if checkpoint:
         save_auxiliary_checkpoints(client, auxiliary, cycle)  # a critic's, beside the policy's
@@ -253,7 +239,40 @@ def run_cycle(
             "groups_dropped": batch.groups_dropped,
             "recipe_metrics": batch.recipe_metrics,
             "auxiliary_seq_end": seq_ends(auxiliary, client.ledger),
+            "episodes": batch.episodes,
         }
+    )
+
+
+def single_turn_batch(
+    plan: RLPlan,
+    client: SequencedClient,
+    cycle: int,
+    run_id: str,
+    sampler_id: str,
+    auxiliary: Sequence[AuxiliaryHandle],
+) -> TrainingBatch:
+    """The cycle's prompts sampled on a block of seq ids, and its training batch."""
+    prompts, requests = plan.sample_requests(cycle)
+
+    def sample(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One sample result per request, on the next seq ids: submitted together, or one
+        after another (the same ids either way)."""
+        calls = [Call("sample", request, sampler_id) for request in requests]
+        operations = client.run_calls(run_id, calls, together=plan.config.concurrent_sampling)
+        return [operation.result or {} for operation in operations]
+
+    return build_training_batch(
+        plan,
+        client,
+        cycle,
+        run_id,
+        sampler_id,
+        prompts,
+        requests,
+        sample(requests),
+        sample,
+        auxiliary,
     )
 
 
@@ -297,7 +316,8 @@ def rl_cycle(
     client = cycle_client(config, whitney_block, starts)
     metrics = run_cycle(load_rl_plan(config), client, cycle, run_id, sampler_id, auxiliary)
     names = {run_id: "policy", **{handle.run_id: handle.name for handle in auxiliary}}
-    record_cycle(metrics, by_run(client.log.operations, names))
+    turns = [metrics.episodes.markdown()] if metrics.episodes is not None else []
+    record_cycle(metrics, by_run(client.log.operations, names), turns)
     return metrics
 
 

@@ -15,6 +15,11 @@ from typing import Any
 
 from flows.core.config import ConfigError, check_resume_from
 from flows.core.environments import Environment, load_environment
+from flows.core.environments.multiturn import (
+    EnvironmentIO,
+    MultiTurnEnvironment,
+    environment_io,
+)
 from flows.core.seeds import derive_seed
 from flows.rl.config import RLConfig
 from flows.rl.recipes import (
@@ -38,8 +43,18 @@ class RLPlan:
 
     config: RLConfig
     recipe: Recipe
-    environment: Environment
+    environment: Environment | MultiTurnEnvironment
     tokenizer: Tokenizer
+
+    @property
+    def multi_turn(self) -> bool:
+        """Episodes of several turns (flows.rl.episodes), not one completion per prompt."""
+        return isinstance(self.environment, MultiTurnEnvironment)
+
+    @property
+    def io(self) -> EnvironmentIO | None:
+        """How the environment's calls run when it does I/O; None: inline."""
+        return environment_io(self.environment)
 
     def prompt_tokens(self, prompt: str) -> list[int]:
         """The prompt's token ids, after the tokenizer's BOS where it has one."""
@@ -108,7 +123,8 @@ def load_rl_plan(config: RLConfig) -> RLPlan:
     recipe = compose_recipe(config)
     try:
         environment = load_environment(config.env)
-    except ValueError as error:
+        environment_io(environment)
+    except (ValueError, TypeError) as error:
         raise ConfigError("env", str(error)) from None
     try:
         tokenizer = get_tokenizer(config.base_model)
@@ -144,6 +160,19 @@ def compose_recipe(config: RLConfig) -> Recipe:
     return recipe
 
 
+def probe_sequence(token: int, eos: int, transcript: bool) -> dict[str, Any]:
+    """A probe group's sequence: `token` and EOS; a transcript (multi-turn): that action, an
+    observation token, the action again (flows.rl.transcripts)."""
+    if not transcript:
+        return {"tokens": [token, eos], "logprobs": [-1.0, -1.0], "stop_reason": "stop"}
+    return {
+        "tokens": [token, eos, ord("?"), token, eos],
+        "logprobs": [-1.0, -1.0, 0.0, -1.0, -1.0],
+        "action_mask": [1.0, 1.0, 0.0, 1.0, 1.0],
+        "stop_reason": "stop",
+    }
+
+
 def probe(plan: RLPlan) -> tuple[dict[str, Any], DryRunClient]:
     """The recipe's payload for a made-up group of two sequences, as a dry run, and the
     client that saw every call it made (build_loss and finish_cycle): those calls get
@@ -152,8 +181,8 @@ def probe(plan: RLPlan) -> tuple[dict[str, Any], DryRunClient]:
     request = sample_request(plan.prompt_tokens("probe"), 2, max_tokens=2)
     sample = {
         "sequences": [
-            {"tokens": [ord("1"), eos], "logprobs": [-1.0, -1.0], "stop_reason": "stop"},
-            {"tokens": [ord("a"), eos], "logprobs": [-1.0, -1.0], "stop_reason": "stop"},
+            probe_sequence(ord("1"), eos, plan.multi_turn),
+            probe_sequence(ord("a"), eos, plan.multi_turn),
         ],
         "prompt_tokens": len(request["prompt"]["token_ids"]),
     }

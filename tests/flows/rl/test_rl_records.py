@@ -36,6 +36,7 @@ METRIC_FIELDS = {
     "tokens_trained",
     "usage",
     "cost",
+    "episodes",
     "op_seconds",
     "wall_seconds",
 }
