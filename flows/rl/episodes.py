@@ -214,6 +214,12 @@ def build_episode_batch(
     groups = resample_rounds(first, config.resample_rounds, redraw)
     kept = [group for group in groups if not group.dropped]
     calls = [call for group in kept or groups[:1] for call in loss_calls(plan, group)]
+    if not calls:
+        raise EpisodeFailed(
+            f"no episode of cycle {cycle} sampled an action: each was cut before its first "
+            f"turn (rollout.max_episode_tokens {config.rollout.max_episode_tokens}, "
+            f"rollout.episode_timeout_s {config.rollout.episode_timeout_s})"
+        )
     payload, recipe_metrics = recipe_payload(
         plan, client, cycle, run_id, sampler_id, calls, auxiliary, train=bool(kept)
     )

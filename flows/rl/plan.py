@@ -19,6 +19,7 @@ from flows.core.environments.multiturn import (
     EnvironmentIO,
     MultiTurnEnvironment,
     environment_io,
+    max_action_tokens,
 )
 from flows.core.seeds import derive_seed
 from flows.rl.config import RLConfig
@@ -55,6 +56,13 @@ class RLPlan:
     def io(self) -> EnvironmentIO | None:
         """How the environment's calls run when it does I/O; None: inline."""
         return environment_io(self.environment)
+
+    @property
+    def action_tokens(self) -> int:
+        """The most tokens a turn samples: `max_tokens`, or the environment's
+        `max_action_tokens` when lower."""
+        limit = max_action_tokens(self.environment)
+        return self.config.max_tokens if limit is None else min(self.config.max_tokens, limit)
 
     def prompt_tokens(self, prompt: str) -> list[int]:
         """The prompt's token ids, after the tokenizer's BOS where it has one."""
@@ -124,6 +132,7 @@ def load_rl_plan(config: RLConfig) -> RLPlan:
     try:
         environment = load_environment(config.env)
         environment_io(environment)
+        max_action_tokens(environment)
     except (ValueError, TypeError) as error:
         raise ConfigError("env", str(error)) from None
     try:

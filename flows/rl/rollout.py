@@ -6,8 +6,10 @@
       turn 0, 1, ...           while an episode runs:
         limits                 max_turns, max_episode_tokens, episode_timeout_s cut an episode
         sample[seq=k..k+n-1]   one request per distinct transcript of a group (a group's first
-                               turn: one request, num_samples = its episodes), a reserved block
-                               of seq ids, submitted together (or one after another)
+                               turn: one request, num_samples = its episodes), max_tokens the
+                               least of max_tokens, the environment's max_action_tokens and the
+                               room left; a reserved block of seq ids, submitted together (or
+                               one after another)
         step                   each action, decoded, to its episode -> observation, reward, done
         next prompt            transcript + action + observation (flows.rl.transcripts)
 
@@ -195,7 +197,7 @@ def turn_requests(
         request = sample_request(
             list(prompt),
             len(members),
-            max_tokens=min(config.max_tokens, room),
+            max_tokens=min(plan.action_tokens, room),
             temperature=config.temperature,
             stop_token_ids=[plan.tokenizer.eos_id],
             seed=seed,

@@ -60,6 +60,13 @@ class FlakyTool:
         return FlakyToolEpisode(self.tools.setdefault(seed, random.Random(seed)), self.rate)
 
 
+class SteadyTool(FlakyTool):
+    """The tool, calls always answered, inline (no I/O declared): for the token limit."""
+
+    io = None
+    rate = 0.0
+
+
 def fails_for_good(seed: int, rate: float = FlakyTool.rate, retries: int = TOOL_IO.retries) -> bool:
     """Whether a FlakyTool episode with this seed fails, by hand: its start and each of its
     steps get `retries` + 1 draws, and a call whose draws all fail ends it."""

@@ -18,10 +18,12 @@ task, its seed and the actions so far, `initial_observation` and `step` must be
 deterministic, as `Environment.reward` is. A retried cycle then replays: its samples come back
 from Whitney's journal and its episodes take the same turns.
 
-An environment that does I/O (a tool, a sandbox, a remote grader) sets `io` to an
-`EnvironmentIO`: its `initial_observation` and `step` calls then run as Prefect tasks with
-retries, a timeout and a concurrency limit (`flows.core.environments.calls`). A step that
-raises must leave its episode as it was, so that a retry can call it again.
+An environment whose actions are short can bound them: `max_action_tokens` (an int) caps the
+tokens sampled per turn, below the config's `max_tokens`. An environment that does I/O (a
+tool, a sandbox, a remote grader) sets `io` to an `EnvironmentIO`: its `initial_observation`
+and `step` calls then run as Prefect tasks with retries, a timeout and a concurrency limit
+(`flows.core.environments.calls`). A step that raises must leave its episode as it was, so
+that a retry can call it again.
 """
 
 from __future__ import annotations
@@ -62,7 +64,8 @@ class Episode(Protocol):
 
 @runtime_checkable
 class MultiTurnEnvironment(Protocol):
-    """Episodes of seeded tasks. May set `io` (an `EnvironmentIO`) when its calls do I/O."""
+    """Episodes of seeded tasks. May set `max_action_tokens` (an int: the most tokens of an
+    action) and `io` (an `EnvironmentIO`, when its calls do I/O)."""
 
     def episode(self, task: int, seed: int) -> Episode:
         """A fresh episode of the task `task` names (shared by a group's episodes), with its
@@ -94,3 +97,14 @@ def environment_io(environment: object) -> EnvironmentIO | None:
     if io is not None and not isinstance(io, EnvironmentIO):
         raise TypeError(f"{type(environment).__name__}.io must be an EnvironmentIO, got {io!r}")
     return io
+
+
+def max_action_tokens(environment: object) -> int | None:
+    """The most tokens an action of the environment takes (its `max_action_tokens`), None
+    when it sets none; TypeError if it is not a positive int."""
+    limit = getattr(environment, "max_action_tokens", None)
+    if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 1):
+        raise TypeError(
+            f"{type(environment).__name__}.max_action_tokens must be a positive int, got {limit!r}"
+        )
+    return limit

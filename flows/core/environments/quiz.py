@@ -1,13 +1,23 @@
 """A multi-turn quiz: three questions, each asking for a number or for a lowercase word.
 
-Each episode is 3 turns. Each turn asks either for a number (`Number: `) or for a lowercase
-word (`Word: `), in an order the episode's task draws, and the next observation says whether
-the last answer was right before it asks the next question. So the right answer depends on
-each turn's observation, not on the first prompt alone. An answer is right when it is one or
-more ASCII digits (a number) or ASCII lowercase letters (a word) and nothing else. The reward
-is the mean score of the three turns, a right answer scoring 1: the share of turns answered
-right. A wrong answer scores half the share of its characters that fit the question, so a
-random model gets a gradient to follow (as in `digits`).
+Each episode is 3 turns. It opens with a legend, `Number #12 Word:ab`, then each turn asks
+either for a number (`Number #`) or for a lowercase word (`Word:`), in an order the episode's
+task draws; the next observation says whether the last answer was right (`Right.` or
+`Wrong.`) before it asks the next question. An answer is one token (`max_action_tokens`): it
+is right when it is a digit (a number) or a lowercase ASCII letter (a word). The reward is the
+share of turns answered right.
+
+Why this shape (the tiny byte model learns it on 2 cores; README, Multi-turn environments):
+
+- The question's kind is the last character before the answer (`#` or `:`), and the legend
+  puts both kinds in every transcript from the first turn on. With `Number: ` and `Word: `
+  prompts the model answered the first turn right (its context holds only that question) but
+  answered the later turns from the earlier ones' content: it did not find the latest question
+  in a longer transcript within 30 cycles.
+- Answers are one token and the reward is 0 or 1 a turn. With 12-token answers a random model
+  almost never answers right, so it learned from partial credit for the characters that fit,
+  and the more common lowercase letters took over every answer before the model learned to read
+  the question.
 """
 
 from __future__ import annotations
@@ -18,19 +28,19 @@ from flows.core.environments import Completion, character_share
 from flows.core.environments.multiturn import StepResult
 
 TURNS = 3
-QUESTIONS = {"number": "Number: ", "word": "Word: "}
+LEGEND = "Number #12 Word:ab\n"
+QUESTIONS = {"number": "Number #", "word": "Word:"}
 ALLOWED = {"number": frozenset("0123456789"), "word": frozenset("abcdefghijklmnopqrstuvwxyz")}
-VERDICTS = {True: "\nRight. ", False: "\nWrong. "}
+VERDICTS = {True: "\nRight.", False: "\nWrong."}
 
 
-def answer_score(kind: str, text: str) -> float:
-    """1.0 for a right answer to a `kind` question, else half the share of fitting characters."""
-    share = character_share(text, ALLOWED[kind])
-    return 1.0 if share == 1.0 else 0.5 * share
+def right_answer(kind: str, text: str) -> bool:
+    """Whether `text` answers a `kind` question: one or more characters, all of that kind."""
+    return character_share(text, ALLOWED[kind]) == 1.0
 
 
 class QuizEpisode:
-    """Three questions in a seeded order; each step scores the answer and asks the next."""
+    """Three questions in a seeded order; each step judges the answer and asks the next."""
 
     def __init__(self, task: int) -> None:
         rng = random.Random(task)
@@ -38,19 +48,20 @@ class QuizEpisode:
         self.turn = 0
 
     def initial_observation(self) -> str:
-        return QUESTIONS[self.kinds[0]]
+        return LEGEND + QUESTIONS[self.kinds[0]]
 
     def step(self, action: Completion) -> StepResult:
-        score = answer_score(self.kinds[self.turn], action.text)
+        right = right_answer(self.kinds[self.turn], action.text)
         self.turn += 1
-        verdict = VERDICTS[score == 1.0]
         done = self.turn == TURNS
-        question = "" if done else QUESTIONS[self.kinds[self.turn]]
-        return StepResult(verdict.rstrip() if done else verdict + question, score / TURNS, done)
+        question = "" if done else " " + QUESTIONS[self.kinds[self.turn]]
+        return StepResult(VERDICTS[right] + question, float(right) / TURNS, done)
 
 
 class QuizEnvironment:
     """The quiz: one `QuizEpisode` per task (the order of its questions)."""
+
+    max_action_tokens = 1
 
     def episode(self, task: int, seed: int) -> QuizEpisode:
         return QuizEpisode(task)

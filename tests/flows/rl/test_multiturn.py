@@ -48,9 +48,10 @@ def quiz_config(small_config: RLConfig, tmp_path: Path) -> RLConfig:
 
 def episodes_in_journal(rows: list[dict]) -> list[list[tuple[list[int], list[int]]]]:
     """Every episode of a journal's sample operations as its (prompt, action) turns: a
-    sample whose prompt continues an earlier prompt and action is that episode's next turn."""
+    sample whose prompt continues an earlier prompt and action is that episode's next turn
+    (episodes whose transcripts are equal share a sample, one sequence each)."""
     episodes: list[list[tuple[list[int], list[int]]]] = []
-    open_ends: dict[tuple[int, ...], int] = {}  # prompt + action -> episode
+    open_ends: dict[tuple[int, ...], list[int]] = {}  # prompt + action -> episodes
     for row in rows:
         if row["kind"] != "sample":
             continue
@@ -59,27 +60,29 @@ def episodes_in_journal(rows: list[dict]) -> list[list[tuple[list[int], list[int
         for sequence in json.loads(row["result"])["sequences"]:
             action = sequence["tokens"]
             if continued:
-                index = open_ends.pop(max(continued, key=len))
+                end = max(continued, key=len)
+                index = open_ends[end].pop(0)
+                if not open_ends[end]:
+                    del open_ends[end]
+                    continued.remove(end)
                 episodes[index].append((prompt, action))
             else:
                 index = len(episodes)
                 episodes.append([(prompt, action)])
-            open_ends[tuple(prompt + action)] = index
+            open_ends.setdefault(tuple(prompt + action), []).append(index)
     return episodes
 
 
 def quiz_reward(turns: list[tuple[list[int], list[int]]]) -> float:
-    """The quiz's reward, by hand: each turn's question is the last word before `: ` in its
-    prompt; an answer of only digits (Number) or only lowercase letters (Word) scores 1, else
-    half the share of such characters; the mean over the 3 turns."""
-    scores = []
+    """The quiz's reward, by hand: a prompt ending in `#` asks for a number, one ending in
+    `:` for a word; an answer is right when it is one or more digits (a number) or lowercase
+    letters (a word); the share of the 3 turns answered right."""
+    right = 0
     for prompt, action in turns:
-        question = bytes(t for t in prompt if t < 256).decode(errors="replace").split()[-1]
-        allowed = DIGITS if question == "Number:" else LETTERS
+        allowed = DIGITS if prompt[-1] == ord("#") else LETTERS
         text = bytes(t for t in action if t < 256).decode(errors="replace")
-        share = sum(c in allowed for c in text) / len(text) if text else 0.0
-        scores.append(1.0 if share == 1.0 else 0.5 * share)
-    return sum(scores) / 3
+        right += bool(text) and all(c in allowed for c in text)
+    return right / 3
 
 
 def cycle_rows(rows: list[dict], start: int, end: int) -> list[dict]:
@@ -97,17 +100,19 @@ def test_quiz_turns_records_and_rewards_by_hand(
     for cycle, line in zip(result.cycles, lines, strict=True):
         mine = cycle_rows(rows, cycle.seq_start, cycle.seq_end)
         kinds = [row["kind"] for row in mine]
-        # turn 0: a request per group (its 3 episodes); turns 1 and 2: one per episode
-        samples = [
-            quiz_config.prompts_per_cycle,
-            episodes_per_cycle,
-            episodes_per_cycle,
-        ]
         first = ["save_weights_for_sampler"] if cycle.cycle == 0 else []
-        tail = ["forward_backward", "optim_step"] + (
-            ["save_weights_for_sampler"] if cycle.cycle == 0 else []
+        published = ["save_weights_for_sampler"] if cycle.cycle == 0 else []
+        samples = kinds.count("sample")
+        assert (
+            kinds == first + ["sample"] * samples + ["forward_backward", "optim_step"] + published
         )
-        assert kinds == first + ["sample"] * sum(samples) + tail
+        # turn 0: a request per group (its 3 episodes); later turns: one per distinct
+        # transcript of a group, at most one per episode
+        assert (
+            quiz_config.prompts_per_cycle
+            < samples
+            <= quiz_config.prompts_per_cycle + 2 * episodes_per_cycle
+        )
         episodes = episodes_in_journal(mine)
         assert [len(turns) for turns in episodes] == [3] * episodes_per_cycle
         rewards = [quiz_reward(turns) for turns in episodes]
@@ -128,6 +133,7 @@ def test_quiz_turns_records_and_rewards_by_hand(
                 observed += len(following) - len(prompt) - len(action)
         assert stats.observation_tokens == observed
         assert [record.episodes for record in stats.turn_records] == [episodes_per_cycle] * 3
+        assert [record.action_tokens for record in stats.turn_records] == [episodes_per_cycle] * 3
         assert line["episodes"]["turns_per_episode"] == 3.0
     # the cycle artifact has the turns; inspect finds them in the data directory
     cycles = subflow_runs(state.state_details.flow_run_id)
@@ -148,11 +154,12 @@ def test_quiz_turns_records_and_rewards_by_hand(
         == 0
     )
     (group,) = json.loads(capsys.readouterr().out)["groups"]
-    assert [(block["turn"], block["samples"], block["sequences"]) for block in group["turns"]] == [
-        (0, 2, 6),
-        (1, 6, 6),
-        (2, 6, 6),
+    assert [(block["turn"], block["sequences"]) for block in group["turns"]] == [
+        (0, 6),
+        (1, 6),
+        (2, 6),
     ]
+    assert group["turns"][0]["samples"] == 2  # a request per group
     assert (
         main(["inspect", result.run_id, "--data-dir", str(whitney.data_dir), "--cycle", "1"]) == 0
     )
@@ -196,18 +203,19 @@ def test_limits_cut_episodes_as_configured(whitney: EmbeddedWhitney, quiz_config
         one_cycle.model_copy(update={"rollout": RolloutSettings(max_turns=2, limit_reward=-1)})
     )
     assert fixed.cycles[0].reward_mean == -1.0
-    # 16 tokens: "Number: " (9 with BOS) leaves 7, of which max_tokens 6 are sampled, and no
-    # room for the next turn; "Word: " (7) leaves 9, 6 sampled
+    # the steady tool's "Tool: " (7 tokens with BOS) leaves 3 of 10: max_tokens 6 becomes 3,
+    # and " ok\nTool: " leaves no room for a second turn
     tokens = rl_flow(
-        one_cycle.model_copy(update={"rollout": RolloutSettings(max_episode_tokens=16)})
+        one_cycle.model_copy(
+            update={
+                "env": "flowtest_multiturn:SteadyTool",
+                "rollout": RolloutSettings(max_episode_tokens=10),
+            }
+        )
     )
     assert tokens.cycles[0].episodes.stop_reasons == {"episode_tokens": 6}
     rows = [row for row in journal_rows(whitney, tokens.run_id) if row["kind"] == "sample"]
-    for row in rows:
-        prompt = json.loads(row["payload"])["prompt"]["token_ids"]
-        assert json.loads(row["payload"])["sampling_params"]["max_tokens"] == min(
-            6, 16 - len(prompt)
-        )
+    assert [json.loads(row["payload"])["sampling_params"]["max_tokens"] for row in rows] == [3, 3]
     timed = rl_flow(
         one_cycle.model_copy(
             update={
