@@ -318,6 +318,7 @@ def test_transport_errors_exhaust_into_a_transport_error(mock, fake_time):
     assert len(fake_time.sleeps) == 2
     assert caught.value.status is None
     assert "ConnectError" in str(caught.value)
+    assert "(gave up after 3 attempts in " in str(caught.value)  # a server that stays away
     assert caught.value.details["path"] == "/v1/training/capabilities"
 
 
