@@ -14,6 +14,9 @@ MODULES = (
     "whitney.advantages",
     "whitney.payloads",
     "whitney.client",
+    "whitney.hf_cache",
+    "whitney.tokenizers",
+    "whitney.renderers",
 )
 
 
