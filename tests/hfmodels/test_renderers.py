@@ -18,6 +18,7 @@ from whitney.renderers import (
     QwenRenderer,
     RawRenderer,
     Transcript,
+    as_messages,
     check_messages,
     get_renderer,
 )
@@ -169,6 +170,9 @@ def test_auto_and_refusals():
         get_renderer("chatml", llama, "org/model")
     with pytest.raises(ValueError, match=r"messages\[1\].role must be one of"):
         check_messages([{"role": "user", "content": "a"}, {"role": "bot", "content": "b"}])
+    with pytest.raises(ValueError, match=r"prompt\[0\].content must be a string"):
+        as_messages([{"role": "user", "content": None}])  # an environment's prompt, checked
+    assert as_messages("hi") == [{"role": "user", "content": "hi"}]
 
 
 def test_a_template_that_rewrites_earlier_turns_is_refused():

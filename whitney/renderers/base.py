@@ -29,10 +29,10 @@ Prompt = str | list[Message]
 
 
 def as_messages(prompt: Prompt) -> list[Message]:
-    """A prompt as messages: text is one user turn."""
+    """A prompt as messages: text is one user turn; messages are checked (`check_messages`)."""
     if isinstance(prompt, str):
         return [{"role": "user", "content": prompt}]
-    return list(prompt)
+    return check_messages(prompt, "prompt")
 
 
 def check_messages(messages: object, where: str = "messages") -> list[Message]:
