@@ -1,6 +1,5 @@
-"""What the flow tests on Hugging Face checkpoints share: chat data, an environment whose
-prompts are messages (loaded by import path `flowtest_hf:...`), and the Llama 3 and Qwen
-formats written out by hand, to check what the flows sent."""
+"""What the flow tests on Hugging Face checkpoints share: chat data and an environment whose
+prompts are messages (loaded by import path `flowtest_hf:...`)."""
 
 from __future__ import annotations
 
@@ -41,38 +40,3 @@ class ChatNumbers:
     def reward(self, prompt: Any, completion: Completion) -> float:
         assert prompt == [SYSTEM, *ASK], prompt  # the environment's own messages come back
         return character_share(completion.text, frozenset("0123456789"))
-
-
-def llama3_by_hand(tokenizer: Any, messages: list[Message], generation: bool) -> list[int]:
-    """Llama 3's format, special token by special token."""
-    special = tokenizer.convert_tokens_to_ids
-
-    def text(value: str) -> list[int]:
-        return tokenizer.encode(value, add_special_tokens=False)
-
-    def header(role: str) -> list[int]:
-        return [special("<|start_header_id|>"), *text(role), special("<|end_header_id|>")]
-
-    tokens = [special("<|begin_of_text|>")]
-    for message in messages:
-        tokens += header(message["role"]) + text("\n\n") + text(message["content"])
-        tokens.append(special("<|eot_id|>"))
-    return tokens + (header("assistant") + text("\n\n") if generation else [])
-
-
-def chatml_by_hand(tokenizer: Any, messages: list[Message]) -> tuple[list[int], list[float]]:
-    """Qwen's ChatML format and its assistant mask, special token by special token."""
-    special = tokenizer.convert_tokens_to_ids
-
-    def text(value: str) -> list[int]:
-        return tokenizer.encode(value, add_special_tokens=False)
-
-    tokens: list[int] = []
-    weights: list[float] = []
-    for message in messages:
-        header = [special("<|im_start|>"), *text(message["role"] + "\n")]
-        body = text(message["content"]) + [special("<|im_end|>")]
-        learned = float(message["role"] == "assistant")
-        tokens += header + body + text("\n")
-        weights += [0.0] * len(header) + [learned] * len(body) + [0.0]
-    return tokens, weights

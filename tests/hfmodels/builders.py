@@ -214,3 +214,45 @@ def build_cache(cache: Path) -> Path:
     add_to_cache(cache, QWEN_REPO, save_qwen2)
     add_to_cache(cache, GPT2_REPO, save_gpt2_config)
     return cache
+
+
+def llama3_by_hand(
+    tokenizer: Any, messages: list[dict[str, str]], generation: bool = False
+) -> tuple[list[int], list[float]]:
+    """Llama 3's format and its assistant mask, special token by special token (contents
+    without surrounding white space: the template trims them)."""
+    special, text = tokenizer.convert_tokens_to_ids, _text(tokenizer)
+
+    def header(role: str) -> list[int]:
+        start, end = special("<|start_header_id|>"), special("<|end_header_id|>")
+        return [start, *text(role), end, *text("\n\n")]
+
+    tokens, weights = [special("<|begin_of_text|>")], [0.0]
+    for message in messages:
+        head = header(message["role"])
+        body = text(message["content"]) + [special("<|eot_id|>")]
+        learned = float(message["role"] == "assistant")
+        tokens += head + body
+        weights += [0.0] * len(head) + [learned] * len(body)
+    if generation:
+        tokens += header("assistant")
+        weights += [0.0] * (len(tokens) - len(weights))
+    return tokens, weights
+
+
+def chatml_by_hand(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[float]]:
+    """Qwen's ChatML format and its assistant mask, special token by special token."""
+    special, text = tokenizer.convert_tokens_to_ids, _text(tokenizer)
+    tokens: list[int] = []
+    weights: list[float] = []
+    for message in messages:
+        head = [special("<|im_start|>"), *text(message["role"] + "\n")]
+        body = text(message["content"]) + [special("<|im_end|>")]
+        learned = float(message["role"] == "assistant")
+        tokens += head + body + text("\n")
+        weights += [0.0] * len(head) + [learned] * len(body) + [0.0]
+    return tokens, weights
+
+
+def _text(tokenizer: Any) -> Callable[[str], list[int]]:
+    return lambda value: tokenizer.encode(value, add_special_tokens=False)

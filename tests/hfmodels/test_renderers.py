@@ -5,18 +5,25 @@ multi-turn transcript rendered turn by turn giving the whole conversation's toke
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 
-from tests.hfmodels.builders import llama3_tokenizer, qwen_tokenizer
+from tests.hfmodels.builders import (
+    chatml_by_hand,
+    llama3_by_hand,
+    llama3_tokenizer,
+    qwen_tokenizer,
+)
 from whitney.datums import rl_datum, sft_datum
 from whitney.renderers import (
+    RENDERERS,
     ChatTemplateRenderer,
     Llama3Renderer,
     Message,
     QwenRenderer,
     RawRenderer,
+    RendererName,
     Transcript,
     as_messages,
     check_messages,
@@ -49,43 +56,10 @@ def pieces(tokenizer: Any):
     return special, text
 
 
-def llama3_expected(tokenizer: Any) -> tuple[list[int], list[float]]:
-    """CONVERSATION in Llama 3's format, and its mask, written out by hand."""
-    special, text = pieces(tokenizer)
-    tokens: list[int] = special("<|begin_of_text|>")
-    weights: list[float] = [0.0]
-    for message in CONVERSATION:
-        header = [
-            *special("<|start_header_id|>"),
-            *text(message["role"]),
-            *special("<|end_header_id|>"),
-            *text("\n\n"),
-        ]
-        body = text(message["content"]) + special("<|eot_id|>")
-        learned = float(message["role"] == "assistant")
-        tokens += header + body
-        weights += [0.0] * len(header) + [learned] * len(body)
-    return tokens, weights
-
-
-def qwen_expected(tokenizer: Any) -> tuple[list[int], list[float]]:
-    """CONVERSATION in Qwen's ChatML format, and its mask, written out by hand."""
-    special, text = pieces(tokenizer)
-    tokens: list[int] = []
-    weights: list[float] = []
-    for message in CONVERSATION:
-        header = special("<|im_start|>") + text(message["role"] + "\n")
-        body = text(message["content"]) + special("<|im_end|>")
-        learned = float(message["role"] == "assistant")
-        tokens += header + body + text("\n")
-        weights += [0.0] * len(header) + [learned] * len(body) + [0.0]
-    return tokens, weights
-
-
 def test_llama3_renders_the_hand_written_tokens_and_mask():
     tokenizer = llama3_tokenizer()
     rendered = Llama3Renderer(wrap(tokenizer)).build_supervised(CONVERSATION)
-    assert (rendered.tokens, rendered.weights) == llama3_expected(tokenizer)
+    assert (rendered.tokens, rendered.weights) == llama3_by_hand(tokenizer, CONVERSATION)
     learned = [t for t, w in zip(rendered.tokens, rendered.weights, strict=True) if w]
     assert tokenizer.decode(learned) == "Fish.<|eot_id|>The dog eats meat.<|eot_id|>"
 
@@ -93,7 +67,7 @@ def test_llama3_renders_the_hand_written_tokens_and_mask():
 def test_qwen_renders_the_hand_written_tokens_and_mask():
     tokenizer = qwen_tokenizer()
     rendered = QwenRenderer(wrap(tokenizer)).build_supervised(CONVERSATION)
-    assert (rendered.tokens, rendered.weights) == qwen_expected(tokenizer)
+    assert (rendered.tokens, rendered.weights) == chatml_by_hand(tokenizer, CONVERSATION)
     learned = [t for t, w in zip(rendered.tokens, rendered.weights, strict=True) if w]
     assert tokenizer.decode(learned) == "Fish.<|im_end|>The dog eats meat.<|im_end|>"
 
@@ -159,6 +133,7 @@ def test_raw_renders_a_pair_as_the_flows_always_did():
 
 
 def test_auto_and_refusals():
+    assert get_args(RendererName) == ("auto", *RENDERERS)  # the config's dropdown: every one
     llama = wrap(llama3_tokenizer())
     assert get_renderer("auto", ByteTokenizer(), "local/nano").name == "raw"
     assert get_renderer("auto", llama, "org/model").name == "chat_template"

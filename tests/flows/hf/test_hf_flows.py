@@ -11,7 +11,7 @@ import sqlite3
 from pathlib import Path
 
 import pytest
-from flowtest_hf import ASK, SYSTEM, chatml_by_hand, conversations, llama3_by_hand
+from flowtest_hf import ASK, SYSTEM, conversations
 from flowtest_settings import QUICK_RECOVERY
 
 from flows.cli.main import main
@@ -23,6 +23,8 @@ from tests.hfmodels.builders import (
     GPT2_REPO,
     LLAMA_REPO,
     QWEN_REPO,
+    chatml_by_hand,
+    llama3_by_hand,
     llama3_tokenizer,
     qwen_tokenizer,
 )
@@ -103,7 +105,7 @@ def test_rl_with_messages_as_prompts(hf_server: EmbeddedWhitney):
     result = rl_flow(config)
     assert len(result.cycles) == 2
     tokenizer = llama3_tokenizer()
-    prompt = llama3_by_hand(tokenizer, [SYSTEM, *ASK], generation=True)
+    prompt, _ = llama3_by_hand(tokenizer, [SYSTEM, *ASK], generation=True)
     samples = sent(hf_server, result.run_id, "sample")
     assert len(samples) == 4
     for payload in samples:
