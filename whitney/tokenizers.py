@@ -114,6 +114,11 @@ def get_tokenizer(base_model: str, tokenizer: str | None = None) -> Tokenizer:
         directory = Path(tokenizer).expanduser()
         if directory.is_dir():
             return load_hf_tokenizer(str(directory.resolve()))
+        if not hf_cache.is_repo_id(tokenizer):
+            raise ValueError(
+                f"tokenizer {tokenizer!r} is neither a directory nor a Hugging Face repo id "
+                "(owner/name)"
+            )
         return repo_tokenizer(tokenizer, f"tokenizer {tokenizer!r}")
     if base_model.startswith(LOCAL_PREFIX):
         return ByteTokenizer()

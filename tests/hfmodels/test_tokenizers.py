@@ -51,7 +51,7 @@ def test_offline_a_missing_tokenizer_names_the_model_and_how_to_provide_it(hf_mo
     for part in ("'Qwen/Qwen3-4B'", str(hf_models), "HF_HUB_OFFLINE", "hf download Qwen/Qwen3-4B"):
         assert part in message
     assert "`tokenizer`" in message
-    with pytest.raises(ValueError, match="owner/name"):
+    with pytest.raises(ValueError, match="'not-a-repo' is neither a directory nor a Hugging"):
         get_tokenizer("Qwen/Qwen3-4B", tokenizer="not-a-repo")
 
 
