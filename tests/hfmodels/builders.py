@@ -240,7 +240,9 @@ def llama3_by_hand(
     return tokens, weights
 
 
-def chatml_by_hand(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list[int], list[float]]:
+def chatml_by_hand(
+    tokenizer: Any, messages: list[dict[str, str]], generation: bool = False
+) -> tuple[list[int], list[float]]:
     """Qwen's ChatML format and its assistant mask, special token by special token."""
     special, text = tokenizer.convert_tokens_to_ids, _text(tokenizer)
     tokens: list[int] = []
@@ -251,6 +253,9 @@ def chatml_by_hand(tokenizer: Any, messages: list[dict[str, str]]) -> tuple[list
         learned = float(message["role"] == "assistant")
         tokens += head + body + text("\n")
         weights += [0.0] * len(head) + [learned] * len(body) + [0.0]
+    if generation:
+        tokens += [special("<|im_start|>"), *text("assistant\n")]
+        weights += [0.0] * (len(tokens) - len(weights))
     return tokens, weights
 
 

@@ -59,10 +59,20 @@ def sent(server: EmbeddedWhitney, run_id: str, kind: str) -> list[dict]:
     return [json.loads(payload) for (payload,) in rows]
 
 
-def test_sft_on_chat_data_with_the_chat_template(hf_server: EmbeddedWhitney, chat_data: Path):
+FORMATS = {
+    QWEN_REPO: (qwen_tokenizer, chatml_by_hand, "<|im_end|>"),
+    LLAMA_REPO: (llama3_tokenizer, llama3_by_hand, "<|eot_id|>"),
+}
+"""Each checkpoint's tokenizer, its chat format written by hand, its end-of-turn token."""
+
+
+@pytest.mark.parametrize("repo_id", [QWEN_REPO, LLAMA_REPO])
+def test_sft_on_chat_data_with_the_chat_template(
+    hf_server: EmbeddedWhitney, chat_data: Path, repo_id: str
+):
     config = SFTConfig(
         api_url=hf_server.url,
-        base_model=QWEN_REPO,
+        base_model=repo_id,
         data_path=str(chat_data),
         steps=10,
         steps_per_cycle=5,
@@ -75,9 +85,10 @@ def test_sft_on_chat_data_with_the_chat_template(hf_server: EmbeddedWhitney, cha
     )
     result = sft_flow(config)
     assert result.eval_losses[-1] < result.eval_losses[0], result.eval_losses
+    tokenizer, by_hand, _ = FORMATS[repo_id]
     expected = {}
     for chat in conversations():
-        tokens, weights = chatml_by_hand(qwen_tokenizer(), chat)
+        tokens, weights = by_hand(tokenizer(), chat)
         expected[tuple(tokens[:-1])] = weights[1:]
     trained = [
         datum
@@ -85,16 +96,17 @@ def test_sft_on_chat_data_with_the_chat_template(hf_server: EmbeddedWhitney, cha
         for datum in payload["data"]
     ]
     assert len(trained) == 10 * 4
-    for datum in trained:  # every datum is a chat in ChatML, trained on its assistant turns
+    for datum in trained:  # every datum is a chat in the format, trained on assistant turns
         tokens = tuple(datum["input"]["token_ids"])
         assert datum["loss_inputs"]["weights"]["values"] == expected[tokens]
 
 
-def test_rl_with_messages_as_prompts(hf_server: EmbeddedWhitney):
+@pytest.mark.parametrize(("repo_id", "renderer"), [(LLAMA_REPO, "llama3"), (QWEN_REPO, "auto")])
+def test_rl_with_messages_as_prompts(hf_server: EmbeddedWhitney, repo_id: str, renderer: str):
     config = RLConfig(
         api_url=hf_server.url,
-        base_model=LLAMA_REPO,
-        renderer="llama3",
+        base_model=repo_id,
+        renderer=renderer,
         env="flowtest_hf:ChatNumbers",
         cycles=2,
         prompts_per_cycle=2,
@@ -104,15 +116,15 @@ def test_rl_with_messages_as_prompts(hf_server: EmbeddedWhitney):
     )
     result = rl_flow(config)
     assert len(result.cycles) == 2
-    tokenizer = llama3_tokenizer()
-    prompt, _ = llama3_by_hand(tokenizer, [SYSTEM, *ASK], generation=True)
+    make_tokenizer, by_hand, end_of_turn = FORMATS[repo_id]
+    tokenizer = make_tokenizer()
+    prompt, _ = by_hand(tokenizer, [SYSTEM, *ASK], generation=True)
     samples = sent(hf_server, result.run_id, "sample")
     assert len(samples) == 4
     for payload in samples:
         assert payload["prompt"]["token_ids"] == prompt
-        assert payload["sampling_params"]["stop_token_ids"] == [
-            tokenizer.convert_tokens_to_ids("<|eot_id|>")
-        ]
+        stop = payload["sampling_params"]["stop_token_ids"]
+        assert stop == [tokenizer.convert_tokens_to_ids(end_of_turn)]
 
 
 def test_the_cli_trains_a_cached_repo_id_on_the_embedded_server_it_starts(
