@@ -44,7 +44,7 @@ from flows.core.connection import resolve_connection
 from flows.core.cost import Usage, add_usage, format_cost, format_usage, usage_of
 from flows.core.cycles import RunRecords, by_run, cycle_client, record_cycle, run_cycles, run_rows
 from flows.core.sequenced_client import Call, SequencedClient
-from flows.core.training import end_training_run, start_training_run
+from flows.core.training import end_training_run, require_served, start_training_run
 from flows.distill.config import LOSS_FUNCTION, DistillationConfig
 from flows.distill.metrics import DistillationResult, DistillCycleMetrics, EvalLosses
 from flows.distill.plan import (
@@ -275,6 +275,7 @@ def distillation_flow(
     """
     plan = check_distill_config(config)  # fails closed before anything is allocated
     connection = resolve_connection(config.api_url, whitney_block)
+    require_served(config, connection)  # the student's and the teacher's, before the teacher
     guard = BudgetGuard(config.budget, flow_cost_model(config.prices, whitney_block))
     logger = get_run_logger()
     flow_run = FlowRunContext.get().flow_run

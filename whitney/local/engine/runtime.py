@@ -45,28 +45,40 @@ class OpOutput:
     usage: dict[str, int]  # {"tokens": n, plus prefill/sampled/trained tokens where they apply}
 
 
-def load_base(name: str) -> tuple[ModelConfig, dict[str, Tensor]]:
-    """A base model's config and read-only weights, built once per process and shared."""
+def base_key(name: str, hf_cache: Path | None = None) -> str:
+    """What a base model's weights are cached under: a `local/*` name, or the directory of a
+    Hugging Face checkpoint (`hf:<dir>`, or a repo id's snapshot in `hf_cache`)."""
+    if name in CONFIGS:
+        return name
+    from whitney.local.engine import hf_backend
+
+    if not hf_backend.is_hf_name(name):
+        raise UnsupportedBaseModel(
+            f"unsupported base model {name!r}: use {', '.join(BASE_MODELS)}, a Hugging Face "
+            "repo id (owner/name) in the local cache, or hf:<repo id or directory>",
+            details={"base_model": name},
+        )
+    return str(hf_backend.source_directory(name, hf_cache))
+
+
+def load_base(name: str, key: str) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """A base model's config and read-only weights (`key`: its `base_key`), built once per
+    process and shared."""
     with _bases_lock:
-        if name not in _bases:
+        if key not in _bases:
             if name in CONFIGS:
-                _bases[name] = (CONFIGS[name], init_weights(CONFIGS[name]))
-            elif name.startswith("hf:"):
+                _bases[key] = (CONFIGS[name], init_weights(CONFIGS[name]))
+            else:
                 from whitney.local.engine import hf_backend
 
-                _bases[name] = hf_backend.load(name)
-            else:
-                raise UnsupportedBaseModel(
-                    f"unsupported base model {name!r}: use {', '.join(BASE_MODELS)} or hf:<repo>",
-                    details={"base_model": name},
-                )
-        return _bases[name]
+                _bases[key] = hf_backend.load(name, Path(key))
+        return _bases[key]
 
 
-def shared_if_equal(name: str, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+def shared_if_equal(key: str, weights: dict[str, Tensor]) -> dict[str, Tensor]:
     """The cached base weights if a checkpoint's are equal (saves memory), else the checkpoint's."""
     with _bases_lock:
-        cached = _bases.get(name)
+        cached = _bases.get(key)
     same = cached is not None and cached[1].keys() == weights.keys()
     if same and all(torch.equal(cached[1][n], weights[n]) for n in weights):
         return cached[1]
@@ -124,8 +136,10 @@ class EngineRun:
         role: str,
         trainable: bool,
         value_head: dict[str, Tensor],
+        base_key: str,
     ) -> None:
         self.base_model, self.cfg, self.base_weights = base_model, cfg, base_weights
+        self.base_key = base_key  # where load_base keeps the base weights
         self.lora = lora.requires_grad_()
         self.role, self.trainable = role, trainable
         self.value_head = {n: t.requires_grad_() for n, t in value_head.items()}
@@ -148,10 +162,13 @@ class EngineRun:
         role: str = "policy",
         trainable: bool = True,
         checkpoint_dir: Path | None = None,
+        hf_cache: Path | None = None,
     ) -> EngineRun:
-        """A new run; with checkpoint_dir, its base weights, adapter, optimizer and step."""
+        """A new run; with checkpoint_dir, its base weights, adapter, optimizer and step.
+        A Hugging Face repo id is looked up in `hf_cache` (default: the environment's)."""
         validation.check_run(role, lora_rank)
-        cfg, weights = load_base(base_model)
+        key = base_key(base_model, hf_cache)
+        cfg, weights = load_base(base_model, key)
         value_head = {}
         if role == "critic":
             gen = torch.Generator().manual_seed(seed)
@@ -159,9 +176,8 @@ class EngineRun:
                 "value_head.weight": torch.randn(1, cfg.hidden_size, generator=gen) * 0.02,
                 "value_head.bias": torch.zeros(1),
             }
-        run = cls(
-            base_model, cfg, weights, Lora.init(cfg, lora_rank, seed), role, trainable, value_head
-        )
+        lora = Lora.init(cfg, lora_rank, seed)
+        run = cls(base_model, cfg, weights, lora, role, trainable, value_head, key)
         if checkpoint_dir is not None:
             run.restore(Path(checkpoint_dir), with_optimizer=True)
         return run
@@ -411,7 +427,7 @@ class EngineRun:
             *ckpt.optimizer.values(),
         )
         self.cfg = ckpt.config
-        self.base_weights = shared_if_equal(self.base_model, ckpt.base_weights)
+        self.base_weights = shared_if_equal(self.base_key, ckpt.base_weights)
         self.model = Llama(self.cfg, self.base_weights, self.lora)
         with torch.no_grad():
             for name, param in self.trainable_parameters().items():
