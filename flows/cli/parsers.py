@@ -85,6 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
     add_model_options(rl)
     rl.add_argument("--seed", type=int, metavar="S", help="seed of run, prompts and sampling")
+    add_staleness_option(rl)
     add_output_options(rl)
     sft = flows.add_parser(
         "sft",
@@ -157,6 +158,16 @@ def shared_overrides(options: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def add_staleness_option(command: argparse.ArgumentParser) -> None:
+    """`--max-staleness S` of the flows that sample."""
+    command.add_argument(
+        "--max-staleness",
+        type=int,
+        metavar="S",
+        help="sample up to S optimizer steps behind, beside the training (0: on-policy)",
+    )
+
+
 def add_distill_parser(flows: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """`run distill` and its options (besides --api-url, --metrics-out and --adapter-dir)."""
     command = flows.add_parser(
@@ -180,6 +191,7 @@ def add_distill_parser(flows: argparse._SubParsersAction) -> argparse.ArgumentPa
     command.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
     add_model_options(command)
     command.add_argument("--seed", type=int, metavar="S", help="seed of runs and sampling")
+    add_staleness_option(command)
     command.add_argument(
         "--chunk-size", type=int, metavar="N", help="sequences per teacher logprobs task (0: all)"
     )

@@ -41,6 +41,32 @@ PricesField = Annotated[
 """A flow's `prices` field, beside its `budget`."""
 
 
+MaxStalenessField = Annotated[
+    int,
+    Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="Off-policy steps: cycle n samples from the weights after optimizer step "
+        "max(k, n - max_staleness), k the cycle after the latest checkpoint, so the sampling of "
+        "the next cycles runs while the current one trains (the same adapter on every run); "
+        "0: on-policy",
+    ),
+]
+"""A flow's `max_staleness` field (the flows that sample: RL, distillation's student)."""
+
+
+def check_max_staleness(max_staleness: int, **needed: bool) -> None:
+    """ConfigError unless every setting in `needed` is true when `max_staleness` > 0."""
+    for name, value in needed.items():
+        if max_staleness > 0 and not value:
+            raise ConfigError(
+                "max_staleness",
+                f"sampling ahead needs {name} = true (the later cycles' samples are requested "
+                "together, on samplers named before they exist)",
+            )
+
+
 def checkpoint_every_field(default: int) -> Any:
     """A flow config's `checkpoint_every` field, with the flow's default."""
     return Field(

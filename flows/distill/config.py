@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from flows.core.config import BudgetField, FlowConfig, PricesField
+from flows.core.config import BudgetField, FlowConfig, MaxStalenessField, PricesField
 from flows.core.task_runner_settings import TaskRunnerSettings
 from flows.sft.config import EvalFraction, SFTConfig
 from tasks.names import CHECKPOINT_URI
@@ -99,6 +99,7 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
         description="Submit the student's save_weights_for_sampler and sample requests "
         "together (a reserved block of seq ids)",
     )
+    max_staleness: MaxStalenessField
     budget: BudgetField
     prices: PricesField
 

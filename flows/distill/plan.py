@@ -23,7 +23,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from flows.core.config import ConfigError, check_resume_from
+from flows.core.config import ConfigError, check_max_staleness, check_resume_from
 from flows.core.cost import Usage
 from flows.core.rendering import config_renderer, load_renderer
 from flows.core.seeds import derive_seed
@@ -248,6 +248,7 @@ def check_distill_config(config: DistillationConfig) -> DistillPlan:
     """The plan of a config the provider will accept; ConfigError naming the field if not
     (before anything is allocated)."""
     check_resume_from(config.resume_from, config.cycles)
+    check_max_staleness(config.max_staleness, concurrent_sampling=config.concurrent_sampling)
     try:
         require_advertised_loss(config.provider, LOSS_FUNCTION, PROVIDER_LOSS_SUPPORT)
     except ValueError as error:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flows.core.config import ConfigError, check_resume_from
+from flows.core.config import ConfigError, check_max_staleness, check_resume_from
 from flows.core.environments import Environment, load_environment
 from flows.core.rendering import config_renderer
 from flows.core.seeds import derive_seed
@@ -210,6 +210,11 @@ def validate_payload(provider: str, payload: dict[str, Any], run: AuxiliaryRun |
 def check_rl_config(config: RLConfig) -> RLPlan:
     """The plan of a config the provider will accept; ConfigError naming the field if not."""
     check_resume_from(config.resume_from, config.cycles)
+    check_max_staleness(
+        config.max_staleness,
+        pipelined=config.pipelined,
+        concurrent_sampling=config.concurrent_sampling,
+    )
     try:
         require_advertised_loss(config.provider, config.loss, PROVIDER_LOSS_SUPPORT)
     except ValueError as error:

@@ -148,6 +148,7 @@ class EngineRun:
         self.step = 0
         self.weights_version = 0  # bumped whenever the adapter changes
         self.snapshots: dict[int, Lora] = {}  # weights_version -> adapter snapshot
+        self.snapshot_bases: dict[int, dict[str, Tensor]] = {}  # and the base it adapts
         self.samplers: dict[str, int] = {}  # sampler_id -> weights_version
         self.sampler_models: OrderedDict[int, Llama] = OrderedDict()
         self.interrupt = threading.Event()  # set to cancel the running operation (the worker's)
@@ -266,7 +267,7 @@ class EngineRun:
                 values = ExactLinear.apply(hidden, exact.weight(weight), weight)
                 part = (values + self.value_head["value_head.bias"]).squeeze(-1)
             else:
-                logp = self.model.logits(hidden).log_softmax(-1)
+                logp = exact.log_softmax(self.model.logits(hidden))
                 part = logp.gather(-1, targets[chunk, :width].unsqueeze(-1)).squeeze(-1)
             parts.append(F.pad(part, (0, ids.shape[1] - width)))
         return torch.cat(parts)[torch.tensor(order).argsort()]
@@ -295,6 +296,7 @@ class EngineRun:
             raise InvalidRequest(f"sampler_id {sampler_id!r} already exists")
         if self.weights_version not in self.snapshots:  # unchanged weights share one snapshot
             self.snapshots[self.weights_version] = self.lora.snapshot()
+            self.snapshot_bases[self.weights_version] = self.base_weights
         self.samplers[sampler_id] = self.weights_version
         return OpOutput({"sampler_id": sampler_id}, {"tokens": 0})
 
@@ -308,16 +310,19 @@ class EngineRun:
         self.require_policy("save_weights_for_sampler")
         version = min([0, *self.snapshots]) - 1
         self.snapshots[version] = checkpoint.load_sampler(path)
+        self.snapshot_bases[version] = self.base_weights
         self.samplers[sampler_id] = version
 
     def sampler_model(self, sampler_id: str) -> Llama:
-        """The snapshot's merged sampling copy (W + scale * B @ A), built on first use."""
+        """The snapshot's merged sampling copy (W + scale * B @ A), built on first use. Only
+        the sampler operations call it (the server's sampler lane, beside the training one):
+        a snapshot and its base never change once published."""
         self.require_policy("sampler operation")
         if sampler_id not in self.samplers:
             raise NotFound(f"sampler_id {sampler_id!r} does not exist in this run")
         version = self.samplers[sampler_id]
         if version not in self.sampler_models:
-            merged = self.snapshots[version].merged(self.base_weights)
+            merged = self.snapshots[version].merged(self.snapshot_bases[version])
             self.sampler_models[version] = Llama(self.cfg, merged)
             while len(self.sampler_models) > SAMPLER_MODELS_KEPT:
                 self.sampler_models.popitem(last=False)
@@ -370,7 +375,7 @@ class EngineRun:
                 for row, i in enumerate(chunk):
                     ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
                 hidden = model.hidden(ids, check=self.check_interrupt)
-                logp = model.logits(hidden).log_softmax(-1)[:, :-1]
+                logp = exact.log_softmax(model.logits(hidden))[:, :-1]
                 lp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
                 for row, i in enumerate(chunk):
                     values = lp[row, : len(sequences[i]) - 1]
