@@ -36,6 +36,11 @@ snapshots, and therefore the samples and the adapter, are those of one call afte
 the seq-id layout differs (a cycle's ids no longer start with its save_weights_for_sampler). A
 retried cycle resubmits the same ids and replays.
 
+Off-policy (`max_staleness` > 0, flows.core.staleness): a cycle also requests the samples of
+the later cycles its sampler serves, which the server samples while this cycle trains, and
+reads its own back from the journal when an earlier cycle requested them (`sample_cycle`);
+clipped losses then clip around the current weights (flows.rl.off_policy).
+
 One thing pipelining changes: operations are on the server before the one ahead of them has
 answered. If that one is refused before it is journaled (a 4xx), its seq id stays a gap and
 those behind it would wait out the server's gap timeout; if it fails in execution, they run

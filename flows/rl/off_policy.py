@@ -25,7 +25,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-DECOUPLED_LOSSES = frozenset({"ppo", "gspo", "dppo", "dro"})
+DECOUPLED_LOSSES = ("ppo", "gspo", "dppo", "dro")
 """The losses whose datums get decoupled clipping off-policy."""
 BEHAVIOUR_WEIGHT_CAP = 5.0
 """The truncation of a token's importance weight pi_current / pi_sampler."""
