@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.core.config import BudgetField, FlowConfig, PricesField
+from flows.core.config import BudgetField, FlowConfig, MaxStalenessField, PricesField
 from whitney.losses import LOSS_FUNCTIONS
 
 LossName = Literal[LOSS_FUNCTIONS]  # type: ignore[valid-type]
@@ -163,6 +163,13 @@ class RLConfig(FlowConfig):
         description="Submit forward_backward, optim_step and the save_weights_for_sampler "
         "that publishes the next cycle's sampler (named cycle-{n+1}) back to back, without "
         "waiting in between; the same training as one call after another",
+    )
+    max_staleness: MaxStalenessField
+    proximal_clip: bool = Field(
+        default=True,
+        description="Off-policy (staleness > 0), a clipped loss (ppo, gspo, dppo, dro) clips "
+        "around the current weights and weighs each token by its truncated importance weight "
+        "(decoupled PPO); false: around the sampler's weights",
     )
     rollout: RolloutSettings = Field(
         default_factory=RolloutSettings,

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import BaseModel, Field
 
 from flows.core.cycles import CycleResult
+from flows.core.staleness import SampleBlock
 from flows.core.training import TrainingResult
 
 
@@ -30,7 +31,10 @@ class EpisodeStats(BaseModel):
     turns_per_episode: float = Field(description="Mean turns of the episodes played")
     turns: dict[int, int] = Field(description="Episodes played by number of turns")
     action_tokens: int = Field(description="Tokens the policy sampled")
-    observation_tokens: int = Field(description="Tokens the environment wrote, BOS included")
+    observation_tokens: int = Field(
+        description="Tokens between the actions: the observations as the renderer wrote them "
+        "(BOS, an end-of-turn token closing a cut action and chat markup included)"
+    )
     stop_reasons: dict[str, int] = Field(
         description="Episodes by why they ended: done, max_turns, episode_tokens, time, failed"
     )
@@ -91,6 +95,14 @@ class CycleMetrics(CycleResult):
     auxiliary_seq_end: dict[str, int] = Field(
         default_factory=dict,
         description="Seq id the next cycle starts at on each auxiliary run (critic, reference)",
+    )
+    sampler_id: str = Field(default="", description="The sampler the cycle's groups came from")
+    staleness: int = Field(
+        default=0, description="Optimizer steps between that sampler and the trained weights"
+    )
+    presampled: list[SampleBlock] = Field(
+        default_factory=list,
+        description="Later cycles' sample requests already submitted (max_staleness > 0)",
     )
     loss: float
     grad_norm: float

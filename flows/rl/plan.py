@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flows.core.config import ConfigError, check_resume_from
+from flows.core.config import ConfigError, check_max_staleness, check_resume_from
 from flows.core.environments import Environment, load_environment
 from flows.core.environments.multiturn import (
     EnvironmentIO,
@@ -21,6 +21,7 @@ from flows.core.environments.multiturn import (
     environment_io,
     max_action_tokens,
 )
+from flows.core.rendering import config_renderer
 from flows.core.seeds import derive_seed
 from flows.rl.config import RLConfig
 from flows.rl.recipes import (
@@ -35,17 +36,17 @@ from flows.rl.recipes.reference_kl import with_reference_kl
 from whitney.errors import InvalidLossConfig, Unprocessable
 from whitney.losses import PROVIDER_LOSS_SUPPORT, require_advertised_loss, validate_loss_config
 from whitney.payloads import sample_request
-from whitney.tokenizers import Tokenizer, get_tokenizer
+from whitney.renderers import Prompt, Renderer, as_messages
 
 
 @dataclass(frozen=True)
 class RLPlan:
-    """The recipe, environment and tokenizer of an RL config."""
+    """The recipe, environment and renderer (with its tokenizer) of an RL config."""
 
     config: RLConfig
     recipe: Recipe
     environment: Environment | MultiTurnEnvironment
-    tokenizer: Tokenizer
+    renderer: Renderer
 
     @property
     def multi_turn(self) -> bool:
@@ -64,12 +65,12 @@ class RLPlan:
         limit = max_action_tokens(self.environment)
         return self.config.max_tokens if limit is None else min(self.config.max_tokens, limit)
 
-    def prompt_tokens(self, prompt: str) -> list[int]:
-        """The prompt's token ids, after the tokenizer's BOS where it has one."""
-        bos = getattr(self.tokenizer, "bos_id", None)
-        return ([bos] if bos is not None else []) + self.tokenizer.encode(prompt)
+    def prompt_tokens(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids: the renderer's generation prompt of its messages (text is
+        one user turn; raw: BOS, where the tokenizer has one, and the text)."""
+        return self.renderer.build_generation_prompt(as_messages(prompt))
 
-    def sample_requests(self, cycle: int) -> tuple[list[str], list[dict[str, Any]]]:
+    def sample_requests(self, cycle: int) -> tuple[list[Prompt], list[dict[str, Any]]]:
         """The cycle's prompts and one SampleRequest per prompt (group_size samples each),
         seeded from (config seed, cycle, prompt index)."""
         config = self.config
@@ -82,7 +83,7 @@ class RLPlan:
                 config.group_size,
                 max_tokens=config.max_tokens,
                 temperature=config.temperature,
-                stop_token_ids=[self.tokenizer.eos_id],
+                stop_token_ids=list(self.renderer.stop_tokens),
                 seed=derive_seed(config.seed, cycle, index),
             )
             for index, prompt in enumerate(prompts)
@@ -127,7 +128,7 @@ class DryRunClient:
 
 
 def load_rl_plan(config: RLConfig) -> RLPlan:
-    """Resolve the recipe, environment and tokenizer; ConfigError naming the field if not."""
+    """Resolve the recipe, environment and renderer; ConfigError naming the field if not."""
     recipe = compose_recipe(config)
     try:
         environment = load_environment(config.env)
@@ -135,11 +136,7 @@ def load_rl_plan(config: RLConfig) -> RLPlan:
         max_action_tokens(environment)
     except (ValueError, TypeError) as error:
         raise ConfigError("env", str(error)) from None
-    try:
-        tokenizer = get_tokenizer(config.base_model)
-    except ValueError as error:
-        raise ConfigError("base_model", str(error)) from None
-    return RLPlan(config, recipe, environment, tokenizer)
+    return RLPlan(config, recipe, environment, config_renderer(config))
 
 
 @dataclass(frozen=True)
@@ -186,7 +183,7 @@ def probe(plan: RLPlan) -> tuple[dict[str, Any], DryRunClient]:
     """The recipe's payload for a made-up group of two sequences, as a dry run, and the
     client that saw every call it made (build_loss and finish_cycle): those calls get
     placeholders, nothing reaches Whitney."""
-    eos = plan.tokenizer.eos_id
+    eos = plan.renderer.stop_tokens[0]
     request = sample_request(plan.prompt_tokens("probe"), 2, max_tokens=2)
     sample = {
         "sequences": [
@@ -251,11 +248,23 @@ def validate_payload(provider: str, payload: dict[str, Any], run: AuxiliaryRun |
 def check_rl_config(config: RLConfig) -> RLPlan:
     """The plan of a config the provider will accept; ConfigError naming the field if not."""
     check_resume_from(config.resume_from, config.cycles)
+    check_max_staleness(
+        config.max_staleness,
+        pipelined=config.pipelined,
+        concurrent_sampling=config.concurrent_sampling,
+    )
     try:
         require_advertised_loss(config.provider, config.loss, PROVIDER_LOSS_SUPPORT)
     except ValueError as error:
         raise ConfigError("loss", str(error)) from None
     plan = load_rl_plan(config)
+    if plan.multi_turn and config.max_staleness > 0:
+        raise ConfigError(
+            "max_staleness",
+            f"{config.env} is a multi-turn environment, which samples on-policy only (0): a "
+            "turn's prompt holds the environment's answer to the turn before, so a later "
+            "cycle's samples cannot be requested ahead",
+        )
     check_auxiliary_runs(config.provider, plan.recipe)
     try:
         parse_loss_settings(plan.recipe, config.loss_config)

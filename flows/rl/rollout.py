@@ -11,7 +11,8 @@
                                room left; a reserved block of seq ids, submitted together (or
                                one after another)
         step                   each action, decoded, to its episode -> observation, reward, done
-        next prompt            transcript + action + observation (flows.rl.transcripts)
+        next prompt            transcript + action + observation, rendered by the plan's
+                               renderer (flows.rl.transcripts)
 
 Each turn's requests, their order and their seeds depend only on the episodes' transcripts:
 the seed of a request is derived from (config seed, cycle, draw, group, turn, first episode
@@ -40,8 +41,9 @@ from flows.core.environments.multiturn import Episode, MultiTurnEnvironment, Ste
 from flows.core.seeds import derive_seed
 from flows.core.sequenced_client import Call, SequencedClient
 from flows.rl.plan import RLPlan
-from flows.rl.transcripts import Turn, next_prompt
+from flows.rl.transcripts import Turn, first_prompt, next_prompt
 from whitney.payloads import sample_request
+from whitney.renderers import Prompt, Transcript, check_messages
 
 DONE, MAX_TURNS, EPISODE_TOKENS, TIME, FAILED = (
     "done",
@@ -84,7 +86,7 @@ class EpisodeResult:
     draw: int
     """Which rollout of the cycle played it (0: the first; retries and resampling count up)."""
     turns: list[Turn] = field(default_factory=list)
-    observations: list[str] = field(default_factory=list)
+    observations: list[Prompt] = field(default_factory=list)
     """The initial observation, then the answer to each action (one fewer on a failure)."""
     step_rewards: list[float] = field(default_factory=list)
     stop: str | None = None
@@ -92,8 +94,15 @@ class EpisodeResult:
     started: float = 0.0
     """When its start began (time.monotonic), for the time limit."""
     episode: Episode | None = field(default=None, repr=False)
-    prompt: list[int] = field(default_factory=list, repr=False)
-    """The next turn's prompt while it runs."""
+    transcript: Transcript | None = field(default=None, repr=False)
+    """The transcript so far while it runs (flows.rl.transcripts)."""
+    action: str = ""
+    """Its last action, as the renderer parsed it."""
+
+    @property
+    def prompt(self) -> list[int]:
+        """The next turn's prompt: the transcript so far."""
+        return self.transcript.tokens if self.transcript is not None else []
 
     def reward(self, limit_reward: float | None) -> float:
         """The sum of its steps' rewards; `limit_reward` instead, if set and a limit cut it."""
@@ -105,6 +114,7 @@ class EpisodeResult:
         self.stop = stop
         self.error = None if error is None else f"{type(error).__name__}: {error}"
         self.episode = None
+        self.transcript = None
 
 
 def rollout(
@@ -145,7 +155,7 @@ def rollout(
             continue
         episode.episode, observation, episode.started = started
         episode.observations.append(observation)
-        episode.prompt = next_prompt(plan.tokenizer, [], observation)
+        episode.transcript = first_prompt(plan.renderer, observation)
     raise_failures(episodes, stop_on_failure)
     turn = 0
     while running := [episode for episode in episodes if episode.stop is None]:
@@ -159,14 +169,12 @@ def rollout(
     return episodes
 
 
-def start(environment: MultiTurnEnvironment, task: int, seed: int) -> tuple[Episode, str, float]:
+def start(environment: MultiTurnEnvironment, task: int, seed: int) -> tuple[Episode, Prompt, float]:
     """A fresh episode of `task` with its own `seed`, its initial observation, and when it
     started (time.monotonic, for the time limit)."""
     started = time.monotonic()
     episode = environment.episode(task, seed)
-    observation = episode.initial_observation()
-    if not isinstance(observation, str):
-        raise TypeError(f"initial_observation() returned {type(observation).__name__}, not str")
+    observation = checked_observation(episode.initial_observation(), "initial_observation()")
     return episode, observation, started
 
 
@@ -199,7 +207,7 @@ def turn_requests(
             len(members),
             max_tokens=min(plan.action_tokens, room),
             temperature=config.temperature,
-            stop_token_ids=[plan.tokenizer.eos_id],
+            stop_token_ids=list(plan.renderer.stop_tokens),
             seed=seed,
         )
         requests.append((request, members))
@@ -223,15 +231,19 @@ def sample_turn(
     for (_, members), operation in zip(requests, operations, strict=True):
         sequences = (operation.result or {})["sequences"]
         for episode, sequence in zip(members, sequences, strict=True):
-            episode.turns.append(
-                Turn(
-                    prompt=tuple(episode.prompt),
-                    action=tuple(sequence["tokens"]),
-                    logprobs=tuple(float(value) for value in sequence["logprobs"]),
-                    stop_reason=sequence["stop_reason"],
-                    seq_id=operation.seq_id,
-                )
+            turn_taken = Turn(
+                prompt=tuple(episode.prompt),
+                action=tuple(sequence["tokens"]),
+                logprobs=tuple(float(value) for value in sequence["logprobs"]),
+                stop_reason=sequence["stop_reason"],
+                seq_id=operation.seq_id,
             )
+            episode.turns.append(turn_taken)
+            assert episode.transcript is not None
+            reply = episode.transcript.add_completion(
+                list(turn_taken.action), list(turn_taken.logprobs)
+            )
+            episode.action = reply["content"]
 
 
 def step_turn(
@@ -240,9 +252,7 @@ def step_turn(
     """Send each episode its action; record the answers, end the episodes that are over."""
     steps = []
     for episode in episodes:
-        action = episode.turns[-1]
-        text = plan.tokenizer.decode(list(action.action))
-        completion = Completion(text, action.stop_reason == "stop")
+        completion = Completion(episode.action, episode.turns[-1].stop_reason == "stop")
         steps.append(
             NamedCall(
                 f"env_step[episode={episode.spec.label}, turn={turn}]",
@@ -260,8 +270,8 @@ def step_turn(
         elif len(episode.turns) >= plan.config.rollout.max_turns:
             episode.end(MAX_TURNS)
         else:
-            transcript = [*episode.turns[-1].prompt, *episode.turns[-1].action]
-            episode.prompt = next_prompt(plan.tokenizer, transcript, result.observation)
+            assert episode.transcript is not None
+            next_prompt(episode.transcript, result.observation)
 
 
 def checked_step(episode: Episode | None, action: Completion) -> StepResult:
@@ -270,7 +280,15 @@ def checked_step(episode: Episode | None, action: Completion) -> StepResult:
     result = episode.step(action)
     if not isinstance(result, StepResult):
         raise TypeError(f"step() returned {type(result).__name__}, not a StepResult")
+    checked_observation(result.observation, "step().observation")
     return result
+
+
+def checked_observation(observation: object, where: str) -> Prompt:
+    """`observation` if it is text or a list of messages; ValueError naming `where` if not."""
+    if isinstance(observation, str):
+        return observation
+    return check_messages(observation, where)
 
 
 def raise_failures(episodes: Sequence[EpisodeResult], stop_on_failure: bool) -> None:

@@ -1,9 +1,13 @@
 """Multi-turn transcripts as tokens, and as the sequences a build_loss recipe trains on.
 
-`next_prompt` is the one place where an environment's text becomes tokens: the raw text,
-encoded by the base model's tokenizer and appended to the transcript so far (the earlier
-prompts and the actions sampled on them, token for token). A chat template would replace
-this one function.
+`next_prompt` is the one place where an environment's observation becomes tokens: the plan's
+renderer renders it as messages (text is one user turn) after the transcript so far, turn by
+turn (`whitney.renderers.Transcript`): the earlier prompts and the actions sampled on them
+stay token for token, and each observation appends what the renderer writes after an
+assistant turn (an action cut at max_tokens first gets its end-of-turn token, unlearned), the
+observation's messages and the next assistant header. The raw renderer (`local/*`) writes BOS
+and the text: the first prompt is BOS + the initial observation, the later ones append the
+observation's tokens.
 
 `transcript_sequences` turns an episode's turns into what a recipe reads: a prompt and a
 sequence `{"tokens", "logprobs", "stop_reason", "action_mask"}` per segment. While each
@@ -11,7 +15,8 @@ turn's prompt extends the previous transcript, the whole episode is one segment:
 the first turn's, its tokens are every action and the observation tokens between them. The
 `action_mask` is 1.0 on the tokens the policy sampled and 0.0 on the observation tokens,
 whose `logprobs` are 0.0 placeholders. A turn whose prompt does not extend the transcript
-(a renderer that rewrote it) starts a new segment. Recipes give action tokens weight 1, their
+starts a new segment (the flow's own always extend: `Transcript` refuses a renderer that would
+rewrite the earlier turns). Recipes give action tokens weight 1, their
 sampled logprob and the episode's advantage, and observation tokens weight 0
 (`flows.rl.recipes.policy_datums`).
 """
@@ -22,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from whitney.tokenizers import Tokenizer
+from whitney.renderers import Prompt, Renderer, Transcript, as_messages
 
 
 @dataclass(frozen=True)
@@ -38,13 +43,16 @@ class Turn:
     """The `sample` operation that drew the action."""
 
 
-def next_prompt(tokenizer: Tokenizer, transcript: Sequence[int], observation: str) -> list[int]:
-    """The next turn's prompt: the transcript so far with the observation's tokens appended;
-    the first turn's (an empty transcript) starts with the tokenizer's BOS, where it has one."""
-    if transcript:
-        return [*transcript, *tokenizer.encode(observation)]
-    bos = getattr(tokenizer, "bos_id", None)
-    return ([bos] if bos is not None else []) + tokenizer.encode(observation)
+def first_prompt(renderer: Renderer, observation: Prompt) -> Transcript:
+    """An episode's transcript, opened on its initial observation: its tokens are the first
+    turn's prompt."""
+    return Transcript(renderer, as_messages(observation))
+
+
+def next_prompt(transcript: Transcript, observation: Prompt) -> list[int]:
+    """The next turn's prompt: `transcript` (which holds the last action: `add_completion`)
+    with the observation rendered after it."""
+    return list(transcript.add_messages(as_messages(observation)))
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from whitney import wire
+from whitney import hf_cache, wire
 from whitney.errors import (
     IdempotencyConflict,
     InternalError,
@@ -35,7 +35,7 @@ from whitney.errors import (
     UnsupportedBaseModel,
     WhitneyError,
 )
-from whitney.local import providers
+from whitney.local import hf_models, providers
 from whitney.local.api_errors import error_object, from_validation_error, not_found
 from whitney.local.config import MAX_WAIT_S, ServerConfig
 from whitney.local.executor import (
@@ -65,10 +65,16 @@ MAX_LIST_LIMIT = 1000
 REAP_EVERY_S = 5.0
 """The lease reaper looks at least this often (every ttl / 4 for shorter leases)."""
 DEFAULT_LIST_LIMIT = 100
+RECOVERY_RETRY_AFTER_S = 1.0
+"""Retry-After of a 503 for a run being rebuilt after a restart."""
+RESTART_CANCELLED = {
+    "type": "cancelled",
+    "message": "the run was being cancelled when the server restarted",
+    "details": {},
+}
 RUN_TERMINAL = wire.RUN_TERMINAL
 OP_TERMINAL = wire.OPERATION_TERMINAL
 HF_PREFIX = "hf:"  # `hf:<repo id>` base models go to the engine, which loads them offline
-HF_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass(frozen=True)
@@ -125,7 +131,6 @@ class WhitneyService:
         (self.data_dir / "runs").mkdir(exist_ok=True)
         (self.data_dir / "artifacts").mkdir(exist_ok=True)
         self.journal = Journal(self.data_dir / "journal.sqlite3")
-        self.journal.recover_after_restart()
         self.journal.renew_open_leases(self._lease_expiry())
         self.faults = FaultInjector(
             latency_ms=config.latency_ms,
@@ -142,6 +147,9 @@ class WhitneyService:
         self._closing = threading.Event()
         self._preload: threading.Thread | None = None
         self._reaper: threading.Thread | None = None
+        self._recovering: dict[str, dict[str, Any]] = {}  # run_id -> run, until rebuilt
+        self._recovery: threading.Thread | None = None
+        self._start_recovery()
         if config.session_ttl_s > 0:
             self._reaper = threading.Thread(
                 target=self._reap_expired_leases, name="whitney-lease-reaper", daemon=True
@@ -170,7 +178,7 @@ class WhitneyService:
             self._workers.clear()
         for worker in workers:
             worker.stop()
-        for thread in (self._preload, self._reaper):
+        for thread in (self._preload, self._reaper, self._recovery):
             if thread is not None:
                 thread.join()
         self.journal.close()
@@ -184,6 +192,99 @@ class WhitneyService:
             with worker.cond:
                 for ticket in worker.tickets.values():
                     ticket.done.set()
+
+    # ------------------------------------------------------------------ recovery
+
+    def _start_recovery(self) -> None:
+        """Take over the runs an earlier process left active: a run being cancelled ends
+        cancelled, one being allocated ends failed, and every ready or finishing one is rebuilt
+        from its journal in the background (`whitney.local.recovery`), answering 503
+        `unavailable` with Retry-After until it is."""
+        for run in self.journal.active_runs():
+            run_id = run["run_id"]
+            if run["status"] == "cancelling":
+                self.journal.end_unrecoverable(run_id, "cancelled", RESTART_CANCELLED)
+            elif run["status"] == "allocating":
+                error = InternalError("the server restarted while the run was being allocated")
+                self.journal.end_unrecoverable(run_id, "failed", error_object(error))
+            else:
+                for orphan in self.journal.requeue_interrupted(run_id):
+                    Path(orphan).unlink(missing_ok=True)
+                self._recovering[run_id] = run
+        if self._recovering:
+            self._recovery = threading.Thread(
+                target=self._recover_runs, name="whitney-recovery", daemon=True
+            )
+            self._recovery.start()
+
+    def _recover_runs(self) -> None:
+        """Rebuild each run left active, oldest first, and start its worker."""
+        from whitney.local import recovery
+
+        for run_id, run in list(self._recovering.items()):
+            if self._closing.is_set():
+                return  # left active in the journal: the next start rebuilds it
+            started = time.monotonic()
+            try:
+                rebuilt = recovery.rebuild(
+                    run,
+                    self.journal.replay_rows(run_id),
+                    self._engine(),
+                    self,
+                    self._closing,
+                    self.config.hf_cache,
+                )
+            except Exception as exc:
+                if self._closing.is_set():
+                    return
+                log.exception("run %s: rebuilding it after the restart failed", run_id)
+                reason = exc.message if isinstance(exc, WhitneyError) else type(exc).__name__
+                error = InternalError(
+                    f"the server restarted and could not rebuild the run: {reason}",
+                    details={"run_id": run_id},
+                )
+                self.journal.end_unrecoverable(run_id, "failed", error_object(error))
+                with self._workers_lock:
+                    self._recovering.pop(run_id, None)
+                continue
+            worker = self._new_worker(run, rebuilt.engine, rebuilt.frontier)
+            worker.resume(rebuilt.tickets, rebuilt.terminal_ahead, rebuilt.samplers)
+            with self._workers_lock:
+                if self._closing.is_set():
+                    return
+                self._workers[run_id] = worker
+                self._recovering.pop(run_id, None)
+            worker.start()
+            log.warning(
+                "run %s rebuilt after the restart in %.2f s (from %s, %d operations replayed, "
+                "%d queued again)",
+                run_id,
+                time.monotonic() - started,
+                "its creation"
+                if rebuilt.base_seq_id is None
+                else f"its checkpoint at seq_id {rebuilt.base_seq_id}",
+                rebuilt.replayed,
+                len(rebuilt.tickets),
+            )
+            if self.journal.get_session(run["session_id"])["status"] != "open":
+                self._cancel(run_id)  # its session closed (or its lease ran out) meanwhile
+
+    def _refuse_while_recovering(self, run_id: str) -> None:
+        if run_id in self._recovering:
+            raise self._rebuilding(run_id)
+
+    @staticmethod
+    def _rebuilding(run_id: str) -> Unavailable:
+        return Unavailable(
+            f"run {run_id} is being rebuilt after a server restart; retry shortly",
+            details={"run_id": run_id},
+            retry_after=RECOVERY_RETRY_AFTER_S,
+        )
+
+    def _worker_or_rebuilding(self, run_id: str) -> tuple[RunWorker | None, bool]:
+        """The run's worker, and whether it is being rebuilt (read together)."""
+        with self._workers_lock:
+            return self._workers.get(run_id), run_id in self._recovering
 
     # ------------------------------------------------------------------ auth
 
@@ -204,8 +305,9 @@ class WhitneyService:
     def capabilities(self) -> dict[str, Any]:
         engine = self._engine()
         max_rank = int(getattr(engine, "MAX_LORA_RANK", DEFAULT_MAX_LORA_RANK))
+        base_models = [*engine.BASE_MODELS, *hf_models.served_repo_ids(self.config.hf_cache)]
         return providers.capabilities(
-            list(engine.BASE_MODELS), max_rank, self.config.limits, self.config.session_ttl_s
+            base_models, max_rank, self.config.limits, self.config.session_ttl_s
         )
 
     def _engine(self) -> Any:
@@ -376,15 +478,15 @@ class WhitneyService:
         check_labels(request.labels, self.config.limits)
         providers.check_run_role(request.provider, request.role)
         engine = self._engine()
-        base_models = tuple(engine.BASE_MODELS)
-        if request.base_model not in base_models and not request.base_model.startswith(HF_PREFIX):
-            raise UnsupportedBaseModel(
-                f"base_model: unknown base model {request.base_model!r} (served: "
-                f"{', '.join(base_models)}, or hf:<repo id> from the local Hugging Face cache)",
-                details={"field": "base_model"},
-            )
         if request.base_model.startswith(HF_PREFIX):
             self._check_hf_source(request.base_model)
+        elif not self._serves(engine, request.base_model):
+            raise UnsupportedBaseModel(
+                f"base_model: {request.base_model!r} is not served (served: "
+                f"{', '.join(engine.BASE_MODELS)}, the Hugging Face repo ids (owner/name) of the "
+                "server's cache that GET /v1/training/capabilities lists, or hf:<repo id>)",
+                details={"field": "base_model"},
+            )
         max_rank = int(getattr(engine, "MAX_LORA_RANK", DEFAULT_MAX_LORA_RANK))
         if request.lora_rank > max_rank:
             raise InvalidRequest(
@@ -423,6 +525,7 @@ class WhitneyService:
                 role=request.role,
                 trainable=request.trainable,
                 checkpoint_dir=checkpoint_dir,
+                hf_cache=self.config.hf_cache,
             )
         except WhitneyError:
             self.journal.delete_run(run_id)
@@ -434,15 +537,7 @@ class WhitneyService:
         self.journal.set_run_step(run_id, int(engine_run.step))
         self.journal.set_run_status(run_id, "ready")
         run["status"] = "ready"
-        worker = RunWorker(
-            run=run,
-            engine=engine_run,
-            journal=self.journal,
-            hooks=self,
-            gap_timeout_s=self.config.gap_timeout_s,
-            batch_samples=bool(getattr(engine, "SAMPLE_BATCH_INVARIANT", False)),
-            on_exit=self._worker_exited,
-        )
+        worker = self._new_worker(run, engine_run)
         with self._workers_lock:
             if self._closing.is_set():
                 error = Unavailable("the server is shutting down")
@@ -454,12 +549,38 @@ class WhitneyService:
             self._cancel(run_id)  # the session closed while the run was allocated
         return run_id
 
+    def _new_worker(self, run: dict[str, Any], engine_run: Any, frontier: int = 1) -> RunWorker:
+        return RunWorker(
+            run=run,
+            engine=engine_run,
+            journal=self.journal,
+            hooks=self,
+            gap_timeout_s=self.config.gap_timeout_s,
+            batch_samples=bool(getattr(self._engine(), "SAMPLE_BATCH_INVARIANT", False)),
+            on_exit=self._worker_exited,
+            frontier=frontier,
+        )
+
+    def _serves(self, engine: Any, base_model: str) -> bool:
+        """Whether a plain name is served: a built-in model, or a repo id whose checkpoint in
+        the server's Hugging Face cache the engine serves. Only that repo's own directory of
+        the cache is read, and only for a name shaped like a repo id; every other name gets the
+        same answer before the disk is looked at."""
+        if base_model in engine.BASE_MODELS:
+            return True
+        if not hf_cache.is_repo_id(base_model):
+            return False
+        directory = hf_cache.snapshot(base_model, self.config.hf_cache)
+        if directory is None or not hf_models.has_weights(directory):
+            return False
+        return hf_models.unsupported_reason(hf_models.read_config(directory)) is None
+
     def _check_hf_source(self, base_model: str) -> None:
         """An `hf:` base model is a repo id (the engine loads it from the local Hugging Face
         cache only) or a directory under `hf_dirs`; any other name gets this one answer,
         before the disk is looked at, so that no tenant can probe the server's files."""
         source = base_model.removeprefix(HF_PREFIX)
-        if HF_REPO_ID.match(source) and ".." not in source:
+        if hf_cache.is_repo_id(source):
             return
         path = Path(source)
         allowed = any(path.is_relative_to(directory) for directory in self.config.hf_dirs)
@@ -519,7 +640,8 @@ class WhitneyService:
         return self._run_out(self._own_run(tenant, run_id))
 
     def finish_run(self, tenant: str, run_id: str) -> dict[str, Any]:
-        self._own_run(tenant, run_id)
+        self._own_run(tenant, run_id, live=True)
+        self._refuse_while_recovering(run_id)
         worker = self._worker(run_id)
         if worker is not None:
             worker.finish()
@@ -527,7 +649,8 @@ class WhitneyService:
         return self.get_run(tenant, run_id)
 
     def cancel_run(self, tenant: str, run_id: str) -> dict[str, Any]:
-        self._own_run(tenant, run_id)
+        self._own_run(tenant, run_id, live=True)
+        self._refuse_while_recovering(run_id)
         self._cancel(run_id)
         return self.get_run(tenant, run_id)
 
@@ -541,6 +664,9 @@ class WhitneyService:
 
     def state_dir(self, run_id: str, name: str) -> Path:
         return self.data_dir / "runs" / run_id / "states" / name
+
+    def sampler_path(self, run_id: str, sampler_id: str) -> Path:
+        return self.data_dir / "runs" / run_id / "samplers" / f"{sampler_id}.safetensors"
 
     def checkpoint_uri(self, run_id: str, name: str) -> str:
         return f"whitney://runs/{run_id}/states/{name}"
@@ -603,9 +729,13 @@ class WhitneyService:
         payload_json = canonical_json(payload)
         payload_hash = hashlib.sha256(payload_json.encode()).hexdigest()
 
-        worker = self._worker(run_id)
+        worker, rebuilding = self._worker_or_rebuilding(run_id)
         if worker is None:
-            # not active: only a resend of a journaled operation gets an answer
+            # not active: only a resend of a journaled operation gets an answer, and while the
+            # run is rebuilt only that of a terminal one
+            header = self.journal.get_operation_header(run_id, seq_id)
+            if rebuilding and (header is None or header["status"] not in OP_TERMINAL):
+                raise self._rebuilding(run_id)
             self._existing(run_id, seq_id, kind, sampler_id, payload_hash)
             return self._render(run_id, seq_id)
         with worker.cond:
@@ -798,7 +928,9 @@ class WhitneyService:
                 details={"run_id": run_id, "seq_id": seq_id},
             )
         if row["status"] not in OP_TERMINAL and wait_s > 0:
-            worker = self._worker(run_id)
+            worker, rebuilding = self._worker_or_rebuilding(run_id)
+            if rebuilding:
+                raise self._rebuilding(run_id)
             ticket = worker.ticket(seq_id) if worker is not None else None
             return self._answer(run_id, seq_id, ticket, min(wait_s, MAX_WAIT_S))
         return RawJson(render_operation(row))

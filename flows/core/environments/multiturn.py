@@ -1,13 +1,16 @@
 """Multi-turn environments: an episode is several turns between the policy and an environment.
 
     episode = environment.episode(task, seed)      a fresh episode of a task
-    text = episode.initial_observation()           the first turn's prompt, as text
+    observation = episode.initial_observation()    the first turn's prompt: text or messages
     result = episode.step(Completion(text, stopped))   the policy's action, sampled on the
                                                    transcript so far -> StepResult(observation,
                                                    reward, done)
 
-The flow samples every turn of every running episode together, appends each action and the
-observation that answers it to the episode's transcript, and ends an episode when its step
+An observation is text (one user turn) or a list of chat messages (`whitney.renderers.Message`,
+a `tool` turn for instance), which the flow renders with its renderer; an action is the text
+the renderer parses from the sampled tokens. The flow samples every turn of every running
+episode together, appends each action and the observation that answers it to the episode's
+transcript (flows.rl.transcripts), and ends an episode when its step
 says `done` (or a rollout limit cuts it). The episode's reward is the sum of its steps'
 rewards. The G episodes of a group get the same `task`, so their rewards can be compared
 (GRPO); each gets a `seed` of its own, for an environment with randomness of its own (a new
@@ -34,15 +37,16 @@ from typing import Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows.core.environments import Completion
+from whitney.renderers import Prompt
 
 
 @dataclass(frozen=True)
 class StepResult:
     """What an environment answers to an action."""
 
-    observation: str
-    """The text that follows the action in the transcript: the next turn's prompt ends with
-    it. Unused once the episode is done."""
+    observation: Prompt
+    """What follows the action in the transcript (text or messages): the next turn's prompt
+    ends with it, rendered. Unused once the episode is done."""
     reward: float
     """This turn's contribution to the episode's reward."""
     done: bool
@@ -53,12 +57,12 @@ class StepResult:
 class Episode(Protocol):
     """One episode: its first observation, then one step per action."""
 
-    def initial_observation(self) -> str:
-        """The text of the first turn's prompt."""
+    def initial_observation(self) -> Prompt:
+        """The first turn's prompt: text or messages."""
         ...
 
     def step(self, action: Completion) -> StepResult:
-        """Answer the policy's action (decoded; `stopped` when it ended on a stop token)."""
+        """Answer the policy's action (parsed; `stopped` when it ended on a stop token)."""
         ...
 
 

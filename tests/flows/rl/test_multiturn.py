@@ -22,9 +22,11 @@ from flowtest_helpers import (
 from flowtest_multiturn import TOOL_TURNS, fails_for_good
 
 from flows.cli.main import main
+from flows.core.config import ConfigError
 from flows.core.seeds import derive_seed
 from flows.rl.config import RLConfig, RolloutSettings
 from flows.rl.flow import rl_flow
+from flows.rl.plan import check_rl_config
 from flows.rl.rollout import EpisodeFailed
 from tests.local.helpers import journal_rows
 from whitney.local import EmbeddedWhitney
@@ -328,3 +330,16 @@ def test_tool_calls_time_out_and_run_at_most_concurrency_at_once(quiz_config: RL
     assert tool.hung.is_set()  # the first step hung past its timeout, and was retried
     assert result.cycles[0].episodes.stop_reasons == {"done": 6}
     assert tool.most == tool.io.concurrency
+
+
+def test_max_staleness_is_refused_for_a_multi_turn_environment(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Sampling ahead needs a later cycle's requests before its samples' answers exist; a
+    turn's prompt holds the environment's answer to the turn before: refused, naming the
+    field, before anything is allocated."""
+    with pytest.raises(ConfigError, match="multi-turn") as refused:
+        check_rl_config(RLConfig(env="quiz", max_staleness=1))
+    assert refused.value.field == "max_staleness"
+    assert main(["run", "rl", "--env", "quiz", "--max-staleness", "1"]) == 2
+    assert "max_staleness" in capsys.readouterr().err

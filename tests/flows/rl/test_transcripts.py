@@ -16,10 +16,11 @@ from flows.rl.plan import DryRunClient, check_rl_config
 from flows.rl.recipes import load_recipe
 from flows.rl.recipes.context import LossContext
 from flows.rl.recipes.reference_kl import with_reference_kl
-from flows.rl.transcripts import Turn, next_prompt, transcript_sequences
+from flows.rl.transcripts import Turn, first_prompt, next_prompt, transcript_sequences
 from whitney.client import WhitneyClient
 from whitney.losses import LOSS_FUNCTIONS
 from whitney.payloads import sample_request
+from whitney.renderers import QwenRenderer, RawRenderer
 from whitney.tokenizers import ByteTokenizer
 
 # The hand-built episode: BOS "N: ", the action "12"+EOS, the observation "\nok ", the
@@ -93,10 +94,53 @@ def context(provider: str = "local", **options: Any) -> LossContext:
     )
 
 
-def test_next_prompt_starts_with_bos_then_appends_the_observation() -> None:
-    tokenizer = ByteTokenizer()
-    assert next_prompt(tokenizer, [], "N: ") == PROMPT
-    assert next_prompt(tokenizer, PROMPT + ACTION_0, "\nok ") == list(TURNS[1].prompt)
+def test_the_raw_renderer_starts_with_bos_then_appends_each_action_and_observation() -> None:
+    transcript = first_prompt(RawRenderer(ByteTokenizer()), "N: ")
+    assert transcript.tokens == PROMPT
+    reply = transcript.add_completion(ACTION_0, LOGPROBS_0)
+    assert reply == {"role": "assistant", "content": "12"}
+    assert next_prompt(transcript, "\nok ") == list(TURNS[1].prompt)
+
+
+def test_an_action_cut_at_max_tokens_is_closed_with_eos_before_the_observation() -> None:
+    transcript = first_prompt(RawRenderer(ByteTokenizer()), "N: ")
+    transcript.add_completion([49, 50], [-0.5, -0.25])  # "12", no EOS: stop reason length
+    assert next_prompt(transcript, "\nok ") == PROMPT + [49, 50, 257] + OBSERVATION
+    assert transcript.mask == [0.0] * 4 + [1.0, 1.0] + [0.0] * 5
+
+
+class ChatMLBytes(ByteTokenizer):
+    """Bytes, with ChatML's two special tokens (ids past the bytes')."""
+
+    def token_id(self, token: str) -> int | None:
+        return {"<|im_start|>": 300, "<|im_end|>": 301}.get(token)
+
+
+def test_a_chat_renderer_writes_each_observation_as_a_message_after_the_action() -> None:
+    renderer = QwenRenderer(ChatMLBytes())
+    transcript = first_prompt(renderer, [{"role": "tool", "content": "3"}])
+    opened = list(transcript.tokens)
+    transcript.add_completion([52, *renderer.stop_tokens], [-1.0, -0.5])
+    prompt = next_prompt(transcript, "ok")
+    assert prompt[: len(opened) + 2] == opened + [52, *renderer.stop_tokens]
+    messages = [
+        {"role": "tool", "content": "3"},
+        {"role": "assistant", "content": "4"},
+        {"role": "user", "content": "ok"},
+    ]
+    assert prompt == renderer.build_generation_prompt(messages)
+
+
+def test_the_segment_trains_what_the_renderers_transcript_datum_trains() -> None:
+    """One way to a datum: the importance_sampling recipe's datum of the episode's segment
+    equals `Transcript.datum` of the same turns (whitney.renderers)."""
+    transcript = first_prompt(RawRenderer(ByteTokenizer()), "N: ")
+    transcript.add_completion(ACTION_0, LOGPROBS_0)
+    next_prompt(transcript, "\nok ")
+    transcript.add_completion(ACTION_1, LOGPROBS_1)
+    sample, request = transcript_call()
+    (datum,) = load_recipe("importance_sampling").build_loss(sample, 0, request, context())["data"]
+    assert datum == transcript.datum(ADVANTAGE)
 
 
 def test_one_segment_while_each_prompt_extends_the_transcript() -> None:
