@@ -5,7 +5,11 @@ either for a number (`Number #`) or for a lowercase word (`Word:`), in an order 
 task draws; the next observation says whether the last answer was right (`Right.` or
 `Wrong.`) before it asks the next question. An answer is one token (`max_action_tokens`): it
 is right when it is a digit (a number) or a lowercase ASCII letter (a word). The reward is the
-share of turns answered right.
+share of turns answered right. Rendered raw (`local/*`), an episode reads
+
+    BOS "Number #12 Word:ab\nWord:" a EOS "\nRight. Number #" x EOS "\nWrong. Number #" 7
+
+where each answer is one sampled token and the EOS after it closes the cut action.
 
 Why this shape (the tiny byte model learns it on 2 cores; README, Multi-turn environments):
 
