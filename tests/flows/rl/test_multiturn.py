@@ -168,27 +168,25 @@ def test_quiz_turns_records_and_rewards_by_hand(
     assert "sample (turn 2)" in capsys.readouterr().out
 
 
-def test_the_same_adapter_however_the_turns_are_submitted(quiz_config: RLConfig) -> None:
-    together = rl_flow(quiz_config)
+def test_the_same_adapter_twice_one_by_one_and_after_a_replayed_cycle(
+    whitney: EmbeddedWhitney, quiz_config: RLConfig
+) -> None:
+    """The same config twice, its turns submitted one by one, and a cycle that failed after
+    its second turn and replayed from the journal: one adapter sha256."""
+    first = rl_flow(quiz_config)
     again = rl_flow(quiz_config)
     one_by_one = rl_flow(
         quiz_config.model_copy(update={"pipelined": False, "concurrent_sampling": False})
     )
-    assert together.adapter.sha256 == again.adapter.sha256 == one_by_one.adapter.sha256
-    assert [c.reward_mean for c in together.cycles] == [c.reward_mean for c in one_by_one.cycles]
-
-
-def test_a_cycle_failed_after_its_second_turn_replays_from_the_journal(
-    whitney: EmbeddedWhitney, quiz_config: RLConfig
-) -> None:
-    undisturbed = rl_flow(quiz_config)
+    assert first.adapter.sha256 == again.adapter.sha256 == one_by_one.adapter.sha256
+    assert [c.reward_mean for c in first.cycles] == [c.reward_mean for c in one_by_one.cycles]
     flowtest_multiturn.QuizFailingOnce.failed.clear()
     config = quiz_config.model_copy(update={"env": "flowtest_multiturn:QuizFailingOnce"})
     state = rl_flow(config, return_state=True)
-    result = state.result()
+    replayed = state.result()
     assert flowtest_multiturn.QuizFailingOnce.failed.is_set()
-    assert result.adapter.sha256 == undisturbed.adapter.sha256
-    assert_executed_once_in_order(whitney, result.run_id)  # the replay ran nothing again
+    assert replayed.adapter.sha256 == first.adapter.sha256
+    assert_executed_once_in_order(whitney, replayed.run_id)  # the replay ran nothing again
     cycles = subflow_runs(state.state_details.flow_run_id)
     assert [run.run_count for run in cycles] == [2, 1]
 
@@ -292,7 +290,9 @@ def test_a_flaky_tool_trains_to_the_end_under_retry_episode(quiz_config: RLConfi
 
 
 def test_min_viable_group_drops_the_groups_with_too_few_successes(quiz_config: RLConfig) -> None:
-    config = tool_config(quiz_config, "min_viable_group", min_viable_share=0.75)
+    config = tool_config(quiz_config, "min_viable_group", min_viable_share=0.75).model_copy(
+        update={"cycles": 1}
+    )
     result = rl_flow(config)
     needed = math.ceil(0.75 * config.group_size)
     for cycle in result.cycles:
