@@ -46,6 +46,7 @@ from flows.core.budget import BudgetGuard
 from flows.core.config import FlowConfig
 from flows.core.connection import flow_run_api_url, resolve_connection
 from flows.core.cost import Usage
+from flows.core.events import CycleEvents, checkpoint_saved
 from flows.core.heartbeat import subflows_without_heartbeat
 from flows.core.operation_rows import metrics_text, operation_row, seconds_text
 from flows.core.sequenced_client import SequencedClient
@@ -100,6 +101,7 @@ def run_cycles(
     last cycle it ran (None: none ran)."""
     flow_run_id = FlowRunContext.get().flow_run.id
     runner_settings = config if isinstance(config, TaskRunnerSettings) else THREADS
+    events = CycleEvents(config.stall)
     last: M | None = None
     with (
         cycle_task_runners(runner_settings) as runner_for_cycle,
@@ -118,11 +120,15 @@ def run_cycles(
                 if (reason := guard.stop_reason(number, estimate=bound)) is not None:
                     get_run_logger().warning("%s: saving, exporting and closing now", reason)
                     break
+            events.started(number)
             metrics = step(cycle_flow, number, last)
             if guard is not None:  # the flows with a budget record the cycle's `usage`
                 cost = guard.add_cycle(metrics.usage)  # type: ignore[attr-defined]
                 metrics = metrics.model_copy(update={"cost": cost})
             records.add_cycle(metrics)
+            events.completed(number, metrics_row(metrics))
+            if (checkpoint := getattr(metrics, "checkpoint", None)) is not None:
+                checkpoint_saved(checkpoint, config.eval_settings())
             last = metrics
     return last
 
@@ -141,11 +147,14 @@ def artifact_key(*parts: str) -> str:
     return re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", text)).strip("-")
 
 
-def metrics_row(metrics: CycleResult) -> dict[str, float | int | None]:
-    """The cycle's metrics as one flat table row: seconds per operation kind as columns;
-    nested values (an SFT cycle's evals) stay in the metrics JSON line."""
+def metrics_row(metrics: CycleResult) -> dict[str, float | int | str | None]:
+    """The cycle's metrics as one flat table row: an inline evaluation's as `eval.<name>`,
+    seconds per operation kind as columns; other nested values (an SFT cycle's evals) stay in
+    the metrics JSON line."""
     row = metrics.model_dump(mode="json", exclude={"op_seconds"})
+    evaluation = row.pop("eval", None) or {}
     row = {name: value for name, value in row.items() if not isinstance(value, list | dict)}
+    row.update((f"eval.{name}", value) for name, value in evaluation.items() if value is not None)
     row.update(sorted(getattr(metrics, "recipe_metrics", {}).items()))  # e.g. value_loss
     for kind, counters in sorted((getattr(metrics, "usage", None) or {}).items()):
         row[f"tokens_{kind}"] = int(counters.get("tokens", 0))  # billed usage (flows.core.cost)

@@ -43,6 +43,8 @@ from flows.core.config import checkpoint_due
 from flows.core.connection import resolve_connection
 from flows.core.cost import Usage, add_usage, format_cost, format_usage, usage_of
 from flows.core.cycles import RunRecords, by_run, cycle_client, record_cycle, run_cycles, run_rows
+from flows.core.evaluation.plan import completion_logprobs
+from flows.core.evaluation.sampler import evaluate_after_cycle
 from flows.core.sequenced_client import Call, SequencedClient
 from flows.core.training import end_training_run, start_training_run
 from flows.distill.config import LOSS_FUNCTION, DistillationConfig
@@ -51,7 +53,6 @@ from flows.distill.plan import (
     DistillPlan,
     check_distill_config,
     chunked,
-    completion_logprobs,
     load_distill_plan,
     reverse_kl_advantages,
 )
@@ -161,7 +162,7 @@ def run_distill_cycle(
         saved = client.execute(run_id, "save_state", {"name": cycle_name(cycle)})
         checkpoint = saved.result_as(wire.SaveStateResult).checkpoint
     log = client.log
-    return DistillCycleMetrics(
+    metrics = DistillCycleMetrics(
         cycle=cycle,
         started_at=started_at,
         seq_start=seq_start,
@@ -185,6 +186,10 @@ def run_distill_cycle(
         op_seconds=dict(log.seconds),
         wall_seconds=time.perf_counter() - started,
     )
+    evaluation = evaluate_after_cycle(  # {} unless due; after the numbers above are taken
+        client, run_id, cycle, config.eval_every, config.cycles, plan.evaluation
+    )
+    return metrics.model_copy(update=evaluation)
 
 
 @flow(name="distill-cycle", flow_run_name="cycle-{cycle}", persist_result=False, **CLEANUP_HOOKS)

@@ -6,6 +6,7 @@ from pydantic import BaseModel, Field
 
 from flows.core.cost import Usage
 from flows.core.cycles import CycleResult
+from flows.core.evaluation.plan import EvalMetrics
 from flows.core.training import TrainingResult
 from flows.sft.metrics import SFTResult
 
@@ -48,6 +49,9 @@ class DistillCycleMetrics(CycleResult):
     usage: Usage = Field(description="Billed usage per operation kind, both runs")
     teacher_usage: Usage = Field(description="The part of `usage` billed on the teacher run")
     cost: float | None = Field(default=None, description="Estimated USD, with a price table")
+    eval: EvalMetrics | None = Field(
+        default=None, description="The inline evaluation of the student after the cycle"
+    )
 
 
 class DistillationResult(TrainingResult):

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from flows.core.config import ConfigError, check_resume_from
 from flows.core.cost import Usage
+from flows.core.evaluation.plan import EvalPlan, HeldOutPair, load_eval_plan, loss_per_token
 from flows.core.seeds import derive_seed
 from flows.core.task_runner_settings import check_task_runner
 from flows.distill.config import CORPUS, LOSS_FUNCTION, DistillationConfig
@@ -55,18 +56,6 @@ def reverse_kl_advantages(
         running = terms[index] + discount * running
         advantages[index] = running
     return advantages
-
-
-def completion_logprobs(row: list[float | None], prompt_length: int, count: int) -> list[float]:
-    """The logprobs of the `count` completion tokens from a `logprobs` row of the whole
-    sequence (prompt + completion; the row's first entry is null)."""
-    values = row[prompt_length : prompt_length + count]
-    if len(values) != count or any(value is None for value in values):
-        raise ValueError(
-            f"a logprobs row of {len(row)} entries has no {count} completion logprobs after a "
-            f"prompt of {prompt_length} tokens"
-        )
-    return [float(value) for value in values]  # type: ignore[arg-type]
 
 
 def chunked(items: list[Any], size: int) -> list[list[Any]]:
@@ -106,8 +95,9 @@ class CorpusPrompts:
 
 
 def load_corpus(config: DistillationConfig, tokenizer: Tokenizer):
-    """(prompt source, eval sequences) of the corpus: its training split's prompts, and its
-    held-out split (the SFT flow's split of the same data) as tokens."""
+    """(prompt source, eval sequences, held-out pairs) of the corpus: its training split's
+    prompts, and its held-out split (the SFT flow's split of the same data) as tokens and as
+    text."""
     from flows.sft.corpus import builtin_examples, read_examples
     from flows.sft.plan import example_tokens, held_out
 
@@ -119,17 +109,22 @@ def load_corpus(config: DistillationConfig, tokenizer: Tokenizer):
     eval_set = [
         EvalSequence(*example_tokens(tokenizer, examples[index])) for index in sorted(evaluated)
     ]
-    return CorpusPrompts(train), eval_set
+    pairs = [
+        HeldOutPair(examples[index].prompt, examples[index].completion)
+        for index in sorted(evaluated)
+    ]
+    return CorpusPrompts(train), eval_set, pairs
 
 
 def load_prompt_source(config: DistillationConfig, tokenizer: Tokenizer):
-    """(prompt source, eval sequences or []) for `config.prompts`; ConfigError if unknown."""
+    """(prompt source, eval sequences or [], held-out pairs or []) for `config.prompts`;
+    ConfigError if unknown."""
     if config.prompts == CORPUS:
         return load_corpus(config, tokenizer)
     from flows.core.environments import load_environment
 
     try:
-        return load_environment(config.prompts), []
+        return load_environment(config.prompts), [], []
     except ValueError as error:
         raise ConfigError("prompts", str(error).replace("environment", "prompt source")) from None
 
@@ -145,6 +140,8 @@ class DistillPlan:
     source: PromptSource
     eval_set: list[EvalSequence]
     tokenizer: Tokenizer
+    evaluation: EvalPlan | None = None
+    """The inline evaluation's eval set (None with eval_every 0)."""
 
     def prompt_tokens(self, prompt: str) -> list[int]:
         bos = getattr(self.tokenizer, "bos_id", None)
@@ -186,12 +183,7 @@ class DistillPlan:
 
     def eval_loss(self, rows: list[list[float | None]]) -> tuple[float, int]:
         """(mean -logprob per completion token, tokens) of a logprobs answer to eval_payload."""
-        total, tokens = 0.0, 0
-        for sequence, row in zip(self.eval_set, rows, strict=True):
-            values = completion_logprobs(row, len(sequence.prompt), len(sequence.completion))
-            total -= sum(values)
-            tokens += len(values)
-        return total / max(tokens, 1), tokens
+        return loss_per_token([(s.prompt, s.completion) for s in self.eval_set], rows)
 
 
 def same_tokenizer(student: str, teacher: str) -> bool:
@@ -207,8 +199,17 @@ def load_distill_plan(config: DistillationConfig) -> DistillPlan:
         tokenizer = get_tokenizer(config.base_model)
     except ValueError as error:
         raise ConfigError("base_model", str(error)) from None
-    source, eval_set = load_prompt_source(config, tokenizer)
-    return DistillPlan(config, source, eval_set, tokenizer)
+    source, eval_set, pairs = load_prompt_source(config, tokenizer)
+    evaluation = None
+    if config.eval_every:
+        settings = config.eval_settings()
+        if settings is None:
+            raise ConfigError("eval_every", "prompts=corpus with eval_fraction 0 hold none out")
+        try:
+            evaluation = load_eval_plan(settings, tokenizer, pairs)
+        except ConfigError as error:
+            raise ConfigError("prompts", error.message) from None
+    return DistillPlan(config, source, eval_set, tokenizer, evaluation)
 
 
 def check_distill_config(config: DistillationConfig) -> DistillPlan:

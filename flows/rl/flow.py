@@ -64,6 +64,7 @@ from flows.core.config import checkpoint_due
 from flows.core.connection import resolve_connection
 from flows.core.cost import format_cost, format_usage
 from flows.core.cycles import RunRecords, by_run, cycle_client, record_cycle, run_cycles, run_rows
+from flows.core.evaluation.sampler import evaluate_after_cycle
 from flows.core.sequenced_client import Call, OperationLog, SequencedClient
 from flows.core.summary import first_and_last
 from flows.core.training import end_training_run, start_training_run
@@ -247,12 +248,17 @@ def run_cycle(
         client.log,
         time.perf_counter() - started,
     )
+    evaluation = evaluate_after_cycle(  # {} unless due; after the numbers above are taken
+        client, run_id, cycle, config.eval_every, config.cycles, plan.evaluation
+    )
     return metrics.model_copy(
         update={
             "groups_resampled": batch.groups_resampled,
             "groups_dropped": batch.groups_dropped,
             "recipe_metrics": batch.recipe_metrics,
             "auxiliary_seq_end": seq_ends(auxiliary, client.ledger),
+            "checkpoint": tail.checkpoint,
+            **evaluation,
         }
     )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pydantic import Field
 
 from flows.core.cycles import CycleResult
+from flows.core.evaluation.plan import EvalMetrics
 from flows.core.training import TrainingResult
 
 
@@ -43,6 +44,12 @@ class CycleMetrics(CycleResult):
         default_factory=dict, description="Billed usage counters per operation kind"
     )
     cost: float | None = Field(default=None, description="Estimated USD, with a price table")
+    checkpoint: str | None = Field(
+        default=None, description="The cycle-{n} checkpoint saved after the cycle, if one was"
+    )
+    eval: EvalMetrics | None = Field(
+        default=None, description="The inline evaluation of the weights after the cycle"
+    )
 
 
 class RLResult(TrainingResult):

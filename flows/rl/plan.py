@@ -15,6 +15,7 @@ from typing import Any
 
 from flows.core.config import ConfigError, check_resume_from
 from flows.core.environments import Environment, load_environment
+from flows.core.evaluation.plan import EvalPlan, load_eval_plan
 from flows.core.seeds import derive_seed
 from flows.rl.config import RLConfig
 from flows.rl.recipes import (
@@ -40,6 +41,8 @@ class RLPlan:
     recipe: Recipe
     environment: Environment
     tokenizer: Tokenizer
+    evaluation: EvalPlan | None = None
+    """The inline evaluation's eval set (None with eval_every 0)."""
 
     def prompt_tokens(self, prompt: str) -> list[int]:
         """The prompt's token ids, after the tokenizer's BOS where it has one."""
@@ -114,7 +117,8 @@ def load_rl_plan(config: RLConfig) -> RLPlan:
         tokenizer = get_tokenizer(config.base_model)
     except ValueError as error:
         raise ConfigError("base_model", str(error)) from None
-    return RLPlan(config, recipe, environment, tokenizer)
+    evaluation = load_eval_plan(config.eval_settings(), tokenizer) if config.eval_every else None
+    return RLPlan(config, recipe, environment, tokenizer, evaluation)
 
 
 @dataclass(frozen=True)
