@@ -25,6 +25,7 @@ the adapter. Never the API key: only the Whitney URL goes into a summary.
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -49,6 +50,7 @@ from flows.core.cost import Usage
 from flows.core.events import CycleEvents, checkpoint_saved
 from flows.core.heartbeat import subflows_without_heartbeat
 from flows.core.operation_rows import metrics_text, operation_row, seconds_text
+from flows.core.plots import Panel, picture_beside, render_png
 from flows.core.sequenced_client import SequencedClient
 from flows.core.summary import export_command
 from flows.core.task_runner_settings import TaskRunnerSettings
@@ -186,13 +188,16 @@ def record_cycle(metrics: CycleResult, runs: Mapping[str, Sequence[wire.Operatio
 
 
 class RunRecords:
-    """A flow run's progress artifact, metrics file and summary (keys start with `key_prefix`)."""
+    """A flow run's progress artifact, metrics file and summary (keys start with `key_prefix`),
+    with its learning curves (a PNG in the summary, and beside the metrics file)."""
 
     def __init__(self, key_prefix: str, total_cycles: int, metrics_path: str | None) -> None:
         self.key_prefix = artifact_key(key_prefix)
         self.total_cycles = total_cycles
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.cycles: list[Any] = []  # the flow's cycle metrics, in order
+        self.picture_path: Path | None = None
+        """Where the learning curves were written: beside the metrics file, if there is one."""
         self._progress_id = create_progress_artifact(
             progress=0.0,
             key=artifact_key(self.key_prefix, "progress"),
@@ -210,11 +215,29 @@ class RunRecords:
         )
 
     def add_markdown_summary(
-        self, title: str, rows: list[tuple[str, str]], description: str
+        self,
+        title: str,
+        rows: list[tuple[str, str]],
+        description: str,
+        curves: Sequence[Panel] = (),
     ) -> UUID:
-        """The final summary of any flow: a markdown table of (name, value) rows."""
+        """The final summary of any flow: a markdown table of (name, value) rows, then the
+        learning curves as an inline PNG (a data URI, which the Prefect UI shows), the same
+        bytes as the picture written beside the metrics file (`picture_path`)."""
         lines = [f"# {title}", "", "| | |", "| --- | --- |"]
         lines += [f"| {name} | {value} |" for name, value in rows]
+        if curves:
+            png = render_png(curves)
+            if self.metrics_path is not None:
+                self.picture_path = picture_beside(self.metrics_path)
+                self.picture_path.write_bytes(png)
+            data = base64.b64encode(png).decode("ascii")
+            lines += [
+                "",
+                "## Learning curves",
+                "",
+                f"![learning curves](data:image/png;base64,{data})",
+            ]
         return create_markdown_artifact(
             markdown="\n".join(lines),
             key=artifact_key(self.key_prefix, "summary"),

@@ -48,7 +48,12 @@ from flows.core.evaluation.sampler import evaluate_after_cycle
 from flows.core.sequenced_client import Call, SequencedClient
 from flows.core.training import end_training_run, start_training_run
 from flows.distill.config import LOSS_FUNCTION, DistillationConfig
-from flows.distill.metrics import DistillationResult, DistillCycleMetrics, EvalLosses
+from flows.distill.metrics import (
+    DistillationResult,
+    DistillCycleMetrics,
+    EvalLosses,
+    learning_curves,
+)
 from flows.distill.plan import (
     DistillPlan,
     check_distill_config,
@@ -391,6 +396,7 @@ def distillation_flow(
         "Distillation flow summary",
         summary_rows(result),
         "teacher_kl, eval losses, usage and cost, checkpoint and adapter of the distillation",
+        learning_curves(result.cycles),
     )
     if guard.stopped:
         logger.warning("Stopped early by the budget: %s", guard.stopped)

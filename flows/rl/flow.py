@@ -78,7 +78,7 @@ from flows.rl.auxiliary import (
 )
 from flows.rl.batch import GroupScore, build_training_batch
 from flows.rl.config import RLConfig
-from flows.rl.metrics import CycleMetrics, RLResult
+from flows.rl.metrics import CycleMetrics, RLResult, learning_curves
 from flows.rl.plan import RLPlan, check_rl_config, load_rl_plan
 from tasks.names import cycle_name
 from whitney import wire
@@ -279,6 +279,7 @@ def add_summary(records: RunRecords, result: RLResult) -> UUID:
         "RL flow summary",
         rows + run_rows(result),
         "Checkpoint and exported adapter of the RL flow run",
+        learning_curves(result.cycles),
     )
 
 
