@@ -9,6 +9,8 @@ too: an SFT teacher's events are its distillation's), so an automation can act o
                                settings of the flow (what evaluate-checkpoint samples)
     whitney.run.finished       the run's normal end: adapter sha256, the export command
     whitney.run.released       the cleanup hook released the flow run's Whitney sessions
+    whitney.checkpoint.evaluated   evaluate-checkpoint's numbers for a checkpoint
+    whitney.promotion.decided      promote-checkpoint's decision: approved or not, the note
 
 A cycle's started and completed events carry the label `whitney.stall-window-s` (its window);
 the stall automation of that window starts its clock at `started` and is satisfied by
@@ -36,6 +38,8 @@ CYCLE_COMPLETED = "whitney.cycle.completed"
 CHECKPOINT_SAVED = "whitney.checkpoint.saved"
 RUN_FINISHED = "whitney.run.finished"
 RUN_RELEASED = "whitney.run.released"
+CHECKPOINT_EVALUATED = "whitney.checkpoint.evaluated"
+PROMOTION_DECIDED = "whitney.promotion.decided"
 STALL_WINDOW_LABEL = "whitney.stall-window-s"
 ALL_WINDOWS = "all"
 """The stall label of `whitney.run.released`: every window's automation counts it."""
@@ -109,6 +113,41 @@ def run_released(root_id: UUID | str, flow_run_id: UUID | str, state: str, sessi
             }
         ],
         payload={"flow_run_id": str(flow_run_id), "state": state, "sessions_closed": sessions},
+    )
+
+
+def checkpoint_evaluated(
+    checkpoint: str, cycle: int | None, evaluation: Mapping[str, Any]
+) -> Event | None:
+    """`whitney.checkpoint.evaluated`: a checkpoint's numbers (evaluate-checkpoint)."""
+    run_id = checkpoint_run_id(checkpoint)
+    return emit_event(
+        CHECKPOINT_EVALUATED,
+        resource=flow_run_resource(root_flow_run_id()),
+        related=[whitney_run(run_id)],
+        payload={
+            "checkpoint": checkpoint,
+            "run_id": run_id,
+            "cycle": cycle,
+            "evaluation": dict(evaluation),
+        },
+    )
+
+
+def promotion_decided(
+    checkpoint: str, approved: bool, note: str, target_dir: str | None
+) -> Event | None:
+    """`whitney.promotion.decided`: a person's decision on promoting a checkpoint."""
+    return emit_event(
+        PROMOTION_DECIDED,
+        resource=flow_run_resource(root_flow_run_id()),
+        related=[whitney_run(checkpoint_run_id(checkpoint))],
+        payload={
+            "checkpoint": checkpoint,
+            "approved": approved,
+            "note": note,
+            "target_dir": target_dir,
+        },
     )
 
 
