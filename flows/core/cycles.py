@@ -128,7 +128,7 @@ def run_cycles(
                 cost = guard.add_cycle(metrics.usage)  # type: ignore[attr-defined]
                 metrics = metrics.model_copy(update={"cost": cost})
             records.add_cycle(metrics)
-            events.completed(number, metrics_row(metrics))
+            events.completed(number, metrics_row(metrics, rounded=False))
             if (checkpoint := getattr(metrics, "checkpoint", None)) is not None:
                 checkpoint_saved(checkpoint, config.eval_settings())
             last = metrics
@@ -149,10 +149,10 @@ def artifact_key(*parts: str) -> str:
     return re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", text)).strip("-")
 
 
-def metrics_row(metrics: CycleResult) -> dict[str, float | int | str | None]:
+def metrics_row(metrics: CycleResult, rounded: bool = True) -> dict[str, float | int | str | None]:
     """The cycle's metrics as one flat table row: an inline evaluation's as `eval.<name>`,
     seconds per operation kind as columns; other nested values (an SFT cycle's evals) stay in
-    the metrics JSON line."""
+    the metrics JSON line. Floats to 6 decimals (`rounded`), as the table shows them."""
     row = metrics.model_dump(mode="json", exclude={"op_seconds"})
     evaluation = row.pop("eval", None) or {}
     row = {name: value for name, value in row.items() if not isinstance(value, list | dict)}
@@ -162,6 +162,8 @@ def metrics_row(metrics: CycleResult) -> dict[str, float | int | str | None]:
         row[f"tokens_{kind}"] = int(counters.get("tokens", 0))  # billed usage (flows.core.cost)
     for kind, seconds in sorted(metrics.op_seconds.items()):
         row[f"seconds_{kind}"] = round(seconds, 4)
+    if not rounded:
+        return row
     return {
         name: round(value, 6) if isinstance(value, float) else value for name, value in row.items()
     }
