@@ -40,6 +40,16 @@ RUN_FINISHED = "whitney.run.finished"
 RUN_RELEASED = "whitney.run.released"
 CHECKPOINT_EVALUATED = "whitney.checkpoint.evaluated"
 PROMOTION_DECIDED = "whitney.promotion.decided"
+EVENTS = (
+    CYCLE_STARTED,
+    CYCLE_COMPLETED,
+    CHECKPOINT_SAVED,
+    RUN_FINISHED,
+    RUN_RELEASED,
+    CHECKPOINT_EVALUATED,
+    PROMOTION_DECIDED,
+)
+"""Every event the flows emit (README, *Events*)."""
 STALL_WINDOW_LABEL = "whitney.stall-window-s"
 ALL_WINDOWS = "all"
 """The stall label of `whitney.run.released`: every window's automation counts it."""

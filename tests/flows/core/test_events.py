@@ -1,0 +1,107 @@
+"""The events of the flows, against the README's table (*Events*): every event a flow run emits
+is in it with exactly the payload keys and resource labels it lists, and every name in it is
+emitted by a flow run here (a trained RL run, one that fails, an evaluation, a decision). Each
+event's resource is the top-level flow run; cycle events come in order, each started one with
+the window the completed one repeats."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prefect import flow
+
+from flows.checkpoints.config import EvaluateConfig
+from flows.checkpoints.evaluate import evaluate_checkpoint
+from flows.core import events
+from flows.rl.config import RLConfig
+from flows.rl.flow import rl_flow
+from tasks import operations
+from whitney.local import EmbeddedWhitney
+
+README = Path(__file__).resolve().parents[3] / "README.md"
+
+
+def readme_table() -> dict[str, tuple[set[str], set[str]]]:
+    """event name -> (resource labels, payload keys), from the README's events table."""
+    text = README.read_text().split("### Events", 1)[1].split("\n### ", 1)[0]
+    rows = [line for line in text.splitlines() if line.startswith("| `whitney.")]
+    table = {}
+    for row in rows:
+        name, _, labels, payload = (cell.strip() for cell in row.strip().strip("|").split("|"))
+        depth, items, current = 0, [], ""
+        for character in payload:  # the top-level items: commas outside parentheses
+            depth += {"(": 1, ")": -1}.get(character, 0)
+            if character == "," and depth == 0:
+                items.append(current)
+                current = ""
+            else:
+                current += character
+        items.append(current)
+        keys = {re.search(r"`([^`]+)`", item)[1] for item in items}
+        label_names = {label for label in re.findall(r"`([^`]+)`", labels) if "." in label}
+        table[name.strip("`")] = (label_names, keys)
+    return table
+
+
+@flow(name="decide")
+def decide(checkpoint: str) -> None:
+    events.promotion_decided(checkpoint, False, "not yet", None)
+
+
+def test_every_event_is_the_readmes(
+    whitney: EmbeddedWhitney, small_config: RLConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    emitted: list[dict[str, Any]] = []
+    real = events.emit_event
+
+    def record(event: str, **options: Any) -> Any:
+        emitted.append({"event": event, **options})
+        return real(event, **options)
+
+    monkeypatch.setattr(events, "emit_event", record)
+    config = small_config.model_copy(update={"cycles": 2, "checkpoint_every": 1, "eval_every": 1})
+    state = rl_flow(config, return_state=True)
+    result = state.result()
+    root = f"prefect.flow-run.{state.state_details.flow_run_id}"
+    trained = [event for event in emitted if event["resource"]["prefect.resource.id"] == root]
+    assert [event["event"] for event in trained] == [
+        "whitney.cycle.started",
+        "whitney.cycle.completed",
+        "whitney.checkpoint.saved",
+        "whitney.cycle.started",
+        "whitney.cycle.completed",
+        "whitney.checkpoint.saved",
+        "whitney.run.finished",
+    ]
+    cycles = [e for e in trained if e["event"].startswith("whitney.cycle.")]
+    for started, completed in zip(cycles[::2], cycles[1::2], strict=True):
+        assert started["payload"]["stall_window_s"] == completed["payload"]["stall_window_s"]
+        assert completed["follows"] is not None
+    assert trained[1]["payload"]["metrics"]["eval.pass_at_k"] == result.cycles[0].eval.pass_at_k
+    assert trained[-1]["payload"]["adapter_sha256"] == result.adapter.sha256
+    assert trained[-2]["payload"]["checkpoint"] == result.checkpoint
+    assert trained[-2]["payload"]["evaluation"] == config.eval_settings().model_dump()
+
+    evaluate_checkpoint(result.checkpoint, EvaluateConfig(api_url=whitney.url))
+    decide(result.checkpoint)
+
+    def fail(*args: Any, **options: Any) -> Any:
+        raise RuntimeError("injected: the cycle fails")
+
+    monkeypatch.setattr(operations, "execute_operation", fail)
+    failed = rl_flow(config.model_copy(update={"cycle_retries": 0}), return_state=True)
+    assert failed.is_failed()
+
+    table = readme_table()
+    assert {event["event"] for event in emitted} == set(table)
+    for event in emitted:
+        labels, keys = table[event["event"]]
+        assert set(event["payload"]) == keys, event["event"]
+        assert set(event["resource"]) - {"prefect.resource.id"} == labels, event["event"]
+        assert event["resource"]["prefect.resource.id"].startswith("prefect.flow-run.")
+    released = [event for event in emitted if event["event"] == "whitney.run.released"]
+    assert released and released[0]["resource"][events.STALL_WINDOW_LABEL] == events.ALL_WINDOWS
+    assert set(events.EVENTS) == set(table)
