@@ -13,7 +13,8 @@ person in the loop.
         `whitney-flows export RUN --out target_dir/merged --merged` and
         `whitney-flows export RUN --out target_dir/adapter` (issue 8's export, as a user runs
         it); a link artifact to target_dir
-      rejected (or no decision within approval_timeout_s): ends there, nothing exported
+      rejected: ends there, nothing exported; no decision within approval_timeout_s: the
+        same, recorded, and the run fails (Prefect fails a pause that times out)
 
 The export runs the `whitney-flows export` command in a child process: the same code, files
 and checks a user gets from the command line; its key goes in the child's environment
@@ -166,6 +167,19 @@ def run_export_command(
     return output
 
 
+def record_decision(checkpoint: str, decision: PromotionDecision, target_dir: Path | None) -> None:
+    """The decision and its note: an artifact, a log line, `whitney.promotion.decided`."""
+    verdict = "approved" if decision.approve else "rejected"
+    note = decision.note or "-"
+    create_markdown_artifact(
+        markdown=f"**{verdict.capitalize()}**: `{checkpoint}`\n\nNote: {note}",
+        description="The promotion decision",
+    )
+    get_run_logger().info("Promotion of %s %s: %s", checkpoint, verdict, note)
+    target = str(target_dir) if decision.approve and target_dir is not None else None
+    promotion_decided(checkpoint, decision.approve, decision.note, target)
+
+
 @flow(name="promote-checkpoint", persist_result=False, **CLEANUP_HOOKS)
 def promote_checkpoint(config: PromoteConfig, whitney_block: str | None = None) -> PromotionResult:
     """Evaluate a checkpoint (or every checkpoint of a run, choosing the best by a metric),
@@ -198,9 +212,9 @@ def promote_checkpoint(config: PromoteConfig, whitney_block: str | None = None) 
             poll_interval=POLL_INTERVAL_S,
         )
     except FlowPauseTimeout:
-        decision = PromotionDecision(
-            approve=False, note=f"no decision within {config.approval_timeout_s} s"
-        )
+        note = f"no decision within {config.approval_timeout_s} s"
+        record_decision(chosen.checkpoint, PromotionDecision(approve=False, note=note), None)
+        raise  # Prefect fails a run that was paused and never resumed
     result = PromotionResult(
         checkpoint=chosen.checkpoint,
         metric=config.metric,
@@ -208,19 +222,7 @@ def promote_checkpoint(config: PromoteConfig, whitney_block: str | None = None) 
         approved=decision.approve,
         note=decision.note,
     )
-    verdict = "approved" if decision.approve else "rejected"
-    note = decision.note or "-"
-    create_markdown_artifact(
-        markdown=f"**{verdict.capitalize()}**: `{chosen.checkpoint}`\n\nNote: {note}",
-        description="The promotion decision",
-    )
-    logger.info("Promotion of %s %s: %s", chosen.checkpoint, verdict, note)
-    promotion_decided(
-        chosen.checkpoint,
-        decision.approve,
-        decision.note,
-        str(target_dir) if decision.approve else None,
-    )
+    record_decision(chosen.checkpoint, decision, target_dir)
     if not decision.approve:
         return result
     exported = export_checkpoint(config, connection, chosen.checkpoint)

@@ -3,8 +3,9 @@ is the one a hand argmax over the run's inline evaluations picks, each candidate
 its cycle's; the run pauses with nothing open on Whitney and goes on when the test submits the
 form through the call the UI's Resume form makes (`POST /flow_runs/{id}/resume` with
 `run_input`); rejected, it ends cleanly with the decision recorded and nothing exported. A used
-target directory is refused before anything is allocated. (Approval and the export: the e2e
-test, tests/e2e/test_checkpoints.py.)"""
+target directory is refused before anything is allocated; with no answer within
+approval_timeout_s the outcome is recorded and the run fails (Prefect fails a pause that
+times out). (Approval and the export: the e2e test, tests/e2e/test_checkpoints.py.)"""
 
 from __future__ import annotations
 
@@ -129,6 +130,20 @@ def test_promotion_waits_with_nothing_open_and_a_rejection_ends_it_cleanly(
     assert any("Rejected" in text and "not yet" in text for text in texts)
     assert not target.exists()
     assert {session.status for session in flow_run_sessions(inspector, flow_run.id)} == {"closed"}
+
+    # nobody answers within approval_timeout_s: recorded, nothing exported, the run fails
+    unanswered = PromoteConfig(
+        api_url=whitney.url,
+        evaluation=config.eval_settings(),
+        checkpoint=trained.checkpoint,
+        target_dir=str(target),
+        approval_timeout_s=10,
+    )
+    state = promote_checkpoint(unanswered, return_state=True)
+    assert state.is_failed()
+    texts = [artifact.data for artifact in artifacts_of(state.state_details.flow_run_id)]
+    assert any("Rejected" in text and "no decision within 10 s" in text for text in texts)
+    assert not target.exists()
 
 
 def test_a_used_target_directory_is_refused_before_anything(
