@@ -73,6 +73,13 @@ def test_a_checkpoint_evaluates_as_its_cycle_did_inline(
         assert row["pass_at_k"] == cycle.eval.pass_at_k
         assert row["eval set"] == "env digits"
 
+    bad = EvaluateConfig(api_url=whitney.url, evaluation=EvalSettings(env="nowhere"))
+    state = evaluate_checkpoint(checkpoints[0], bad, return_state=True)
+    assert state.is_failed()  # before any session: the eval set is checked first
+    with pytest.raises(Exception, match="evaluation.env: unknown environment 'nowhere'"):
+        state.result()
+    assert flow_run_sessions(inspector, state.state_details.flow_run_id) == []
+
 
 def test_an_sft_checkpoint_evaluates_its_held_out_loss(
     whitney: EmbeddedWhitney, inspector: WhitneyClient
@@ -90,15 +97,3 @@ def test_an_sft_checkpoint_evaluates_its_held_out_loss(
     assert result.evaluation.loss_tokens is not None and result.evaluation.loss_tokens > 0
     assert result.evaluation.prompts == 31  # the held-out pairs of the built-in corpus
     assert 0.0 <= result.evaluation.reward_mean <= 1.0  # similarity to the reference
-
-
-def test_a_bad_eval_set_fails_before_any_session(
-    whitney: EmbeddedWhitney, small_config: RLConfig, inspector: WhitneyClient
-) -> None:
-    trained = rl_flow(small_config.model_copy(update={"cycles": 1}))
-    bad = EvaluateConfig(api_url=whitney.url, evaluation=EvalSettings(env="nowhere"))
-    state = evaluate_checkpoint(trained.checkpoint, bad, return_state=True)
-    assert state.is_failed()
-    with pytest.raises(Exception, match="evaluation.env: unknown environment 'nowhere'"):
-        state.result()
-    assert flow_run_sessions(inspector, state.state_details.flow_run_id) == []

@@ -1,6 +1,6 @@
 """The events of the flows, against the README's table (*Events*): every event a flow run emits
 is in it with exactly the payload keys and resource labels it lists, and every name in it is
-emitted by a flow run here (a trained RL run, one that fails, an evaluation, a decision). Each
+emitted here (a trained RL run; the checkpoint flows' and the cleanup hook's functions). Each
 event's resource is the top-level flow run; cycle events come in order, each started one with
 the window the completed one repeats."""
 
@@ -13,12 +13,9 @@ from typing import Any
 import pytest
 from prefect import flow
 
-from flows.checkpoints.config import EvaluateConfig
-from flows.checkpoints.evaluate import evaluate_checkpoint
 from flows.core import events
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
-from tasks import operations
 from whitney.local import EmbeddedWhitney
 
 README = Path(__file__).resolve().parents[3] / "README.md"
@@ -46,9 +43,13 @@ def readme_table() -> dict[str, tuple[set[str], set[str]]]:
     return table
 
 
-@flow(name="decide")
-def decide(checkpoint: str) -> None:
+@flow(name="checkpoint-events")
+def checkpoint_flow_events(checkpoint: str, evaluation: dict[str, Any]) -> None:
+    """The events the checkpoint flows and the cleanup hook emit, through the same functions
+    (their call sites: tests/flows/checkpoints/, tests/e2e/test_checkpoints.py)."""
+    events.checkpoint_evaluated(checkpoint, 1, evaluation)
     events.promotion_decided(checkpoint, False, "not yet", None)
+    events.run_released(events.root_flow_run_id(), events.root_flow_run_id(), "Failed", 1)
 
 
 def test_every_event_is_the_readmes(
@@ -85,15 +86,7 @@ def test_every_event_is_the_readmes(
     assert trained[-2]["payload"]["checkpoint"] == result.checkpoint
     assert trained[-2]["payload"]["evaluation"] == config.eval_settings().model_dump()
 
-    evaluate_checkpoint(result.checkpoint, EvaluateConfig(api_url=whitney.url))
-    decide(result.checkpoint)
-
-    def fail(*args: Any, **options: Any) -> Any:
-        raise RuntimeError("injected: the cycle fails")
-
-    monkeypatch.setattr(operations, "execute_operation", fail)
-    failed = rl_flow(config.model_copy(update={"cycle_retries": 0}), return_state=True)
-    assert failed.is_failed()
+    checkpoint_flow_events(result.checkpoint, result.cycles[-1].eval.model_dump())
 
     table = readme_table()
     assert {event["event"] for event in emitted} == set(table)

@@ -1,23 +1,18 @@
 """Learning curves: the PNG writer's bytes decode (by a decoder written here) to the picture
-computed by hand; a flow run's summary artifact carries the picture as a data URI, the same
-bytes as the PNG beside its metrics file; `whitney-flows run` without --metrics-out leaves
-the PNG in the adapter directory and says where."""
+computed by hand; `whitney-flows run` without --metrics-out leaves the PNG in the adapter
+directory and says where. (The summary artifact's picture is the PNG beside the metrics
+file: tests/flows/rl/test_inline_eval.py.)"""
 
 from __future__ import annotations
 
-import base64
-import re
 import struct
 import zlib
 from pathlib import Path
 
 import pytest
-from flowtest_helpers import artifacts_of
 
 from flows.cli.main import main
 from flows.core.plots import PALETTE, Line, Panel, picture_beside, render_png
-from flows.rl.config import RLConfig
-from flows.rl.flow import rl_flow
 from whitney.local import EmbeddedWhitney
 
 BLUE, INK, WHITE = (31, 119, 180), (40, 40, 40), (255, 255, 255)
@@ -68,28 +63,6 @@ def test_panels_go_two_to_a_row_and_the_bytes_are_deterministic() -> None:
     image = decode(png)
     assert (len(image[0]), len(image)) == (960, 600)
     assert picture_beside(Path("run/metrics.jsonl")) == Path("run/metrics.png")
-
-
-def test_the_summary_shows_the_picture_written_beside_the_metrics(
-    whitney: EmbeddedWhitney, small_config: RLConfig, tmp_path: Path
-) -> None:
-    metrics = tmp_path / "metrics.jsonl"
-    config = small_config.model_copy(
-        update={"cycles": 2, "eval_every": 1, "metrics_path": str(metrics)}
-    )
-    state = rl_flow(config, return_state=True)
-    (summary,) = [
-        artifact
-        for artifact in artifacts_of(state.state_details.flow_run_id)
-        if artifact.type == "markdown"
-    ]
-    (data,) = re.findall(
-        r"!\[learning curves\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", summary.data
-    )
-    png = base64.b64decode(data)
-    assert png == metrics.with_suffix(".png").read_bytes()
-    image = decode(png)
-    assert (len(image[0]), len(image)) == (960, 600)  # reward, eval, loss
 
 
 def test_the_cli_leaves_the_picture_in_the_adapter_directory(

@@ -2,16 +2,23 @@
 adapter sha256 with and without it is the same), its operations are ordered and replay when
 the cycle fails in the middle of them, and its numbers are those a hand computation gets from
 the samples the server journaled (digits' reward written out here, pass@k by its
-definition)."""
+definition). They are in the metrics line, the cycle's table and the summary's picture."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import statistics
+import struct
 
 import pytest
-from flowtest_helpers import assert_executed_once_in_order, cycle_artifact, subflow_runs
+from flowtest_helpers import (
+    artifacts_of,
+    assert_executed_once_in_order,
+    cycle_artifact,
+    subflow_runs,
+)
 from flowtest_recipe_helpers import journaled, replay_after_one_failure
 
 from flows.cli.inspection import cycle_groups
@@ -128,3 +135,10 @@ def test_inline_evaluation_changes_nothing_and_replays(
     table = dict(re.findall(r"^\| (eval\.\w+) \| ([^|]*) \|$", markdown, re.MULTILINE))
     assert float(table["eval.reward_mean"]) == pytest.approx(result.cycles[1].eval.reward_mean)
     assert float(table["eval.pass_at_k"]) == pytest.approx(result.cycles[1].eval.pass_at_k)
+
+    # the summary's learning curves: the PNG beside the metrics file, reward, eval and loss
+    (summary,) = [a for a in artifacts_of(state.state_details.flow_run_id) if a.type == "markdown"]
+    (data,) = re.findall(r"\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", summary.data)
+    png = base64.b64decode(data)
+    assert png == metrics_path.with_suffix(".png").read_bytes()
+    assert struct.unpack(">II", png[16:24]) == (960, 600)  # IHDR: 3 panels, two to a row
