@@ -3,8 +3,10 @@
 One pooled `httpx.Client` per instance. Every request is validated with `whitney.wire` before it
 is sent; transport errors, timeouts, 429 and 5xx answers are retried with the same body (so the
 same `seq_id`: the server never runs an operation twice), with exponential backoff and full
-jitter, bounded by attempts and by total time; other 4xx answers are raised at once as the
-typed errors of `whitney.errors`.
+jitter, bounded by attempts and by total time; an answer with a positive Retry-After (the server
+says when to come back: a rate limit, a run being rebuilt after a restart) is retried then, up
+to the total time whatever the attempts; other 4xx answers are raised at once as the typed
+errors of `whitney.errors`.
 
 The API key is sent in the Authorization header and nowhere else: it never appears in
 `repr(client)`, in a log line, or in the text, args or cause chain of an exception raised here.
@@ -669,7 +671,8 @@ class WhitneyClient:
             if problem is not None:
                 raise problem
             request_headers["Content-Type"] = "application/json"
-        deadline = _clock() + self._max_retry_seconds
+        started = _clock()
+        deadline = started + self._max_retry_seconds
         attempt = 0
         while True:
             attempt += 1
@@ -679,7 +682,8 @@ class WhitneyClient:
             if response is not None:
                 return response
             assert failure is not None
-            if not retryable or attempt >= self._max_attempts:
+            asked_to_wait = failure.retry_after is not None and failure.retry_after > 0
+            if not retryable or (attempt >= self._max_attempts and not asked_to_wait):
                 break
             delay = failure.retry_after
             if delay is None:
@@ -687,23 +691,26 @@ class WhitneyClient:
             if _clock() + delay > deadline:
                 break
             logger.warning(
-                "Whitney %s %s failed (%s) on attempt %d of %d; retrying in %.2fs",
+                "Whitney %s %s failed (%s) on attempt %d%s; retrying in %.2fs",
                 method,
                 path,
                 reason,
                 attempt,
-                self._max_attempts,
+                " (the server asked to wait)" if asked_to_wait else f" of {self._max_attempts}",
                 delay,
             )
             _sleep(delay)
         if attempt > 1:
+            elapsed = _clock() - started
             logger.warning(
-                "Whitney %s %s failed (%s) after %d attempts; giving up",
+                "Whitney %s %s failed (%s) after %d attempts in %.1f s; giving up",
                 method,
                 path,
                 reason,
                 attempt,
+                elapsed,
             )
+            failure.message += f" (gave up after {attempt} attempts in {elapsed:.1f} s)"
         raise failure
 
     def _attempt(

@@ -29,6 +29,8 @@ class ServedWhitney:
     url: str
     process: subprocess.Popen[str]
     keys: tuple[str, ...] = KEYS
+    argv: tuple[str, ...] = ()
+    log: Path = Path()
 
     def client(self, tenant: int = 0, **kwargs: object) -> httpx.Client:
         """A raw HTTP client of tenant `tenant` (0: A, 1: B)."""
@@ -47,43 +49,68 @@ class ServedWhitney:
         with self.client(1) as client:
             return client.get("/v1/training/capabilities").status_code == 200
 
+    def kill(self) -> None:
+        """SIGKILL the server: no handler, no flush, no goodbye."""
+        self.process.kill()
+        self.process.wait()
+
+    def restart(self) -> None:
+        """Start `serve` again with the same flags, data directory and port (after `kill`)."""
+        assert self.process.poll() is not None, "kill() it first"
+        port = self.url.rsplit(":", 1)[1]
+        argv = [*self.argv]
+        argv[argv.index("--port") + 1] = port
+        seen = len(READY.findall(self.log.read_text()))
+        self.process = _start(argv, self.keys, self.log)
+        assert _wait_ready(self.process, self.log, seen) == self.url
+        self._wait_alive()
+
+    def _wait_alive(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self.alive():
+            assert time.monotonic() < deadline, "the served Whitney did not answer"
+            time.sleep(0.1)
+
 
 @contextmanager
 def served(tmp_path: Path, *flags: str, keys: tuple[str, ...] = KEYS) -> Iterator[ServedWhitney]:
     """`python -m whitney.local serve --port 0 FLAGS` with a fresh data directory under
     `tmp_path` and the API keys `keys`, until the block ends (SIGTERM, then SIGKILL after
     30 s)."""
-    env = os.environ | {"WHITNEY_LOCAL_API_KEYS": ",".join(keys)}
     argv = [sys.executable, "-m", "whitney.local", "serve", "--port", "0"]
     argv += ["--data-dir", str(tmp_path / "served-data"), *flags]
     log = tmp_path / "served.log"
-    with log.open("w") as out:
-        process = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+    process = _start(argv, keys, log)
+    server = ServedWhitney("", process, keys, tuple(argv), log)
     try:
-        url = _wait_ready(process, log)
-        server = ServedWhitney(url, process, keys)
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while not server.alive():
-            assert time.monotonic() < deadline, "the served Whitney did not answer"
-            time.sleep(0.1)
+        server.url = _wait_ready(process, log, 0)
+        server._wait_alive()
         yield server
     finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
+        if server.process.poll() is None:
+            server.process.send_signal(signal.SIGTERM)
             try:
-                process.wait(30)
+                server.process.wait(30)
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
+                server.process.kill()
+                server.process.wait()
 
 
-def _wait_ready(process: subprocess.Popen[str], log: Path) -> str:
-    """The URL of the ready line `serve` prints to `log` (its stdout and stderr)."""
+def _start(argv: list[str], keys: tuple[str, ...], log: Path) -> subprocess.Popen[str]:
+    """`argv` with the keys in the environment, its output appended to `log`."""
+    env = os.environ | {"WHITNEY_LOCAL_API_KEYS": ",".join(keys)}
+    with log.open("a") as out:
+        return subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+
+def _wait_ready(process: subprocess.Popen[str], log: Path, seen: int) -> str:
+    """The URL of the ready line `serve` prints to `log` (its stdout and stderr) after the
+    `seen` ones already there."""
     deadline = time.monotonic() + START_TIMEOUT_S
     while time.monotonic() < deadline:
-        match = READY.search(log.read_text())
-        if match:
-            return match[1]
+        matches = READY.findall(log.read_text())
+        if len(matches) > seen:
+            return matches[-1]
         if process.poll() is not None:
             raise AssertionError(f"serve exited {process.returncode}: {log.read_text()}")
         time.sleep(0.05)

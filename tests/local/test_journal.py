@@ -67,10 +67,60 @@ def test_journal_rows_render_as_the_wire_operation(tmp_path):
     assert second["result"] is None and second["usage"] == {}
     assert journal.get_run("run-1")["next_seq_id"] == 3
 
-    journal.recover_after_restart()
+    journal.close()
+
+
+def test_a_restart_requeues_what_was_running_and_keeps_what_committed(tmp_path):
+    journal = Journal(tmp_path / "j.sqlite3")
+    journal.insert_session("sess-1", "tenant", {}, lease_expires_at=None)
+    journal.insert_run(
+        {
+            "run_id": "run-1",
+            "tenant": "tenant",
+            "session_id": "sess-1",
+            "provider": "local",
+            "base_model": "local/nano",
+            "lora_rank": 8,
+            "seed": 0,
+            "role": "policy",
+            "trainable": True,
+            "from_checkpoint": None,
+            "labels": {},
+            "status": "ready",
+        }
+    )
+    for seq in (1, 2, 3):
+        journal.insert_operation("run-1", seq, "save_state", None, "h", f'{{"name":"c{seq}"}}')
+    journal.mark_running("run-1", [1])
+    journal.insert_checkpoint("run-1", "c1", 1, 0, "/states/c1")
+    journal.finish_operation("run-1", 1, "succeeded", result={"step": 0})
+    journal.mark_running("run-1", [2])
+    journal.insert_checkpoint("run-1", "c2", 2, 0, "/states/c2")
+    artifact = {"tenant": "tenant", "run_id": "run-1", "seq_id": 2, "format": "peft"}
+    journal.insert_artifact(
+        artifact | {"artifact_id": "a", "path": "/a.tar", "sha256": "", "bytes": 0}
+    )
+    # then the process died
+
+    assert [run["run_id"] for run in journal.active_runs()] == ["run-1"]
+    assert journal.requeue_interrupted("run-1") == ["/a.tar"]
+    assert journal.get_artifact("a") is None
+    rows = {row["seq_id"]: row for row in journal.replay_rows("run-1")}
+    assert [rows[seq]["status"] for seq in (1, 2, 3)] == ["succeeded", "pending", "pending"]
+    counts = [tuple(journal.get_operation("run-1", seq))[8] for seq in (1, 2, 3)]
+    assert counts == [1, 0, 0]  # executions: the interrupted one does not count
+    interrupted = journal._one("SELECT interrupted FROM operations WHERE seq_id=2")[0]
+    assert interrupted == 1
+    assert journal.get_checkpoint("run-1", "c1") is not None
+    assert journal.get_checkpoint("run-1", "c2") is None  # written before a result that never was
+
+    error = {"type": "internal", "message": "gone", "details": {}}
+    journal.end_unrecoverable("run-1", "failed", error)
     assert journal.get_run("run-1")["status"] == "failed"
-    assert operation_dict(journal.get_operation("run-1", 2))["status"] == "cancelled"
+    assert journal.get_run("run-1")["error"] == error
+    assert operation_dict(journal.get_operation("run-1", 3))["status"] == "cancelled"
     assert operation_dict(journal.get_operation("run-1", 1))["status"] == "succeeded"
+    assert journal.active_runs() == []
     journal.close()
 
 

@@ -11,7 +11,16 @@ from typing import Any
 import httpx
 import pytest
 
-from .helpers import adamw, assert_error, datum, forward, new_run, sample_request, tensor
+from .helpers import (
+    adamw,
+    assert_error,
+    datum,
+    forward,
+    new_run,
+    post_op,
+    sample_request,
+    tensor,
+)
 from .served import ServedWhitney, served
 
 RSS_BOUND_MB = 1500.0
@@ -36,17 +45,8 @@ def api(server: ServedWhitney) -> Iterator[httpx.Client]:
 def run_id(api: httpx.Client) -> str:
     """Tenant A's run, with the sampler `s0` of its initial weights (seq_id 1)."""
     run = new_run(api)["run_id"]
-    submit(api, run, 1, "save_weights_for_sampler", {"name": "s0"})
+    post_op(api, run, 1, "save_weights_for_sampler", {"name": "s0"})
     return run
-
-
-def submit(
-    api: httpx.Client, run_id: str, seq_id: int, kind: str, payload: dict[str, Any], sampler=None
-) -> httpx.Response:
-    path = f"/v1/training/runs/{run_id}/operations"
-    if sampler is not None:
-        path = f"/v1/training/runs/{run_id}/samplers/{sampler}/operations"
-    return api.post(path, json={"seq_id": seq_id, "kind": kind, "payload": payload})
 
 
 def next_seq_id(api: httpx.Client, run_id: str) -> int:
@@ -127,7 +127,7 @@ def test_a_request_over_a_limit_is_refused_naming_the_field_and_the_limit(
     field: str,
     limit: str,
 ) -> None:
-    response = submit(api, run_id, 2, kind, payload, sampler)
+    response = post_op(api, run_id, 2, kind, payload, sampler)
     error = assert_error(response, 422, "limit_exceeded", field, limit)
     assert error["details"]["limit"] == limit
     assert error["details"]["max"] == server_limits(api)[limit]
@@ -143,7 +143,7 @@ def test_a_seq_id_far_ahead_of_next_seq_id_is_refused(
 ) -> None:
     window = server_limits(api)["seq_window"]
     for seq_id in (2**63 - 1, 2 + window):
-        response = submit(api, run_id, seq_id, "optim_step", adamw())
+        response = post_op(api, run_id, seq_id, "optim_step", adamw())
         error = assert_error(response, 422, "limit_exceeded", "seq_id", "seq_window")
         assert error["details"]["max"] == 1 + window
         refused_before_journaling(server, api, run_id, response)
@@ -221,7 +221,7 @@ def test_what_can_be_checked_without_running_is_refused_before_journaling(
     type_: str,
     needles: list[str],
 ) -> None:
-    response = submit(api, run_id, 2, kind, payload, sampler)
+    response = post_op(api, run_id, 2, kind, payload, sampler)
     error = assert_error(response, status, type_, *needles)
     assert error["details"].get("field") or error["details"].get("tensor"), error
     refused_before_journaling(server, api, run_id, response)
@@ -234,7 +234,7 @@ def test_a_body_over_max_body_bytes_is_refused_unread(
     (a 200 MB one was stored and journaled): 413 before a byte is parsed or stored."""
     sessions = len(api.get("/v1/sessions").json()["sessions"])
     datums = forward([datum([1], [2])] * 100_000, "cross_entropy")
-    response = submit(api, run_id, 2, "forward_backward", datums)
+    response = post_op(api, run_id, 2, "forward_backward", datums)
     error = assert_error(response, 413, "payload_too_large", "max_body_bytes")
     assert error["details"]["limit"] == "max_body_bytes"
     refused_before_journaling(server, api, run_id, response)
@@ -267,8 +267,8 @@ def test_a_run_holds_at_most_max_pending_operations(
 ) -> None:
     run = new_run(api)["run_id"]
     for seq_id in range(2, 2 + PENDING_LIMIT):  # seq_id 1 missing: all of them wait
-        assert submit(api, run, seq_id, "optim_step", adamw()).status_code == 200
-    response = submit(api, run, 2 + PENDING_LIMIT, "optim_step", adamw())
+        assert post_op(api, run, seq_id, "optim_step", adamw()).status_code == 200
+    response = post_op(api, run, 2 + PENDING_LIMIT, "optim_step", adamw())
     error = assert_error(response, 429, "rate_limited", "max_pending_operations")
     assert error["details"]["limit"] == "max_pending_operations"
     assert float(response.headers["Retry-After"]) > 0

@@ -227,6 +227,25 @@ def test_retry_after_is_honoured(mock, client, fake_time):
     assert route.call_count == 3
 
 
+def test_a_positive_retry_after_is_waited_for_past_max_attempts_within_the_time(mock, fake_time):
+    rebuilding = error_response(503, "unavailable", "run rebuilt", headers={"Retry-After": "1"})
+    route = mock.post(OPS).mock(side_effect=[rebuilding] * 10 + [echo_operation])
+    with WhitneyClient(BASE, KEY, max_attempts=6, max_retry_seconds=120) as client:
+        assert client.run_operation("run-1", "export_lora", {}, seq_id=1) == {"seq": 1}
+    assert route.call_count == 11
+    assert fake_time.sleeps == [1.0] * 10
+
+    route.reset()
+    route.mock(return_value=rebuilding)
+    with (
+        WhitneyClient(BASE, KEY, max_attempts=6, max_retry_seconds=30) as client,
+        pytest.raises(errors.Unavailable) as caught,
+    ):
+        client.run_operation("run-1", "export_lora", {}, seq_id=1)
+    assert route.call_count == 31  # 30 waits of 1 s fit in 30 s; the 31st would not
+    assert "gave up after 31 attempts in 30.0 s" in str(caught.value)
+
+
 def test_retry_after_as_an_http_date(mock, client, fake_time):
     when = format_datetime(datetime.now(UTC) + timedelta(seconds=30), usegmt=True)
     mock.get("/v1/training/runs/run-1").mock(
@@ -299,6 +318,7 @@ def test_transport_errors_exhaust_into_a_transport_error(mock, fake_time):
     assert len(fake_time.sleeps) == 2
     assert caught.value.status is None
     assert "ConnectError" in str(caught.value)
+    assert "(gave up after 3 attempts in " in str(caught.value)  # a server that stays away
     assert caught.value.details["path"] == "/v1/training/capabilities"
 
 
@@ -882,7 +902,8 @@ def test_retry_logs_name_the_call_and_never_the_key(mock, client, caplog):
     client.run_operation("run-1", "export_lora", {}, seq_id=1)
     retries = [r for r in caplog.records if r.name == "whitney.client"]
     assert [r.getMessage() for r in retries][0] == (
-        f"Whitney POST {OPS} failed (HTTP 429) on attempt 1 of 6; retrying in 7.00s"
+        f"Whitney POST {OPS} failed (HTTP 429) on attempt 1 (the server asked to wait); "
+        "retrying in 7.00s"
     )
     assert (
         retries[1]

@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+from pathlib import Path
 
 import whitney
 
@@ -40,3 +41,24 @@ def test_the_package_exports_its_public_names():
     assert isinstance(whitney.__version__, str) and whitney.__version__
     assert whitney.WhitneyClient.__module__ == "whitney.client"
     assert whitney.OperationFailed is whitney.errors.OperationFailed
+
+
+def test_the_embedded_server_and_its_engine_never_load_prefect():
+    """Every module of `whitney/local/` (the torch engine included), imported together."""
+    root = Path(whitney.__file__).parent
+    names = sorted(
+        ".".join(path.relative_to(root.parent).with_suffix("").parts).removesuffix(".__init__")
+        for path in (root / "local").rglob("*.py")
+        if path.name != "__main__.py"
+    )
+    code = (
+        "import sys\n"
+        f"for name in {names!r}:\n"
+        "    __import__(name)\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] == 'prefect'))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert "whitney.local.recovery" in names and "whitney.local.engine.runtime" in names
+    assert result.stdout.strip() == "[]"

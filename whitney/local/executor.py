@@ -65,6 +65,7 @@ class Engine(Protocol):
     def forward(self, payload: dict, *, backward: bool) -> Any: ...
     def optim_step(self, optimizer: dict) -> Any: ...
     def save_weights_for_sampler(self, sampler_id: str) -> Any: ...
+    def write_sampler(self, sampler_id: str, path: Path) -> None: ...
     def sample(
         self, sampler_id: str, requests: list[dict], default_seeds: list[int]
     ) -> list[Any]: ...
@@ -101,6 +102,7 @@ class RunHooks(Protocol):
     """What the worker asks of the service: where files go and what a checkpoint URI means."""
 
     def state_dir(self, run_id: str, name: str) -> Path: ...
+    def sampler_path(self, run_id: str, sampler_id: str) -> Path: ...
     def checkpoint_uri(self, run_id: str, name: str) -> str: ...
     def resolve_checkpoint(self, tenant: str, uri: str) -> Path: ...
     def new_artifact_path(self) -> tuple[str, Path]: ...
@@ -155,6 +157,13 @@ class RunWorker:
         """Queue an operation just journaled (the caller holds `cond`)."""
         self.tickets[ticket.seq_id] = ticket
         self.cond.notify_all()
+
+    def resume(self, tickets: list[Ticket], terminal_ahead: set[int], samplers: set[str]) -> None:
+        """Before `start`, a rebuilt run's queue: its operations not yet run, the terminal
+        seq_ids past its frontier, and its samplers (see `whitney.local.recovery`)."""
+        self.tickets = {ticket.seq_id: ticket for ticket in tickets}
+        self.terminal_ahead = set(terminal_ahead)
+        self.samplers = set(samplers)
 
     def ticket(self, seq_id: int) -> Ticket | None:
         with self.cond:
@@ -417,6 +426,7 @@ class RunWorker:
                     details={"sampler_id": sampler_id},
                 )
             outcome = self._ok(engine.save_weights_for_sampler(sampler_id))
+            engine.write_sampler(sampler_id, self.hooks.sampler_path(self.run_id, sampler_id))
             self.samplers.add(sampler_id)
             return outcome
         if kind == "sample":

@@ -1,7 +1,10 @@
 """The journal: sessions, runs and every operation in SQLite, written before anything executes.
 
-One connection (WAL, synchronous=NORMAL) shared by every thread behind a lock: each statement
-is sub-millisecond, and serialising them keeps SQLite free of `database is locked` retries.
+One connection shared by every thread behind a lock: each statement is sub-millisecond, and
+serialising them keeps SQLite free of `database is locked` retries. Durability: WAL with
+synchronous=NORMAL, so every committed statement survives the death of the process (SIGKILL,
+OOM) at any point; a power loss or kernel crash may lose the last commits (the WAL is synced
+at checkpoints, not at every commit), never corrupt the journal.
 """
 
 from __future__ import annotations
@@ -18,8 +21,7 @@ from typing import Any
 
 import pydantic_core
 
-from whitney.errors import InternalError, NonFiniteResult
-from whitney.local.api_errors import error_object
+from whitney.errors import NonFiniteResult
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sessions (
@@ -71,6 +73,7 @@ CREATE TABLE IF NOT EXISTS operations (
     error TEXT,
     usage TEXT NOT NULL DEFAULT '{}',
     executions INTEGER NOT NULL DEFAULT 0,
+    interrupted INTEGER NOT NULL DEFAULT 0,
     submitted_at TEXT NOT NULL,
     started_at TEXT,
     finished_at TEXT,
@@ -111,7 +114,11 @@ RUN_NON_TERMINAL = ("allocating", "ready", "finishing", "cancelling")
 OP_NON_TERMINAL = ("pending", "running")
 
 
-SESSION_LEASE_COLUMNS = {"lease_expires_at": "REAL", "closed_reason": "TEXT"}
+ADDED_COLUMNS = {
+    "sessions": {"lease_expires_at": "REAL", "closed_reason": "TEXT"},
+    "operations": {"interrupted": "INTEGER NOT NULL DEFAULT 0"},
+}
+"""Columns added after the first journals were written: an older journal gets them on open."""
 
 
 def utcnow() -> str:
@@ -201,11 +208,12 @@ class Journal:
             self._add_missing_columns()
 
     def _add_missing_columns(self) -> None:
-        """A journal written before session leases gets their columns (empty)."""
-        have = {row["name"] for row in self._conn.execute("PRAGMA table_info(sessions)")}
-        for column, kind in SESSION_LEASE_COLUMNS.items():
-            if column not in have:
-                self._conn.execute(f"ALTER TABLE sessions ADD COLUMN {column} {kind}")
+        """A journal written before a column of `ADDED_COLUMNS` gets it (empty or default)."""
+        for table, columns in ADDED_COLUMNS.items():
+            have = {row["name"] for row in self._conn.execute(f"PRAGMA table_info({table})")}
+            for column, kind in columns.items():
+                if column not in have:
+                    self._conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     def close(self) -> None:
         with self._lock:
@@ -237,27 +245,60 @@ class Journal:
 
     # ----------------------------------------------------------------- recovery
 
-    def recover_after_restart(self) -> None:
-        """Runs left non-terminal by an earlier process lost their engine: mark them failed.
+    def active_runs(self) -> list[dict[str, Any]]:
+        """The runs an earlier process left non-terminal, oldest first (full rows)."""
+        rows = self._all(
+            "SELECT run_id FROM runs WHERE status IN ('allocating','ready','finishing',"
+            "'cancelling') ORDER BY created_at, run_id"
+        )
+        return [run for row in rows if (run := self.get_run(row["run_id"])) is not None]
 
-        Their operations that never finished end `cancelled`; the journal, checkpoints and
-        artifacts stay usable (`from_checkpoint` resumes from a checkpoint).
-        """
-        now = utcnow()
-        error = InternalError(
-            "the server restarted while the run was active; its in-memory state is lost "
-            "(resume from a checkpoint with from_checkpoint)"
+    def requeue_interrupted(self, run_id: str) -> list[str]:
+        """The run's operations a dead process left `running` go back to `pending`: their
+        execution never committed (nothing of it survives), so it is counted `interrupted`,
+        not in `executions`. Their checkpoint and artifact rows, written just before the
+        result, go too; returns the paths of those artifacts' files, for the caller to
+        delete."""
+        uncommitted = (
+            " WHERE run_id=? AND seq_id NOT IN (SELECT seq_id FROM operations WHERE run_id=?"
+            " AND status='succeeded')"
         )
         with self.transaction() as conn:
             conn.execute(
-                "UPDATE operations SET status='cancelled', finished_at=?, error=? "
-                "WHERE status IN ('pending','running')",
-                (now, _dumps(error_object(InternalError("server restarted")))),
+                "UPDATE operations SET status='pending', started_at=NULL,"
+                " executions=executions-1, interrupted=interrupted+1"
+                " WHERE run_id=? AND status='running'",
+                (run_id,),
+            )
+            orphans = [
+                row["path"]
+                for row in conn.execute("SELECT path FROM artifacts" + uncommitted, (run_id,) * 2)
+            ]
+            conn.execute("DELETE FROM artifacts" + uncommitted, (run_id, run_id))
+            conn.execute("DELETE FROM checkpoints" + uncommitted, (run_id, run_id))
+        return orphans
+
+    def replay_rows(self, run_id: str) -> list[sqlite3.Row]:
+        """Every operation of the run in seq order, with its payload and result texts."""
+        return self._all(
+            "SELECT seq_id, kind, sampler_id, payload, status, result, submitted_at"
+            " FROM operations WHERE run_id=? ORDER BY seq_id",
+            (run_id,),
+        )
+
+    def end_unrecoverable(self, run_id: str, status: str, error: dict[str, Any]) -> None:
+        """End a run that cannot go on after a restart: its operations that never finished
+        end `cancelled` with `error`, the run `status` (`cancelled` or `failed`) with it."""
+        now = utcnow()
+        with self.transaction() as conn:
+            conn.execute(
+                "UPDATE operations SET status='cancelled', finished_at=?, error=?"
+                " WHERE run_id=? AND status IN ('pending','running')",
+                (now, _dumps(error), run_id),
             )
             conn.execute(
-                "UPDATE runs SET status='failed', error=?, finished_at=? "
-                "WHERE status IN ('allocating','ready','finishing','cancelling')",
-                (_dumps(error_object(error)), now),
+                "UPDATE runs SET status=?, error=?, finished_at=? WHERE run_id=?",
+                (status, None if status == "cancelled" else _dumps(error), now, run_id),
             )
 
     # ----------------------------------------------------------------- sessions

@@ -65,6 +65,13 @@ MAX_LIST_LIMIT = 1000
 REAP_EVERY_S = 5.0
 """The lease reaper looks at least this often (every ttl / 4 for shorter leases)."""
 DEFAULT_LIST_LIMIT = 100
+RECOVERY_RETRY_AFTER_S = 1.0
+"""Retry-After of a 503 for a run being rebuilt after a restart."""
+RESTART_CANCELLED = {
+    "type": "cancelled",
+    "message": "the run was being cancelled when the server restarted",
+    "details": {},
+}
 RUN_TERMINAL = wire.RUN_TERMINAL
 OP_TERMINAL = wire.OPERATION_TERMINAL
 HF_PREFIX = "hf:"  # `hf:<repo id>` base models go to the engine, which loads them offline
@@ -125,7 +132,6 @@ class WhitneyService:
         (self.data_dir / "runs").mkdir(exist_ok=True)
         (self.data_dir / "artifacts").mkdir(exist_ok=True)
         self.journal = Journal(self.data_dir / "journal.sqlite3")
-        self.journal.recover_after_restart()
         self.journal.renew_open_leases(self._lease_expiry())
         self.faults = FaultInjector(
             latency_ms=config.latency_ms,
@@ -142,6 +148,9 @@ class WhitneyService:
         self._closing = threading.Event()
         self._preload: threading.Thread | None = None
         self._reaper: threading.Thread | None = None
+        self._recovering: dict[str, dict[str, Any]] = {}  # run_id -> run, until rebuilt
+        self._recovery: threading.Thread | None = None
+        self._start_recovery()
         if config.session_ttl_s > 0:
             self._reaper = threading.Thread(
                 target=self._reap_expired_leases, name="whitney-lease-reaper", daemon=True
@@ -170,7 +179,7 @@ class WhitneyService:
             self._workers.clear()
         for worker in workers:
             worker.stop()
-        for thread in (self._preload, self._reaper):
+        for thread in (self._preload, self._reaper, self._recovery):
             if thread is not None:
                 thread.join()
         self.journal.close()
@@ -184,6 +193,94 @@ class WhitneyService:
             with worker.cond:
                 for ticket in worker.tickets.values():
                     ticket.done.set()
+
+    # ------------------------------------------------------------------ recovery
+
+    def _start_recovery(self) -> None:
+        """Take over the runs an earlier process left active: a run being cancelled ends
+        cancelled, one being allocated ends failed, and every ready or finishing one is rebuilt
+        from its journal in the background (`whitney.local.recovery`), answering 503
+        `unavailable` with Retry-After until it is."""
+        for run in self.journal.active_runs():
+            run_id = run["run_id"]
+            if run["status"] == "cancelling":
+                self.journal.end_unrecoverable(run_id, "cancelled", RESTART_CANCELLED)
+            elif run["status"] == "allocating":
+                error = InternalError("the server restarted while the run was being allocated")
+                self.journal.end_unrecoverable(run_id, "failed", error_object(error))
+            else:
+                for orphan in self.journal.requeue_interrupted(run_id):
+                    Path(orphan).unlink(missing_ok=True)
+                self._recovering[run_id] = run
+        if self._recovering:
+            self._recovery = threading.Thread(
+                target=self._recover_runs, name="whitney-recovery", daemon=True
+            )
+            self._recovery.start()
+
+    def _recover_runs(self) -> None:
+        """Rebuild each run left active, oldest first, and start its worker."""
+        from whitney.local import recovery
+
+        for run_id, run in list(self._recovering.items()):
+            if self._closing.is_set():
+                return  # left active in the journal: the next start rebuilds it
+            started = time.monotonic()
+            try:
+                rebuilt = recovery.rebuild(
+                    run, self.journal.replay_rows(run_id), self._engine(), self, self._closing
+                )
+            except Exception as exc:
+                if self._closing.is_set():
+                    return
+                log.exception("run %s: rebuilding it after the restart failed", run_id)
+                reason = exc.message if isinstance(exc, WhitneyError) else type(exc).__name__
+                error = InternalError(
+                    f"the server restarted and could not rebuild the run: {reason}",
+                    details={"run_id": run_id},
+                )
+                self.journal.end_unrecoverable(run_id, "failed", error_object(error))
+                with self._workers_lock:
+                    self._recovering.pop(run_id, None)
+                continue
+            worker = self._new_worker(run, rebuilt.engine, rebuilt.frontier)
+            worker.resume(rebuilt.tickets, rebuilt.terminal_ahead, rebuilt.samplers)
+            with self._workers_lock:
+                if self._closing.is_set():
+                    return
+                self._workers[run_id] = worker
+                self._recovering.pop(run_id, None)
+            worker.start()
+            log.warning(
+                "run %s rebuilt after the restart in %.2f s (from %s, %d operations replayed, "
+                "%d queued again)",
+                run_id,
+                time.monotonic() - started,
+                "its creation"
+                if rebuilt.base_seq_id is None
+                else f"its checkpoint at seq_id {rebuilt.base_seq_id}",
+                rebuilt.replayed,
+                len(rebuilt.tickets),
+            )
+            if self.journal.get_session(run["session_id"])["status"] != "open":
+                self._cancel(run_id)  # its session closed (or its lease ran out) meanwhile
+
+    def _refuse_while_recovering(self, run_id: str) -> None:
+        if run_id in self._recovering:
+            raise self._rebuilding(run_id)
+
+    @staticmethod
+    def _rebuilding(run_id: str) -> Unavailable:
+        return Unavailable(
+            f"run {run_id} is being rebuilt after a server restart; retry shortly",
+            details={"run_id": run_id},
+            retry_after=RECOVERY_RETRY_AFTER_S,
+        )
+
+    def _worker_or_rebuilding(self, run_id: str) -> tuple[RunWorker | None, bool]:
+        """The run's worker, and whether it is being rebuilt (read together)."""
+        with self._workers_lock:
+            return self._workers.get(run_id), run_id in self._recovering
 
     # ------------------------------------------------------------------ auth
 
@@ -434,15 +531,7 @@ class WhitneyService:
         self.journal.set_run_step(run_id, int(engine_run.step))
         self.journal.set_run_status(run_id, "ready")
         run["status"] = "ready"
-        worker = RunWorker(
-            run=run,
-            engine=engine_run,
-            journal=self.journal,
-            hooks=self,
-            gap_timeout_s=self.config.gap_timeout_s,
-            batch_samples=bool(getattr(engine, "SAMPLE_BATCH_INVARIANT", False)),
-            on_exit=self._worker_exited,
-        )
+        worker = self._new_worker(run, engine_run)
         with self._workers_lock:
             if self._closing.is_set():
                 error = Unavailable("the server is shutting down")
@@ -453,6 +542,18 @@ class WhitneyService:
         if self.journal.get_session(request.session_id)["status"] != "open":
             self._cancel(run_id)  # the session closed while the run was allocated
         return run_id
+
+    def _new_worker(self, run: dict[str, Any], engine_run: Any, frontier: int = 1) -> RunWorker:
+        return RunWorker(
+            run=run,
+            engine=engine_run,
+            journal=self.journal,
+            hooks=self,
+            gap_timeout_s=self.config.gap_timeout_s,
+            batch_samples=bool(getattr(self._engine(), "SAMPLE_BATCH_INVARIANT", False)),
+            on_exit=self._worker_exited,
+            frontier=frontier,
+        )
 
     def _check_hf_source(self, base_model: str) -> None:
         """An `hf:` base model is a repo id (the engine loads it from the local Hugging Face
@@ -519,7 +620,8 @@ class WhitneyService:
         return self._run_out(self._own_run(tenant, run_id))
 
     def finish_run(self, tenant: str, run_id: str) -> dict[str, Any]:
-        self._own_run(tenant, run_id)
+        self._own_run(tenant, run_id, live=True)
+        self._refuse_while_recovering(run_id)
         worker = self._worker(run_id)
         if worker is not None:
             worker.finish()
@@ -527,7 +629,8 @@ class WhitneyService:
         return self.get_run(tenant, run_id)
 
     def cancel_run(self, tenant: str, run_id: str) -> dict[str, Any]:
-        self._own_run(tenant, run_id)
+        self._own_run(tenant, run_id, live=True)
+        self._refuse_while_recovering(run_id)
         self._cancel(run_id)
         return self.get_run(tenant, run_id)
 
@@ -541,6 +644,9 @@ class WhitneyService:
 
     def state_dir(self, run_id: str, name: str) -> Path:
         return self.data_dir / "runs" / run_id / "states" / name
+
+    def sampler_path(self, run_id: str, sampler_id: str) -> Path:
+        return self.data_dir / "runs" / run_id / "samplers" / f"{sampler_id}.safetensors"
 
     def checkpoint_uri(self, run_id: str, name: str) -> str:
         return f"whitney://runs/{run_id}/states/{name}"
@@ -603,9 +709,13 @@ class WhitneyService:
         payload_json = canonical_json(payload)
         payload_hash = hashlib.sha256(payload_json.encode()).hexdigest()
 
-        worker = self._worker(run_id)
+        worker, rebuilding = self._worker_or_rebuilding(run_id)
         if worker is None:
-            # not active: only a resend of a journaled operation gets an answer
+            # not active: only a resend of a journaled operation gets an answer, and while the
+            # run is rebuilt only that of a terminal one
+            header = self.journal.get_operation_header(run_id, seq_id)
+            if rebuilding and (header is None or header["status"] not in OP_TERMINAL):
+                raise self._rebuilding(run_id)
             self._existing(run_id, seq_id, kind, sampler_id, payload_hash)
             return self._render(run_id, seq_id)
         with worker.cond:
@@ -798,7 +908,9 @@ class WhitneyService:
                 details={"run_id": run_id, "seq_id": seq_id},
             )
         if row["status"] not in OP_TERMINAL and wait_s > 0:
-            worker = self._worker(run_id)
+            worker, rebuilding = self._worker_or_rebuilding(run_id)
+            if rebuilding:
+                raise self._rebuilding(run_id)
             ticket = worker.ticket(seq_id) if worker is not None else None
             return self._answer(run_id, seq_id, ticket, min(wait_s, MAX_WAIT_S))
         return RawJson(render_operation(row))

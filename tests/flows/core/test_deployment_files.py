@@ -36,6 +36,12 @@ TEST_WITHIN_S = 10
 """The automation's window in the firing test: the least Prefect takes for a proactive one."""
 CRASH_DEADLINE_S = 90
 """How long the firing test waits for the Crashed state (window, 5 s evaluation, actions)."""
+TRIGGER_RELOAD_S = 5
+"""Prefect's triggers service reloads changed automations at least this often (its periodic
+evaluation); on SQLite a new automation is loaded by a task the create request schedules,
+which a busy server may run after events that arrived just behind it."""
+HEARTBEAT_ROUNDS = 3
+"""Heartbeats sent TRIGGER_RELOAD_S apart: one of them reaches the loaded automation."""
 
 
 @flow(name="heartbeat-subject")
@@ -144,9 +150,14 @@ def test_the_automation_crashes_a_running_flow_run_whose_heartbeats_stopped() ->
             AutomationCore.model_validate({**data, "trigger": trigger})
         )
         try:
-            for resource in resources:
-                emit_event("prefect.flow-run.heartbeat", resource={"prefect.resource.id": resource})
-            EventsWorker.drain_all()
+            for round_ in range(HEARTBEAT_ROUNDS):
+                if round_:
+                    time.sleep(TRIGGER_RELOAD_S)
+                for resource in resources:
+                    emit_event(
+                        "prefect.flow-run.heartbeat", resource={"prefect.resource.id": resource}
+                    )
+                EventsWorker.drain_all()
             prefect.set_flow_run_state(completed.id, Completed())
             deadline = time.monotonic() + CRASH_DEADLINE_S
             while prefect.read_flow_run(silent.id).state.type.value != "CRASHED":

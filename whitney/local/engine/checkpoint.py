@@ -11,6 +11,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from safetensors import safe_open
 from safetensors.torch import load_file, save, save_file
 from torch import Tensor
 
@@ -64,6 +65,27 @@ def load_state(directory: Path) -> Checkpoint:
         adapter=load_file(directory / ADAPTER_FILE),
         optimizer=load_file(directory / OPTIMIZER_FILE),
     )
+
+
+def save_sampler(path: Path, snapshot: Lora) -> None:
+    """A sampler's adapter snapshot as one safetensors file, written atomically."""
+    tensors = {name: tensor.contiguous() for name, tensor in snapshot.parameters().items()}
+    meta = {"rank": str(snapshot.rank), "alpha": repr(snapshot.alpha)}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    save_file(tensors, tmp, metadata=meta)
+    os.replace(tmp, path)
+
+
+def load_sampler(path: Path) -> Lora:
+    """The snapshot `save_sampler` wrote."""
+    with safe_open(path, framework="pt") as handle:
+        meta = handle.metadata()
+        tensors = {name: handle.get_tensor(name) for name in handle.keys()}  # noqa: SIM118
+    names = [name.removesuffix(".lora_A") for name in tensors if name.endswith(".lora_A")]
+    A = {name: tensors[name + ".lora_A"] for name in names}
+    B = {name: tensors[name + ".lora_B"] for name in names}
+    return Lora(A, B, int(meta["rank"]), float(meta["alpha"]))
 
 
 def hf_llama_config(cfg: ModelConfig) -> dict:

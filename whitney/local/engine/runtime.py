@@ -282,6 +282,18 @@ class EngineRun:
         self.samplers[sampler_id] = self.weights_version
         return OpOutput({"sampler_id": sampler_id}, {"tokens": 0})
 
+    def write_sampler(self, sampler_id: str, path: Path) -> None:
+        """Persist the sampler's snapshot (what a restarted server reads back)."""
+        checkpoint.save_sampler(path, self.snapshots[self.samplers[sampler_id]])
+
+    def read_sampler(self, sampler_id: str, path: Path) -> None:
+        """Publish `sampler_id` from a snapshot `write_sampler` wrote. Its weights version is
+        negative: a snapshot read from disk, not one of this run's live versions."""
+        self.require_policy("save_weights_for_sampler")
+        version = min([0, *self.snapshots]) - 1
+        self.snapshots[version] = checkpoint.load_sampler(path)
+        self.samplers[sampler_id] = version
+
     def sampler_model(self, sampler_id: str) -> Llama:
         """The snapshot's merged sampling copy (W + scale * B @ A), built on first use."""
         self.require_policy("sampler operation")
