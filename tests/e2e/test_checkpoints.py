@@ -377,9 +377,11 @@ def test_a_stalled_run_is_cancelled_and_leaves_nothing_open(
     started_at = datetime.fromisoformat(
         events_of(alive, flow_run["id"], "whitney.cycle.started")[-1]["occurred"]
     )
-    assert datetime.fromisoformat(stalled["state"]["timestamp"]) - started_at >= timedelta(
-        seconds=window
-    )  # not before its window
+    cancelled_after = datetime.fromisoformat(stalled["state"]["timestamp"]) - started_at
+    assert cancelled_after >= timedelta(seconds=window)  # not before its window
+    measured = {"recent_cycle_s": last["recent_cycle_s"], "window_s": window}
+    measured["cancelled_after_s"] = cancelled_after.total_seconds()
+    (LOG_DIR / "stall-measured.json").write_text(json.dumps(measured))  # evidence, for the logs
     automation_id = stalled["state"]["message"].removeprefix("Cancelled by Automation ").strip()
     automation = alive.api.get(f"/automations/{automation_id}")
     assert automation["name"] == f"whitney-flows-cancel-stalled-cycle-{window}s"
