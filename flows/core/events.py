@@ -1,7 +1,7 @@
-"""The Prefect events the training flows emit (names and payloads: README, *Events*).
+"""The Prefect events the flows emit (names and payloads: README, *Events*).
 
-Every event's resource is the top-level training flow run, `prefect.flow-run.<id>` (a subflow's
-too: an SFT teacher's events are its distillation's), so an automation can act on it:
+Every event's resource is the top-level flow run, `prefect.flow-run.<id>` (a subflow's too: an
+SFT teacher's events are its distillation's), so an automation can act on it:
 
     whitney.cycle.started      a cycle begins; its stall window (flows.core.stall)
     whitney.cycle.completed    a cycle's key metrics (its table row, with `eval.*`)
