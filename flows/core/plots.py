@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 PANEL_WIDTH, PANEL_HEIGHT = 480, 300
-MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 84, 16, 56, 44
+MARGIN_LEFT, MARGIN_RIGHT, MARGIN_TOP, MARGIN_BOTTOM = 108, 16, 56, 44
 LEGEND_ROW = 18
 """Pixels between legend rows: a legend wraps at the panel's right edge."""
 SCALE = 2

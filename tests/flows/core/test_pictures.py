@@ -47,9 +47,9 @@ def decode(png: bytes) -> list[list[tuple[int, int, int]]]:
 def test_a_panel_is_drawn_where_the_hand_computation_puts_it() -> None:
     image = decode(render_png([Panel("1", "cycle", [Line("a", [(0.0, 0.0), (1.0, 1.0)])])]))
     assert (len(image[0]), len(image)) == (480, 300)  # one panel, alone in its row
-    # the plot area: x from 84 to 480 - 16, y from 30 + 26 (one legend row) to 300 - 44
-    assert image[256][84] == BLUE and image[56][464] == BLUE  # (0, 0) and (1, 1)
-    assert image[156][274] == BLUE  # the line between them, half way
+    # the plot area: x from 108 to 480 - 16, y from 30 + 26 (one legend row) to 300 - 44
+    assert image[256][108] == BLUE and image[56][464] == BLUE  # (0, 0) and (1, 1)
+    assert image[156][286] == BLUE  # the line between them, half way
     assert image[200][300] == WHITE
     # the title "1" at (8, 6), twice the 5x7 glyph: its top row is ..#.. -> x = 8 + 2 * 2
     assert image[6][12] == INK and image[6][8] == WHITE
