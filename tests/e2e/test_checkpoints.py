@@ -160,7 +160,7 @@ def test_every_checkpoint_is_evaluated_and_compared(alive: Stack, trained: dict[
     evaluated = [
         event
         for run in trained["evaluations"]
-        for event in events_of(alive, run["id"], "whitney.checkpoint.evaluated")
+        for event in wait_events(alive, run["id"], "whitney.checkpoint.evaluated", 1)
     ]
     assert sorted(event["payload"]["checkpoint"] for event in evaluated) == checkpoints
 
@@ -333,6 +333,11 @@ def proxied(alive: Stack) -> Iterator[HoldingProxy]:
         yield proxy
     finally:
         proxy.close()
+        documents = alive.api.post(
+            "/block_documents/filter", json={"block_documents": {"name": {"any_": [PROXIED_BLOCK]}}}
+        )
+        for document in documents:  # the other tests expect the one block they made
+            alive.api._call("DELETE", f"/block_documents/{document['id']}")
 
 
 @pytest.fixture
