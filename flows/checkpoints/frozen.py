@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from prefect import get_client
@@ -37,7 +38,8 @@ from tasks.checkpoints import read_run
 from tasks.connection import WhitneyConnection
 from tasks.lifecycle import close_session, create_run, finish_run, open_session
 from tasks.names import CYCLE_CHECKPOINT, checkpoint_run_id
-from tasks.retry import with_retry
+from tasks.retry import TaskRetrySettings, with_retry
+from whitney import wire
 from whitney.tokenizers import get_tokenizer
 
 EVAL_SAMPLER = "eval"
@@ -74,7 +76,7 @@ def held_out_pairs(settings: EvalSettings) -> list[HeldOutPair]:
 
 def eval_plans(
     config: EvaluateConfig, connection: WhitneyConnection, checkpoints: Sequence[str]
-) -> tuple[list[Any], list[EvalPlan]]:
+) -> tuple[list[wire.Run], list[EvalPlan]]:
     """The run that saved each checkpoint, and each one's eval plan (in its run's tokenizer);
     ConfigError naming the field when the settings do not load."""
     retry = config.task_retry
@@ -95,18 +97,43 @@ def eval_plans(
     return sources, plans
 
 
-def evaluate_checkpoints(
-    config: EvaluateConfig, connection: WhitneyConnection, checkpoints: Sequence[str]
-) -> list[CheckpointEvaluation]:
-    """Each checkpoint evaluated on a frozen run created from it (see the module docstring)."""
-    sources, plans = eval_plans(config, connection, checkpoints)
+@dataclass(frozen=True)
+class CheckpointRuns:
+    """A labelled session of this flow run attempt, with one run created from each checkpoint."""
+
+    session_id: str
+    runs: list[wire.Run]
+
+    def client(self, connection: WhitneyConnection, retry: TaskRetrySettings) -> SequencedClient:
+        """The ordered calls on the runs, from their first seq id."""
+        return SequencedClient(
+            connection, {run.run_id: run.next_seq_id for run in self.runs}, retry
+        )
+
+    def close(self, connection: WhitneyConnection, retry: TaskRetrySettings) -> None:
+        """finish_run on every run, then close_session."""
+        for run in self.runs:
+            with_retry(finish_run, retry)(connection, run.run_id)
+        with_retry(close_session, retry)(connection, self.session_id)
+
+
+def runs_from_checkpoints(
+    connection: WhitneyConnection,
+    retry: TaskRetrySettings,
+    purpose: str,
+    checkpoints: Sequence[str],
+    sources: Sequence[wire.Run],
+    trainable: bool,
+) -> CheckpointRuns:
+    """open_session (labelled with the flow run, so the cleanup hooks find it) and a run from
+    each checkpoint, of the base model and rank of the run that saved it (`sources`); their
+    idempotency keys name this attempt and `purpose`."""
     flow_run = FlowRunContext.get().flow_run
-    attempt = f"prefect-{flow_run.id}-{flow_run.run_count}"
-    retry = config.task_retry
+    attempt = f"prefect-{flow_run.id}-{flow_run.run_count}-{purpose}"
     session = with_retry(open_session, retry)(
         connection, session_labels(flow_run), f"{attempt}-session"
     )
-    frozen = [
+    runs = [
         with_retry(create_run, retry)(
             connection,
             session.session_id,
@@ -114,15 +141,25 @@ def evaluate_checkpoints(
             source.base_model,
             lora_rank=source.lora_rank,
             seed=0,
-            idempotency_key=f"{attempt}-frozen-{index}",
-            trainable=False,
+            idempotency_key=f"{attempt}-{index}",
+            trainable=trainable,
             from_checkpoint=checkpoint,
         )
         for index, (checkpoint, source) in enumerate(zip(checkpoints, sources, strict=True))
     ]
-    client = SequencedClient(connection, {run.run_id: run.next_seq_id for run in frozen}, retry)
+    return CheckpointRuns(session.session_id, runs)
+
+
+def evaluate_checkpoints(
+    config: EvaluateConfig, connection: WhitneyConnection, checkpoints: Sequence[str]
+) -> list[CheckpointEvaluation]:
+    """Each checkpoint evaluated on a frozen run created from it (see the module docstring)."""
+    sources, plans = eval_plans(config, connection, checkpoints)
+    retry = config.task_retry
+    frozen = runs_from_checkpoints(connection, retry, "frozen", checkpoints, sources, False)
+    client = frozen.client(connection, retry)
     results = []
-    for checkpoint, plan, run in zip(checkpoints, plans, frozen, strict=True):
+    for checkpoint, plan, run in zip(checkpoints, plans, frozen.runs, strict=True):
         match = CYCLE_CHECKPOINT.match(checkpoint)
         results.append(
             CheckpointEvaluation(
@@ -133,9 +170,7 @@ def evaluate_checkpoints(
                 frozen_run_id=run.run_id,
             )
         )
-    for run in frozen:
-        with_retry(finish_run, retry)(connection, run.run_id)
-    with_retry(close_session, retry)(connection, session.session_id)
+    frozen.close(connection, retry)
     return results
 
 

@@ -30,22 +30,24 @@ from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_link_artifact, create_markdown_artifact
-from prefect.context import FlowRunContext
 from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from pydantic import BaseModel, Field
 
 from flows.checkpoints.config import LOWER_IS_BETTER, PromoteConfig
-from flows.checkpoints.frozen import CheckpointEvaluation, eval_set_name, evaluate_checkpoints
-from flows.core.cleanup import CLEANUP_HOOKS, session_labels
+from flows.checkpoints.frozen import (
+    CheckpointEvaluation,
+    eval_set_name,
+    evaluate_checkpoints,
+    runs_from_checkpoints,
+)
+from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import ConfigError
 from flows.core.connection import resolve_connection
 from flows.core.events import promotion_decided
-from flows.core.sequenced_client import SequencedClient
 from tasks.checkpoints import list_checkpoints, read_run
 from tasks.connection import WhitneyConnection
-from tasks.lifecycle import close_session, create_run, finish_run, open_session
 from tasks.names import checkpoint_run_id
 from tasks.retry import with_retry
 from whitney import wire
@@ -126,27 +128,12 @@ def export_checkpoint(
 ) -> wire.Operation:
     """A trainable run created from the checkpoint (its own session), its export_lora, finish,
     close: the checkpoint's weights as an export archive; the export_lora operation."""
-    flow_run = FlowRunContext.get().flow_run
-    attempt = f"prefect-{flow_run.id}-{flow_run.run_count}"
     retry = config.task_retry
     source = with_retry(read_run, retry)(connection, checkpoint_run_id(checkpoint))
-    session = with_retry(open_session, retry)(
-        connection, session_labels(flow_run), f"{attempt}-export-session"
-    )
-    run = with_retry(create_run, retry)(
-        connection,
-        session.session_id,
-        source.provider,
-        source.base_model,
-        lora_rank=source.lora_rank,
-        seed=0,
-        idempotency_key=f"{attempt}-export",
-        from_checkpoint=checkpoint,
-    )
-    client = SequencedClient(connection, {run.run_id: run.next_seq_id}, retry)
-    exported = client.execute(run.run_id, "export_lora", {})
-    with_retry(finish_run, retry)(connection, run.run_id)
-    with_retry(close_session, retry)(connection, session.session_id)
+    exporting = runs_from_checkpoints(connection, retry, "export", [checkpoint], [source], True)
+    (run,) = exporting.runs
+    exported = exporting.client(connection, retry).execute(run.run_id, "export_lora", {})
+    exporting.close(connection, retry)
     return exported
 
 
