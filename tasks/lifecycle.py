@@ -1,4 +1,5 @@
-"""Prefect tasks for the Whitney calls around the operations: sessions and run lifecycle.
+"""Prefect tasks for the Whitney calls around the operations: capabilities, sessions and run
+lifecycle.
 
 Creation calls carry idempotency keys chosen by the flow, so a retried task (or a retried
 POST inside the client) never opens a second session or run. Finish, cancel and close are
@@ -12,6 +13,12 @@ from prefect import task
 from tasks.connection import WhitneyConnection, client_for
 from tasks.operations import TASK_DEFAULTS
 from whitney import wire
+
+
+@task(name="capabilities", **TASK_DEFAULTS)
+def capabilities(connection: WhitneyConnection) -> wire.Capabilities:
+    """What the Whitney serves: its providers, their base models and operations, its limits."""
+    return client_for(connection).capabilities()
 
 
 @task(name="open_session", **TASK_DEFAULTS)

@@ -94,3 +94,24 @@ SAMPLER_OPERATION_TASKS: dict[str, Task[..., wire.Operation]] = {
     kind: sampler_operation_task(kind, doc) for kind, doc in SAMPLER_OPERATION_DOCS.items()
 }
 """Sampler operations by kind: `task(connection, run_id, sampler_id, seq_id, payload)`."""
+
+
+@task(
+    name="requested_earlier",
+    task_run_name="requested_earlier[seq={seq_start}..+{count}]",
+    **TASK_DEFAULTS,
+)
+def requested_earlier(
+    connection: WhitneyConnection, run_id: str, seq_start: int, count: int
+) -> list[wire.Operation]:
+    """The `count` operations an earlier cycle submitted from seq id `seq_start` (it waited
+    for them: they are terminal), read from the run's journal; nothing is sent again."""
+    client = client_for(connection)
+    operations = client.journal(run_id, after_seq=seq_start - 1, limit=count)
+    found = [operation.seq_id for operation in operations]
+    if found != list(range(seq_start, seq_start + count)):
+        raise ValueError(
+            f"run {run_id}: expected operations {seq_start}..{seq_start + count - 1} in the "
+            f"journal, found {found}"
+        )
+    return operations

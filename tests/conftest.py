@@ -3,12 +3,21 @@
 - `embedded_server`: an `EmbeddedWhitney` on a free loopback port with two tenants
   (`api_keys[0]` is `api_key`, `api_keys[1]` another tenant), a temporary data dir;
 - `whitney_client`: a `WhitneyClient` on it (fast retries), closed after the test;
-- `other_tenant_client`: the same, with the second tenant's key.
+- `other_tenant_client`: the same, with the second tenant's key;
+- `hf_models`: a Hugging Face cache holding tiny Llama and Qwen2 checkpoints
+  (tests/hfmodels/builders.py), built once, and this environment pointed at it, offline.
+
+Nothing here downloads: HF_HUB_OFFLINE is 1 unless the environment says otherwise.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from whitney.local import EmbeddedWhitney
 
@@ -39,3 +48,19 @@ def whitney_client(embedded_server):
 def other_tenant_client(embedded_server):
     with _client(embedded_server, embedded_server.api_keys[1]) as client:
         yield client
+
+
+@pytest.fixture(scope="session")
+def hf_cache_dir(tmp_path_factory) -> Path:
+    """A Hugging Face cache with the tiny Llama 3 and Qwen2 checkpoints (and a GPT-2 config)."""
+    from tests.hfmodels.builders import build_cache
+
+    return build_cache(tmp_path_factory.mktemp("hf-cache"))
+
+
+@pytest.fixture
+def hf_models(hf_cache_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The cache of `hf_cache_dir` as this environment's (HF_HUB_CACHE), offline."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(hf_cache_dir))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return hf_cache_dir

@@ -33,6 +33,7 @@ from flows.core.cycles import artifact_key
 from flows.core.evaluation.config import CORPUS, EvalSettings
 from flows.core.evaluation.plan import EvalMetrics, EvalPlan, HeldOutPair, load_eval_plan
 from flows.core.evaluation.sampler import evaluate_weights
+from flows.core.rendering import load_renderer
 from flows.core.sequenced_client import SequencedClient
 from tasks.checkpoints import read_run
 from tasks.connection import WhitneyConnection
@@ -40,10 +41,12 @@ from tasks.lifecycle import close_session, create_run, finish_run, open_session
 from tasks.names import CYCLE_CHECKPOINT, checkpoint_run_id
 from tasks.retry import TaskRetrySettings, with_retry
 from whitney import wire
-from whitney.tokenizers import get_tokenizer
 
 EVAL_SAMPLER = "eval"
 """The sampler a frozen run is evaluated on."""
+RENDERING_FIELDS = ("evaluation.tokenizer", "evaluation.tokenizer", "evaluation.renderer")
+"""The fields named when a checkpoint's base model, its tokenizer or renderer does not load:
+the tokenizer setting names another tokenizer for a base model whose own is unavailable."""
 
 
 class CheckpointEvaluation(BaseModel):
@@ -69,16 +72,19 @@ def held_out_pairs(settings: EvalSettings) -> list[HeldOutPair]:
     except ConfigError as error:
         raise ConfigError("evaluation.data", error.message) from None
     return [
-        HeldOutPair(examples[index].prompt, examples[index].completion)
-        for index in sorted(held_out(examples, settings.eval_fraction))
+        HeldOutPair(example.prompt, example.completion, tuple(example.conversation()))
+        for example in (
+            examples[index] for index in sorted(held_out(examples, settings.eval_fraction))
+        )
     ]
 
 
 def eval_plans(
     config: EvaluateConfig, connection: WhitneyConnection, checkpoints: Sequence[str]
 ) -> tuple[list[wire.Run], list[EvalPlan]]:
-    """The run that saved each checkpoint, and each one's eval plan (in its run's tokenizer);
-    ConfigError naming the field when the settings do not load."""
+    """The run that saved each checkpoint, and each one's eval plan (rendered as training
+    rendered: the settings' tokenizer and renderer on its run's base model); ConfigError
+    naming the field when the settings do not load."""
     retry = config.task_retry
     runs = {
         run_id: with_retry(read_run, retry)(connection, run_id)
@@ -88,8 +94,12 @@ def eval_plans(
     sources, plans = [], []
     for checkpoint in checkpoints:
         source = runs[checkpoint_run_id(checkpoint)]
+        settings = config.evaluation
+        renderer = load_renderer(
+            source.base_model, settings.tokenizer, settings.renderer, RENDERING_FIELDS
+        )
         try:
-            plan = load_eval_plan(config.evaluation, get_tokenizer(source.base_model), pairs)
+            plan = load_eval_plan(settings, renderer, pairs)
         except ConfigError as error:
             raise ConfigError(f"evaluation.{error.field}", error.message) from None
         sources.append(source)

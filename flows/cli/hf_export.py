@@ -3,12 +3,14 @@ directories, offline: the base weights come from the archive, the tokenizer is b
 
     write_peft_dir(archive, out)     adapter_config.json, adapter_model.safetensors and a
                                      tokenizer at the top, the base model in out/base_model/
-    write_merged_dir(archive, out)   one plain LlamaForCausalLM directory, LoRA merged (by PEFT)
+    write_merged_dir(archive, out)   one plain model directory, LoRA merged (by PEFT)
 
 A `local/*` base model gets the byte tokenizer (whitney.tokenizers.ByteTokenizer): ids 0..255
 are the UTF-8 bytes, then BOS, EOS, PAD and the spare id as special tokens, never parsed out of
-text; encoding prepends BOS, as the flows' prompts do. An `hf:<repo>` base gets its tokenizer
-from the local Hugging Face cache, if it is there. Needs the `hf` extra (transformers, peft).
+text; encoding prepends BOS, as the flows' prompts do. A Hugging Face base (a repo id, plain or
+`hf:`, or `hf:<dir>`) gets its own tokenizer, chat template included, from the local Hugging
+Face cache or its directory, if it is there (never downloaded). The base model directory is a
+Llama or a Qwen2, as the base was. Needs the `hf` extra (transformers, peft).
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from pathlib import Path
 from tempfile import TemporaryDirectory
 from typing import Any
 
-from whitney.tokenizers import BOS_ID, EOS_ID, PAD_ID, VOCAB_SIZE
+from whitney import hf_cache
+from whitney.tokenizers import BOS_ID, EOS_ID, HF_PREFIX, LOCAL_PREFIX, PAD_ID, VOCAB_SIZE
 
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 BASE_DIR = "base_model"
@@ -92,22 +95,26 @@ def byte_tokenizer(max_length: int) -> Any:
 
 
 def tokenizer_for(base_model: str, max_length: int) -> Any | None:
-    """The base model's tokenizer, or None for an `hf:` repo missing from the local cache."""
-    if base_model.startswith("local/"):
+    """The base model's tokenizer, or None for a Hugging Face one missing from this machine."""
+    if base_model.startswith(LOCAL_PREFIX):
         return byte_tokenizer(max_length)
     from transformers import AutoTokenizer
 
+    source = base_model.removeprefix(HF_PREFIX)
+    directory = Path(source) if source.startswith("/") else hf_cache.snapshot(source)
+    if directory is None:
+        return None
     try:
-        return AutoTokenizer.from_pretrained(base_model.removeprefix("hf:"), local_files_only=True)
+        return AutoTokenizer.from_pretrained(directory, local_files_only=True)
     except (OSError, ValueError):
         return None
 
 
 def finish_config(directory: Path, tokenizer: Any | None) -> None:
     """Name the tokenizer's BOS and PAD ids in config.json, and write generation_config.json."""
-    from transformers import GenerationConfig, LlamaConfig
+    from transformers import AutoConfig, GenerationConfig
 
-    config = LlamaConfig.from_pretrained(directory)
+    config = AutoConfig.from_pretrained(directory)
     if tokenizer is not None:
         config.bos_token_id = tokenizer.bos_token_id
         config.pad_token_id = tokenizer.pad_token_id
@@ -140,11 +147,11 @@ def write_merged_dir(archive: Path, out: Path) -> Path:
     config and the tokenizer."""
     import torch
     from peft import PeftModel
-    from transformers import LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
     with TemporaryDirectory(prefix="whitney-export-") as scratch:
         peft_dir = write_peft_dir(archive, Path(scratch) / "peft")
-        base = LlamaForCausalLM.from_pretrained(peft_dir / BASE_DIR, dtype=torch.float64)
+        base = AutoModelForCausalLM.from_pretrained(peft_dir / BASE_DIR, dtype=torch.float64)
         with warnings.catch_warnings():  # PEFT calls an API transformers deprecates
             warnings.simplefilter("ignore", FutureWarning)
             merged = PeftModel.from_pretrained(base, peft_dir).merge_and_unload()

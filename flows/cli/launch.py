@@ -30,6 +30,7 @@ from flows.core.config import ConfigError, FlowConfig
 from flows.core.connection import EMBEDDED_URL_ENV, check_whitney
 from flows.core.endpoint import resolve_endpoint
 from flows.core.plots import picture_beside
+from flows.core.served import check_served
 from flows.core.summary import export_command
 from tasks.connection import WhitneyConnection, client_for
 from whitney.client import API_KEY_ENV
@@ -53,7 +54,8 @@ def launch_flow(
     """Run `flow(config)` (a checked config) against Whitney; the exit code.
 
     The endpoint `resolve_endpoint` finds (a URL from the config or WHITNEY_API_URL) is
-    probed first (`check_whitney`); with none, the embedded server runs for the duration. The
+    probed first (`check_whitney`); with none, the embedded server runs for the duration.
+    Either way its capabilities must list the config's base models (`check_served`). The
     result must have `run_id` and `adapter` (the exported adapter), downloaded to
     `adapter_dir`.
     """
@@ -63,9 +65,12 @@ def launch_flow(
             endpoint = resolve_endpoint(config.api_url, url_field="--api-url")
             if endpoint is None:
                 connection, export_url = start_embedded_server(stack, console), None
+                capabilities = client_for(connection).capabilities()
             else:
-                check_whitney(endpoint)
+                capabilities = check_whitney(endpoint)
                 connection, export_url = endpoint.connection, endpoint.connection.base_url
+            if capabilities is not None:
+                check_served(config, capabilities)
         except (ConfigError, ServerStartError) as error:
             print(f"{prog}: {error}", file=sys.stderr)
             return EXIT_BAD_CONFIG

@@ -15,6 +15,7 @@ from pydantic_core import PydanticUndefined
 
 from flows.core.environments import ENVIRONMENTS
 from whitney.losses import LOSS_FUNCTIONS
+from whitney.renderers import RendererName
 from whitney.wire import Provider
 
 PROVIDERS: tuple[str, ...] = tuple(sorted(get_args(Provider)))
@@ -27,6 +28,9 @@ def one_of(names: tuple[str, ...] | list[str]) -> str:
 
 
 PROVIDER_HELP = f"Whitney provider: {one_of(PROVIDERS)}"
+BASE_MODEL_HELP = "base model: a name the provider's capabilities list (local/*, a repo id)"
+RENDERER_HELP = f"how messages become tokens: {one_of(get_args(RendererName))}"
+TOKENIZER_HELP = "tokenizer: a Hugging Face repo id or a local directory (default: the model's)"
 LOSS_HELP = f"loss function (its build_loss recipe): {one_of(LOSS_FUNCTIONS)}"
 ENV_HELP = f"environment: {one_of(list(ENVIRONMENTS))}, or an import path module:attr"
 
@@ -79,8 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     rl.add_argument("--env", metavar="E", help=ENV_HELP)
     rl.add_argument("--loss", metavar="L", help=LOSS_HELP)
     rl.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
-    rl.add_argument("--base-model", metavar="M", help="base model")
+    add_model_options(rl)
     rl.add_argument("--seed", type=int, metavar="S", help="seed of run, prompts and sampling")
+    add_staleness_option(rl)
     add_output_options(rl)
     sft = flows.add_parser(
         "sft",
@@ -97,10 +102,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--data",
         type=Path,
         metavar="FILE.jsonl",
-        help='one {"prompt": ..., "completion": ...} per line (default: the built-in corpus)',
+        help='one {"prompt": ..., "completion": ...} or {"messages": [...]} per line '
+        "(default: the built-in corpus)",
     )
     sft.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
-    sft.add_argument("--base-model", metavar="M", help="base model")
+    add_model_options(sft)
     sft.add_argument("--lr", type=float, metavar="X", help="peak learning rate")
     sft.add_argument("--schedule", metavar="S", help="constant, linear or cosine (with warmup)")
     sft.add_argument("--seed", type=int, metavar="S", help="seed of the run and the data order")
@@ -110,6 +116,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_export_parser(commands)
     add_reap_parser(commands)
     return parser
+
+
+def add_model_options(command: argparse.ArgumentParser) -> None:
+    """--base-model, --tokenizer and --renderer: the same for every `run FLOW`."""
+    command.add_argument("--base-model", metavar="M", help=BASE_MODEL_HELP)
+    command.add_argument("--tokenizer", metavar="T", help=TOKENIZER_HELP)
+    command.add_argument("--renderer", metavar="R", help=RENDERER_HELP)
 
 
 def add_output_options(command: argparse.ArgumentParser) -> None:
@@ -131,15 +144,28 @@ def add_output_options(command: argparse.ArgumentParser) -> None:
 
 
 def shared_overrides(options: argparse.Namespace) -> dict[str, Any]:
-    """The config overrides every `run FLOW` has: --provider, --base-model, --seed,
-    --api-url and --metrics-out (None: not given, the config file's value stands)."""
+    """The config overrides every `run FLOW` has: --provider, --base-model, --tokenizer,
+    --renderer, --seed, --api-url and --metrics-out (None: not given, the config file's value
+    stands)."""
     return {
         "provider": options.provider,
         "base_model": options.base_model,
+        "tokenizer": options.tokenizer,
+        "renderer": options.renderer,
         "seed": options.seed,
         "api_url": options.api_url,
         "metrics_path": str(options.metrics_out) if options.metrics_out else None,
     }
+
+
+def add_staleness_option(command: argparse.ArgumentParser) -> None:
+    """`--max-staleness S` of the flows that sample."""
+    command.add_argument(
+        "--max-staleness",
+        type=int,
+        metavar="S",
+        help="sample up to S optimizer steps behind, beside the training (0: on-policy)",
+    )
 
 
 def add_distill_parser(flows: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -163,8 +189,9 @@ def add_distill_parser(flows: argparse._SubParsersAction) -> argparse.ArgumentPa
     )
     command.add_argument("--sft-steps", type=int, metavar="N", help="the SFT teacher's steps")
     command.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
-    command.add_argument("--base-model", metavar="M", help="base model")
+    add_model_options(command)
     command.add_argument("--seed", type=int, metavar="S", help="seed of runs and sampling")
+    add_staleness_option(command)
     command.add_argument(
         "--chunk-size", type=int, metavar="N", help="sequences per teacher logprobs task (0: all)"
     )

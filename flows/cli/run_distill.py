@@ -45,6 +45,7 @@ def distill_config_from(options: argparse.Namespace) -> DistillationConfig:
         "teacher_checkpoint": options.teacher_checkpoint,
         "teacher_chunk_size": options.chunk_size,
         "task_runner": options.task_runner,
+        "max_staleness": options.max_staleness,
     }
     data = settings_with_overrides(options.config, overrides)
     if options.sequential_teacher:

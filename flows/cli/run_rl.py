@@ -29,6 +29,7 @@ def rl_config_from(options: argparse.Namespace) -> RLConfig:
         "cycles": options.cycles,
         "env": options.env,
         "loss": options.loss,
+        "max_staleness": options.max_staleness,
     }
     data = settings_with_overrides(options.config, overrides)
     return validated(RLConfig, data)

@@ -20,6 +20,7 @@ from flows.core.evaluation.config import EvalSettings
 from flows.core.stall import StallSettings
 from tasks.names import CYCLE_CHECKPOINT_PATTERN, checkpoint_cycle
 from tasks.retry import TaskRetrySettings
+from whitney.renderers import RendererName
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 BudgetField = Annotated[
@@ -40,6 +41,32 @@ PricesField = Annotated[
     ),
 ]
 """A flow's `prices` field, beside its `budget`."""
+
+
+MaxStalenessField = Annotated[
+    int,
+    Field(
+        default=0,
+        ge=0,
+        le=16,
+        description="Off-policy steps: cycle n samples from the weights after optimizer step "
+        "max(k, n - max_staleness), k the cycle after the latest checkpoint, so the sampling of "
+        "the next cycles runs while the current one trains (the same adapter on every run); "
+        "0: on-policy",
+    ),
+]
+"""A flow's `max_staleness` field (the flows that sample: RL, distillation's student)."""
+
+
+def check_max_staleness(max_staleness: int, **needed: bool) -> None:
+    """ConfigError unless every setting in `needed` is true when `max_staleness` > 0."""
+    for name, value in needed.items():
+        if max_staleness > 0 and not value:
+            raise ConfigError(
+                "max_staleness",
+                f"sampling ahead needs {name} = true (the later cycles' samples are requested "
+                "together, on samplers named before they exist)",
+            )
 
 
 def checkpoint_every_field(default: int) -> Any:
@@ -75,7 +102,25 @@ class FlowConfig(BaseModel):
     provider: Literal["local", "modal", "tinker"] = Field(
         default="local", description="Whitney provider that trains the run"
     )
-    base_model: str = Field(default="local/tiny", min_length=1, description="Base model name")
+    base_model: str = Field(
+        default="local/tiny",
+        min_length=1,
+        description="Base model: any name the provider's capabilities list (local/nano, "
+        "local/tiny, local/small on the embedded server, or a Hugging Face repo id such as "
+        "Qwen/Qwen2.5-0.5B-Instruct)",
+    )
+    tokenizer: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The tokenizer: a Hugging Face repo id or a local directory; empty: the "
+        "base model's own (bytes for local/*, else its Hugging Face tokenizer)",
+    )
+    renderer: RendererName = Field(
+        default="auto",
+        description="How messages become tokens: raw (text, no markup), chat_template (the "
+        "tokenizer's own), llama3, qwen; auto: raw for local/*, else the chat template if the "
+        "tokenizer has one, else raw",
+    )
     lora_rank: int = Field(default=8, ge=1, le=256, description="LoRA rank of the trained adapter")
     seed: int = Field(
         default=0, ge=0, le=2**31 - 1, description="Seed of the run, prompts and sampling"
@@ -118,6 +163,11 @@ class FlowConfig(BaseModel):
         """What an evaluation of this flow's checkpoints samples (None: nothing to evaluate);
         every `whitney.checkpoint.saved` event carries it."""
         return None
+
+    def served_models(self) -> dict[str, str]:
+        """The base models the flow trains or scores, by the field that names them (checked
+        against the provider's capabilities before a session opens)."""
+        return {"base_model": self.base_model}
 
 
 def checkpoint_due(cycle: int, every: int, cycles: int) -> bool:

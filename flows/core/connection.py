@@ -14,6 +14,7 @@ from prefect.context import FlowRunContext
 from flows.core.config import ConfigError
 from flows.core.endpoint import Endpoint, resolve_endpoint
 from tasks.connection import WhitneyConnection
+from whitney import wire
 from whitney.client import API_KEY_ENV, API_URL_ENV
 from whitney.errors import TransportError, Unauthorized, WhitneyError
 
@@ -33,15 +34,15 @@ def resolve_connection(api_url: str | None, whitney_block: str | None = None) ->
     return endpoint.connection
 
 
-def check_whitney(endpoint: Endpoint) -> None:
-    """ConfigError naming what named the endpoint if nothing there answers like Whitney
-    within PROBE_TIMEOUT_S, or naming WHITNEY_API_KEY if it refuses the key.
-    Busy answers (429, 5xx) pass: the flow's retries wait for those."""
+def check_whitney(endpoint: Endpoint) -> wire.Capabilities | None:
+    """The endpoint's capabilities; ConfigError naming what named the endpoint if nothing
+    there answers like Whitney within PROBE_TIMEOUT_S, or naming WHITNEY_API_KEY if it refuses
+    the key. Busy answers (429, 5xx) pass, with None: the flow's retries wait for those."""
     url, field = endpoint.connection.base_url, endpoint.named_by
     probe = endpoint.connection.model_copy(update={"timeout_s": PROBE_TIMEOUT_S, "max_attempts": 1})
     try:
         with probe.new_client() as client:
-            client.capabilities()
+            return client.capabilities()
     except Unauthorized as error:
         raise ConfigError(API_KEY_ENV, f"{url} refused the key ({error})") from None
     except TransportError as error:
@@ -52,6 +53,7 @@ def check_whitney(endpoint: Endpoint) -> None:
             raise ConfigError(field, f"{url} does not answer as Whitney ({error})") from None
     except ValueError as error:  # not an http(s) URL (resolve_endpoint saw to the key)
         raise ConfigError(field, str(error)) from None
+    return None
 
 
 def flow_run_api_url() -> str | None:

@@ -35,10 +35,14 @@ from prefect.utilities.annotations import quote
 
 from tasks.connection import WhitneyConnection
 from tasks.lifecycle import cancel_run
-from tasks.operations import RUN_OPERATION_TASKS, SAMPLER_OPERATION_TASKS
+from tasks.operations import (
+    RUN_OPERATION_TASKS,
+    SAMPLER_OPERATION_TASKS,
+    requested_earlier,
+)
 from tasks.retry import TaskRetrySettings, with_retry
 from whitney import wire
-from whitney.errors import WhitneyError
+from whitney.errors import OperationFailed, WhitneyError
 
 
 class SeqLedger:
@@ -120,6 +124,7 @@ class Submitted(NamedTuple):
     run_id: str
     calls: Sequence[Call]
     futures: Sequence[PrefectFuture[wire.Operation]]
+    seq_ids: range
 
 
 def _task_for(kind: str, sampler_id: str | None, retry: TaskRetrySettings) -> Task[..., Any]:
@@ -202,7 +207,7 @@ class SequencedClient:
             route = () if call.sampler_id is None else (call.sampler_id,)
             payload = task_payload(call.payload)
             futures.append(task.submit(self.connection, run_id, *route, seq, payload))
-        return Submitted(run_id, calls, futures)
+        return Submitted(run_id, calls, futures, seq_ids)
 
     def collect(self, submitted: Submitted) -> list[wire.Operation]:
         """The block's operations, waited for in seq order and recorded in the log; each
@@ -239,6 +244,29 @@ class SequencedClient:
             self.execute(run_id, call.kind, call.payload, sampler_id=call.sampler_id)
             for call in calls
         ]
+
+    def read_block(
+        self, run_id: str, seq_start: int, calls: Sequence[Call]
+    ) -> list[wire.Operation]:
+        """The operations an earlier cycle submitted for `calls` from `seq_start` (and
+        waited for), read from the journal: not sent again, not billed again, not logged
+        again; OperationFailed if one did not succeed."""
+        task = with_retry(requested_earlier, self.retry)
+        with self.log.timing(calls[0].kind if calls else "sample"):
+            operations = task(self.connection, run_id, seq_start, len(calls))
+        for call, operation in zip(calls, operations, strict=True):
+            if (operation.kind, operation.sampler_id) != (call.kind, call.sampler_id):
+                raise ValueError(
+                    f"run {run_id} seq {operation.seq_id}: journaled {operation.kind} on "
+                    f"{operation.sampler_id!r}, expected {call.kind} on {call.sampler_id!r}"
+                )
+            if operation.status != "succeeded":
+                raise OperationFailed(
+                    f"{operation.kind}[seq={operation.seq_id}] on run {run_id} ended "
+                    f"{operation.status}",
+                    type=(operation.error or {}).get("type", "operation_failed"),
+                )
+        return operations
 
     def cancel_behind_failure(self, run_id: str) -> None:
         """Cancel the run whose block failed for good, so nothing waits behind the failure."""

@@ -1,7 +1,8 @@
 """The start and the normal end of a training flow run on Whitney, shared by the flows.
 
-    start_training_run    resume point (tasks.resume), open_session labelled with the flow
-                          run id, create_run (from the resume checkpoint, if any)
+    require_served        the provider's capabilities list the config's base models
+    start_training_run    that check, resume point (tasks.resume), open_session labelled with
+                          the flow run id, create_run (from the resume checkpoint, if any)
     TrainingRun.add_run   create_run of another run in the session (critic, reference, teacher)
     end_training_run      save_state (named: a resume point too), export_lora, finish_run
                           (the trained run, then any other), close_session
@@ -25,9 +26,10 @@ from flows.core.config import FlowConfig
 from flows.core.connection import flow_run_api_url
 from flows.core.events import checkpoint_saved, run_finished
 from flows.core.sequenced_client import SequencedClient
+from flows.core.served import check_served
 from flows.core.summary import export_command
 from tasks.connection import WhitneyConnection
-from tasks.lifecycle import close_session, create_run, finish_run, open_session
+from tasks.lifecycle import capabilities, close_session, create_run, finish_run, open_session
 from tasks.resume import ResumePoint, find_resume_point
 from tasks.retry import with_retry
 from whitney import wire
@@ -101,14 +103,22 @@ class TrainingResult(BaseModel):
     )
 
 
+def require_served(config: FlowConfig, connection: WhitneyConnection) -> None:
+    """ConfigError, before any session opens, naming the field of a base model the config's
+    provider does not list in its capabilities (with the ones it does)."""
+    check_served(config, with_retry(capabilities, config.task_retry)(connection))
+
+
 def start_training_run(
     config: FlowConfig,
     connection: WhitneyConnection,
     name: str = "policy",
     labels: dict[str, str] | None = None,
 ) -> TrainingRun:
-    """Inside a flow run: find its resume point, open its labelled session and create its
-    trainable run (from the checkpoint it resumes from, if any), keyed `name`, with `labels`."""
+    """Inside a flow run: check that the provider serves its base models, find its resume
+    point, open its labelled session and create its trainable run (from the checkpoint it
+    resumes from, if any), keyed `name`, with `labels`."""
+    require_served(config, connection)
     flow_run = FlowRunContext.get().flow_run
     attempt = f"prefect-{flow_run.id}-{flow_run.run_count}"
     start = with_retry(find_resume_point, config.task_retry)(

@@ -7,12 +7,13 @@ from typing import Any
 
 from pydantic import Field, field_validator
 
-from flows.core.config import BudgetField, FlowConfig, PricesField
+from flows.core.config import BudgetField, FlowConfig, MaxStalenessField, PricesField
 from flows.core.evaluation.config import CORPUS as EVAL_CORPUS
 from flows.core.evaluation.config import EvalSettings
 from flows.core.task_runner_settings import TaskRunnerSettings
 from flows.sft.config import EvalFraction, SFTConfig
 from tasks.names import CHECKPOINT_URI
+from whitney.renderers import RendererName
 
 LOSS_FUNCTION = "importance_sampling"
 CORPUS = "corpus"
@@ -33,14 +34,20 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
     teacher_sft: SFTConfig | None = Field(
         default=None,
         description="With no teacher_checkpoint: train the teacher first, by an SFT subflow "
-        "with this config (its api_url, provider, base model and LoRA rank are the "
-        "teacher's), and distill from its final checkpoint",
+        "with this config (its api_url, provider, base model, tokenizer, renderer and LoRA "
+        "rank are the teacher's), and distill from its final checkpoint",
     )
     teacher_base_model: str | None = Field(
         default=None,
         min_length=1,
         description="The teacher's base model; empty: base_model. It must share the "
         "student's tokenizer",
+    )
+    teacher_renderer: RendererName | None = Field(
+        default=None,
+        description="The teacher's renderer; empty: renderer. Distillation refuses a teacher "
+        "whose renderer differs from the student's (it would score the student's tokens in a "
+        "format it does not use)",
     )
     teacher_lora_rank: int | None = Field(
         default=None,
@@ -103,6 +110,7 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
         "times (eval.reward_mean, eval.pass_at_k) and, with prompts=corpus, its eval loss "
         "(eval.loss); 0: never. Training is the same either way",
     )
+    max_staleness: MaxStalenessField
     budget: BudgetField
     prices: PricesField
 
@@ -116,6 +124,14 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
     @property
     def teacher_model(self) -> str:
         return self.teacher_base_model or self.base_model
+
+    def served_models(self) -> dict[str, str]:
+        return {"base_model": self.base_model, "teacher_base_model": self.teacher_model}
+
+    @property
+    def teacher_rendering(self) -> str:
+        """The teacher's renderer setting (its own, else the student's)."""
+        return self.teacher_renderer or self.renderer
 
     @property
     def teacher_rank(self) -> int:
@@ -148,6 +164,8 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
             max_tokens=self.max_tokens,
             temperature=1.0,
             seed=self.seed,
+            tokenizer=self.tokenizer,
+            renderer=self.renderer,
         )
 
     def teacher_sft_config(self) -> SFTConfig | None:
@@ -158,6 +176,8 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
             "api_url": self.api_url,
             "provider": self.provider,
             "base_model": self.teacher_model,
+            "tokenizer": self.tokenizer,
+            "renderer": self.teacher_rendering,
             "lora_rank": self.teacher_rank,
         }
         if self.teacher_sft.metrics_path is None and self.metrics_path:

@@ -45,8 +45,10 @@ from flows.core.cost import Usage, add_usage, format_cost, format_usage, usage_o
 from flows.core.cycles import RunRecords, by_run, cycle_client, record_cycle, run_cycles, run_rows
 from flows.core.evaluation.plan import completion_logprobs
 from flows.core.evaluation.sampler import evaluate_after_cycle
+from flows.core.sampling_ahead import CycleSamples, sample_ahead
 from flows.core.sequenced_client import Call, SequencedClient
-from flows.core.training import end_training_run, start_training_run
+from flows.core.staleness import SampleBlock, Schedule
+from flows.core.training import end_training_run, require_served, start_training_run
 from flows.distill.config import LOSS_FUNCTION, DistillationConfig
 from flows.distill.metrics import (
     DistillationResult,
@@ -127,22 +129,54 @@ def teacher_logprobs(
     ]
 
 
+def student_samples(
+    plan: DistillPlan,
+    client: SequencedClient,
+    cycle: int,
+    run_id: str,
+    first_cycle: int,
+    presampled: Sequence[SampleBlock],
+) -> CycleSamples:
+    """The student's sampler `cycle-{n}` and the cycle's samples: one block of its requests
+    on it (on-policy), or, with max_staleness, `sample_ahead` (the later cycles' requests
+    beside, or this cycle's from an older sampler)."""
+    config = plan.config
+    name = cycle_name(cycle)
+    if config.max_staleness == 0:
+        requests = plan.sample_requests(cycle)
+        samples = sampler_block(
+            client, run_id, name, "sample", requests, config.concurrent_sampling
+        )
+        return CycleSamples(name, samples, [])
+    schedule = Schedule(config.max_staleness, first_cycle, config.checkpoint_every, config.cycles)
+    publish = Call("save_weights_for_sampler", {"name": name})
+    return sample_ahead(
+        client, run_id, cycle, name, schedule, plan.sample_requests, presampled, lead=[publish]
+    )
+
+
 def run_distill_cycle(
-    plan: DistillPlan, client: SequencedClient, cycle: int, run_id: str, teacher_run_id: str
+    plan: DistillPlan,
+    client: SequencedClient,
+    cycle: int,
+    run_id: str,
+    teacher_run_id: str,
+    first_cycle: int = 0,
+    presampled: Sequence[SampleBlock] = (),
 ) -> DistillCycleMetrics:
-    """One distillation cycle, every call through `client` (the cycle's ledger of both runs)."""
+    """One distillation cycle, every call through `client` (the cycle's ledger of both runs).
+    `first_cycle`: the flow run's; `presampled`: sample requests earlier cycles made for this
+    one and later ones (max_staleness > 0)."""
     started_at = datetime.now(UTC)
     started = time.perf_counter()
     config = plan.config
     seq_start = client.ledger.position(run_id)
     teacher_seq_start = client.ledger.position(teacher_run_id)
     requests = plan.sample_requests(cycle)
-    samples = sampler_block(
-        client, run_id, cycle_name(cycle), "sample", requests, config.concurrent_sampling
-    )
+    sampling = student_samples(plan, client, cycle, run_id, first_cycle, presampled)
     rollouts = [
         Rollout(request["prompt"]["token_ids"], sequence["tokens"], sequence["logprobs"])
-        for request, sample in zip(requests, samples, strict=True)
+        for request, sample in zip(requests, sampling.samples, strict=True)
         for sequence in sample["sequences"]
     ]
     teacher_started = time.perf_counter()
@@ -166,6 +200,8 @@ def run_distill_cycle(
     if checkpoint_due(cycle, config.checkpoint_every, config.cycles):
         saved = client.execute(run_id, "save_state", {"name": cycle_name(cycle)})
         checkpoint = saved.result_as(wire.SaveStateResult).checkpoint
+    sampling.wait_ahead(client)  # the later cycles' samples ran beside this training
+    schedule = Schedule(config.max_staleness, first_cycle, config.checkpoint_every, config.cycles)
     log = client.log
     metrics = DistillCycleMetrics(
         cycle=cycle,
@@ -176,6 +212,9 @@ def run_distill_cycle(
         teacher_seq_end=client.ledger.position(teacher_run_id),
         teacher_kl=statistics.fmean(gaps),
         advantage_mean=statistics.fmean(advantages),
+        sampler_id=sampling.sampler_id,
+        staleness=schedule.staleness_of(cycle),
+        presampled=sampling.presampled_after(cycle, presampled),
         loss=backward.loss,
         grad_norm=optimized.result_as(wire.OptimStepResult).metrics.get("grad_norm", 0.0),
         kl_sample_train=backward.metrics.get("kl_sample_train:mean"),
@@ -206,15 +245,22 @@ def distill_cycle(
     teacher_run_id: str,
     teacher_seq_start: int,
     whitney_block: str | None = None,
+    first_cycle: int = 0,
+    presampled: list[SampleBlock] | None = None,
 ) -> DistillCycleMetrics:
     """One distillation cycle from `seq_start` on the student and `teacher_seq_start` on the
-    teacher; returns its metrics, with the seq ids the next cycle starts at.
+    teacher; returns its metrics, with the seq ids the next cycle starts at. `first_cycle`:
+    the flow run's; `presampled`: the student's sample requests earlier cycles made for this
+    one and later ones (max_staleness > 0).
 
     Retried by replaying: the same calls with the same seq ids, answered from the journal.
     """
     starts = {run_id: seq_start, teacher_run_id: teacher_seq_start}
     client = cycle_client(config, whitney_block, starts)
-    metrics = run_distill_cycle(load_distill_plan(config), client, cycle, run_id, teacher_run_id)
+    plan = load_distill_plan(config)
+    metrics = run_distill_cycle(
+        plan, client, cycle, run_id, teacher_run_id, first_cycle, presampled or []
+    )
     names = {run_id: "student", teacher_run_id: "teacher"}
     record_cycle(metrics, by_run(client.log.operations, names))
     return metrics
@@ -285,6 +331,7 @@ def distillation_flow(
     """
     plan = check_distill_config(config)  # fails closed before anything is allocated
     connection = resolve_connection(config.api_url, whitney_block)
+    require_served(config, connection)  # the student's and the teacher's, before the teacher
     guard = BudgetGuard(config.budget, flow_cost_model(config.prices, whitney_block))
     logger = get_run_logger()
     flow_run = FlowRunContext.get().flow_run
@@ -349,7 +396,18 @@ def distillation_flow(
         seq, teacher_seq = (
             starts if previous is None else (previous.seq_end, previous.teacher_seq_end)
         )
-        return cycle_flow(config, cycle, student, seq, teacher.run_id, teacher_seq, whitney_block)
+        presampled = previous.presampled if previous is not None else []
+        return cycle_flow(
+            config,
+            cycle,
+            student,
+            seq,
+            teacher.run_id,
+            teacher_seq,
+            whitney_block,
+            start.first_cycle,
+            presampled,
+        )
 
     last = run_cycles(
         distill_cycle,

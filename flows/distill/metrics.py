@@ -10,6 +10,7 @@ from flows.core.cost import Usage
 from flows.core.cycles import CycleResult
 from flows.core.evaluation.plan import EvalMetrics
 from flows.core.plots import Line, Panel
+from flows.core.staleness import SampleBlock
 from flows.core.training import TrainingResult
 from flows.sft.metrics import SFTResult
 
@@ -37,6 +38,14 @@ class DistillCycleMetrics(CycleResult):
         "(a sampled per-token reverse KL)"
     )
     advantage_mean: float
+    sampler_id: str = Field(default="", description="The student sampler the cycle sampled from")
+    staleness: int = Field(
+        default=0, description="Optimizer steps between that sampler and the trained weights"
+    )
+    presampled: list[SampleBlock] = Field(
+        default_factory=list,
+        description="Later cycles' sample requests already submitted (max_staleness > 0)",
+    )
     loss: float
     grad_norm: float
     kl_sample_train: float | None = Field(

@@ -22,16 +22,23 @@ import random
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from flows.core.config import ConfigError, check_resume_from
+from flows.core.config import ConfigError, check_max_staleness, check_resume_from
 from flows.core.cost import Usage
-from flows.core.evaluation.plan import EvalPlan, HeldOutPair, load_eval_plan, loss_per_token
+from flows.core.evaluation.plan import (
+    EvalPlan,
+    HeldOutPair,
+    load_eval_plan,
+    loss_per_token,
+    prompt_key,
+)
+from flows.core.rendering import config_renderer, load_renderer
 from flows.core.seeds import derive_seed
 from flows.core.task_runner_settings import check_task_runner
 from flows.distill.config import CORPUS, LOSS_FUNCTION, DistillationConfig
 from whitney.advantages import kl_adjust_advantages
 from whitney.losses import PROVIDER_LOSS_SUPPORT, require_advertised_loss
 from whitney.payloads import sample_request
-from whitney.tokenizers import Tokenizer, get_tokenizer
+from whitney.renderers import Prompt, Renderer, as_messages
 
 # --------------------------------------------------------------------------- arithmetic
 
@@ -70,7 +77,7 @@ def chunked(items: list[Any], size: int) -> list[list[Any]]:
 
 
 class PromptSource(Protocol):
-    def prompts(self, cycle: int, count: int, seed: int) -> list[str]: ...
+    def prompts(self, cycle: int, count: int, seed: int) -> list[Prompt]: ...
 
 
 @dataclass(frozen=True)
@@ -84,43 +91,52 @@ class EvalSequence:
 class CorpusPrompts:
     """The training split's prompts of an SFT corpus, `count` distinct ones per cycle."""
 
-    def __init__(self, train_prompts: list[str]) -> None:
+    def __init__(self, train_prompts: list[Prompt]) -> None:
         self.train_prompts = train_prompts
 
-    def prompts(self, cycle: int, count: int, seed: int) -> list[str]:
+    def prompts(self, cycle: int, count: int, seed: int) -> list[Prompt]:
         rng = random.Random(seed)
         if count <= len(self.train_prompts):
             return rng.sample(self.train_prompts, count)
         return [rng.choice(self.train_prompts) for _ in range(count)]
 
 
-def load_corpus(config: DistillationConfig, tokenizer: Tokenizer):
+def load_corpus(config: DistillationConfig, renderer: Renderer):
     """(prompt source, eval sequences, held-out pairs) of the corpus: its training split's
-    prompts, and its held-out split (the SFT flow's split of the same data) as tokens and as
-    text."""
+    distinct prompts (a conversation's: the messages before its last assistant turn), and its
+    held-out split (the SFT flow's split of the same data) as tokens, the last assistant turn
+    the completion, and as text."""
     from flows.sft.corpus import builtin_examples, read_examples
     from flows.sft.plan import example_tokens, held_out
 
     examples = read_examples(config.data_path) if config.data_path else builtin_examples()
     evaluated = held_out(examples, config.eval_fraction)
-    train = sorted({example.prompt for i, example in enumerate(examples) if i not in evaluated})
+    distinct = {
+        prompt_key(example.prompt): example.prompt
+        for index, example in enumerate(examples)
+        if index not in evaluated
+    }
+    train = [distinct[key] for key in sorted(distinct)]
     if not train:
         raise ConfigError("eval_fraction", "holding out the eval split leaves no prompt")
-    eval_set = [
-        EvalSequence(*example_tokens(tokenizer, examples[index])) for index in sorted(evaluated)
-    ]
+    try:
+        eval_set = [
+            EvalSequence(*example_tokens(renderer, examples[index])) for index in sorted(evaluated)
+        ]
+    except ValueError as error:
+        raise ConfigError("data_path", str(error)) from None
     pairs = [
-        HeldOutPair(examples[index].prompt, examples[index].completion)
-        for index in sorted(evaluated)
+        HeldOutPair(example.prompt, example.completion, tuple(example.conversation()))
+        for example in (examples[index] for index in sorted(evaluated))
     ]
     return CorpusPrompts(train), eval_set, pairs
 
 
-def load_prompt_source(config: DistillationConfig, tokenizer: Tokenizer):
+def load_prompt_source(config: DistillationConfig, renderer: Renderer):
     """(prompt source, eval sequences or [], held-out pairs or []) for `config.prompts`;
     ConfigError if unknown."""
     if config.prompts == CORPUS:
-        return load_corpus(config, tokenizer)
+        return load_corpus(config, renderer)
     from flows.core.environments import load_environment
 
     try:
@@ -134,18 +150,18 @@ def load_prompt_source(config: DistillationConfig, tokenizer: Tokenizer):
 
 @dataclass(frozen=True)
 class DistillPlan:
-    """A distillation config's prompt source, eval set and tokenizer."""
+    """A distillation config's prompt source, eval set and renderer (the student's, which the
+    teacher's must equal)."""
 
     config: DistillationConfig
     source: PromptSource
     eval_set: list[EvalSequence]
-    tokenizer: Tokenizer
+    renderer: Renderer
     evaluation: EvalPlan | None = None
     """The inline evaluation's eval set (None with eval_every 0)."""
 
-    def prompt_tokens(self, prompt: str) -> list[int]:
-        bos = getattr(self.tokenizer, "bos_id", None)
-        return ([bos] if bos is not None else []) + self.tokenizer.encode(prompt)
+    def prompt_tokens(self, prompt: Prompt) -> list[int]:
+        return self.renderer.build_generation_prompt(as_messages(prompt))
 
     def sample_requests(self, cycle: int) -> list[dict[str, Any]]:
         """One SampleRequest per prompt of the cycle (samples_per_prompt each, temperature
@@ -160,7 +176,7 @@ class DistillPlan:
                 config.samples_per_prompt,
                 max_tokens=config.max_tokens,
                 temperature=1.0,
-                stop_token_ids=[self.tokenizer.eos_id],
+                stop_token_ids=list(self.renderer.stop_tokens),
                 seed=derive_seed(config.seed, cycle, index),
             )
             for index, prompt in enumerate(prompts)
@@ -188,45 +204,64 @@ class DistillPlan:
 
 def same_tokenizer(student: str, teacher: str) -> bool:
     """Whether the teacher scores the student's token ids: every local/* model shares the
-    byte tokenizer; an hf: model only its own."""
+    byte tokenizer; a Hugging Face model only its own (unless the `tokenizer` setting names
+    the one both use)."""
     if student.startswith("local/") and teacher.startswith("local/"):
         return True
     return student == teacher
 
 
+def check_same_renderer(config: DistillationConfig, student: Renderer) -> None:
+    """ConfigError naming `renderer` and `teacher_renderer` unless the teacher renders as the
+    student does: the teacher scores the student's tokens, so a teacher trained or prompted in
+    another format would give biased logprobs."""
+    fields = ("teacher_base_model", "tokenizer", "teacher_renderer")
+    teacher = load_renderer(
+        config.teacher_model, config.tokenizer, config.teacher_rendering, fields
+    )
+    if teacher.signature != student.signature:
+        raise ConfigError(
+            "teacher_renderer",
+            f"the teacher's renderer ({teacher.signature}: teacher_renderer="
+            f"{config.teacher_rendering} on {config.teacher_model}) differs from the student's "
+            f"({student.signature}: renderer={config.renderer} on {config.base_model}); the "
+            "teacher would score the student's tokens in another format, biasing its logprobs: "
+            "give renderer and teacher_renderer the same value",
+        )
+
+
 def load_distill_plan(config: DistillationConfig) -> DistillPlan:
-    try:
-        tokenizer = get_tokenizer(config.base_model)
-    except ValueError as error:
-        raise ConfigError("base_model", str(error)) from None
-    source, eval_set, pairs = load_prompt_source(config, tokenizer)
+    renderer = config_renderer(config)
+    source, eval_set, pairs = load_prompt_source(config, renderer)
     evaluation = None
     if config.eval_every:
         settings = config.eval_settings()
         if settings is None:
             raise ConfigError("eval_every", "prompts=corpus with eval_fraction 0 hold none out")
         try:
-            evaluation = load_eval_plan(settings, tokenizer, pairs)
+            evaluation = load_eval_plan(settings, renderer, pairs)
         except ConfigError as error:
             raise ConfigError("prompts", error.message) from None
-    return DistillPlan(config, source, eval_set, tokenizer, evaluation)
+    return DistillPlan(config, source, eval_set, renderer, evaluation)
 
 
 def check_distill_config(config: DistillationConfig) -> DistillPlan:
     """The plan of a config the provider will accept; ConfigError naming the field if not
     (before anything is allocated)."""
     check_resume_from(config.resume_from, config.cycles)
+    check_max_staleness(config.max_staleness, concurrent_sampling=config.concurrent_sampling)
     try:
         require_advertised_loss(config.provider, LOSS_FUNCTION, PROVIDER_LOSS_SUPPORT)
     except ValueError as error:
         raise ConfigError("provider", str(error)) from None
-    if not same_tokenizer(config.base_model, config.teacher_model):
+    if not config.tokenizer and not same_tokenizer(config.base_model, config.teacher_model):
         raise ConfigError(
             "teacher_base_model",
             f"{config.teacher_model} does not share the student's tokenizer ({config.base_model})",
         )
     check_task_runner(config)
     plan = load_distill_plan(config)
+    check_same_renderer(config, plan.renderer)
     if config.teacher_sft is not None and not config.teacher_checkpoint:
         from flows.sft.plan import check_sft_config
 

@@ -37,7 +37,7 @@ from flows.rl.recipes import join_payloads
 from flows.rl.recipes.context import LossContext
 from whitney.advantages import all_zero, group_mean_advantages, leave_one_out_baseline
 from whitney.datums import tensor
-from whitney.tokenizers import Tokenizer
+from whitney.renderers import Prompt, Renderer
 
 ADVANTAGE_ESTIMATORS: dict[str, Callable[[list[float]], list[float]]] = {
     "grpo": functools.partial(group_mean_advantages, normalize_std=True),
@@ -62,17 +62,21 @@ class GroupScore:
 
 def score_group(
     environment: Environment,
-    tokenizer: Tokenizer,
-    prompt: str,
+    renderer: Renderer,
+    prompt: Prompt,
     sample: dict[str, Any],
     estimator: str,
 ) -> GroupScore:
-    """Decode each sequence, reward it, and turn the rewards into advantages."""
+    """Parse each sequence (its text before the stop token), reward it, and turn the rewards
+    into advantages."""
     rewards = [
         float(
             environment.reward(
                 prompt,
-                Completion(tokenizer.decode(sequence["tokens"]), sequence["stop_reason"] == "stop"),
+                Completion(
+                    renderer.parse_response(sequence["tokens"])["content"],
+                    sequence["stop_reason"] == "stop",
+                ),
             )
         )
         for sequence in sample["sequences"]
@@ -82,7 +86,7 @@ def score_group(
 
 SampleGroups = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
 """Sample a list of requests in order (submitted together or one by one)."""
-ScoreGroup = Callable[[str, dict[str, Any]], GroupScore]
+ScoreGroup = Callable[[Prompt, dict[str, Any]], GroupScore]
 """The score of a prompt's sample."""
 
 
@@ -91,7 +95,7 @@ class Group:
     """A group as it goes to the loss: its latest sample and score, and its history."""
 
     index: int
-    prompt: str
+    prompt: Prompt
     request: dict[str, Any]
     sample: dict[str, Any]
     score: GroupScore
@@ -176,7 +180,7 @@ def build_training_batch(
     cycle: int,
     run_id: str,
     sampler_id: str,
-    prompts: Sequence[str],
+    prompts: Sequence[Prompt],
     requests: Sequence[dict[str, Any]],
     samples: Sequence[dict[str, Any]],
     sample_groups: SampleGroups,
@@ -188,8 +192,8 @@ def build_training_batch(
     cycle keeps its shape (forward_backward, optim_step) and trains nothing."""
     config = plan.config
 
-    def score(prompt: str, sample: dict[str, Any]) -> GroupScore:
-        return score_group(plan.environment, plan.tokenizer, prompt, sample, config.advantages)
+    def score(prompt: Prompt, sample: dict[str, Any]) -> GroupScore:
+        return score_group(plan.environment, plan.renderer, prompt, sample, config.advantages)
 
     first = [
         Group(index, prompt, request, sample, score(prompt, sample))

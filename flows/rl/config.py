@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flows.core.config import BudgetField, FlowConfig, PricesField
+from flows.core.config import BudgetField, FlowConfig, MaxStalenessField, PricesField
 from flows.core.evaluation.config import EvalSettings
 from whitney.losses import LOSS_FUNCTIONS
 
@@ -105,6 +105,13 @@ class RLConfig(FlowConfig):
         "that publishes the next cycle's sampler (named cycle-{n+1}) back to back, without "
         "waiting in between; the same training as one call after another",
     )
+    max_staleness: MaxStalenessField
+    proximal_clip: bool = Field(
+        default=True,
+        description="Off-policy (staleness > 0), a clipped loss (ppo, gspo, dppo, dro) clips "
+        "around the current weights and weighs each token by its truncated importance weight "
+        "(decoupled PPO); false: around the sampler's weights",
+    )
     eval_every: int = Field(
         default=0,
         ge=0,
@@ -125,4 +132,6 @@ class RLConfig(FlowConfig):
             max_tokens=self.max_tokens,
             temperature=self.temperature,
             seed=self.seed,
+            tokenizer=self.tokenizer,
+            renderer=self.renderer,
         )

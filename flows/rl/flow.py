@@ -36,6 +36,11 @@ snapshots, and therefore the samples and the adapter, are those of one call afte
 the seq-id layout differs (a cycle's ids no longer start with its save_weights_for_sampler). A
 retried cycle resubmits the same ids and replays.
 
+Off-policy (`max_staleness` > 0, flows.core.staleness): a cycle also requests the samples of
+the later cycles its sampler serves, which the server samples while this cycle trains, and
+reads its own back from the journal when an earlier cycle requested them (`sample_cycle`);
+clipped losses then clip around the current weights (flows.rl.off_policy).
+
 One thing pipelining changes: operations are on the server before the one ahead of them has
 answered. If that one is refused before it is journaled (a 4xx), its seq id stays a gap and
 those behind it would wait out the server's gap timeout; if it fails in execution, they run
@@ -65,7 +70,9 @@ from flows.core.connection import resolve_connection
 from flows.core.cost import format_cost, format_usage
 from flows.core.cycles import RunRecords, by_run, cycle_client, record_cycle, run_cycles, run_rows
 from flows.core.evaluation.sampler import evaluate_after_cycle
+from flows.core.sampling_ahead import CycleSamples, sample_ahead
 from flows.core.sequenced_client import Call, OperationLog, SequencedClient
+from flows.core.staleness import SampleBlock, Schedule
 from flows.core.summary import first_and_last
 from flows.core.training import end_training_run, start_training_run
 from flows.rl.auxiliary import (
@@ -79,6 +86,7 @@ from flows.rl.auxiliary import (
 from flows.rl.batch import GroupScore, build_training_batch
 from flows.rl.config import RLConfig
 from flows.rl.metrics import CycleMetrics, RLResult, learning_curves
+from flows.rl.off_policy import decouple, decouples, logprobs_requests
 from flows.rl.plan import RLPlan, check_rl_config, load_rl_plan
 from tasks.names import cycle_name
 from whitney import wire
@@ -182,6 +190,33 @@ def run_tail(
     )
 
 
+def sample_cycle(
+    plan: RLPlan,
+    client: SequencedClient,
+    cycle: int,
+    run_id: str,
+    sampler_id: str,
+    schedule: Schedule,
+    presampled: Sequence[SampleBlock],
+) -> CycleSamples:
+    """The cycle's samples. On-policy (max_staleness 0): its own requests on `sampler_id`,
+    together or one by one. Off-policy: `flows.core.sampling_ahead.sample_ahead`."""
+    config = plan.config
+    if config.max_staleness == 0:
+        calls = [Call("sample", request, sampler_id) for request in plan.sample_requests(cycle)[1]]
+        operations = client.run_calls(run_id, calls, together=config.concurrent_sampling)
+        return CycleSamples(sampler_id, [op.result or {} for op in operations], [])
+    return sample_ahead(
+        client,
+        run_id,
+        cycle,
+        sampler_id,
+        schedule,
+        lambda later: plan.sample_requests(later)[1],
+        presampled,
+    )
+
+
 def run_cycle(
     plan: RLPlan,
     client: SequencedClient,
@@ -189,13 +224,17 @@ def run_cycle(
     run_id: str,
     sampler_id: str | None = None,
     auxiliary: Sequence[AuxiliaryHandle] = (),
+    first_cycle: int = 0,
+    presampled: Sequence[SampleBlock] = (),
 ) -> CycleMetrics:
     """The loop body of one cycle, every call through `client` (the cycle's ledger).
 
     `sampler_id`: the sampler the previous cycle published (pipelined); None: this cycle
-    publishes its own first. The tail is `run_tail`. `auxiliary`: the runs
-    the recipe declared (their seq ids are in the ledger too); the middle of the cycle
-    (scores, resampling, build_loss, the recipe's finish_cycle) is `flows.rl.batch`.
+    publishes its own first. Its samples come from `sample_cycle` (with max_staleness, from
+    an older sampler; `first_cycle` is the flow run's, `presampled` the later cycles' requests
+    already made). The tail is `run_tail`. `auxiliary`: the runs the recipe declared (their
+    seq ids are in the ledger too); the middle of the cycle (scores, resampling, build_loss,
+    the recipe's finish_cycle) is `flows.rl.batch`.
     """
     started_at = datetime.now(UTC)
     started = time.perf_counter()
@@ -204,11 +243,13 @@ def run_cycle(
     if sampler_id is None:
         sampler_id = publish_sampler(client, run_id, cycle, named=config.pipelined)
     prompts, requests = plan.sample_requests(cycle)
+    schedule = Schedule(config.max_staleness, first_cycle, config.checkpoint_every, config.cycles)
+    sampling = sample_cycle(plan, client, cycle, run_id, sampler_id, schedule, presampled)
 
     def sample(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """One sample result per request, on the next seq ids: submitted together, or one
-        after another (the same ids either way)."""
-        calls = [Call("sample", request, sampler_id) for request in requests]
+        """One sample result per request on the cycle's sampler, on the next seq ids:
+        submitted together, or one after another (the same ids either way)."""
+        calls = [Call("sample", request, sampling.sampler_id) for request in requests]
         operations = client.run_calls(run_id, calls, together=config.concurrent_sampling)
         return [operation.result or {} for operation in operations]
 
@@ -217,13 +258,19 @@ def run_cycle(
         client,
         cycle,
         run_id,
-        sampler_id,
+        sampling.sampler_id,
         prompts,
         requests,
-        sample(requests),
+        sampling.samples,
         sample,
         auxiliary,
     )
+    staleness = schedule.staleness_of(cycle)
+    payload, kl_sample_train = batch.payload, None
+    if decouples(payload["loss_function"], staleness, config.proximal_clip):
+        calls = [Call("logprobs", request, sampler_id) for request in logprobs_requests(payload)]
+        current = [row for op in client.run_block(run_id, calls) for row in op.result["logprobs"]]
+        payload, kl_sample_train = decouple(payload, current)
     checkpoint = checkpoint_due(cycle, config.checkpoint_every, config.cycles)
     if checkpoint:
         save_auxiliary_checkpoints(client, auxiliary, cycle)  # a critic's, beside the policy's
@@ -232,12 +279,13 @@ def run_cycle(
         client,
         run_id,
         cycle,
-        batch.payload,
+        payload,
         optimizer,
         checkpoint=checkpoint,
         pipelined=config.pipelined,
         last=cycle == config.cycles - 1,
     )
+    sampling.wait_ahead(client)  # the later cycles' samples ran beside this training
     metrics = cycle_metrics(
         cycle,
         started_at,
@@ -248,6 +296,8 @@ def run_cycle(
         client.log,
         time.perf_counter() - started,
     )
+    if kl_sample_train is not None:  # the datums carry the current weights' logprobs
+        metrics = metrics.model_copy(update={"kl_sample_train": kl_sample_train})
     evaluation = evaluate_after_cycle(  # {} unless due; after the numbers above are taken
         client, run_id, cycle, config.eval_every, config.cycles, plan.evaluation
     )
@@ -258,6 +308,9 @@ def run_cycle(
             "recipe_metrics": batch.recipe_metrics,
             "auxiliary_seq_end": seq_ends(auxiliary, client.ledger),
             "checkpoint": tail.checkpoint,
+            "sampler_id": sampling.sampler_id,
+            "staleness": staleness,
+            "presampled": sampling.presampled_after(cycle, presampled),
             **evaluation,
         }
     )
@@ -292,17 +345,24 @@ def rl_cycle(
     whitney_block: str | None = None,
     sampler_id: str | None = None,
     auxiliary: list[AuxiliaryHandle] | None = None,
+    first_cycle: int = 0,
+    presampled: list[SampleBlock] | None = None,
 ) -> CycleMetrics:
     """One RL cycle from `seq_start`; returns its metrics, with the seq id the next starts at.
     `sampler_id`: the sampler the previous cycle published (pipelined), else None.
     `auxiliary`: the recipe's auxiliary runs, each with the seq id this cycle starts at.
+    `first_cycle`: the flow run's first cycle; `presampled`: the sample requests earlier
+    cycles made for this one and later ones (max_staleness > 0).
 
     Retried by replaying: the same calls with the same seq ids, answered from the journal.
     """
     auxiliary = auxiliary or []
     starts = {run_id: seq_start, **ledger_starts(auxiliary)}
     client = cycle_client(config, whitney_block, starts)
-    metrics = run_cycle(load_rl_plan(config), client, cycle, run_id, sampler_id, auxiliary)
+    plan = load_rl_plan(config)
+    metrics = run_cycle(
+        plan, client, cycle, run_id, sampler_id, auxiliary, first_cycle, presampled or []
+    )
     names = {run_id: "policy", **{handle.run_id: handle.name for handle in auxiliary}}
     record_cycle(metrics, by_run(client.log.operations, names))
     return metrics
@@ -340,7 +400,18 @@ def rl_flow(config: RLConfig, whitney_block: str | None = None) -> RLResult:
     ) -> CycleMetrics:
         seq, auxiliary = position(previous)
         sampler_id = cycle_name(cycle) if previous is not None and config.pipelined else None
-        return cycle_flow(config, cycle, run_id, seq, whitney_block, sampler_id, auxiliary)
+        presampled = previous.presampled if previous is not None else []
+        return cycle_flow(
+            config,
+            cycle,
+            run_id,
+            seq,
+            whitney_block,
+            sampler_id,
+            auxiliary,
+            start.first_cycle,
+            presampled,
+        )
 
     cycles = range(start.first_cycle, config.cycles)
     last = run_cycles(rl_cycle, config, cycles, step, records=records, guard=guard)

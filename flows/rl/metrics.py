@@ -9,6 +9,7 @@ from pydantic import Field
 from flows.core.cycles import CycleResult
 from flows.core.evaluation.plan import EvalMetrics
 from flows.core.plots import Line, Panel
+from flows.core.staleness import SampleBlock
 from flows.core.training import TrainingResult
 
 
@@ -35,6 +36,14 @@ class CycleMetrics(CycleResult):
     auxiliary_seq_end: dict[str, int] = Field(
         default_factory=dict,
         description="Seq id the next cycle starts at on each auxiliary run (critic, reference)",
+    )
+    sampler_id: str = Field(default="", description="The sampler the cycle's groups came from")
+    staleness: int = Field(
+        default=0, description="Optimizer steps between that sampler and the trained weights"
+    )
+    presampled: list[SampleBlock] = Field(
+        default_factory=list,
+        description="Later cycles' sample requests already submitted (max_staleness > 0)",
     )
     loss: float
     grad_norm: float

@@ -13,9 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from flows.core.config import ConfigError, check_resume_from
+from flows.core.config import ConfigError, check_max_staleness, check_resume_from
 from flows.core.environments import Environment, load_environment
 from flows.core.evaluation.plan import EvalPlan, load_eval_plan
+from flows.core.rendering import config_renderer
 from flows.core.seeds import derive_seed
 from flows.rl.config import RLConfig
 from flows.rl.recipes import (
@@ -30,26 +31,26 @@ from flows.rl.recipes.reference_kl import with_reference_kl
 from whitney.errors import InvalidLossConfig, Unprocessable
 from whitney.losses import PROVIDER_LOSS_SUPPORT, require_advertised_loss, validate_loss_config
 from whitney.payloads import sample_request
-from whitney.tokenizers import Tokenizer, get_tokenizer
+from whitney.renderers import Prompt, Renderer, as_messages
 
 
 @dataclass(frozen=True)
 class RLPlan:
-    """The recipe, environment and tokenizer of an RL config."""
+    """The recipe, environment and renderer (with its tokenizer) of an RL config."""
 
     config: RLConfig
     recipe: Recipe
     environment: Environment
-    tokenizer: Tokenizer
+    renderer: Renderer
     evaluation: EvalPlan | None = None
     """The inline evaluation's eval set (None with eval_every 0)."""
 
-    def prompt_tokens(self, prompt: str) -> list[int]:
-        """The prompt's token ids, after the tokenizer's BOS where it has one."""
-        bos = getattr(self.tokenizer, "bos_id", None)
-        return ([bos] if bos is not None else []) + self.tokenizer.encode(prompt)
+    def prompt_tokens(self, prompt: Prompt) -> list[int]:
+        """The prompt's token ids: the renderer's generation prompt of its messages (text is
+        one user turn; raw: BOS, where the tokenizer has one, and the text)."""
+        return self.renderer.build_generation_prompt(as_messages(prompt))
 
-    def sample_requests(self, cycle: int) -> tuple[list[str], list[dict[str, Any]]]:
+    def sample_requests(self, cycle: int) -> tuple[list[Prompt], list[dict[str, Any]]]:
         """The cycle's prompts and one SampleRequest per prompt (group_size samples each),
         seeded from (config seed, cycle, prompt index)."""
         config = self.config
@@ -62,7 +63,7 @@ class RLPlan:
                 config.group_size,
                 max_tokens=config.max_tokens,
                 temperature=config.temperature,
-                stop_token_ids=[self.tokenizer.eos_id],
+                stop_token_ids=list(self.renderer.stop_tokens),
                 seed=derive_seed(config.seed, cycle, index),
             )
             for index, prompt in enumerate(prompts)
@@ -107,18 +108,15 @@ class DryRunClient:
 
 
 def load_rl_plan(config: RLConfig) -> RLPlan:
-    """Resolve the recipe, environment and tokenizer; ConfigError naming the field if not."""
+    """Resolve the recipe, environment and renderer; ConfigError naming the field if not."""
     recipe = compose_recipe(config)
     try:
         environment = load_environment(config.env)
     except ValueError as error:
         raise ConfigError("env", str(error)) from None
-    try:
-        tokenizer = get_tokenizer(config.base_model)
-    except ValueError as error:
-        raise ConfigError("base_model", str(error)) from None
-    evaluation = load_eval_plan(config.eval_settings(), tokenizer) if config.eval_every else None
-    return RLPlan(config, recipe, environment, tokenizer, evaluation)
+    renderer = config_renderer(config)
+    evaluation = load_eval_plan(config.eval_settings(), renderer) if config.eval_every else None
+    return RLPlan(config, recipe, environment, renderer, evaluation)
 
 
 @dataclass(frozen=True)
@@ -152,7 +150,7 @@ def probe(plan: RLPlan) -> tuple[dict[str, Any], DryRunClient]:
     """The recipe's payload for a made-up group of two sequences, as a dry run, and the
     client that saw every call it made (build_loss and finish_cycle): those calls get
     placeholders, nothing reaches Whitney."""
-    eos = plan.tokenizer.eos_id
+    eos = plan.renderer.stop_tokens[0]
     request = sample_request(plan.prompt_tokens("probe"), 2, max_tokens=2)
     sample = {
         "sequences": [
@@ -217,6 +215,11 @@ def validate_payload(provider: str, payload: dict[str, Any], run: AuxiliaryRun |
 def check_rl_config(config: RLConfig) -> RLPlan:
     """The plan of a config the provider will accept; ConfigError naming the field if not."""
     check_resume_from(config.resume_from, config.cycles)
+    check_max_staleness(
+        config.max_staleness,
+        pipelined=config.pipelined,
+        concurrent_sampling=config.concurrent_sampling,
+    )
     try:
         require_advertised_loss(config.provider, config.loss, PROVIDER_LOSS_SUPPORT)
     except ValueError as error:

@@ -36,13 +36,15 @@ EVAL_MAX_TOKENS = 64
 
 
 class SFTConfig(FlowConfig):
-    """Supervised fine-tuning: (prompt, completion) pairs, cross_entropy on the completion
-    tokens, batches of `batch_size`, a learning-rate schedule, eval loss on a held-out split."""
+    """Supervised fine-tuning: (prompt, completion) pairs or conversations, rendered by
+    `renderer`, cross_entropy on the completion (assistant) tokens, batches of `batch_size`, a
+    learning-rate schedule, eval loss on a held-out split."""
 
     data_path: str | None = Field(
         default=None,
-        description='JSONL file of {"prompt": str, "completion": str} objects, one per '
-        "line; empty: the built-in corpus (312 Q/A pairs about 24 animals)",
+        description='JSONL file, one example per line: {"prompt": str, "completion": str}, '
+        'or a conversation {"messages": [{"role": ..., "content": ...}, ...]} (trained on its '
+        "assistant turns); empty: the built-in corpus (312 Q/A pairs about 24 animals)",
     )
     steps: int = Field(
         default=DEFAULT_STEPS, ge=1, le=10_000_000, description="Optimizer steps in total"
@@ -104,6 +106,8 @@ class SFTConfig(FlowConfig):
             samples=4,
             max_tokens=EVAL_MAX_TOKENS,
             seed=self.seed,
+            tokenizer=self.tokenizer,
+            renderer=self.renderer,
         )
 
     @field_validator("cycles")

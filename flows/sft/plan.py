@@ -1,10 +1,12 @@
 """An SFT flow's data and step plan, resolved from its config and checked before anything is
 allocated.
 
-`load_sft_plan(config)` reads the (prompt, completion) pairs (`config.data_path`, or the
-built-in corpus of `flows.sft.corpus`), tokenizes them with the base model's tokenizer (BOS +
-prompt, completion + EOS) into `sft_datum`s (Whitney's Loop building blocks), holds out the eval
-split, and fixes which examples every optimizer step trains on: a pure function of (seed, step),
+`load_sft_plan(config)` reads the examples (`config.data_path`, or the built-in corpus of
+`flows.sft.corpus`): (prompt, completion) pairs and conversations. The config's renderer
+(`flows.core.rendering`) turns each into tokens and the mask of its assistant turns, one
+cross_entropy datum each (with the raw renderer a pair is BOS + prompt, completion + EOS: the
+`sft_datum` of Whitney's Loop building blocks). It holds out the eval split, and fixes which
+examples every optimizer step trains on: a pure function of (seed, step),
 so a replayed or resumed cycle sends byte-identical payloads. `check_sft_config` is the
 fail-closed step the flow and the CLI run first (exit 2 naming the field, and the line of a bad
 example).
@@ -22,14 +24,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flows.core.config import ConfigError, check_resume_from
+from flows.core.rendering import config_renderer
 from flows.core.seeds import derive_seed
 from flows.sft.config import SFTConfig
 from flows.sft.corpus import DATA_FIELD, Example, builtin_examples, read_examples
 from flows.sft.schedules import scheduled_rate
-from whitney.datums import Datum, sft_datum
+from whitney.datums import Datum
 from whitney.errors import Unprocessable
 from whitney.losses import PROVIDER_LOSS_SUPPORT, require_advertised_loss, validate_loss_config
-from whitney.tokenizers import Tokenizer, get_tokenizer
+from whitney.renderers import Renderer
 
 LOSS_FUNCTION = "cross_entropy"
 EVAL_CHUNK = 64
@@ -37,12 +40,10 @@ EVAL_CHUNK = 64
 SPLIT_SALT = b"whitney-flows eval split\x00"
 
 
-def example_tokens(tokenizer: Tokenizer, example: Example) -> tuple[list[int], list[int]]:
-    """(prompt tokens, completion tokens): BOS (where the tokenizer has one) + the prompt,
-    and the completion + EOS."""
-    bos = getattr(tokenizer, "bos_id", None)
-    prompt = ([bos] if bos is not None else []) + tokenizer.encode(example.prompt)
-    return prompt, tokenizer.encode(example.completion) + [tokenizer.eos_id]
+def example_tokens(renderer: Renderer, example: Example) -> tuple[list[int], list[int]]:
+    """(prompt tokens, completion tokens) of the example's last assistant turn as `renderer`
+    renders it (raw, a pair: BOS + prompt, and the completion + EOS)."""
+    return renderer.build_supervised(example.conversation()).last_turn()
 
 
 def held_out(examples: Sequence[Example], fraction: float) -> set[int]:
@@ -55,8 +56,7 @@ def held_out(examples: Sequence[Example], fraction: float) -> set[int]:
 
     def rank(index: int) -> tuple[bytes, int]:
         example = examples[index]
-        text = f"{example.prompt}\x00{example.completion}".encode()
-        return hashlib.sha256(SPLIT_SALT + text).digest(), index
+        return hashlib.sha256(SPLIT_SALT + example.text().encode()).digest(), index
 
     return set(sorted(range(len(examples)), key=rank)[:count])
 
@@ -76,22 +76,26 @@ class SFTData:
 
 def tokenize(
     examples: Sequence[Example],
-    tokenizer: Tokenizer,
+    renderer: Renderer,
     source: str,
     eval_fraction: float,
     max_example_tokens: int,
 ) -> SFTData:
-    """Datums of the examples, split; ConfigError naming the line of an example too long."""
+    """Datums of the examples, split; ConfigError naming the line of an example too long or
+    one the renderer refuses."""
     datums = []
     for example in examples:
-        prompt, completion = example_tokens(tokenizer, example)
-        if len(prompt) + len(completion) > max_example_tokens:
+        try:
+            rendered = renderer.build_supervised(example.conversation())
+        except ValueError as error:
+            raise ConfigError(DATA_FIELD, f"{source} line {example.line}: {error}") from None
+        if len(rendered.tokens) > max_example_tokens:
             raise ConfigError(
                 DATA_FIELD,
-                f"{source} line {example.line}: {len(prompt) + len(completion)} tokens, more "
+                f"{source} line {example.line}: {len(rendered.tokens)} tokens, more "
                 f"than max_example_tokens={max_example_tokens}",
             )
-        datums.append(sft_datum(prompt, completion))
+        datums.append(rendered.datum())
     evaluated = held_out(examples, eval_fraction)
     if len(evaluated) >= len(examples):
         raise ConfigError(
@@ -121,20 +125,18 @@ def load_data(config: SFTConfig) -> SFTData:
         file_key: tuple = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     else:
         file_key = ("builtin",)
-    key = (file_key, config.base_model, config.eval_fraction, config.max_example_tokens)
+    rendering = (config.base_model, config.tokenizer, config.renderer)
+    key = (file_key, rendering, config.eval_fraction, config.max_example_tokens)
     with _data_lock:
         cached = _data_cache.get(key)
     if cached is not None:
         return cached
-    try:
-        tokenizer = get_tokenizer(config.base_model)
-    except ValueError as error:
-        raise ConfigError("base_model", str(error)) from None
+    renderer = config_renderer(config)
     if config.data_path:
         examples, source = read_examples(config.data_path), str(config.data_path)
     else:
         examples, source = builtin_examples(), "built-in corpus"
-    data = tokenize(examples, tokenizer, source, config.eval_fraction, config.max_example_tokens)
+    data = tokenize(examples, renderer, source, config.eval_fraction, config.max_example_tokens)
     with _data_lock:
         if len(_data_cache) >= DATA_CACHE_SIZE:
             _data_cache.pop(next(iter(_data_cache)))

@@ -94,11 +94,25 @@ def test_prefix_sum_is_left_to_right_and_padding_changes_nothing() -> None:
     assert torch.equal(exact.prefix_sum(padded), exact.prefix_sum(x))
 
 
-def test_log_softmax_rows_do_not_depend_on_the_other_rows() -> None:
-    """The engine leaves log_softmax over the vocabulary to torch's last-dim kernel, which
-    works row by row with vector code; the sampler and the trainer rely on that."""
+def test_log_softmax_is_the_float64_one_and_its_rows_do_not_depend_on_the_others() -> None:
     logits = random_rows(8, (200, 260), spread=1.0) * 3
-    alone = torch.cat([logits[i : i + 1].log_softmax(-1) for i in range(200)])
+    alone = torch.cat([exact.log_softmax(logits[i : i + 1]) for i in range(200)])
     for rows in (2, 7, 31, 64, 65, 200):
-        assert torch.equal(logits[:rows].log_softmax(-1), alone[:rows])
-    assert torch.equal(logits.view(8, 25, 260).log_softmax(-1).view(200, 260), alone)
+        assert torch.equal(exact.log_softmax(logits[:rows]), alone[:rows])
+    assert torch.equal(exact.log_softmax(logits.view(8, 25, 260)).view(200, 260), alone)
+    wide = logits.double()
+    reference = (wide - torch.logsumexp(wide, -1, keepdim=True)).float()
+    ulp = torch.finfo(torch.float32).eps * reference.abs().clamp(min=1.0)
+    assert ((alone - reference).abs() <= ulp).all()
+    masked = logits[:3].masked_fill(logits[:3] < 0, float("-inf"))
+    assert torch.equal(exact.log_softmax(masked).isinf(), masked.isinf())
+
+
+def test_log_softmax_has_torchs_gradient() -> None:
+    logits = random_rows(9, (4, 260), spread=1.0).requires_grad_()
+    weights = torch.linspace(-1, 1, 260)
+    (exact.log_softmax(logits) * weights).sum().backward()
+    ours = logits.grad.clone()
+    logits.grad = None
+    (logits.log_softmax(-1) * weights).sum().backward()
+    assert torch.equal(ours, logits.grad)

@@ -17,6 +17,7 @@ from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.datums import sft_datum
 from whitney.payloads import adamw_optimizer, forward_backward_payload
+from whitney.renderers import get_renderer
 from whitney.tokenizers import get_tokenizer
 
 
@@ -52,7 +53,7 @@ def make_teacher_checkpoint(
     """A teacher: `steps` cross_entropy steps on the built-in corpus's training split, then
     save_state; its checkpoint URI. Every operation is submitted at once with explicit seq ids
     (the server runs them in order), so a slow server costs one round trip, not 2 * steps."""
-    tokenizer = get_tokenizer(base_model)
+    renderer = get_renderer("raw", get_tokenizer(base_model), base_model)
     examples = builtin_examples()
     evaluated = held_out(examples, 0.1)
     train = [example for index, example in enumerate(examples) if index not in evaluated]
@@ -61,7 +62,7 @@ def make_teacher_checkpoint(
     rng = random.Random(seed)
     calls: list[tuple[str, dict]] = []
     for _ in range(steps):
-        data = [sft_datum(*example_tokens(tokenizer, e)) for e in rng.sample(train, 16)]
+        data = [sft_datum(*example_tokens(renderer, e)) for e in rng.sample(train, 16)]
         calls.append(("forward_backward", forward_backward_payload(data, "cross_entropy")))
         calls.append(("optim_step", {"optimizer": adamw_optimizer(learning_rate)}))
     calls.append(("save_state", {"name": "teacher"}))

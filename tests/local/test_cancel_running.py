@@ -72,12 +72,13 @@ def small_sampler_run(api: httpx.Client, session_id: str | None = None) -> str:
 
 
 def test_cancel_stops_a_running_sample_batch(api):
-    run_id = small_sampler_run(api)
-    # 3 before 2, so that both are queued when 2 arrives: they run as one batch
-    for seq_id in (3, 2):
+    run_id = new_run(api, base_model="local/small", lora_rank=8)["run_id"]
+    # both queued before seq_id 1 publishes their sampler: they run as one batch
+    for seq_id in (2, 3):
         assert post_op(api, run_id, seq_id, "sample", LONG_SAMPLE, "s").status_code == 200
     queued = post_op(api, run_id, 4, "logprobs", {"sequences": [{"token_ids": [1, 2]}]}, "s")
     assert queued.status_code == 200, queued.text
+    assert post_op(api, run_id, 1, "save_weights_for_sampler", {"name": "s"}).status_code == 200
     wait_running(api, run_id, 2, into_s=2.0)
     assert op_status(api, run_id, 3) == "running"
     stopped_within_claim(

@@ -3,6 +3,7 @@ seq_gap, sampler snapshots, checkpoints, overlap of runs, and a restart of the s
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -126,11 +127,21 @@ def test_shuffled_concurrent_submission_equals_in_order(embedded_server):
         got = [wait_op(api, shuffled, seq) for seq in range(1, len(ops) + 1)]
     assert [comparable(op) for op in got] == [comparable(op) for op in expected]
     assert got[-1]["result"]["sha256"] == expected[-1]["result"]["sha256"]
-    # executed strictly in seq_id order, each once
+    # each once; run operations strictly in seq_id order, each sampler operation after the
+    # save_weights_for_sampler that published its sampler
     rows = journal_rows(embedded_server, shuffled)
-    starts = [row["started_at"] for row in rows]
-    assert starts == sorted(starts)
     assert all(row["executions"] == 1 for row in rows)
+    training = [row for row in rows if row["kind"] not in ("sample", "logprobs")]
+    starts = [row["started_at"] for row in training]
+    assert starts == sorted(starts)
+    published = {
+        json.loads(row["payload"])["name"]: row["finished_at"]
+        for row in training
+        if row["kind"] == "save_weights_for_sampler"
+    }
+    for row in rows:
+        if row["kind"] in ("sample", "logprobs"):
+            assert row["started_at"] >= published[row["sampler_id"]], row["seq_id"]
 
 
 def test_seq_conflict(embedded_server, whitney_client):

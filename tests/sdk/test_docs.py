@@ -146,6 +146,15 @@ def test_the_engine_serves_every_loss_name_of_the_sdk():
     assert served == set(losses.LOSS_FUNCTIONS)
 
 
+def test_the_off_policy_section_is_the_codes():
+    text = section(LOSSES, "## Off-policy datums (`max_staleness` > 0)")
+    decoupled = text.split("decoupled clipping")[0].rsplit("\n- ", 1)[1]
+    named = set(re.findall(r"`(\w+)`", decoupled)) - {"ppo_critic"}
+    assert named == set(constant(ROOT / "flows" / "rl" / "off_policy.py", "DECOUPLED_LOSSES"))
+    (cap,) = set(re.findall(r"min\(exp\(p_t - q_t\), ([\d.]+)\)", text))
+    assert float(cap) == constant(ROOT / "flows" / "rl" / "off_policy.py", "BEHAVIOUR_WEIGHT_CAP")
+
+
 def test_every_loss_has_a_section_and_nothing_else_does():
     documented = re.findall(r"^## `(\w+)`$", LOSSES, re.M)
     assert sorted(documented) == sorted(losses.LOSS_FUNCTIONS)

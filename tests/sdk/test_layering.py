@@ -15,6 +15,9 @@ MODULES = (
     "whitney.advantages",
     "whitney.payloads",
     "whitney.client",
+    "whitney.hf_cache",
+    "whitney.tokenizers",
+    "whitney.renderers",
 )
 
 

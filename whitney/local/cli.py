@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from whitney.hf_cache import cache_dir
 from whitney.local.config import (
     API_KEYS_ENV,
     DEFAULT_GAP_TIMEOUT_S,
@@ -133,6 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="a directory `hf:<path>` base models may be loaded from (repeatable); without "
         "one, hf: models come only from the local Hugging Face cache",
     )
+    parser.add_argument(
+        "--hf-cache",
+        type=Path,
+        metavar="DIR",
+        help="the Hugging Face cache whose Llama and Qwen2 checkpoints are served by repo id "
+        "(owner/name) and listed in the capabilities (default: $HF_HUB_CACHE, else "
+        "$HF_HOME/hub, else ~/.cache/huggingface/hub)",
+    )
     limits = parser.add_argument_group("limits (docs/api.md, Limits; in the capabilities)")
     for name, default in Limits().document().items():
         limits.add_argument(
@@ -220,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
             session_ttl_s=args.session_ttl_s,
             limits=Limits(**{name: getattr(args, name) for name in LIMIT_HELP}),
             hf_dirs=tuple(path.expanduser().resolve() for path in args.hf_dir),
+            hf_cache=(args.hf_cache or cache_dir()).expanduser().resolve(),
         )
         try:
             service = WhitneyService(config)

@@ -7,6 +7,7 @@ import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from whitney.hf_cache import cache_dir
 from whitney.local.limits import Limits
 
 API_KEYS_ENV = "WHITNEY_LOCAL_API_KEYS"
@@ -64,9 +65,14 @@ class ServerConfig:
     hf_dirs: tuple[Path, ...] = ()
     """Directories an `hf:<path>` base model may be loaded from (`serve --hf-dir`); besides
     them, `hf:<repo id>` resolves only from the local Hugging Face cache."""
+    hf_cache: Path = field(default_factory=cache_dir)
+    """The Hugging Face cache whose Llama and Qwen2 checkpoints are served by repo id
+    (`serve --hf-cache`; default: $HF_HUB_CACHE, else $HF_HOME/hub, else
+    ~/.cache/huggingface/hub, when the server starts)."""
 
     def __post_init__(self) -> None:
         self.data_dir = Path(self.data_dir)
+        self.hf_cache = Path(self.hf_cache)
         if not self.api_keys:
             raise ValueError("at least one API key is required")
         for name in ("fail_before_rate", "drop_after_commit_rate"):

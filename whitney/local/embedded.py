@@ -123,6 +123,7 @@ class EmbeddedWhitney:
         post_wait_s: float = DEFAULT_POST_WAIT_S,
         limits: Limits | None = None,
         hf_dirs: tuple[Path, ...] = (),
+        hf_cache: str | Path | None = None,
         session_ttl_s: float = DEFAULT_SESSION_TTL_S,
         host: str = "127.0.0.1",
     ) -> None:
@@ -141,6 +142,8 @@ class EmbeddedWhitney:
             "hf_dirs": tuple(Path(d).resolve() for d in hf_dirs),
             "session_ttl_s": session_ttl_s,
         }
+        if hf_cache is not None:  # else the environment's, when the server starts
+            self._settings["hf_cache"] = Path(hf_cache)
         self.data_dir: Path | None = None
         self.port: int | None = None
         self.service: Any = None

@@ -1,11 +1,19 @@
-"""The ordered executor: one worker thread per run runs its operations strictly in seq_id order.
+"""The ordered executor: one worker per run, with two lanes that keep seq_id order where it
+matters.
 
-An operation is journaled `pending` before it gets here. The worker executes the operation at
-the run's frontier (the lowest seq_id not yet terminal); an operation ahead of a missing seq_id
-waits for the gap to fill, and fails with `seq_gap` once it has waited `gap_timeout_s` (the
-POST that submitted it had already been answered: the failure is the operation's terminal
-status, with `error.type == "seq_gap"`). Consecutive `sample` operations on one sampler run as
-one batched engine call when the engine declares batching bitwise batch-invariant.
+An operation is journaled `pending` before it gets here. The training lane runs the run
+operations (forward_backward, optim_step, save_weights_for_sampler, save_state, ...) strictly
+in seq_id order: one runs once every seq_id before it is journaled and every run operation
+before it is terminal. The sampler lane runs the sampler operations (sample, logprobs) beside
+it: a sampler operation reads an immutable snapshot and a seed of its own, so nothing the
+training lane does can change its result, and it runs as soon as its sampler is published (or,
+if its sampler is never published, once everything before it is settled: it then fails
+`not_found`, as in seq order). A run's results are therefore those of one call after another in
+seq order, whatever overlaps. An operation ahead of a missing seq_id that it must wait for
+fails with `seq_gap` once it has waited `gap_timeout_s` (the POST that submitted it had already
+been answered: the failure is the operation's terminal status, with `error.type ==
+"seq_gap"`). `sample` operations ready on one sampler run as one batched engine call when the
+engine declares batching bitwise batch-invariant.
 
 Cancelling the run (or closing its session) sets the engine's `interrupt`: the engine checks it
 at every decode step, forward chunk and layer (backward too) and raises `OperationCancelled`,
@@ -40,6 +48,8 @@ from whitney.local.journal import Journal
 log = logging.getLogger("whitney.local.executor")
 
 MAX_SAMPLE_BATCH = 64
+SAMPLER_KINDS = frozenset({"sample", "logprobs"})
+"""The operations of the sampler lane."""
 
 
 def default_seed(run_seed: int, seq_id: int) -> int:
@@ -144,8 +154,12 @@ class RunWorker:
         self.samplers: set[str] = set()
         self._gap_since: float | None = None
         self._stopping = False
+        self._lanes_done = False  # the training lane is leaving: the sampler lane leaves too
         self._thread = threading.Thread(
             target=self._loop, name=f"whitney-run-{self.run_id}", daemon=True
+        )
+        self._sampler_lane = threading.Thread(
+            target=self._sampler_loop, name=f"whitney-run-{self.run_id}-sampler", daemon=True
         )
 
     # ------------------------------------------------------------------ control
@@ -266,35 +280,67 @@ class RunWorker:
         )
         self._conclude(ticket, Outcome("failed", error=error_object(gap)))
 
-    # ------------------------------------------------------------------ the loop
+    # ------------------------------------------------------------------ the lanes
 
-    def _next_batch(self) -> list[Ticket] | None:
-        """Wait for the frontier operation (with cond held); None when the worker must exit."""
+    def _waits_before(self, seq_id: int) -> bool:
+        """Whether a seq_id before `seq_id` is missing or holds a run operation that is not
+        terminal (the caller holds `cond`)."""
+        for seq in range(self.frontier, seq_id):
+            ticket = self.tickets.get(seq)
+            if ticket is None and seq not in self.terminal_ahead:
+                return True  # a gap
+            if ticket is not None and ticket.kind not in SAMPLER_KINDS:
+                return True
+        return False
+
+    def _ready(self, ticket: Ticket) -> bool:
+        """A run operation: nothing before it waits; a sampler operation: its sampler is
+        published, or nothing before it waits (it then runs, and fails if the sampler is
+        missing)."""
+        if ticket.kind in SAMPLER_KINDS and ticket.sampler_id in self.samplers:
+            return True
+        return not self._waits_before(ticket.seq_id)
+
+    def _queued(self, sampler_lane: bool) -> list[Ticket]:
+        """The lane's tickets not running, in seq_id order."""
+        return sorted(
+            (
+                ticket
+                for ticket in self.tickets.values()
+                if not ticket.running and (ticket.kind in SAMPLER_KINDS) == sampler_lane
+            ),
+            key=lambda ticket: ticket.seq_id,
+        )
+
+    def _next_training(self) -> Ticket | None:
+        """Wait for the next run operation to run (with cond held); None when the worker
+        must leave. Fails with seq_gap what waits on a gap for too long (or at all, finishing)."""
         while True:
-            if self._stopping:
+            if self._stopping or self.status == "cancelling":
                 return None
-            if self.status == "cancelling":
-                return None
-            head = self.tickets.get(self.frontier)
-            if head is not None:
+            queued = self._queued(sampler_lane=False)
+            if queued and self._ready(queued[0]):
                 self._gap_since = None
-                return self._batch_from(head)
+                return queued[0]
             if not self.tickets:
                 self._gap_since = None
                 if self.status == "finishing":
                     return None
                 self.cond.wait()
                 continue
-            # operations wait ahead of a gap
+            blocked = [ticket for ticket in self._queued_all() if not self._ready(ticket)]
+            if not blocked:  # only the sampler lane has work
+                self.cond.wait()
+                continue
             if self.status == "finishing":
-                for ticket in sorted(self.tickets.values(), key=lambda t: t.seq_id):
+                for ticket in blocked:
                     self._fail_gap(ticket, immediate=True)
                 continue
             now = time.monotonic()
             if self._gap_since is None:
                 self._gap_since = now
             next_deadline = None
-            for ticket in sorted(self.tickets.values(), key=lambda t: t.seq_id):
+            for ticket in blocked:
                 deadline = max(self._gap_since, ticket.submitted) + self.gap_timeout_s
                 if deadline <= now:
                     self._fail_gap(ticket)
@@ -303,34 +349,76 @@ class RunWorker:
             if next_deadline is not None:
                 self.cond.wait(max(0.0, next_deadline - now))
 
-    def _batch_from(self, head: Ticket) -> list[Ticket]:
+    def _queued_all(self) -> list[Ticket]:
+        return sorted(
+            (ticket for ticket in self.tickets.values() if not ticket.running),
+            key=lambda ticket: ticket.seq_id,
+        )
+
+    def _next_samples(self) -> list[Ticket] | None:
+        """Wait for the next sampler operations to run (with cond held): the first ready one,
+        with the `sample`s ready on its sampler when batching; None when the worker leaves."""
+        while True:
+            if self._stopping or self._lanes_done or self.status == "cancelling":
+                return None
+            ready = [ticket for ticket in self._queued(sampler_lane=True) if self._ready(ticket)]
+            if ready:
+                return self._batch_from(ready)
+            self.cond.wait()
+
+    def _batch_from(self, ready: list[Ticket]) -> list[Ticket]:
+        head = ready[0]
         batch = [head]
         if head.kind == "sample" and self.batch_samples:
-            seq = head.seq_id + 1
-            while len(batch) < MAX_SAMPLE_BATCH:
-                nxt = self.tickets.get(seq)
-                if nxt is None or nxt.kind != "sample" or nxt.sampler_id != head.sampler_id:
-                    break
-                batch.append(nxt)
-                seq += 1
+            batch += [
+                ticket
+                for ticket in ready[1:]
+                if ticket.kind == "sample" and ticket.sampler_id == head.sampler_id
+            ][: MAX_SAMPLE_BATCH - 1]
         return batch
 
-    def _loop(self) -> None:
+    def _run_batch(self, batch: list[Ticket]) -> None:
+        """Execute `batch` (marked running by the caller) and conclude it."""
+        self.journal.mark_running(self.run_id, [ticket.seq_id for ticket in batch])
+        outcomes = self._execute(batch)
+        with self.cond:
+            for ticket, outcome in zip(batch, outcomes, strict=True):
+                ticket.running = False
+                self._conclude(ticket, outcome)
+            self.cond.notify_all()
+
+    def _sampler_loop(self) -> None:
+        """The sampler lane: sampler operations, beside the training lane."""
         try:
             while True:
                 with self.cond:
-                    batch = self._next_batch()
+                    batch = self._next_samples()
                     if batch is None:
-                        break
+                        return
                     for ticket in batch:
                         ticket.running = True
-                self.journal.mark_running(self.run_id, [t.seq_id for t in batch])
-                outcomes = self._execute(batch)
+                self._run_batch(batch)
+        except Exception:  # pragma: no cover - a bug in the worker itself
+            log.exception("run worker %s: the sampler lane crashed", self.run_id)
+            with self.cond:
+                self._crashed = True
+                self.cond.notify_all()
+
+    def _loop(self) -> None:
+        """The training lane, which starts the sampler lane and ends the run."""
+        self._crashed = False
+        self._sampler_lane.start()
+        try:
+            while True:
                 with self.cond:
-                    for ticket, outcome in zip(batch, outcomes, strict=True):
-                        ticket.running = False
-                        self._conclude(ticket, outcome)
-                    self.cond.notify_all()
+                    if self._crashed:
+                        raise RuntimeError("the sampler lane crashed")
+                    ticket = self._next_training()
+                    if ticket is None:
+                        break
+                    ticket.running = True
+                self._run_batch([ticket])
+            self._leave_lanes()
             with self.cond:
                 if not self._stopping:
                     final = "cancelled" if self.status == "cancelling" else "finished"
@@ -338,6 +426,7 @@ class RunWorker:
                     self.engine = None  # release the weights
         except Exception:  # pragma: no cover - a bug in the worker itself
             log.exception("run worker %s crashed", self.run_id)
+            self._leave_lanes()
             with self.cond:
                 error = error_object(InternalError("the run's worker failed"))
                 for ticket in list(self.tickets.values()):
@@ -347,6 +436,13 @@ class RunWorker:
         finally:
             if self.on_exit is not None and not self._stopping:
                 self.on_exit(self.run_id)
+
+    def _leave_lanes(self) -> None:
+        """Tell the sampler lane to leave once its running batch is done, and wait for it."""
+        with self.cond:
+            self._lanes_done = True
+            self.cond.notify_all()
+        self._sampler_lane.join()
 
     # ------------------------------------------------------------------ execution
 

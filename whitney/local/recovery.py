@@ -23,6 +23,7 @@ import sqlite3
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from whitney.errors import InternalError
@@ -95,9 +96,11 @@ def rebuild(
     engine_module: Any,
     hooks: RunHooks,
     interrupt: threading.Event,
+    hf_cache: Path | None = None,
 ) -> Rebuilt:
-    """The run's engine as its succeeded operations left it, and its queue. Setting
-    `interrupt` stops the rebuild (`OperationCancelled`)."""
+    """The run's engine as its succeeded operations left it, and its queue (a Hugging Face
+    base model from `hf_cache`, as the server created it). Setting `interrupt` stops the
+    rebuild (`OperationCancelled`)."""
     run_id, tenant = run["run_id"], run["tenant"]
     start = run["from_checkpoint"]
     engine = engine_module.EngineRun.create(
@@ -107,6 +110,7 @@ def rebuild(
         role=run["role"],
         trainable=run["trainable"],
         checkpoint_dir=None if start is None else hooks.resolve_checkpoint(tenant, start),
+        hf_cache=hf_cache,
     )
     engine.interrupt = interrupt
     base = replay_base(

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from pydantic import ValidationError
 
-from whitney import wire
+from whitney import hf_cache, wire
 from whitney.errors import (
     IdempotencyConflict,
     InternalError,
@@ -35,7 +35,7 @@ from whitney.errors import (
     UnsupportedBaseModel,
     WhitneyError,
 )
-from whitney.local import providers
+from whitney.local import hf_models, providers
 from whitney.local.api_errors import error_object, from_validation_error, not_found
 from whitney.local.config import MAX_WAIT_S, ServerConfig
 from whitney.local.executor import (
@@ -75,7 +75,6 @@ RESTART_CANCELLED = {
 RUN_TERMINAL = wire.RUN_TERMINAL
 OP_TERMINAL = wire.OPERATION_TERMINAL
 HF_PREFIX = "hf:"  # `hf:<repo id>` base models go to the engine, which loads them offline
-HF_REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 @dataclass(frozen=True)
@@ -228,7 +227,12 @@ class WhitneyService:
             started = time.monotonic()
             try:
                 rebuilt = recovery.rebuild(
-                    run, self.journal.replay_rows(run_id), self._engine(), self, self._closing
+                    run,
+                    self.journal.replay_rows(run_id),
+                    self._engine(),
+                    self,
+                    self._closing,
+                    self.config.hf_cache,
                 )
             except Exception as exc:
                 if self._closing.is_set():
@@ -301,8 +305,9 @@ class WhitneyService:
     def capabilities(self) -> dict[str, Any]:
         engine = self._engine()
         max_rank = int(getattr(engine, "MAX_LORA_RANK", DEFAULT_MAX_LORA_RANK))
+        base_models = [*engine.BASE_MODELS, *hf_models.served_repo_ids(self.config.hf_cache)]
         return providers.capabilities(
-            list(engine.BASE_MODELS), max_rank, self.config.limits, self.config.session_ttl_s
+            base_models, max_rank, self.config.limits, self.config.session_ttl_s
         )
 
     def _engine(self) -> Any:
@@ -473,15 +478,15 @@ class WhitneyService:
         check_labels(request.labels, self.config.limits)
         providers.check_run_role(request.provider, request.role)
         engine = self._engine()
-        base_models = tuple(engine.BASE_MODELS)
-        if request.base_model not in base_models and not request.base_model.startswith(HF_PREFIX):
-            raise UnsupportedBaseModel(
-                f"base_model: unknown base model {request.base_model!r} (served: "
-                f"{', '.join(base_models)}, or hf:<repo id> from the local Hugging Face cache)",
-                details={"field": "base_model"},
-            )
         if request.base_model.startswith(HF_PREFIX):
             self._check_hf_source(request.base_model)
+        elif not self._serves(engine, request.base_model):
+            raise UnsupportedBaseModel(
+                f"base_model: {request.base_model!r} is not served (served: "
+                f"{', '.join(engine.BASE_MODELS)}, the Hugging Face repo ids (owner/name) of the "
+                "server's cache that GET /v1/training/capabilities lists, or hf:<repo id>)",
+                details={"field": "base_model"},
+            )
         max_rank = int(getattr(engine, "MAX_LORA_RANK", DEFAULT_MAX_LORA_RANK))
         if request.lora_rank > max_rank:
             raise InvalidRequest(
@@ -520,6 +525,7 @@ class WhitneyService:
                 role=request.role,
                 trainable=request.trainable,
                 checkpoint_dir=checkpoint_dir,
+                hf_cache=self.config.hf_cache,
             )
         except WhitneyError:
             self.journal.delete_run(run_id)
@@ -555,12 +561,26 @@ class WhitneyService:
             frontier=frontier,
         )
 
+    def _serves(self, engine: Any, base_model: str) -> bool:
+        """Whether a plain name is served: a built-in model, or a repo id whose checkpoint in
+        the server's Hugging Face cache the engine serves. Only that repo's own directory of
+        the cache is read, and only for a name shaped like a repo id; every other name gets the
+        same answer before the disk is looked at."""
+        if base_model in engine.BASE_MODELS:
+            return True
+        if not hf_cache.is_repo_id(base_model):
+            return False
+        directory = hf_cache.snapshot(base_model, self.config.hf_cache)
+        if directory is None or not hf_models.has_weights(directory):
+            return False
+        return hf_models.unsupported_reason(hf_models.read_config(directory)) is None
+
     def _check_hf_source(self, base_model: str) -> None:
         """An `hf:` base model is a repo id (the engine loads it from the local Hugging Face
         cache only) or a directory under `hf_dirs`; any other name gets this one answer,
         before the disk is looked at, so that no tenant can probe the server's files."""
         source = base_model.removeprefix(HF_PREFIX)
-        if HF_REPO_ID.match(source) and ".." not in source:
+        if hf_cache.is_repo_id(source):
             return
         path = Path(source)
         allowed = any(path.is_relative_to(directory) for directory in self.config.hf_dirs)

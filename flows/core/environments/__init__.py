@@ -1,8 +1,11 @@
 """RL environments: where prompts come from and how a completion is rewarded.
 
 An environment is any object with `prompts(cycle, count, seed)` and `reward(prompt,
-completion)`; the flow tokenizes the prompts and decodes the completions. Built-ins by name,
-anything else by import path `module:attr` (a class is instantiated without arguments).
+completion)`; a prompt is text (one user turn) or a list of chat messages
+(`whitney.renderers.Message`), which the flow renders with its renderer (its tokenizer, chat
+template or format), and a completion is the text the renderer parses from the sample.
+Built-ins by name, anything else by import path `module:attr` (a class is instantiated
+without arguments).
 Each cycle gets a fresh instance (a retried cycle replays from scratch), so an environment
 keeps no state from one cycle to the next.
 
@@ -18,6 +21,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from flows.core.imports import import_object
+from whitney.renderers import Prompt
 
 
 @dataclass(frozen=True)
@@ -33,11 +37,12 @@ class Completion:
 class Environment(Protocol):
     """Prompts for a cycle, and the reward of a completion of one of them."""
 
-    def prompts(self, cycle: int, count: int, seed: int) -> list[str]:
-        """`count` prompts for `cycle`; the same arguments must give the same prompts."""
+    def prompts(self, cycle: int, count: int, seed: int) -> list[Prompt]:
+        """`count` prompts for `cycle` (text or messages); the same arguments must give the
+        same prompts."""
         ...
 
-    def reward(self, prompt: str, completion: Completion) -> float:
+    def reward(self, prompt: Prompt, completion: Completion) -> float:
         """The completion's reward (deterministic)."""
         ...
 

@@ -1,7 +1,8 @@
 """What an evaluation samples and scores (no Prefect: the UI forms and the CLI read it).
 
 `EvalSettings` names the eval set (an environment's held-out prompts, and/or the held-out
-split of SFT data) and how it is sampled: each prompt once greedily (`top_k: 1`) and
+split of SFT data), how it is rendered (training's tokenizer and renderer on the checkpoint's
+base model) and how it is sampled: each prompt once greedily (`top_k: 1`) and
 `samples` times at `temperature`, every request seeded from (`seed`, EVAL_CYCLE, prompt
 index). The training flows derive theirs from their config (`FlowConfig.eval_settings`), and
 put it in every `whitney.checkpoint.saved` event, so an evaluation off the critical path
@@ -13,6 +14,8 @@ from __future__ import annotations
 from typing import Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from whitney.renderers import RendererName
 
 CORPUS = "corpus"
 """`data` naming the built-in SFT corpus."""
@@ -41,6 +44,18 @@ class EvalSettings(BaseModel):
         gt=0,
         le=0.5,
         description="Share of `data` held out (the SFT flow's split of the same data)",
+    )
+    tokenizer: str | None = Field(
+        default=None,
+        min_length=1,
+        description="The tokenizer training used: a Hugging Face repo id or a local directory; "
+        "empty: the base model's own",
+    )
+    renderer: RendererName = Field(
+        default="auto",
+        description="The renderer training used (raw, chat_template, llama3, qwen; auto: raw "
+        "for local/*, else the chat template if the tokenizer has one): prompts are rendered "
+        "and completions parsed as in training",
     )
     prompts: int = Field(
         default=8,

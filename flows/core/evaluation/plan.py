@@ -2,19 +2,21 @@
 
     greedy      one `sample` per held-out prompt: 1 completion, `top_k: 1`
     sampled     one `sample` per held-out prompt: k = `samples` completions at `temperature`
-    loss        `logprobs` of the held-out pairs of SFT data (prompt + completion + EOS)
+    loss        `logprobs` of the held-out pairs of SFT data (their last assistant turn)
 
 The numbers (`EvalMetrics`): `reward_mean`, the mean reward of the greedy completions;
 `sampled_reward_mean`, of all k x prompts sampled ones; `pass_at_k`, the share of prompts
 with at least one of their k samples rewarded `pass_reward` or more (with n = k samples the
 unbiased pass@k estimator is exactly that); `loss`, the mean of -logprob over the held-out
-completion tokens. Rewards come from the environment, or, with no environment, from the
-similarity of a completion to the reference completion of its held-out pair.
+completion tokens. Prompts are rendered, and completions parsed, by the renderer training
+uses (`EvalSettings.renderer`). Rewards come from the environment, or, with no environment,
+from the similarity of a completion to the reference completion of its held-out pair.
 """
 
 from __future__ import annotations
 
 import difflib
+import json
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,7 +34,7 @@ from flows.core.environments import (
 from flows.core.evaluation.config import EvalSettings
 from flows.core.seeds import derive_seed
 from whitney.payloads import sample_request
-from whitney.tokenizers import Tokenizer
+from whitney.renderers import Message, Prompt, Renderer, as_messages
 
 GREEDY, SAMPLED = 0, 1
 """The seed streams of an eval prompt's two requests: derive_seed(seed, EVAL_CYCLE, i, stream)."""
@@ -61,10 +63,17 @@ class EvalMetrics(BaseModel):
 
 @dataclass(frozen=True)
 class HeldOutPair:
-    """One held-out (prompt, completion) pair of SFT data, as text."""
+    """One held-out example of SFT data: its prompt (text, or the messages before its last
+    assistant turn), that turn's content, and the whole conversation."""
 
-    prompt: str
+    prompt: Prompt
     completion: str
+    conversation: tuple[Message, ...]
+
+
+def prompt_key(prompt: Prompt) -> str:
+    """A prompt's sort key: its text, or its messages as canonical JSON."""
+    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
 
 
 class ReferenceSimilarity:
@@ -75,12 +84,12 @@ class ReferenceSimilarity:
     def __init__(self, pairs: Sequence[HeldOutPair]) -> None:
         self.references: dict[str, list[str]] = {}
         for pair in pairs:
-            self.references.setdefault(pair.prompt, []).append(pair.completion)
+            self.references.setdefault(prompt_key(pair.prompt), []).append(pair.completion)
 
-    def reward(self, prompt: str, completion: Completion) -> float:
+    def reward(self, prompt: Prompt, completion: Completion) -> float:
         return max(
             difflib.SequenceMatcher(None, completion.text, reference, autojunk=False).ratio()
-            for reference in self.references[prompt]
+            for reference in self.references[prompt_key(prompt)]
         )
 
 
@@ -89,19 +98,23 @@ class EvalPlan:
     """An eval set's prompts, reward and loss sequences, as requests and numbers."""
 
     settings: EvalSettings
-    tokenizer: Tokenizer
-    prompts: list[str]
-    reward: Callable[[str, Completion], float]
+    renderer: Renderer
+    prompts: list[Prompt]
+    reward: Callable[[Prompt, Completion], float]
     sequences: list[tuple[list[int], list[int]]]
-    """(prompt tokens, completion tokens with EOS) of each held-out pair scored for the loss."""
+    """(prompt tokens, completion tokens) of each held-out pair scored for the loss: its last
+    assistant turn as the renderer renders it (raw: BOS + prompt, completion + EOS)."""
 
     def requests(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
         """(greedy requests, sampled requests), one of each per prompt, in prompt order."""
         settings = self.settings
         greedy, sampled = [], []
         for index, prompt in enumerate(self.prompts):
-            tokens = prompt_tokens(self.tokenizer, prompt)
-            common = {"max_tokens": settings.max_tokens, "stop_token_ids": [self.tokenizer.eos_id]}
+            tokens = self.renderer.build_generation_prompt(as_messages(prompt))
+            common = {
+                "max_tokens": settings.max_tokens,
+                "stop_token_ids": list(self.renderer.stop_tokens),
+            }
             greedy.append(
                 sample_request(
                     tokens,
@@ -130,14 +143,15 @@ class EvalPlan:
             for start in range(0, len(sequences), LOGPROBS_CHUNK)
         ]
 
-    def rewards(self, prompt: str, sample: dict[str, Any]) -> list[float]:
-        """The reward of each sequence of a `sample` result for `prompt`."""
+    def rewards(self, prompt: Prompt, sample: dict[str, Any]) -> list[float]:
+        """The reward of each sequence of a `sample` result for `prompt` (its text: what the
+        renderer parses before the stop token)."""
         return [
             float(
                 self.reward(
                     prompt,
                     Completion(
-                        self.tokenizer.decode(sequence["tokens"]),
+                        self.renderer.parse_response(sequence["tokens"])["content"],
                         sequence["stop_reason"] == "stop",
                     ),
                 )
@@ -171,13 +185,6 @@ class EvalPlan:
         return metrics
 
 
-def prompt_tokens(tokenizer: Tokenizer, prompt: str) -> list[int]:
-    """The prompt's token ids, after the tokenizer's BOS where it has one (as the flows
-    build every prompt)."""
-    bos = getattr(tokenizer, "bos_id", None)
-    return ([bos] if bos is not None else []) + tokenizer.encode(prompt)
-
-
 def completion_logprobs(row: list[float | None], prompt_length: int, count: int) -> list[float]:
     """The logprobs of the `count` completion tokens from a `logprobs` row of the whole
     sequence (prompt + completion; the row's first entry is null)."""
@@ -209,12 +216,13 @@ def eval_due(cycle: int, every: int, cycles: int) -> bool:
 
 
 def load_eval_plan(
-    settings: EvalSettings, tokenizer: Tokenizer, pairs: Sequence[HeldOutPair] = ()
+    settings: EvalSettings, renderer: Renderer, pairs: Sequence[HeldOutPair] = ()
 ) -> EvalPlan:
-    """The eval set of `settings`: the environment's held-out prompts and reward, or the
-    `pairs`' prompts rewarded by similarity; the loss sequences of the `pairs` (the held-out
-    split of `settings.data`, which the caller reads) when `data` is set. ConfigError naming
-    the field if the environment cannot be loaded or `data` holds no pair."""
+    """The eval set of `settings` in `renderer` (training's): the environment's held-out
+    prompts and reward, or the `pairs`' prompts rewarded by similarity; the loss sequences of
+    the `pairs` (the held-out split of `settings.data`, which the caller reads) when `data` is
+    set. ConfigError naming the field if the environment cannot be loaded, `data` holds no
+    pair or a pair does not render."""
     if settings.data is not None and not pairs:
         raise ConfigError("data", f"{settings.data} holds no held-out pair")
     if settings.env is not None:
@@ -226,13 +234,13 @@ def load_eval_plan(
         prompts = held_out_prompts(environment, settings.prompts, seed)
         reward = environment.reward
     else:
-        prompts = list(dict.fromkeys(pair.prompt for pair in pairs))
+        prompts = list({prompt_key(pair.prompt): pair.prompt for pair in pairs}.values())
         reward = ReferenceSimilarity(pairs).reward
-    sequences = [
-        (
-            prompt_tokens(tokenizer, pair.prompt),
-            tokenizer.encode(pair.completion) + [tokenizer.eos_id],
-        )
-        for pair in (pairs if settings.data is not None else ())
-    ]
-    return EvalPlan(settings, tokenizer, prompts, reward, sequences)
+    try:
+        sequences = [
+            renderer.build_supervised(list(pair.conversation)).last_turn()
+            for pair in (pairs if settings.data is not None else ())
+        ]
+    except ValueError as error:
+        raise ConfigError("data", str(error)) from None
+    return EvalPlan(settings, renderer, prompts, reward, sequences)

@@ -1,4 +1,5 @@
-"""(prompt, completion) text pairs for SFT: read from a JSONL file, or the built-in corpus.
+"""SFT examples, (prompt, completion) pairs or conversations: read from a JSONL file, or the
+built-in corpus of pairs.
 
 The built-in corpus, `animals.jsonl` (package data), is 312 short question/answer pairs
 about a made-up world of 24 animals and six attributes each (colour, food, home, sound, legs,
@@ -8,9 +9,11 @@ file is exactly its output. The answers follow fixed templates and restate facts
 training pairs state too, so the byte-level `local/*` models learn it quickly and their loss
 on held-out pairs falls well below half of where it starts.
 
-A JSONL file holds one JSON object per line with string fields `prompt` and `completion`
-(other fields are ignored; blank lines are skipped). Errors name the line:
-`ConfigError("data_path", "<file> line 7: ...")`.
+A JSONL file holds one JSON object per line: a pair, with string fields `prompt` and
+`completion`, or a conversation, `{"messages": [{"role": ..., "content": ...}, ...]}` with
+roles system, user, assistant or tool and at least one assistant turn (SFT trains on every
+assistant turn; the last one is its completion). Other fields are ignored; blank lines are
+skipped. Errors name the line: `ConfigError("data_path", "<file> line 7: ...")`.
 """
 
 from __future__ import annotations
@@ -19,8 +22,10 @@ import json
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from flows.core.config import ConfigError
+from whitney.renderers import Message, Prompt, check_messages
 
 BUILTIN_CORPUS = "animals.jsonl"
 DATA_FIELD = "data_path"
@@ -28,11 +33,55 @@ DATA_FIELD = "data_path"
 
 @dataclass(frozen=True)
 class Example:
-    """One SFT pair, and the line of its file (1-based) for error messages."""
+    """One SFT example, and the line of its file (1-based) for error messages: a pair, or a
+    conversation (`messages`), whose `prompt` is every message before its last assistant turn
+    and whose `completion` is that turn's content."""
 
-    prompt: str
+    prompt: Prompt
     completion: str
     line: int = 0
+    messages: tuple[Message, ...] = ()
+
+    def conversation(self) -> list[Message]:
+        """Every turn: the conversation's, or a pair's as a user and an assistant turn."""
+        if self.messages:
+            return list(self.messages)
+        assert isinstance(self.prompt, str)
+        return [
+            {"role": "user", "content": self.prompt},
+            {"role": "assistant", "content": self.completion},
+        ]
+
+    def text(self) -> str:
+        """The example's text, by which the eval split picks it: a pair's prompt and
+        completion, a conversation's messages as canonical JSON."""
+        if self.messages:
+            return json.dumps(self.messages, sort_keys=True, ensure_ascii=False)
+        return f"{self.prompt}\x00{self.completion}"
+
+
+def parse_pair(row: dict[str, Any], where: str, number: int) -> Example:
+    for name in ("prompt", "completion"):
+        if name not in row:
+            raise ConfigError(DATA_FIELD, f"{where}: missing field {name!r} (or 'messages')")
+        if not isinstance(row[name], str):
+            raise ConfigError(DATA_FIELD, f"{where}: field {name!r} must be a string")
+    if not row["completion"]:
+        raise ConfigError(DATA_FIELD, f"{where}: field 'completion' is empty")
+    return Example(row["prompt"], row["completion"], number)
+
+
+def parse_conversation(row: dict[str, Any], where: str, number: int) -> Example:
+    try:
+        messages = check_messages(row["messages"])
+    except ValueError as error:
+        raise ConfigError(DATA_FIELD, f"{where}: {error}") from None
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=None)
+    if last is None:
+        raise ConfigError(DATA_FIELD, f"{where}: messages hold no assistant turn to train on")
+    if not messages[last]["content"]:
+        raise ConfigError(DATA_FIELD, f"{where}: messages[{last}].content is empty")
+    return Example(messages[:last], messages[last]["content"], number, tuple(messages))
 
 
 def parse_examples(text: str, source: str) -> list[Example]:
@@ -48,14 +97,8 @@ def parse_examples(text: str, source: str) -> list[Example]:
             raise ConfigError(DATA_FIELD, f"{where}: not valid JSON ({error.msg})") from None
         if not isinstance(row, dict):
             raise ConfigError(DATA_FIELD, f"{where}: expected a JSON object")
-        for name in ("prompt", "completion"):
-            if name not in row:
-                raise ConfigError(DATA_FIELD, f"{where}: missing field {name!r}")
-            if not isinstance(row[name], str):
-                raise ConfigError(DATA_FIELD, f"{where}: field {name!r} must be a string")
-        if not row["completion"]:
-            raise ConfigError(DATA_FIELD, f"{where}: field 'completion' is empty")
-        examples.append(Example(row["prompt"], row["completion"], number))
+        parse = parse_conversation if "messages" in row else parse_pair
+        examples.append(parse(row, where, number))
     if not examples:
         raise ConfigError(DATA_FIELD, f"{source} holds no examples")
     return examples

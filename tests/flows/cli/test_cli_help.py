@@ -57,6 +57,7 @@ def test_help_shows_the_config_defaults(
         **defaults,
         "--provider": "provider",
         "--base-model": "base_model",
+        "--renderer": "renderer",
     }.items():
         default = model.model_fields[field].default
         assert lines[option].endswith(f"(default: {default})"), lines[option]

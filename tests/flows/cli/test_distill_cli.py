@@ -41,7 +41,7 @@ def test_the_demo_trains_an_sft_teacher_then_distills_from_it(
         (["--teacher-checkpoint", "s3://bucket/x"], "teacher_checkpoint", "should match pattern"),
         (["--budget-cost", "1.0"], "budget.max_cost", "needs a price table"),
         (["--cycles", "0"], "cycles", "greater than or equal to 1"),
-        (["--base-model", "hf:not/cached"], "base_model", "no locally cached tokenizer"),
+        (["--base-model", "hf:not/cached"], "base_model", "not in the local Hugging Face cache"),
         (["--sft-steps", "0"], "teacher_sft.steps", "greater than or equal to 1"),
     ],
 )

@@ -48,7 +48,7 @@ GOOD = '{"prompt": "Q: hi\\nA: ", "completion": "hello"}'
         (["--epochs", "0"], None, None, "epochs", "greater than or equal to 1"),
         (["--schedule", "exponential"], None, None, "schedule", "Input should be"),
         (["--lr", "0"], None, None, "learning_rate", "greater than 0"),
-        (["--base-model", "gpt"], None, None, "base_model", "unknown base model"),
+        (["--base-model", "gpt"], None, None, "base_model", "not a Hugging Face repo id"),
         ([], "cycles = 3\n", None, "cycles", "not by cycles"),
         ([], "batch_sise = 3\n", None, "batch_sise", "Extra inputs are not permitted"),
         ([], "steps = [\n", None, "--config", "is not valid toml"),

@@ -85,7 +85,7 @@ def test_corpus_prompts_exclude_the_eval_split_the_sft_flow_holds_out() -> None:
         for request in requests:
             assert request["num_samples"] == config.samples_per_prompt
             assert request["sampling_params"]["temperature"] == 1.0
-            seen.add(plan.tokenizer.decode(request["prompt"]["token_ids"]))
+            seen.add(plan.renderer.tokenizer.decode(request["prompt"]["token_ids"]))
     train_prompts = {example.prompt for example in examples} - eval_prompts
     assert seen <= train_prompts
     assert plan.sample_requests(3) == plan.sample_requests(3)  # a replay sends the same

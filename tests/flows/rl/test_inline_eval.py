@@ -142,3 +142,18 @@ def test_inline_evaluation_changes_nothing_and_replays(
     png = base64.b64decode(data)
     assert png == metrics_path.with_suffix(".png").read_bytes()
     assert struct.unpack(">II", png[16:24]) == (960, 600)  # IHDR: 3 panels, two to a row
+
+
+def test_inline_evaluation_off_policy_changes_nothing(small_config: RLConfig) -> None:
+    """With max_staleness 1 (the later cycle's samples requested ahead, on the sampler lane),
+    an evaluation after every cycle leaves the schedule and the adapter as they were."""
+    config = small_config.model_copy(update={"cycles": 3, "max_staleness": 1})
+    without = rl_flow(config)
+    evaluated = rl_flow(config.model_copy(update={"eval_every": 1}))
+    assert evaluated.adapter.sha256 == without.adapter.sha256
+    assert [cycle.staleness for cycle in evaluated.cycles] == [0, 1, 1]
+    assert [cycle.sampler_id for cycle in evaluated.cycles] == ["cycle-0", "cycle-0", "cycle-1"]
+    for field in ("reward_mean", "loss", "grad_norm", "sampler_id", "staleness"):
+        expected = [getattr(cycle, field) for cycle in without.cycles]
+        assert [getattr(cycle, field) for cycle in evaluated.cycles] == expected, field
+    assert [cycle.eval is not None for cycle in evaluated.cycles] == [True, True, True]

@@ -31,6 +31,7 @@ from flows.rl.recipes import join_payloads, load_recipe
 from tasks.connection import WhitneyConnection, client_for
 from tasks.retry import TaskRetrySettings, retry_if_retryable
 from whitney.errors import InvalidDatum, RateLimited, TransportError
+from whitney.renderers import get_renderer
 from whitney.tokenizers import get_tokenizer
 
 
@@ -120,7 +121,8 @@ def test_group_scores(estimator: str, advantages: list[float]) -> None:
         ]
         * 2
     }
-    score = score_group(DigitsEnvironment(), tokenizer, "n=", sample, estimator)
+    renderer = get_renderer("raw", tokenizer, "local/tiny")
+    score = score_group(DigitsEnvironment(), renderer, "n=", sample, estimator)
     assert score.rewards == [1.0, 0.0, 1.0, 0.0]
     assert score.advantages == pytest.approx(advantages)
     assert not score.uniform

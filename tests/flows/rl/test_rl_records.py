@@ -24,6 +24,9 @@ METRIC_FIELDS = {
     "seq_end",
     "reward_mean",
     "reward_std",
+    "sampler_id",
+    "staleness",
+    "presampled",
     "all_zero_group_share",
     "groups_resampled",
     "groups_dropped",
@@ -60,6 +63,8 @@ def test_records_of_a_flow_run(small_config: RLConfig, tmp_path: Path) -> None:
         }
         assert line["tokens_sampled"] > 0 and line["tokens_trained"] > 0
         assert 0.0 <= line["all_zero_group_share"] <= 1.0
+        assert line["staleness"] == 0 and line["presampled"] == []  # on-policy by default
+        assert line["sampler_id"]
     assert lines[1]["seq_start"] == lines[0]["seq_end"]
     # pipelined: cycle 0 publishes its own sampler and cycle 1's; the last cycle publishes none
     publishes = ["save_weights_for_sampler" in line["op_seconds"] for line in lines]

@@ -15,6 +15,8 @@ from flows.sft.config import SFTConfig
 from flows.sft.corpus import Example, builtin_examples, parse_examples, read_examples
 from flows.sft.corpus.generate import render
 from flows.sft.plan import example_tokens, held_out, load_sft_plan
+from whitney.datums import sft_datum
+from whitney.renderers import get_renderer
 from whitney.tokenizers import BOS_ID, EOS_ID, get_tokenizer
 
 
@@ -71,7 +73,8 @@ def test_extra_fields_and_blank_lines_are_ignored() -> None:
 
 
 def test_tokens_are_bos_prompt_then_completion_eos() -> None:
-    prompt, completion = example_tokens(get_tokenizer("local/nano"), Example("Hi", "yo"))
+    renderer = get_renderer("auto", get_tokenizer("local/nano"), "local/nano")
+    prompt, completion = example_tokens(renderer, Example("Hi", "yo"))
     assert prompt == [BOS_ID, ord("H"), ord("i")]
     assert completion == [ord("y"), ord("o"), EOS_ID]
 
@@ -151,3 +154,53 @@ def test_cycles_is_not_an_sft_setting() -> None:
         SFTConfig(cycles=3)
     assert "cycles" not in SFTConfig.model_json_schema()["properties"]
     assert "cycles" not in SFTConfig().model_dump()
+
+
+@pytest.mark.parametrize(
+    ("row", "needle"),
+    [
+        ({"messages": []}, "line 1: messages must be a non-empty list"),
+        ({"messages": [{"role": "user", "content": "a"}]}, "line 1: messages hold no assistant"),
+        ({"messages": [{"role": "bot", "content": "a"}]}, "line 1: messages[0].role must be"),
+        ({"messages": [{"role": "user", "content": 3}]}, "line 1: messages[0].content must be"),
+        (
+            {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": ""}]},
+            "line 1: messages[1].content is empty",
+        ),
+    ],
+)
+def test_conversation_errors_name_the_line_and_message(row: dict, needle: str) -> None:
+    with pytest.raises(ConfigError) as error:
+        parse_examples(json.dumps(row), "chats.jsonl")
+    assert error.value.field == "data_path"
+    assert needle in error.value.message
+
+
+def test_pairs_train_on_the_datums_they_always_did(tmp_path: Path) -> None:
+    path = write_jsonl(tmp_path / "ten.jsonl", pairs(10))
+    plan = load_sft_plan(SFTConfig(data_path=str(path), eval_fraction=0))
+    expected = [
+        sft_datum([BOS_ID, *f"Q{i}: ".encode()], [*f"answer {i}".encode(), EOS_ID])
+        for i in range(10)
+    ]
+    assert list(plan.data.train) == expected
+
+
+def test_a_conversation_trains_on_its_assistant_turns(tmp_path: Path) -> None:
+    chat = [
+        {"role": "system", "content": "S"},
+        {"role": "user", "content": "Q1"},
+        {"role": "assistant", "content": "A1"},
+        {"role": "user", "content": "Q2"},
+        {"role": "assistant", "content": "A2"},
+    ]
+    path = write_jsonl(tmp_path / "chat.jsonl", [{"messages": chat}, *pairs(1)])
+    plan = load_sft_plan(SFTConfig(data_path=str(path), eval_fraction=0))
+    (example, _) = read_examples(path)
+    assert example.prompt == chat[:4] and example.completion == "A2"
+    tokens = [BOS_ID, *b"SQ1A1", EOS_ID, *b"Q2A2", EOS_ID]  # raw: the text, EOS after each answer
+    learned = [0, 0, 0, 0, 1, 1, 1, 0, 0, 1, 1, 1]
+    datum = plan.data.train[0]
+    assert datum["input"]["token_ids"] == tokens[:-1]
+    assert datum["loss_inputs"]["target_tokens"]["values"] == tokens[1:]
+    assert datum["loss_inputs"]["weights"]["values"] == learned[1:]

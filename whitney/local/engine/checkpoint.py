@@ -88,11 +88,14 @@ def load_sampler(path: Path) -> Lora:
     return Lora(A, B, int(meta["rank"]), float(meta["alpha"]))
 
 
-def hf_llama_config(cfg: ModelConfig) -> dict:
-    """A transformers config.json that makes LlamaForCausalLM load the base weights."""
-    return {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
+def hf_config(cfg: ModelConfig) -> dict:
+    """A transformers config.json that makes LlamaForCausalLM (or Qwen2ForCausalLM, for a
+    Qwen2 base) load the base weights."""
+    config = {
+        "architectures": [
+            "Qwen2ForCausalLM" if cfg.architecture == "qwen2" else "LlamaForCausalLM"
+        ],
+        "model_type": cfg.architecture,
         "vocab_size": cfg.vocab_size,
         "hidden_size": cfg.hidden_size,
         "intermediate_size": cfg.intermediate_size,
@@ -104,12 +107,23 @@ def hf_llama_config(cfg: ModelConfig) -> dict:
         "rms_norm_eps": cfg.rms_eps,
         "rope_theta": cfg.rope_theta,
         "hidden_act": "silu",
-        "attention_bias": False,
-        "mlp_bias": False,
         "tie_word_embeddings": False,
         "eos_token_id": list(cfg.eos_token_ids),
         "torch_dtype": "float32",
     }
+    if cfg.architecture == "qwen2":
+        config["use_sliding_window"] = False
+    else:
+        config |= {"attention_bias": False, "mlp_bias": False}
+    if cfg.rope_type != "default":
+        config["rope_scaling"] = {"rope_type": cfg.rope_type, "factor": cfg.rope_factor}
+        if cfg.rope_type == "llama3":
+            config["rope_scaling"] |= {
+                "low_freq_factor": cfg.rope_low_freq_factor,
+                "high_freq_factor": cfg.rope_high_freq_factor,
+                "original_max_position_embeddings": cfg.rope_original_max_positions,
+            }
+    return config
 
 
 def peft_files(base_model: str, lora: Lora) -> dict[str, bytes]:
@@ -152,7 +166,7 @@ def export_lora(
     (base_model/) and, for a critic, value_head.safetensors, as one tar (sorted, mtime 0);
     returns (sha256, bytes)."""
     files = peft_files(base_model, lora) | {
-        "base_model/config.json": canonical_json(hf_llama_config(cfg)),
+        "base_model/config.json": canonical_json(hf_config(cfg)),
         "base_model/model.safetensors": save(base_weights, metadata={"format": "pt"}),
     }
     if extra:

@@ -11,7 +11,13 @@ Every reduction that produces a sequence's numbers is either exact or has a fixe
   datum adds exact zeros and changes nothing;
 - transcendental elementwise functions (`vectorized`) are applied in slices that torch runs
   serially with no scalar tail, so every element goes through the same vector code whatever
-  the tensor's size (torch's vector and scalar paths of silu or rsqrt differ in the last bit).
+  the tensor's size (torch's vector and scalar paths of silu or rsqrt differ in the last bit);
+- the normaliser of a softmax is an exact sum too (`log_softmax`): torch's own kernel sums in
+  an order set by the CPU's vector width, so AVX2 and AVX-512 machines would disagree.
+
+What is left to the CPU is elementwise only (exp, log, silu in torch's vector code, the same on
+AVX2 and AVX-512: `tests/engine/test_cpu_capability.py`); training's backward pass uses float32
+BLAS, whose kernels differ between CPUs, so gradients are the same bits on one machine type.
 """
 
 from __future__ import annotations
@@ -88,3 +94,20 @@ def vectorized(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
     if not parts:
         return flat.view(x.shape)
     return (parts[0] if len(parts) == 1 else torch.cat(parts)).view(x.shape)
+
+
+def log_softmax(x: Tensor) -> Tensor:
+    """log softmax over the last dim, the same bits on every CPU: the row's max, exp of the
+    shifted row in float64 through the vector code, their sum exact (each term on the grid
+    2**-(52 - log2 V), terms at most 1), log of the sum in float64, rounded once to float32.
+    The gradient is torch's log_softmax's."""
+    top = x.detach().amax(-1, keepdim=True)
+    shifted = (x.detach() - top).double()
+    terms = vectorized(torch.exp, shifted)
+    grid = 2.0 ** (MANTISSA_BITS - 1 - math.ceil(math.log2(max(x.shape[-1], 2))))
+    total = torch.round(terms * grid).sum(-1, keepdim=True) / grid
+    exact_value = (shifted - vectorized(torch.log, total)).float()
+    if not x.requires_grad:
+        return exact_value
+    soft = x.log_softmax(-1)
+    return exact_value + (soft - soft.detach())

@@ -1,5 +1,6 @@
-"""A Llama-style decoder in plain torch (RMSNorm, RoPE, SwiGLU, causal attention, untied head,
-no biases) over a flat dict of weights named as Hugging Face's LlamaForCausalLM names them.
+"""A Llama-style decoder in plain torch (RMSNorm, RoPE, SwiGLU, causal attention, untied head;
+q/k/v biases for Qwen2) over a flat dict of weights named as Hugging Face's LlamaForCausalLM
+and Qwen2ForCausalLM name them.
 
 Its numbers are batch-invariant by construction (see `exact`): a token's hidden state depends
 only on the weights and the tokens before it, never on batch-mates, padding, chunking or
@@ -50,7 +51,10 @@ def no_check() -> None:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape of a decoder; `head_dim` defaults to hidden_size // num_heads."""
+    """Shape of a decoder; `head_dim` defaults to hidden_size // num_heads. `architecture` is
+    the transformers model type an export writes (`llama`, or `qwen2`: q/k/v biases);
+    `rope_type` `linear` divides RoPE's frequencies by `rope_factor`, `llama3` rescales them
+    as Llama 3.1 does (transformers' `_compute_llama3_parameters`)."""
 
     hidden_size: int
     num_layers: int
@@ -63,6 +67,13 @@ class ModelConfig:
     rms_eps: float = 1e-6
     rope_theta: float = 10000.0
     eos_token_ids: tuple[int, ...] = (EOS_ID,)
+    architecture: str = "llama"
+    attention_bias: bool = False
+    rope_type: str = "default"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_positions: int = 0
 
     @property
     def kv_heads(self) -> int:
@@ -97,6 +108,7 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
             p + "self_attn.q_proj.weight": (q, h),
             p + "self_attn.k_proj.weight": (kv, h),
             p + "self_attn.v_proj.weight": (kv, h),
+            **attention_biases(cfg, p, q, kv),
             p + "self_attn.o_proj.weight": (h, q),
             p + "mlp.gate_proj.weight": (i, h),
             p + "mlp.up_proj.weight": (i, h),
@@ -107,12 +119,25 @@ def weight_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     return shapes | {"model.norm.weight": (h,), "lm_head.weight": (cfg.vocab_size, h)}
 
 
+def attention_biases(cfg: ModelConfig, prefix: str, q: int, kv: int) -> dict[str, tuple[int]]:
+    """The q/k/v bias shapes of a layer, if the architecture has them."""
+    if not cfg.attention_bias:
+        return {}
+    return {
+        prefix + "self_attn.q_proj.bias": (q,),
+        prefix + "self_attn.k_proj.bias": (kv,),
+        prefix + "self_attn.v_proj.bias": (kv,),
+    }
+
+
 def init_weights(cfg: ModelConfig, seed: int = BASE_INIT_SEED) -> dict[str, Tensor]:
     """Random base weights: N(0, 0.02) matrices, N(0, hidden^-0.5) head, unit norms."""
     gen = torch.Generator().manual_seed(seed)
     weights = {}
     for name, shape in weight_shapes(cfg).items():
-        if len(shape) == 1:
+        if name.endswith(".bias"):
+            weights[name] = torch.zeros(shape)
+        elif len(shape) == 1:
             weights[name] = torch.ones(shape)
         else:
             std = cfg.hidden_size**-0.5 if name == "lm_head.weight" else 0.02
@@ -120,13 +145,29 @@ def init_weights(cfg: ModelConfig, seed: int = BASE_INIT_SEED) -> dict[str, Tens
     return weights
 
 
+def inverse_frequencies(cfg: ModelConfig) -> Tensor:
+    """RoPE's inverse frequencies [head_dim / 2], as transformers computes them per rope type."""
+    d = cfg.dim_head
+    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    if cfg.rope_type == "linear":
+        return inv_freq / cfg.rope_factor
+    if cfg.rope_type != "llama3":
+        return inv_freq
+    factor, low, high = cfg.rope_factor, cfg.rope_low_freq_factor, cfg.rope_high_freq_factor
+    context = cfg.rope_original_max_positions
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > context / low, inv_freq / factor, inv_freq)
+    smooth = (context / wavelen - low) / (high - low)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < context / high) * ~(wavelen > context / low)
+    return torch.where(medium, smoothed, scaled)
+
+
 @functools.cache
 def rope_tables(cfg: ModelConfig) -> tuple[Tensor, Tensor]:
     """cos and signed sin [max_positions, head_dim] for Hugging Face's rotate_half layout:
     x * cos + rotate_half(x) * sin == x * cos + roll(x, d/2) * cat(-sin, sin)."""
-    d = cfg.dim_head
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    freqs = torch.outer(torch.arange(cfg.max_positions).float(), inv_freq)
+    freqs = torch.outer(torch.arange(cfg.max_positions).float(), inverse_frequencies(cfg))
     return torch.cat((freqs, freqs), dim=-1).cos(), torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
 
 
@@ -147,12 +188,16 @@ def silu(x: Tensor) -> Tensor:
     return exact.vectorized(F.silu, x)
 
 
-def value_grid(w_v: Tensor, norm_weight: Tensor, cfg: ModelConfig) -> Tensor:
+def value_grid(
+    w_v: Tensor, norm_weight: Tensor, cfg: ModelConfig, bias: Tensor | None = None
+) -> Tensor:
     """Per value channel, a power of two above any value it can take: |v_c| <= sqrt(hidden) *
-    sum_i |W_v[c, i] * g_i| for v = W_v RMSNorm(x) (|x_i| / rms(x) <= sqrt(hidden)), times 2 for
-    rounding. Values are held on this grid (weights-only, so the same for every token) with
-    2 x VALUE_BITS bits; shape [kv_heads, 1, head_dim]."""
+    sum_i |W_v[c, i] * g_i| + |b_c| for v = W_v RMSNorm(x) + b (|x_i| / rms(x) <=
+    sqrt(hidden)), times 2 for rounding. Values are held on this grid (weights-only, so the same
+    for every token) with 2 x VALUE_BITS bits; shape [kv_heads, 1, head_dim]."""
     bound = (w_v.detach().abs() @ norm_weight.detach().abs()).double() * math.sqrt(cfg.hidden_size)
+    if bias is not None:
+        bound = bound + bias.detach().abs().double()
     _, exponent = torch.frexp(bound * 2 + 1e-30)
     return exact.pow2(exponent - VALUE_BITS).view(cfg.kv_heads, 1, cfg.dim_head)
 
@@ -305,13 +350,15 @@ class LoraLinear(torch.autograd.Function):
 
 @dataclass(frozen=True)
 class LayerWeights:
-    """One layer's projections on fixed-point rows (grouped), its value grid, and for training
-    the float merged weights and adapters the gradients need."""
+    """One layer's projections on fixed-point rows (grouped), its value grid, the biases of its
+    groups that have them (Qwen2's qkv), and for training the float merged weights and adapters
+    the gradients need."""
 
     fixed: dict[str, Tensor]
     value_grid: Tensor
     merged: dict[str, Tensor]
     adapters: dict[str, tuple[Tensor, ...]]
+    biases: dict[str, Tensor]
 
 
 class KVCache:
@@ -380,8 +427,16 @@ class Llama:
                     parts = [self.projection(p + name) for name in names]
                     merged[group] = torch.cat(parts) if len(parts) > 1 else parts[0]
                 k = self.cfg.kv_heads * self.cfg.dim_head
-                w_v = merged["qkv"][-k:]
-                grid = value_grid(w_v, self.w[p + "input_layernorm.weight"], self.cfg)
+                biases = {}
+                if self.cfg.attention_bias:
+                    names = ("q_proj", "k_proj", "v_proj")
+                    biases["qkv"] = torch.cat([self.w[f"{p}self_attn.{n}.bias"] for n in names])
+                grid = value_grid(
+                    merged["qkv"][-k:],
+                    self.w[p + "input_layernorm.weight"],
+                    self.cfg,
+                    biases["qkv"][-k:] if biases else None,
+                )
                 fixed = {group: exact.weight(w) for group, w in merged.items()}
                 adapters = {}
                 if self.lora is not None:
@@ -389,7 +444,7 @@ class Llama:
                         adapters[group] = tuple(
                             t for name in names for t in self.lora.adapter(p + name)
                         )
-                layers.append(LayerWeights(fixed, grid, merged, adapters))
+                layers.append(LayerWeights(fixed, grid, merged, adapters, biases))
         if self.lora is None:
             self.frozen = layers
         return layers
@@ -400,10 +455,13 @@ class Llama:
 
     def linear(self, x: Tensor, layer: LayerWeights, group: str) -> Tensor:
         if self.lora is not None and torch.is_grad_enabled():
-            return LoraLinear.apply(
+            y = LoraLinear.apply(
                 x, layer.fixed[group], layer.merged[group], self.lora.scale, *layer.adapters[group]
             )
-        return exact.linear(x, layer.fixed[group])
+        else:
+            y = exact.linear(x, layer.fixed[group])
+        bias = layer.biases.get(group)
+        return y if bias is None else y + bias
 
     def attention(
         self,

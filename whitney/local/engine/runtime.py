@@ -45,28 +45,40 @@ class OpOutput:
     usage: dict[str, int]  # {"tokens": n, plus prefill/sampled/trained tokens where they apply}
 
 
-def load_base(name: str) -> tuple[ModelConfig, dict[str, Tensor]]:
-    """A base model's config and read-only weights, built once per process and shared."""
+def base_key(name: str, hf_cache: Path | None = None) -> str:
+    """What a base model's weights are cached under: a `local/*` name, or the directory of a
+    Hugging Face checkpoint (`hf:<dir>`, or a repo id's snapshot in `hf_cache`)."""
+    if name in CONFIGS:
+        return name
+    from whitney.local.engine import hf_backend
+
+    if not hf_backend.is_hf_name(name):
+        raise UnsupportedBaseModel(
+            f"unsupported base model {name!r}: use {', '.join(BASE_MODELS)}, a Hugging Face "
+            "repo id (owner/name) in the local cache, or hf:<repo id or directory>",
+            details={"base_model": name},
+        )
+    return str(hf_backend.source_directory(name, hf_cache))
+
+
+def load_base(name: str, key: str) -> tuple[ModelConfig, dict[str, Tensor]]:
+    """A base model's config and read-only weights (`key`: its `base_key`), built once per
+    process and shared."""
     with _bases_lock:
-        if name not in _bases:
+        if key not in _bases:
             if name in CONFIGS:
-                _bases[name] = (CONFIGS[name], init_weights(CONFIGS[name]))
-            elif name.startswith("hf:"):
+                _bases[key] = (CONFIGS[name], init_weights(CONFIGS[name]))
+            else:
                 from whitney.local.engine import hf_backend
 
-                _bases[name] = hf_backend.load(name)
-            else:
-                raise UnsupportedBaseModel(
-                    f"unsupported base model {name!r}: use {', '.join(BASE_MODELS)} or hf:<repo>",
-                    details={"base_model": name},
-                )
-        return _bases[name]
+                _bases[key] = hf_backend.load(name, Path(key))
+        return _bases[key]
 
 
-def shared_if_equal(name: str, weights: dict[str, Tensor]) -> dict[str, Tensor]:
+def shared_if_equal(key: str, weights: dict[str, Tensor]) -> dict[str, Tensor]:
     """The cached base weights if a checkpoint's are equal (saves memory), else the checkpoint's."""
     with _bases_lock:
-        cached = _bases.get(name)
+        cached = _bases.get(key)
     same = cached is not None and cached[1].keys() == weights.keys()
     if same and all(torch.equal(cached[1][n], weights[n]) for n in weights):
         return cached[1]
@@ -124,8 +136,10 @@ class EngineRun:
         role: str,
         trainable: bool,
         value_head: dict[str, Tensor],
+        base_key: str,
     ) -> None:
         self.base_model, self.cfg, self.base_weights = base_model, cfg, base_weights
+        self.base_key = base_key  # where load_base keeps the base weights
         self.lora = lora.requires_grad_()
         self.role, self.trainable = role, trainable
         self.value_head = {n: t.requires_grad_() for n, t in value_head.items()}
@@ -134,6 +148,7 @@ class EngineRun:
         self.step = 0
         self.weights_version = 0  # bumped whenever the adapter changes
         self.snapshots: dict[int, Lora] = {}  # weights_version -> adapter snapshot
+        self.snapshot_bases: dict[int, dict[str, Tensor]] = {}  # and the base it adapts
         self.samplers: dict[str, int] = {}  # sampler_id -> weights_version
         self.sampler_models: OrderedDict[int, Llama] = OrderedDict()
         self.interrupt = threading.Event()  # set to cancel the running operation (the worker's)
@@ -148,10 +163,13 @@ class EngineRun:
         role: str = "policy",
         trainable: bool = True,
         checkpoint_dir: Path | None = None,
+        hf_cache: Path | None = None,
     ) -> EngineRun:
-        """A new run; with checkpoint_dir, its base weights, adapter, optimizer and step."""
+        """A new run; with checkpoint_dir, its base weights, adapter, optimizer and step.
+        A Hugging Face repo id is looked up in `hf_cache` (default: the environment's)."""
         validation.check_run(role, lora_rank)
-        cfg, weights = load_base(base_model)
+        key = base_key(base_model, hf_cache)
+        cfg, weights = load_base(base_model, key)
         value_head = {}
         if role == "critic":
             gen = torch.Generator().manual_seed(seed)
@@ -159,9 +177,8 @@ class EngineRun:
                 "value_head.weight": torch.randn(1, cfg.hidden_size, generator=gen) * 0.02,
                 "value_head.bias": torch.zeros(1),
             }
-        run = cls(
-            base_model, cfg, weights, Lora.init(cfg, lora_rank, seed), role, trainable, value_head
-        )
+        lora = Lora.init(cfg, lora_rank, seed)
+        run = cls(base_model, cfg, weights, lora, role, trainable, value_head, key)
         if checkpoint_dir is not None:
             run.restore(Path(checkpoint_dir), with_optimizer=True)
         return run
@@ -250,7 +267,7 @@ class EngineRun:
                 values = ExactLinear.apply(hidden, exact.weight(weight), weight)
                 part = (values + self.value_head["value_head.bias"]).squeeze(-1)
             else:
-                logp = self.model.logits(hidden).log_softmax(-1)
+                logp = exact.log_softmax(self.model.logits(hidden))
                 part = logp.gather(-1, targets[chunk, :width].unsqueeze(-1)).squeeze(-1)
             parts.append(F.pad(part, (0, ids.shape[1] - width)))
         return torch.cat(parts)[torch.tensor(order).argsort()]
@@ -279,6 +296,7 @@ class EngineRun:
             raise InvalidRequest(f"sampler_id {sampler_id!r} already exists")
         if self.weights_version not in self.snapshots:  # unchanged weights share one snapshot
             self.snapshots[self.weights_version] = self.lora.snapshot()
+            self.snapshot_bases[self.weights_version] = self.base_weights
         self.samplers[sampler_id] = self.weights_version
         return OpOutput({"sampler_id": sampler_id}, {"tokens": 0})
 
@@ -292,16 +310,19 @@ class EngineRun:
         self.require_policy("save_weights_for_sampler")
         version = min([0, *self.snapshots]) - 1
         self.snapshots[version] = checkpoint.load_sampler(path)
+        self.snapshot_bases[version] = self.base_weights
         self.samplers[sampler_id] = version
 
     def sampler_model(self, sampler_id: str) -> Llama:
-        """The snapshot's merged sampling copy (W + scale * B @ A), built on first use."""
+        """The snapshot's merged sampling copy (W + scale * B @ A), built on first use. Only
+        the sampler operations call it (the server's sampler lane, beside the training one):
+        a snapshot and its base never change once published."""
         self.require_policy("sampler operation")
         if sampler_id not in self.samplers:
             raise NotFound(f"sampler_id {sampler_id!r} does not exist in this run")
         version = self.samplers[sampler_id]
         if version not in self.sampler_models:
-            merged = self.snapshots[version].merged(self.base_weights)
+            merged = self.snapshots[version].merged(self.snapshot_bases[version])
             self.sampler_models[version] = Llama(self.cfg, merged)
             while len(self.sampler_models) > SAMPLER_MODELS_KEPT:
                 self.sampler_models.popitem(last=False)
@@ -354,7 +375,7 @@ class EngineRun:
                 for row, i in enumerate(chunk):
                     ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
                 hidden = model.hidden(ids, check=self.check_interrupt)
-                logp = model.logits(hidden).log_softmax(-1)[:, :-1]
+                logp = exact.log_softmax(model.logits(hidden))[:, :-1]
                 lp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
                 for row, i in enumerate(chunk):
                     values = lp[row, : len(sequences[i]) - 1]
@@ -411,7 +432,7 @@ class EngineRun:
             *ckpt.optimizer.values(),
         )
         self.cfg = ckpt.config
-        self.base_weights = shared_if_equal(self.base_model, ckpt.base_weights)
+        self.base_weights = shared_if_equal(self.base_key, ckpt.base_weights)
         self.model = Llama(self.cfg, self.base_weights, self.lora)
         with torch.no_grad():
             for name, param in self.trainable_parameters().items():

@@ -32,14 +32,14 @@ def sampling_logprobs(logits: Tensor, params: SamplingParams) -> Tensor:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1.0:
-        probs = logits.softmax(-1)
+        probs = exact.vectorized(torch.exp, exact.log_softmax(logits))
         sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
         mass_before = sorted_probs.cumsum(-1) - sorted_probs
         drop = torch.empty_like(order, dtype=torch.bool).scatter_(
             -1, order, mass_before >= params.top_p
         )
         logits = logits.masked_fill(drop, float("-inf"))
-    return logits.log_softmax(-1)
+    return exact.log_softmax(logits)
 
 
 def draw(logprobs: Tensor, u: Tensor) -> Tensor:
