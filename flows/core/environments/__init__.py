@@ -51,7 +51,7 @@ class Environment(Protocol):
 class HeldOutPrompts(Protocol):
     """An environment's own held-out prompt set (optional; see `held_out_prompts`)."""
 
-    def eval_prompts(self) -> list[str]:
+    def eval_prompts(self) -> list[Prompt]:
         """The prompts evaluation samples, none of which `prompts()` returns."""
         ...
 
@@ -60,7 +60,7 @@ EVAL_CYCLE = -1
 """The cycle the default held-out prompts are drawn for: one training never reaches."""
 
 
-def held_out_prompts(environment: Environment, count: int, seed: int) -> list[str]:
+def held_out_prompts(environment: Environment, count: int, seed: int) -> list[Prompt]:
     """The environment's `eval_prompts()`, or by default `count` of its prompts for
     EVAL_CYCLE, drawn with `seed`."""
     if isinstance(environment, HeldOutPrompts):
