@@ -80,7 +80,7 @@ class PromoteConfig(EvaluateConfig):
     )
     approval_timeout_s: int = Field(
         default=86_400,
-        ge=10,
+        ge=2,
         le=30 * 86_400,
         description="How long the run waits, paused, for the approval form; then it ends "
         "without exporting",

@@ -1,7 +1,7 @@
 """From a training run to an approved model, on the real Prefect server, worker and Whitney
 server of the e2e stack (tests/e2e/conftest.py):
 
-- an RL deployment run with `checkpoint_every` 1 and `eval_every` 1 saves three checkpoints;
+- an RL deployment run with `checkpoint_every` 1 and `eval_every` 1 saves two checkpoints;
   evaluate-checkpoint's trigger starts a run for each, and the latest comparison artifact
   lists them with the numbers of the training run's own `whitney.cycle.completed` events;
   its summary's learning curves show in the UI (headless Chromium: the picture decodes in the
@@ -13,7 +13,10 @@ server of the e2e stack (tests/e2e/conftest.py):
   (sha256);
 - with the stall automations installed by the README's command, a run whose Whitney answers
   stop coming (a proxy in front of the server holds them) is cancelled by the automation of
-  its window, and the cleanup hook leaves no session open.
+  its window, and the cleanup hook leaves no session open; meanwhile, of three bystander flow
+  runs whose cycle events the test sends into the 15 s window, the automation cancels the one
+  whose cycle never completed and spares the one whose cycle completed and the one the
+  cleanup hook released (`whitney.run.released`, labelled `all`).
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -34,6 +38,14 @@ import httpx
 import pytest
 import yaml
 
+from flows.core.events import (
+    ALL_WINDOWS,
+    CYCLE_COMPLETED,
+    CYCLE_STARTED,
+    RUN_RELEASED,
+    STALL_WINDOW_LABEL,
+    flow_run_resource,
+)
 from flows.core.stall import STALL_WINDOWS_S
 
 from .cdp import Chromium, find_chromium
@@ -42,7 +54,7 @@ from .harness import ARTIFACTS_DIR, REPO_ROOT, free_port, run_command, wait_for
 from .test_deployments import assert_nothing_open, journal, sessions_of, trigger
 
 TRAIN: dict[str, Any] = {
-    "cycles": 3,
+    "cycles": 2,
     "seed": 7,
     "prompts_per_cycle": 3,
     "group_size": 4,
@@ -103,13 +115,13 @@ def deployment_runs(stack: Stack, flow: str, name: str) -> list[dict[str, Any]]:
 @pytest.fixture(scope="module")
 def trained(stack: Stack) -> dict[str, Any]:
     """The RL run, evaluate-checkpoint's trigger on while it and its evaluations run: the flow
-    run, its Whitney run id, its checkpoints and the three evaluate-checkpoint runs."""
+    run, its Whitney run id, its checkpoints and an evaluate-checkpoint run for each."""
     started = time.monotonic()
     stack.enable_automation(EVALUATE_TRIGGER, True)
     try:
         flow_run = trigger(stack, dict(TRAIN), "e2e: checkpoints to evaluate")
         done = wait_state(stack, flow_run["id"], ["COMPLETED"])
-        saved = wait_events(stack, done["id"], "whitney.checkpoint.saved", 3)
+        saved = wait_events(stack, done["id"], "whitney.checkpoint.saved", TRAIN["cycles"])
         checkpoints = [event["payload"]["checkpoint"] for event in saved]
 
         def evaluated() -> list[dict[str, Any]] | None:
@@ -136,9 +148,11 @@ def trained(stack: Stack) -> dict[str, Any]:
 
 def test_every_checkpoint_is_evaluated_and_compared(alive: Stack, trained: dict[str, Any]) -> None:
     run_id, checkpoints = trained["run_id"], trained["checkpoints"]
-    assert checkpoints == [f"whitney://runs/{run_id}/states/cycle-{n}" for n in range(3)]
+    assert checkpoints == [
+        f"whitney://runs/{run_id}/states/cycle-{n}" for n in range(TRAIN["cycles"])
+    ]
     flow_run_id = trained["flow_run"]["id"]
-    completed = wait_events(alive, flow_run_id, "whitney.cycle.completed", 3)
+    completed = wait_events(alive, flow_run_id, "whitney.cycle.completed", TRAIN["cycles"])
     inline = [event["payload"]["metrics"] for event in completed]
     (finished,) = wait_events(alive, flow_run_id, "whitney.run.finished", 1)
     exports = [op for op in journal(alive, run_id) if op.kind == "export_lora"]
@@ -357,6 +371,43 @@ def stall_automations(alive: Stack) -> Iterator[list[str]]:
             alive.api._call("DELETE", f"/automations/{automation['id']}")
 
 
+BYSTANDER_EVENTS = {
+    "stalled": [CYCLE_STARTED],
+    "completed": [CYCLE_STARTED, CYCLE_COMPLETED],
+    "released": [CYCLE_STARTED, RUN_RELEASED],
+}
+"""The cycle events sent for each bystander flow run."""
+AUTOMATION_SLACK_S = 10
+"""How long after its window the automation has surely acted (it took 0.6-3.9 s here)."""
+
+
+def start_bystanders(stack: Stack) -> tuple[dict[str, str], float]:
+    """Flow runs created Running, as a training run's would be, and the cycle events of
+    BYSTANDER_EVENTS sent about each through the events API (15 s window; released: `all`);
+    their ids by role, and when the events were sent (monotonic)."""
+    flow = stack.api.post("/flows/", json={"name": "stall-bystander"})
+    ids, sent = {}, []
+    for role, names in BYSTANDER_EVENTS.items():
+        run = stack.api.post(
+            "/flow_runs/",
+            json={"flow_id": flow["id"], "name": f"bystander-{role}", "state": {"type": "RUNNING"}},
+        )
+        ids[role] = run["id"]
+        for name in names:
+            window = ALL_WINDOWS if name == RUN_RELEASED else str(STALL_WINDOWS_S[0])
+            sent.append(
+                {
+                    "id": str(uuid.uuid4()),
+                    "occurred": datetime.now(UTC).isoformat(),
+                    "event": name,
+                    "resource": flow_run_resource(run["id"], **{STALL_WINDOW_LABEL: window}),
+                    "payload": {},
+                }
+            )
+    stack.api.post("/events", json=sent)
+    return ids, time.monotonic()
+
+
 def test_a_stalled_run_is_cancelled_and_leaves_nothing_open(
     alive: Stack, proxied: HoldingProxy, stall_automations: list[str]
 ) -> None:
@@ -372,6 +423,7 @@ def test_a_stalled_run_is_cancelled_and_leaves_nothing_open(
         "three completed cycles", cycles_done, TIMEOUT_S, interval=0.5, evidence=alive.evidence
     )
     proxied.flowing.clear()  # Whitney stops answering
+    bystanders, sent_at = start_bystanders(alive)
     stalled = wait_state(alive, flow_run["id"], ["CANCELLING", "CANCELLED"])
     proxied.flowing.set()  # and comes back, for the cleanup hook
     last = events_of(alive, flow_run["id"], "whitney.cycle.started")[-1]["payload"]
@@ -395,3 +447,10 @@ def test_a_stalled_run_is_cancelled_and_leaves_nothing_open(
     # the hooks of the cycle subflow and of the flow run: the first closes the session
     released = wait_events(alive, flow_run["id"], "whitney.run.released", 1)
     assert sum(event["payload"]["sessions_closed"] for event in released) == 1
+
+    time.sleep(max(0.0, sent_at + STALL_WINDOWS_S[0] + AUTOMATION_SLACK_S - time.monotonic()))
+    states = {role: alive.api.flow_run(run_id)["state_type"] for role, run_id in bystanders.items()}
+    for run_id in bystanders.values():  # they have no process: end them
+        alive.api.set_flow_run_state(run_id, {"type": "CANCELLED"}, force=True)
+    assert states["stalled"] in ("CANCELLING", "CANCELLED"), states
+    assert (states["completed"], states["released"]) == ("RUNNING", "RUNNING"), states

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from flowtest_helpers import artifacts_of, flow_run_sessions
+from flowtest_helpers import CheckpointedRun, artifacts_of, flow_run_sessions
 from prefect import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
@@ -17,8 +17,6 @@ from flows.checkpoints.config import EvaluateConfig
 from flows.checkpoints.evaluate import evaluate_checkpoint
 from flows.checkpoints.frozen import comparison_key
 from flows.core.evaluation.config import EvalSettings
-from flows.rl.config import RLConfig
-from flows.rl.flow import rl_flow
 from flows.sft.config import SFTConfig
 from flows.sft.flow import sft_flow
 from whitney.client import WhitneyClient
@@ -37,10 +35,9 @@ def versions(key: str) -> list[list[dict]]:
 
 
 def test_a_checkpoint_evaluates_as_its_cycle_did_inline(
-    whitney: EmbeddedWhitney, small_config: RLConfig, inspector: WhitneyClient
+    whitney: EmbeddedWhitney, checkpointed_run: CheckpointedRun, inspector: WhitneyClient
 ) -> None:
-    config = small_config.model_copy(update={"checkpoint_every": 1, "eval_every": 1})
-    trained = rl_flow(config)
+    config, trained = checkpointed_run.config, checkpointed_run.result
     checkpoints = [f"whitney://runs/{trained.run_id}/states/cycle-{n}" for n in range(3)]
     assert trained.checkpoint == checkpoints[-1]
     evaluate = EvaluateConfig(api_url=whitney.url, evaluation=config.eval_settings())
@@ -90,8 +87,9 @@ def test_an_sft_checkpoint_evaluates_its_held_out_loss(
     trained = sft_flow(config)
     settings = config.eval_settings()
     assert settings == EvalSettings(env=None, data="corpus", samples=4, max_tokens=64)
+    fewer = settings.model_copy(update={"samples": 1, "max_tokens": 8})  # sampling: not the loss
     result = evaluate_checkpoint(
-        trained.checkpoint, EvaluateConfig(api_url=whitney.url, evaluation=settings)
+        trained.checkpoint, EvaluateConfig(api_url=whitney.url, evaluation=fewer)
     )
     assert result.evaluation.loss == pytest.approx(trained.eval_losses[-1], rel=1e-5)
     assert result.evaluation.loss_tokens is not None and result.evaluation.loss_tokens > 0

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from flowtest_helpers import artifacts_of, flow_run_sessions
+from flowtest_helpers import CheckpointedRun, artifacts_of, flow_run_sessions
 from prefect import get_client
 from prefect.client.schemas.filters import (
     FlowFilter,
@@ -30,8 +30,6 @@ from prefect.settings import PREFECT_API_URL
 
 from flows.checkpoints.config import PromoteConfig
 from flows.checkpoints.promote import promote_checkpoint
-from flows.rl.config import RLConfig
-from flows.rl.flow import rl_flow
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 
@@ -92,10 +90,12 @@ def resume_as_the_ui_does(flow_run: Any, approve: bool, note: str) -> dict[str, 
 
 
 def test_promotion_waits_with_nothing_open_and_a_rejection_ends_it_cleanly(
-    whitney: EmbeddedWhitney, small_config: RLConfig, inspector: WhitneyClient, tmp_path: Path
+    whitney: EmbeddedWhitney,
+    checkpointed_run: CheckpointedRun,
+    inspector: WhitneyClient,
+    tmp_path: Path,
 ) -> None:
-    config = small_config.model_copy(update={"checkpoint_every": 1, "eval_every": 1})
-    trained = rl_flow(config)
+    config, trained = checkpointed_run.config, checkpointed_run.result
     target = tmp_path / "never"
     promotion = Promotion(
         PromoteConfig(
@@ -137,12 +137,12 @@ def test_promotion_waits_with_nothing_open_and_a_rejection_ends_it_cleanly(
         evaluation=config.eval_settings(),
         checkpoint=trained.checkpoint,
         target_dir=str(target),
-        approval_timeout_s=10,
+        approval_timeout_s=2,
     )
     state = promote_checkpoint(unanswered, return_state=True)
     assert state.is_failed()
     texts = [artifact.data for artifact in artifacts_of(state.state_details.flow_run_id)]
-    assert any("Rejected" in text and "no decision within 10 s" in text for text in texts)
+    assert any("Rejected" in text and "no decision within 2 s" in text for text in texts)
     assert not target.exists()
 
 

@@ -1,6 +1,7 @@
 """The events of the flows, against the README's table (*Events*): every event a flow run emits
 is in it with exactly the payload keys and resource labels it lists, and every name in it is
-emitted here (a trained RL run; the checkpoint flows' and the cleanup hook's functions). Each
+emitted here (a trained RL run, the session's `checkpointed_run`; the checkpoint flows' and
+the cleanup hook's functions). Each
 event's resource is the top-level flow run; cycle events come in order, each started one with
 the window the completed one repeats."""
 
@@ -11,12 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from flowtest_helpers import CheckpointedRun
 from prefect import flow
 
 from flows.core import events
-from flows.rl.config import RLConfig
-from flows.rl.flow import rl_flow
-from whitney.local import EmbeddedWhitney
 
 README = Path(__file__).resolve().parents[3] / "README.md"
 
@@ -53,9 +52,10 @@ def checkpoint_flow_events(checkpoint: str, evaluation: dict[str, Any]) -> None:
 
 
 def test_every_event_is_the_readmes(
-    whitney: EmbeddedWhitney, small_config: RLConfig, monkeypatch: pytest.MonkeyPatch
+    checkpointed_run: CheckpointedRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    emitted: list[dict[str, Any]] = []
+    config, result = checkpointed_run.config, checkpointed_run.result
+    emitted = list(checkpointed_run.events)
     real = events.emit_event
 
     def record(event: str, **options: Any) -> Any:
@@ -63,20 +63,10 @@ def test_every_event_is_the_readmes(
         return real(event, **options)
 
     monkeypatch.setattr(events, "emit_event", record)
-    config = small_config.model_copy(update={"cycles": 2, "checkpoint_every": 1, "eval_every": 1})
-    state = rl_flow(config, return_state=True)
-    result = state.result()
-    root = f"prefect.flow-run.{state.state_details.flow_run_id}"
+    root = f"prefect.flow-run.{checkpointed_run.flow_run_id}"
     trained = [event for event in emitted if event["resource"]["prefect.resource.id"] == root]
-    assert [event["event"] for event in trained] == [
-        "whitney.cycle.started",
-        "whitney.cycle.completed",
-        "whitney.checkpoint.saved",
-        "whitney.cycle.started",
-        "whitney.cycle.completed",
-        "whitney.checkpoint.saved",
-        "whitney.run.finished",
-    ]
+    cycle = ["whitney.cycle.started", "whitney.cycle.completed", "whitney.checkpoint.saved"]
+    assert [event["event"] for event in trained] == cycle * 3 + ["whitney.run.finished"]
     cycles = [e for e in trained if e["event"].startswith("whitney.cycle.")]
     for started, completed in zip(cycles[::2], cycles[1::2], strict=True):
         assert started["payload"]["stall_window_s"] == completed["payload"]["stall_window_s"]

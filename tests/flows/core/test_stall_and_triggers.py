@@ -2,15 +2,15 @@
 
 deployments/stall-automations.yaml validates as Prefect's automation model with no key it
 would drop, one proactive automation per window of flows/core/stall.py; the window a cycle
-gets is the multiple of its recent cycle time rounded up to the next of them. On the
-harness's Prefect server, the 15 s automation cancels a flow run whose cycle started and never
-completed, and leaves one whose cycle completed, or whose cleanup hook released it, running.
-The evaluate-checkpoint trigger turns a checkpoint event into parameters the flow accepts."""
+gets is the multiple of its recent cycle time rounded up to the next of them. (That the 15 s
+automation cancels a flow run whose cycle never completed, and spares one whose cycle
+completed or whose cleanup hook released it, is checked on a real Prefect server:
+tests/e2e/test_checkpoints.py.) The evaluate-checkpoint trigger turns a checkpoint event into
+parameters the flow accepts."""
 
 from __future__ import annotations
 
 import itertools
-import time
 import uuid
 from datetime import UTC, datetime
 from pathlib import Path
@@ -18,13 +18,9 @@ from typing import Any
 
 import pytest
 import yaml
-from prefect import flow, get_client
-from prefect.events import emit_event
 from prefect.events.schemas.automations import AutomationCore
-from prefect.events.worker import EventsWorker
 from prefect.server.events.actions import RunDeployment
 from prefect.server.events.schemas.events import ReceivedEvent
-from prefect.states import Running
 from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
 
 from flows.checkpoints.evaluate import evaluate_checkpoint
@@ -42,18 +38,6 @@ from flows.rl.config import RLConfig
 ROOT = Path(__file__).resolve().parents[3]
 STALL = ROOT / "deployments" / "stall-automations.yaml"
 DEPLOYMENTS = ROOT / "deployments" / "prefect.yaml"
-CANCEL_DEADLINE_S = 90
-"""How long the firing test waits for Cancelling (the 15 s window, 5 s evaluation, actions)."""
-TRIGGER_RELOAD_S = 5
-"""Prefect's triggers service may load a new automation after events sent right behind its
-creation (see test_deployment_files.py), so the firing test sends its events in ROUNDS this
-far apart: each round restarts the clocks, the last one counts."""
-ROUNDS = 3
-
-
-@flow(name="stall-subject")
-def subject() -> None:
-    """Never run: its flow runs are created Running and their cycle events sent by hand."""
 
 
 def automations() -> list[dict[str, Any]]:
@@ -98,44 +82,6 @@ def test_the_window_is_the_multiple_of_the_recent_cycle_time_rounded_up(
     assert stall_window(StallSettings(), seconds) == window
     assert STALL_WINDOWS_S[0] == 15
     assert all(later == 2 * earlier for earlier, later in itertools.pairwise(STALL_WINDOWS_S))
-
-
-def test_the_automation_cancels_a_cycle_that_never_completes() -> None:
-    (data,) = [a for a in automations() if a["trigger"]["within"] == STALL_WINDOWS_S[0]]
-    with get_client(sync_client=True) as prefect:
-        stalled, completed, released = (
-            prefect.create_flow_run(subject, state=Running()) for _ in range(3)
-        )
-        resources = [f"prefect.flow-run.{run.id}" for run in (stalled, completed, released)]
-        trigger = {**data["trigger"], "match": {**data["trigger"]["match"]}}
-        trigger["match"]["prefect.resource.id"] = resources  # these flow runs only
-        automation_id = prefect.create_automation(
-            AutomationCore.model_validate({**data, "trigger": trigger})
-        )
-        try:
-            window = {STALL_WINDOW_LABEL: "15"}
-            for round_ in range(ROUNDS):  # one round reaches the automation once it is loaded
-                if round_:
-                    time.sleep(TRIGGER_RELOAD_S)
-                for run in (stalled, completed, released):
-                    emit_event(CYCLE_STARTED, resource=flow_run_resource(run.id, **window))
-                emit_event(CYCLE_COMPLETED, resource=flow_run_resource(completed.id, **window))
-                all_windows = {STALL_WINDOW_LABEL: ALL_WINDOWS}
-                emit_event(RUN_RELEASED, resource=flow_run_resource(released.id, **all_windows))
-                EventsWorker.drain_all()
-            deadline = time.monotonic() + CANCEL_DEADLINE_S
-            while prefect.read_flow_run(stalled.id).state.type.value not in (
-                "CANCELLING",
-                "CANCELLED",
-            ):
-                assert time.monotonic() < deadline, prefect.read_flow_run(stalled.id).state
-                time.sleep(1)
-            assert "Cancelled by Automation" in prefect.read_flow_run(stalled.id).state.message
-            time.sleep(3)  # their windows were evaluated with its own: they stay Running
-            for run in (completed, released):
-                assert prefect.read_flow_run(run.id).state.type.value == "RUNNING"
-        finally:
-            prefect.delete_automation(automation_id)
 
 
 def test_the_evaluate_trigger_gives_the_flow_its_parameters() -> None:
