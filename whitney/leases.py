@@ -9,7 +9,7 @@ import logging
 import threading
 from collections.abc import Callable
 
-from whitney.errors import NotFound, RunNotActive, WhitneyError
+from whitney.errors import NotFound, RunNotActive
 
 logger = logging.getLogger("whitney.leases")
 
@@ -59,5 +59,5 @@ class LeaseKeeper:
             self._renew(session_id)
         except (RunNotActive, NotFound):
             self.release(session_id)  # closed, by the client or by an expired lease
-        except WhitneyError as error:
-            logger.warning("renewing the lease of session %s failed: %s", session_id, error)
+        except Exception as error:  # the thread must outlive any one failure
+            logger.warning("renewing the lease of session %s failed: %r", session_id, error)

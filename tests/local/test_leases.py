@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from whitney.client import WhitneyClient
+from whitney.leases import LeaseKeeper
 from whitney.local import EmbeddedWhitney
 
 from .helpers import assert_error, http, new_run, post_op, sample_request
@@ -120,3 +121,22 @@ def test_a_restarted_server_gives_open_sessions_a_fresh_lease(tmp_path) -> None:
         assert session_of(api, session_id)["status"] == "open"
         session, _ = wait_closed(api, session_id, within_s=4 * TTL_S + 5)
         assert session["closed_reason"] == EXPIRED
+
+
+def test_the_lease_keeper_outlives_a_failed_renewal() -> None:
+    """Any error of one renewal (a dropped connection, a bug in a transport) is logged and the
+    next round renews again: a dead keeper would let every held lease run out."""
+    renewed: list[str] = []
+
+    def renew(session_id: str) -> None:
+        renewed.append(session_id)
+        if len(renewed) == 1:
+            raise RuntimeError("transport broke")
+
+    keeper = LeaseKeeper(renew, 0.05)
+    keeper.hold("sess-a")
+    deadline = time.monotonic() + 10
+    while len(renewed) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    keeper.stop()
+    assert renewed[:3] == ["sess-a"] * 3 and keeper.held() == {"sess-a"}
