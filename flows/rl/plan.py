@@ -15,6 +15,7 @@ from typing import Any
 
 from flows.core.config import ConfigError, check_max_staleness, check_resume_from
 from flows.core.environments import Environment, load_environment
+from flows.core.evaluation.plan import EvalPlan, load_eval_plan
 from flows.core.rendering import config_renderer
 from flows.core.seeds import derive_seed
 from flows.rl.config import RLConfig
@@ -41,6 +42,8 @@ class RLPlan:
     recipe: Recipe
     environment: Environment
     renderer: Renderer
+    evaluation: EvalPlan | None = None
+    """The inline evaluation's eval set (None with eval_every 0)."""
 
     def prompt_tokens(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids: the renderer's generation prompt of its messages (text is
@@ -111,7 +114,9 @@ def load_rl_plan(config: RLConfig) -> RLPlan:
         environment = load_environment(config.env)
     except ValueError as error:
         raise ConfigError("env", str(error)) from None
-    return RLPlan(config, recipe, environment, config_renderer(config))
+    renderer = config_renderer(config)
+    evaluation = load_eval_plan(config.eval_settings(), renderer) if config.eval_every else None
+    return RLPlan(config, recipe, environment, renderer, evaluation)
 
 
 @dataclass(frozen=True)

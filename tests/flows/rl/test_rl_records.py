@@ -39,6 +39,8 @@ METRIC_FIELDS = {
     "tokens_trained",
     "usage",
     "cost",
+    "checkpoint",
+    "eval",
     "op_seconds",
     "wall_seconds",
 }
