@@ -23,12 +23,19 @@ CYCLE_CHECKPOINT_PATTERN = r"^whitney://runs/[A-Za-z0-9_-]+/states/cycle-[0-9]+$
 CYCLE_CHECKPOINT = re.compile(rf"^whitney://runs/(?P<run_id>[A-Za-z0-9_-]+)/states/{CYCLE_NAME}$")
 CYCLE_SAMPLER = re.compile(rf"^{CYCLE_NAME}$")
 CHECKPOINT_URI = re.compile(r"^whitney://runs/[A-Za-z0-9_-]+/states/[A-Za-z0-9._-]+$")
+EVAL_SAMPLER = re.compile(r"^eval-(?P<cycle>\d+)$")
+"""The sampler an inline evaluation after cycle n samples from: `eval-{n}`."""
 
 
 def cycle_name(cycle: int) -> str:
     """The name of the checkpoint saved after cycle `cycle`, and of the sampler cycle `cycle`
     samples from in a pipelined flow."""
     return f"cycle-{cycle}"
+
+
+def eval_sampler_name(cycle: int) -> str:
+    """The sampler of the inline evaluation of the weights after cycle `cycle`."""
+    return f"eval-{cycle}"
 
 
 def checkpoint_cycle(uri: str) -> int:

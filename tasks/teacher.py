@@ -18,6 +18,7 @@ from uuid import UUID
 
 from prefect import get_run_logger, task
 
+from tasks.checkpoints import saved_checkpoints
 from tasks.connection import WhitneyConnection, client_for
 from tasks.names import PARENT_FLOW_RUN_LABEL, checkpoint_run_id
 from tasks.operations import TASK_DEFAULTS
@@ -27,13 +28,7 @@ from whitney.client import WhitneyClient
 
 def final_checkpoint(client: WhitneyClient, run_id: str) -> str | None:
     """The checkpoint of the run's last succeeded save_state, if any."""
-    checkpoints = [
-        str(operation.result["checkpoint"])
-        for operation in client.iter_journal(run_id)
-        if operation.kind == "save_state"
-        and operation.status == "succeeded"
-        and (operation.result or {}).get("checkpoint")
-    ]
+    checkpoints = saved_checkpoints(client, run_id)
     return checkpoints[-1] if checkpoints else None
 
 

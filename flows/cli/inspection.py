@@ -10,7 +10,10 @@ Cycle boundaries come from the journal alone: every cycle of every flow here beg
 publishing a sampler (`save_weights_for_sampler`), so a journal splits at those operations. A
 sampler named `cycle-N` (pipelined RL, distillation, both of its runs) names its cycle; an
 unnamed one (`sampler-<seq>`, the Loop building blocks' loop) counts cycles in order; another
-name (the distillation's `eval-*` samplers) labels its group by that name. Operations before the
+name (an inline evaluation's `eval-N`, after cycle N; the distillation's `eval-start`,
+`eval-end`) labels its group by that name. An inline evaluation sits between two cycles (a
+pipelined cycle has published the next one's sampler before it): the next cycle's operations,
+from its first sample on, go back to that cycle's group. Operations before the
 first sampler are the `setup`; the trailing `save_state` / `export_lora` of the run's normal end
 are the `final` group. A journal with no sampler at all (SFT) is listed by optimizer step.
 
@@ -39,7 +42,7 @@ from typing import Any, Protocol
 
 from flows.core.cost import add_usage, format_usage, total_tokens
 from flows.core.operation_rows import metrics_text, operation_row, parse_time, seconds_text
-from tasks.names import CYCLE_SAMPLER
+from tasks.names import CYCLE_SAMPLER, EVAL_SAMPLER
 from whitney import wire
 
 DEFAULT_SAMPLER = re.compile(r"^sampler-\d+$")
@@ -271,18 +274,28 @@ def cycle_groups(operations: Iterable[wire.Operation]) -> list[CycleGroup]:
     if not any(op.kind == "save_weights_for_sampler" for op in ordered):
         return step_groups(ordered)
     groups: list[CycleGroup] = [CycleGroup("setup")]
+    by_sampler: dict[str, CycleGroup] = {}
     unnamed = 0
     for operation in ordered:
         if operation.kind == "save_weights_for_sampler":
             name = _sampler_name(operation)
             match = CYCLE_SAMPLER.match(name or "")
+            evaluation = EVAL_SAMPLER.match(name or "")
             if match is not None:
                 groups.append(CycleGroup(f"cycle {match[1]}", int(match[1])))
             elif name is None or DEFAULT_SAMPLER.match(name):
                 groups.append(CycleGroup(f"cycle {unnamed}", unnamed))
                 unnamed += 1
             else:
-                groups.append(CycleGroup(name))
+                groups.append(CycleGroup(name, int(evaluation[1]) if evaluation else None))
+            if evaluation is None and name is not None:
+                by_sampler[name] = groups[-1]
+        elif (
+            operation.sampler_id in by_sampler
+            and by_sampler[operation.sampler_id] is not groups[-1]
+        ):
+            # after an inline evaluation, the next cycle's samples: back to that cycle's group
+            groups.append(groups.pop(groups.index(by_sampler[operation.sampler_id])))
         groups[-1].operations.append(operation)
     return split_final(groups)
 

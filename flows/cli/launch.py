@@ -1,12 +1,14 @@
 """What every `whitney-flows run FLOW` does once its config is checked: reach Whitney (a URL
 that does not answer, or refuses the key, exits 2 before any flow run starts) or start the
 embedded server, run the flow with progress fed by its metrics JSON lines, download the
-exported adapter and print a summary table, then the command that exports the adapter. Exit
-codes as in `flows.cli.main`."""
+exported adapter and print a summary table, then where the learning curves are (the summary
+artifact's picture, as a PNG beside the metrics file: `--metrics-out`'s, else in the adapter
+directory) and the command that exports the adapter. Exit codes as in `flows.cli.main`."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import time
 from collections.abc import Callable
@@ -27,6 +29,7 @@ from flows.cli.watchdog import watch
 from flows.core.config import ConfigError, FlowConfig
 from flows.core.connection import EMBEDDED_URL_ENV, check_whitney
 from flows.core.endpoint import resolve_endpoint
+from flows.core.plots import picture_beside
 from flows.core.served import check_served
 from flows.core.summary import export_command
 from tasks.connection import WhitneyConnection, client_for
@@ -71,6 +74,7 @@ def launch_flow(
         except (ConfigError, ServerStartError) as error:
             print(f"{prog}: {error}", file=sys.stderr)
             return EXIT_BAD_CONFIG
+        temporary = not config.metrics_path  # then the picture goes to adapter_dir
         if config.metrics_path:
             metrics_path = Path(config.metrics_path)
         else:
@@ -98,6 +102,13 @@ def launch_flow(
             result.adapter.artifact_id, adapter_dir / f"{result.run_id}-adapter.tar"
         )
         console.print(summarize(result, adapter_path.resolve(), wall_seconds))
+        picture = picture_beside(metrics_path)
+        if picture.is_file():
+            if temporary:
+                picture = Path(
+                    shutil.copyfile(picture, adapter_dir / f"{result.run_id}-learning-curves.png")
+                )
+            console.print(f"Learning curves: {picture.resolve()}", soft_wrap=True, markup=False)
         command = export_command(result.run_id, export_url)
         console.print(f"Export the adapter: {command}", soft_wrap=True, markup=False)
     return EXIT_OK

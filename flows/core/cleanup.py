@@ -6,7 +6,8 @@ It needs no in-memory state: it finds the Whitney sessions by the label the flow
 with a client built from the flow run's parameters and the environment, so it works in the
 flow's process and in a runner or worker that runs `on_cancellation` after the flow process
 was killed. It cancels every run that is not terminal, polls each until terminal (bounded),
-closes the sessions, logs what it did, is idempotent, and never raises past Prefect.
+closes the sessions, logs what it did, emits `whitney.run.released` (which also stops the
+stall automations' clocks for the flow run), is idempotent, and never raises past Prefect.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from prefect.logging.loggers import flow_run_logger
 from prefect.states import State
 
 from flows.core.connection import resolve_connection
+from flows.core.events import run_released
 from tasks.connection import client_for
 from tasks.names import FLOW_RUN_LABEL, PARENT_FLOW_RUN_LABEL
 from tasks.release import release_sessions
@@ -74,8 +76,10 @@ def release_whitney(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) 
             state.name,
             ", ".join(str(owner) for owner in owners),
         )
-        for owner in owners:
-            release_sessions(client_for(connection), owner, timeout_s, logger)
+        released = sum(
+            release_sessions(client_for(connection), owner, timeout_s, logger) for owner in owners
+        )
+        run_released(owners[-1], flow_run.id, state.name or "", released)
     except Exception as error:
         logger.error("Whitney cleanup of flow run %s failed: %r", flow_run.id, error)
 

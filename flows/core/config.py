@@ -16,6 +16,8 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flows.core.cost import Budget, PriceTable
+from flows.core.evaluation.config import EvalSettings
+from flows.core.stall import StallSettings
 from tasks.names import CYCLE_CHECKPOINT_PATTERN, checkpoint_cycle
 from tasks.retry import TaskRetrySettings
 from whitney.renderers import RendererName
@@ -151,6 +153,16 @@ class FlowConfig(BaseModel):
         description="Continue from this checkpoint (whitney://runs/<run>/states/cycle-<n>, "
         "from any earlier flow run) on a new run, at cycle n+1",
     )
+    stall: StallSettings = Field(
+        default_factory=StallSettings,
+        description="The stall automations (deployments/automations.yaml) cancel the flow run "
+        "when a cycle runs `multiple` times the recent cycle time without completing",
+    )
+
+    def eval_settings(self) -> EvalSettings | None:
+        """What an evaluation of this flow's checkpoints samples (None: nothing to evaluate);
+        every `whitney.checkpoint.saved` event carries it."""
+        return None
 
     def served_models(self) -> dict[str, str]:
         """The base models the flow trains or scores, by the field that names them (checked

@@ -25,6 +25,7 @@ the adapter. Never the API key: only the Whitney URL goes into a summary.
 
 from __future__ import annotations
 
+import base64
 import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
@@ -46,8 +47,10 @@ from flows.core.budget import BudgetGuard
 from flows.core.config import FlowConfig
 from flows.core.connection import flow_run_api_url, resolve_connection
 from flows.core.cost import Usage
+from flows.core.events import CycleEvents, checkpoint_saved
 from flows.core.heartbeat import subflows_without_heartbeat
 from flows.core.operation_rows import metrics_text, operation_row, seconds_text
+from flows.core.plots import Panel, picture_beside, render_png
 from flows.core.sequenced_client import SequencedClient
 from flows.core.summary import export_command
 from flows.core.task_runner_settings import TaskRunnerSettings
@@ -100,6 +103,7 @@ def run_cycles(
     last cycle it ran (None: none ran)."""
     flow_run_id = FlowRunContext.get().flow_run.id
     runner_settings = config if isinstance(config, TaskRunnerSettings) else THREADS
+    events = CycleEvents(config.stall)
     last: M | None = None
     with (
         cycle_task_runners(runner_settings) as runner_for_cycle,
@@ -118,11 +122,15 @@ def run_cycles(
                 if (reason := guard.stop_reason(number, estimate=bound)) is not None:
                     get_run_logger().warning("%s: saving, exporting and closing now", reason)
                     break
+            events.started(number)
             metrics = step(cycle_flow, number, last)
             if guard is not None:  # the flows with a budget record the cycle's `usage`
                 cost = guard.add_cycle(metrics.usage)  # type: ignore[attr-defined]
                 metrics = metrics.model_copy(update={"cost": cost})
             records.add_cycle(metrics)
+            events.completed(number, metrics_row(metrics, rounded=False))
+            if (checkpoint := getattr(metrics, "checkpoint", None)) is not None:
+                checkpoint_saved(checkpoint, config.eval_settings())
             last = metrics
     return last
 
@@ -141,16 +149,21 @@ def artifact_key(*parts: str) -> str:
     return re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", text)).strip("-")
 
 
-def metrics_row(metrics: CycleResult) -> dict[str, float | int | None]:
-    """The cycle's metrics as one flat table row: seconds per operation kind as columns;
-    nested values (an SFT cycle's evals) stay in the metrics JSON line."""
+def metrics_row(metrics: CycleResult, rounded: bool = True) -> dict[str, float | int | str | None]:
+    """The cycle's metrics as one flat table row: an inline evaluation's as `eval.<name>`,
+    seconds per operation kind as columns; other nested values (an SFT cycle's evals) stay in
+    the metrics JSON line. Floats to 6 decimals (`rounded`), as the table shows them."""
     row = metrics.model_dump(mode="json", exclude={"op_seconds"})
+    evaluation = row.pop("eval", None) or {}
     row = {name: value for name, value in row.items() if not isinstance(value, list | dict)}
+    row.update((f"eval.{name}", value) for name, value in evaluation.items() if value is not None)
     row.update(sorted(getattr(metrics, "recipe_metrics", {}).items()))  # e.g. value_loss
     for kind, counters in sorted((getattr(metrics, "usage", None) or {}).items()):
         row[f"tokens_{kind}"] = int(counters.get("tokens", 0))  # billed usage (flows.core.cost)
     for kind, seconds in sorted(metrics.op_seconds.items()):
         row[f"seconds_{kind}"] = round(seconds, 4)
+    if not rounded:
+        return row
     return {
         name: round(value, 6) if isinstance(value, float) else value for name, value in row.items()
     }
@@ -183,13 +196,16 @@ def record_cycle(
 
 
 class RunRecords:
-    """A flow run's progress artifact, metrics file and summary (keys start with `key_prefix`)."""
+    """A flow run's progress artifact, metrics file and summary (keys start with `key_prefix`),
+    with its learning curves (a PNG in the summary, and beside the metrics file)."""
 
     def __init__(self, key_prefix: str, total_cycles: int, metrics_path: str | None) -> None:
         self.key_prefix = artifact_key(key_prefix)
         self.total_cycles = total_cycles
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.cycles: list[Any] = []  # the flow's cycle metrics, in order
+        self.picture_path: Path | None = None
+        """Where the learning curves were written: beside the metrics file, if there is one."""
         self._progress_id = create_progress_artifact(
             progress=0.0,
             key=artifact_key(self.key_prefix, "progress"),
@@ -207,11 +223,29 @@ class RunRecords:
         )
 
     def add_markdown_summary(
-        self, title: str, rows: list[tuple[str, str]], description: str
+        self,
+        title: str,
+        rows: list[tuple[str, str]],
+        description: str,
+        curves: Sequence[Panel] = (),
     ) -> UUID:
-        """The final summary of any flow: a markdown table of (name, value) rows."""
+        """The final summary of any flow: a markdown table of (name, value) rows, then the
+        learning curves as an inline PNG (a data URI, which the Prefect UI shows), the same
+        bytes as the picture written beside the metrics file (`picture_path`)."""
         lines = [f"# {title}", "", "| | |", "| --- | --- |"]
         lines += [f"| {name} | {value} |" for name, value in rows]
+        if curves:
+            png = render_png(curves)
+            if self.metrics_path is not None:
+                self.picture_path = picture_beside(self.metrics_path)
+                self.picture_path.write_bytes(png)
+            data = base64.b64encode(png).decode("ascii")
+            lines += [
+                "",
+                "## Learning curves",
+                "",
+                f"![learning curves](data:image/png;base64,{data})",
+            ]
         return create_markdown_artifact(
             markdown="\n".join(lines),
             key=artifact_key(self.key_prefix, "summary"),

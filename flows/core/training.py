@@ -23,8 +23,11 @@ from pydantic import BaseModel, Field
 
 from flows.core.cleanup import session_labels
 from flows.core.config import FlowConfig
+from flows.core.connection import flow_run_api_url
+from flows.core.events import checkpoint_saved, run_finished
 from flows.core.sequenced_client import SequencedClient
 from flows.core.served import check_served
+from flows.core.summary import export_command
 from tasks.connection import WhitneyConnection
 from tasks.lifecycle import capabilities, close_session, create_run, finish_run, open_session
 from tasks.resume import ResumePoint, find_resume_point
@@ -145,7 +148,8 @@ def end_training_run(
 ) -> TrainingResult:
     """The normal end, from where `client` stands: save_state named `checkpoint_name`
     (unnamed if None), export_lora, finish the trained run and then `other_run_ids` (a
-    critic, a teacher), close the session."""
+    critic, a teacher), close the session; then the `whitney.checkpoint.saved` and
+    `whitney.run.finished` events."""
     state = {"name": checkpoint_name} if checkpoint_name is not None else {}
     saved = client.execute(training.run_id, "save_state", state)
     exported = client.execute(training.run_id, "export_lora", {})
@@ -153,10 +157,15 @@ def end_training_run(
     for run_id in (training.run_id, *other_run_ids):
         with_retry(finish_run, retry)(training.connection, run_id)
     with_retry(close_session, retry)(training.connection, training.session_id)
-    return TrainingResult(
+    result = TrainingResult(
         session_id=training.session_id,
         run_id=training.run_id,
         checkpoint=saved.result_as(wire.SaveStateResult).checkpoint,
         adapter=exported.result_as(wire.ExportLoraResult),
         resumed_from=training.start.checkpoint,
     )
+    checkpoint_saved(result.checkpoint, training.config.eval_settings())
+    adapter = result.adapter
+    command = export_command(result.run_id, flow_run_api_url())
+    run_finished(result.run_id, result.checkpoint, adapter.sha256, adapter.artifact_id, command)
+    return result

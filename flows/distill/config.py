@@ -8,6 +8,8 @@ from typing import Any
 from pydantic import Field, field_validator
 
 from flows.core.config import BudgetField, FlowConfig, MaxStalenessField, PricesField
+from flows.core.evaluation.config import CORPUS as EVAL_CORPUS
+from flows.core.evaluation.config import EvalSettings
 from flows.core.task_runner_settings import TaskRunnerSettings
 from flows.sft.config import EvalFraction, SFTConfig
 from tasks.names import CHECKPOINT_URI
@@ -99,6 +101,15 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
         description="Submit the student's save_weights_for_sampler and sample requests "
         "together (a reserved block of seq ids)",
     )
+    eval_every: int = Field(
+        default=0,
+        ge=0,
+        le=100_000,
+        description="Evaluate the student after every this many cycles and after the last, on "
+        "a sampler of its own: the held-out prompts sampled greedily and samples_per_prompt "
+        "times (eval.reward_mean, eval.pass_at_k) and, with prompts=corpus, its eval loss "
+        "(eval.loss); 0: never. Training is the same either way",
+    )
     max_staleness: MaxStalenessField
     budget: BudgetField
     prices: PricesField
@@ -135,6 +146,27 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
         """Teacher logprobs calls per cycle."""
         size = self.teacher_chunk_size or self.sequences_per_cycle
         return -(-self.sequences_per_cycle // size)
+
+    def eval_settings(self) -> EvalSettings | None:
+        """With prompts=corpus, the held-out pairs (rewarded by similarity to their reference,
+        and scored for the eval loss; None when eval_fraction holds none out); else the prompt
+        source's held-out prompts."""
+        if self.prompts == CORPUS:
+            if self.eval_fraction == 0:
+                return None
+            source = {"env": None, "data": self.data_path or EVAL_CORPUS}
+        else:
+            source = {"env": self.prompts, "data": None}
+        return EvalSettings(
+            **source,
+            eval_fraction=self.eval_fraction or EvalSettings().eval_fraction,
+            samples=self.samples_per_prompt,
+            max_tokens=self.max_tokens,
+            temperature=1.0,
+            seed=self.seed,
+            tokenizer=self.tokenizer,
+            renderer=self.renderer,
+        )
 
     def teacher_sft_config(self) -> SFTConfig | None:
         """The SFT subflow's config, on the teacher's endpoint, provider, model and rank."""

@@ -43,17 +43,23 @@ from flows.core.config import checkpoint_due
 from flows.core.connection import resolve_connection
 from flows.core.cost import Usage, add_usage, format_cost, format_usage, usage_of
 from flows.core.cycles import RunRecords, by_run, cycle_client, record_cycle, run_cycles, run_rows
+from flows.core.evaluation.plan import completion_logprobs
+from flows.core.evaluation.sampler import evaluate_after_cycle
 from flows.core.sampling_ahead import CycleSamples, sample_ahead
 from flows.core.sequenced_client import Call, SequencedClient
 from flows.core.staleness import SampleBlock, Schedule
 from flows.core.training import end_training_run, require_served, start_training_run
 from flows.distill.config import LOSS_FUNCTION, DistillationConfig
-from flows.distill.metrics import DistillationResult, DistillCycleMetrics, EvalLosses
+from flows.distill.metrics import (
+    DistillationResult,
+    DistillCycleMetrics,
+    EvalLosses,
+    learning_curves,
+)
 from flows.distill.plan import (
     DistillPlan,
     check_distill_config,
     chunked,
-    completion_logprobs,
     load_distill_plan,
     reverse_kl_advantages,
 )
@@ -197,7 +203,7 @@ def run_distill_cycle(
     sampling.wait_ahead(client)  # the later cycles' samples ran beside this training
     schedule = Schedule(config.max_staleness, first_cycle, config.checkpoint_every, config.cycles)
     log = client.log
-    return DistillCycleMetrics(
+    metrics = DistillCycleMetrics(
         cycle=cycle,
         started_at=started_at,
         seq_start=seq_start,
@@ -224,6 +230,10 @@ def run_distill_cycle(
         op_seconds=dict(log.seconds),
         wall_seconds=time.perf_counter() - started,
     )
+    evaluation = evaluate_after_cycle(  # {} unless due; after the numbers above are taken
+        client, run_id, cycle, config.eval_every, config.cycles, plan.evaluation
+    )
+    return metrics.model_copy(update=evaluation)
 
 
 @flow(name="distill-cycle", flow_run_name="cycle-{cycle}", persist_result=False, **CLEANUP_HOOKS)
@@ -444,6 +454,7 @@ def distillation_flow(
         "Distillation flow summary",
         summary_rows(result),
         "teacher_kl, eval losses, usage and cost, checkpoint and adapter of the distillation",
+        learning_curves(result.cycles),
     )
     if guard.stopped:
         logger.warning("Stopped early by the budget: %s", guard.stopped)

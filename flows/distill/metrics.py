@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import BaseModel, Field
 
 from flows.core.cost import Usage
 from flows.core.cycles import CycleResult
+from flows.core.evaluation.plan import EvalMetrics
+from flows.core.plots import Line, Panel
 from flows.core.staleness import SampleBlock
 from flows.core.training import TrainingResult
 from flows.sft.metrics import SFTResult
@@ -57,6 +61,9 @@ class DistillCycleMetrics(CycleResult):
     usage: Usage = Field(description="Billed usage per operation kind, both runs")
     teacher_usage: Usage = Field(description="The part of `usage` billed on the teacher run")
     cost: float | None = Field(default=None, description="Estimated USD, with a price table")
+    eval: EvalMetrics | None = Field(
+        default=None, description="The inline evaluation of the student after the cycle"
+    )
 
 
 class DistillationResult(TrainingResult):
@@ -80,3 +87,24 @@ class DistillationResult(TrainingResult):
     teacher_sft: SFTResult | None = Field(
         default=None, description="The SFT flow's result, when the flow trained its teacher"
     )
+
+
+def learning_curves(cycles: Sequence[DistillCycleMetrics]) -> list[Panel]:
+    """The distillation summary's picture: teacher_kl and loss by cycle, and the inline
+    evaluations (the student's eval loss, its rewards on the held-out prompts)."""
+    evaluated = [(cycle.cycle, cycle.eval) for cycle in cycles if cycle.eval is not None]
+    panels = [
+        Panel(
+            "teacher_kl", "cycle", [Line("teacher_kl", [(c.cycle, c.teacher_kl) for c in cycles])]
+        ),
+        Panel("loss", "cycle", [Line("loss", [(c.cycle, c.loss) for c in cycles])]),
+    ]
+    if evaluated:
+        losses = [(n, e.loss) for n, e in evaluated if e.loss is not None]
+        panels.append(Panel("eval loss (student)", "cycle", [Line("eval.loss", losses)]))
+        rewards = [
+            Line(f"eval.{name}", [(n, getattr(e, name)) for n, e in evaluated])
+            for name in ("reward_mean", "pass_at_k")
+        ]
+        panels.append(Panel("eval (held-out prompts)", "cycle", rewards))
+    return panels

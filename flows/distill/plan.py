@@ -18,13 +18,19 @@ eval set; or from an RL environment's prompts (no eval set).
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from flows.core.config import ConfigError, check_max_staleness, check_resume_from
 from flows.core.cost import Usage
+from flows.core.evaluation.plan import (
+    EvalPlan,
+    HeldOutPair,
+    load_eval_plan,
+    loss_per_token,
+    prompt_key,
+)
 from flows.core.rendering import config_renderer, load_renderer
 from flows.core.seeds import derive_seed
 from flows.core.task_runner_settings import check_task_runner
@@ -57,18 +63,6 @@ def reverse_kl_advantages(
         running = terms[index] + discount * running
         advantages[index] = running
     return advantages
-
-
-def completion_logprobs(row: list[float | None], prompt_length: int, count: int) -> list[float]:
-    """The logprobs of the `count` completion tokens from a `logprobs` row of the whole
-    sequence (prompt + completion; the row's first entry is null)."""
-    values = row[prompt_length : prompt_length + count]
-    if len(values) != count or any(value is None for value in values):
-        raise ValueError(
-            f"a logprobs row of {len(row)} entries has no {count} completion logprobs after a "
-            f"prompt of {prompt_length} tokens"
-        )
-    return [float(value) for value in values]  # type: ignore[arg-type]
 
 
 def chunked(items: list[Any], size: int) -> list[list[Any]]:
@@ -107,15 +101,11 @@ class CorpusPrompts:
         return [rng.choice(self.train_prompts) for _ in range(count)]
 
 
-def prompt_key(prompt: Prompt) -> str:
-    """A prompt's sort key: its text, or its messages as canonical JSON."""
-    return prompt if isinstance(prompt, str) else json.dumps(prompt, sort_keys=True)
-
-
 def load_corpus(config: DistillationConfig, renderer: Renderer):
-    """(prompt source, eval sequences) of the corpus: its training split's distinct prompts
-    (a conversation's: the messages before its last assistant turn), and its held-out split
-    (the SFT flow's split of the same data) as tokens, the last assistant turn the completion."""
+    """(prompt source, eval sequences, held-out pairs) of the corpus: its training split's
+    distinct prompts (a conversation's: the messages before its last assistant turn), and its
+    held-out split (the SFT flow's split of the same data) as tokens, the last assistant turn
+    the completion, and as text."""
     from flows.sft.corpus import builtin_examples, read_examples
     from flows.sft.plan import example_tokens, held_out
 
@@ -135,11 +125,16 @@ def load_corpus(config: DistillationConfig, renderer: Renderer):
         ]
     except ValueError as error:
         raise ConfigError("data_path", str(error)) from None
-    return CorpusPrompts(train), eval_set
+    pairs = [
+        HeldOutPair(example.prompt, example.completion, tuple(example.conversation()))
+        for example in (examples[index] for index in sorted(evaluated))
+    ]
+    return CorpusPrompts(train), eval_set, pairs
 
 
 def load_prompt_source(config: DistillationConfig, renderer: Renderer):
-    """(prompt source, eval sequences or []) for `config.prompts`; ConfigError if unknown."""
+    """(prompt source, eval sequences or [], held-out pairs or []) for `config.prompts`;
+    ConfigError if unknown."""
     if config.prompts == CORPUS:
         return load_corpus(config, renderer)
     from flows.core.environments import load_environment
@@ -154,7 +149,7 @@ def load_prompt_source(config: DistillationConfig, renderer: Renderer):
             f"{config.prompts} is a multi-turn environment: a prompt source needs "
             "prompts(cycle, count, seed)",
         )
-    return source, []
+    return source, [], []
 
 
 # --------------------------------------------------------------------------- the plan
@@ -169,6 +164,8 @@ class DistillPlan:
     source: PromptSource
     eval_set: list[EvalSequence]
     renderer: Renderer
+    evaluation: EvalPlan | None = None
+    """The inline evaluation's eval set (None with eval_every 0)."""
 
     def prompt_tokens(self, prompt: Prompt) -> list[int]:
         return self.renderer.build_generation_prompt(as_messages(prompt))
@@ -209,12 +206,7 @@ class DistillPlan:
 
     def eval_loss(self, rows: list[list[float | None]]) -> tuple[float, int]:
         """(mean -logprob per completion token, tokens) of a logprobs answer to eval_payload."""
-        total, tokens = 0.0, 0
-        for sequence, row in zip(self.eval_set, rows, strict=True):
-            values = completion_logprobs(row, len(sequence.prompt), len(sequence.completion))
-            total -= sum(values)
-            tokens += len(values)
-        return total / max(tokens, 1), tokens
+        return loss_per_token([(s.prompt, s.completion) for s in self.eval_set], rows)
 
 
 def same_tokenizer(student: str, teacher: str) -> bool:
@@ -247,8 +239,17 @@ def check_same_renderer(config: DistillationConfig, student: Renderer) -> None:
 
 def load_distill_plan(config: DistillationConfig) -> DistillPlan:
     renderer = config_renderer(config)
-    source, eval_set = load_prompt_source(config, renderer)
-    return DistillPlan(config, source, eval_set, renderer)
+    source, eval_set, pairs = load_prompt_source(config, renderer)
+    evaluation = None
+    if config.eval_every:
+        settings = config.eval_settings()
+        if settings is None:
+            raise ConfigError("eval_every", "prompts=corpus with eval_fraction 0 hold none out")
+        try:
+            evaluation = load_eval_plan(settings, renderer, pairs)
+        except ConfigError as error:
+            raise ConfigError("prompts", error.message) from None
+    return DistillPlan(config, source, eval_set, renderer, evaluation)
 
 
 def check_distill_config(config: DistillationConfig) -> DistillPlan:

@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from flows.core.config import BudgetField, FlowConfig, MaxStalenessField, PricesField
+from flows.core.evaluation.config import EvalSettings
 from whitney.losses import LOSS_FUNCTIONS
 
 LossName = Literal[LOSS_FUNCTIONS]  # type: ignore[valid-type]
@@ -171,6 +172,15 @@ class RLConfig(FlowConfig):
         "around the current weights and weighs each token by its truncated importance weight "
         "(decoupled PPO); false: around the sampler's weights",
     )
+    eval_every: int = Field(
+        default=0,
+        ge=0,
+        le=100_000,
+        description="Evaluate the weights after every this many cycles and after the last, on "
+        "a sampler of their own: the environment's held-out prompts, greedily and group_size "
+        "times at the temperature (eval.reward_mean, eval.pass_at_k); 0: never. Training is "
+        "the same either way",
+    )
     rollout: RolloutSettings = Field(
         default_factory=RolloutSettings,
         description="Multi-turn environments: turn, token and time limits of an episode, and "
@@ -178,3 +188,15 @@ class RLConfig(FlowConfig):
     )
     budget: BudgetField
     prices: PricesField
+
+    def eval_settings(self) -> EvalSettings:
+        """The environment's held-out prompts, k = group_size samples at the temperature."""
+        return EvalSettings(
+            env=self.env,
+            samples=self.group_size,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            seed=self.seed,
+            tokenizer=self.tokenizer,
+            renderer=self.renderer,
+        )

@@ -69,6 +69,7 @@ from flows.core.config import checkpoint_due
 from flows.core.connection import resolve_connection
 from flows.core.cost import format_cost, format_usage
 from flows.core.cycles import RunRecords, by_run, cycle_client, record_cycle, run_cycles, run_rows
+from flows.core.evaluation.sampler import evaluate_after_cycle
 from flows.core.sampling_ahead import CycleSamples, sample_ahead
 from flows.core.sequenced_client import Call, OperationLog, SequencedClient
 from flows.core.staleness import SampleBlock, Schedule
@@ -85,7 +86,7 @@ from flows.rl.auxiliary import (
 from flows.rl.batch import GroupScore, TrainingBatch, build_training_batch
 from flows.rl.config import RLConfig
 from flows.rl.episodes import build_episode_batch
-from flows.rl.metrics import CycleMetrics, RLResult
+from flows.rl.metrics import CycleMetrics, RLResult, learning_curves
 from flows.rl.off_policy import decouple, decouples, logprobs_requests
 from flows.rl.plan import RLPlan, check_rl_config, load_rl_plan
 from tasks.names import cycle_name
@@ -283,16 +284,21 @@ def run_cycle(
     )
     if kl_sample_train is not None:  # the datums carry the current weights' logprobs
         metrics = metrics.model_copy(update={"kl_sample_train": kl_sample_train})
+    evaluation = evaluate_after_cycle(  # {} unless due; after the numbers above are taken
+        client, run_id, cycle, config.eval_every, config.cycles, plan.evaluation
+    )
     return metrics.model_copy(
         update={
             "groups_resampled": batch.groups_resampled,
             "groups_dropped": batch.groups_dropped,
             "recipe_metrics": batch.recipe_metrics,
             "auxiliary_seq_end": seq_ends(auxiliary, client.ledger),
+            "checkpoint": tail.checkpoint,
             "sampler_id": sampling.sampler_id,
             "staleness": staleness,
             "presampled": sampling.presampled_after(cycle, presampled),
             "episodes": batch.episodes,
+            **evaluation,
         }
     )
 
@@ -346,6 +352,7 @@ def add_summary(records: RunRecords, result: RLResult) -> UUID:
         "RL flow summary",
         rows + run_rows(result),
         "Checkpoint and exported adapter of the RL flow run",
+        learning_curves(result.cycles),
     )
 
 

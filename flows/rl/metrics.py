@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import BaseModel, Field
 
 from flows.core.cycles import CycleResult
+from flows.core.evaluation.plan import EvalMetrics
+from flows.core.plots import Line, Panel
 from flows.core.staleness import SampleBlock
 from flows.core.training import TrainingResult
 
@@ -118,6 +122,12 @@ class CycleMetrics(CycleResult):
     episodes: EpisodeStats | None = Field(
         default=None, description="A multi-turn environment's episodes and turns"
     )
+    checkpoint: str | None = Field(
+        default=None, description="The cycle-{n} checkpoint saved after the cycle, if one was"
+    )
+    eval: EvalMetrics | None = Field(
+        default=None, description="The inline evaluation of the weights after the cycle"
+    )
 
 
 class RLResult(TrainingResult):
@@ -131,3 +141,19 @@ class RLResult(TrainingResult):
     budget_stop: str | None = Field(
         default=None, description="Why the flow stopped before its last cycle, if it did"
     )
+
+
+def learning_curves(cycles: Sequence[CycleMetrics]) -> list[Panel]:
+    """The RL summary's picture: reward and loss by cycle, and the inline evaluations."""
+    evaluated = [(cycle.cycle, cycle.eval) for cycle in cycles if cycle.eval is not None]
+    panels = [
+        Panel("reward", "cycle", [Line("reward_mean", [(c.cycle, c.reward_mean) for c in cycles])]),
+        Panel("loss", "cycle", [Line("loss", [(c.cycle, c.loss) for c in cycles])]),
+    ]
+    if evaluated:
+        lines = [
+            Line(f"eval.{name}", [(n, getattr(e, name)) for n, e in evaluated])
+            for name in ("reward_mean", "sampled_reward_mean", "pass_at_k")
+        ]
+        panels.insert(1, Panel("eval (held-out prompts)", "cycle", lines))
+    return panels

@@ -21,6 +21,7 @@ from flows.core.environments.multiturn import (
     environment_io,
     max_action_tokens,
 )
+from flows.core.evaluation.plan import EvalPlan, load_eval_plan
 from flows.core.rendering import config_renderer
 from flows.core.seeds import derive_seed
 from flows.rl.config import RLConfig
@@ -47,6 +48,8 @@ class RLPlan:
     recipe: Recipe
     environment: Environment | MultiTurnEnvironment
     renderer: Renderer
+    evaluation: EvalPlan | None = None
+    """The inline evaluation's eval set (None with eval_every 0)."""
 
     @property
     def multi_turn(self) -> bool:
@@ -136,7 +139,15 @@ def load_rl_plan(config: RLConfig) -> RLPlan:
         max_action_tokens(environment)
     except (ValueError, TypeError) as error:
         raise ConfigError("env", str(error)) from None
-    return RLPlan(config, recipe, environment, config_renderer(config))
+    renderer = config_renderer(config)
+    if config.eval_every and isinstance(environment, MultiTurnEnvironment):
+        raise ConfigError(
+            "eval_every",
+            f"{config.env} is a multi-turn environment: the inline evaluation samples one "
+            "completion per held-out prompt (eval_every 0: none)",
+        )
+    evaluation = load_eval_plan(config.eval_settings(), renderer) if config.eval_every else None
+    return RLPlan(config, recipe, environment, renderer, evaluation)
 
 
 @dataclass(frozen=True)

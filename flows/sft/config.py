@@ -15,6 +15,7 @@ from pydantic import Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
 from flows.core.config import FlowConfig, checkpoint_every_field
+from flows.core.evaluation.config import CORPUS, EvalSettings
 from flows.sft.schedules import ScheduleName
 
 EvalFraction = Annotated[
@@ -30,6 +31,8 @@ EvalFraction = Annotated[
 """The `eval_fraction` of the flows that read (prompt, completion) examples."""
 
 DEFAULT_STEPS = 60
+EVAL_MAX_TOKENS = 64
+"""Most tokens of a sampled completion when an SFT checkpoint is evaluated."""
 
 
 class SFTConfig(FlowConfig):
@@ -90,6 +93,22 @@ class SFTConfig(FlowConfig):
         exclude=True,
         description="Not used by SFT: size it with steps (and steps_per_cycle) or epochs",
     )
+
+    def eval_settings(self) -> EvalSettings | None:
+        """The held-out split of the data (none with eval_fraction 0): its eval loss, and its
+        prompts sampled 4 times each, rewarded by similarity to their reference completion."""
+        if self.eval_fraction == 0:
+            return None
+        return EvalSettings(
+            env=None,
+            data=self.data_path or CORPUS,
+            eval_fraction=self.eval_fraction,
+            samples=4,
+            max_tokens=EVAL_MAX_TOKENS,
+            seed=self.seed,
+            tokenizer=self.tokenizer,
+            renderer=self.renderer,
+        )
 
     @field_validator("cycles")
     @classmethod

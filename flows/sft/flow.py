@@ -42,7 +42,7 @@ from flows.core.cycles import RunRecords, by_run, cycle_client, record_cycle, ru
 from flows.core.sequenced_client import SequencedClient
 from flows.core.training import end_training_run, start_training_run
 from flows.sft.config import SFTConfig
-from flows.sft.metrics import EvalPoint, SFTCycleMetrics, SFTResult
+from flows.sft.metrics import EvalPoint, SFTCycleMetrics, SFTResult, learning_curves
 from flows.sft.plan import LOSS_FUNCTION, SFTPlan, check_sft_config, load_sft_plan
 from tasks.names import cycle_name
 from whitney import wire
@@ -182,6 +182,9 @@ def sft_flow(config: SFTConfig, whitney_block: str | None = None) -> SFTResult:
         cycles=records.cycles,
     )
     records.add_markdown_summary(
-        "SFT flow summary", summary_rows(result), "Eval loss, checkpoint and adapter of the SFT run"
+        "SFT flow summary",
+        summary_rows(result),
+        "Eval loss, checkpoint and adapter of the SFT run",
+        learning_curves(result.cycles),
     )
     return result

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import BaseModel, Field
 
 from flows.core.cycles import CycleResult
+from flows.core.plots import Line, Panel
 from flows.core.training import TrainingResult
 
 
@@ -40,3 +43,14 @@ class SFTResult(TrainingResult):
     eval_steps: list[int] = Field(description="The step count of each eval loss")
     steps: int = Field(description="Optimizer steps of the run")
     cycles: list[SFTCycleMetrics]
+
+
+def learning_curves(cycles: Sequence[SFTCycleMetrics]) -> list[Panel]:
+    """The SFT summary's picture: the training loss by cycle, the eval loss by step."""
+    evals = [(point.step, point.loss) for cycle in cycles for point in cycle.evals]
+    return [
+        Panel(
+            "train loss", "cycle", [Line("train_loss", [(c.cycle, c.train_loss) for c in cycles])]
+        ),
+        Panel("eval loss", "step", [Line("eval_loss", evals)]),
+    ]

@@ -10,7 +10,9 @@ up by hand:
 - `prefect block register -m blocks`, `python -m blocks save whitney --base-url ...` (the key
   from WHITNEY_API_KEY of that one command), `python -m blocks check whitney`;
 - `prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml` from the
-  repository root;
+  repository root; the evaluate-checkpoint trigger it creates is then disabled, so that the
+  runs of the other tests start no evaluation (tests/e2e/test_checkpoints.py enables it for
+  its own);
 - `prefect worker start --pool whitney-process` with a 1 s query interval. Its environment
   holds no Whitney URL or key: the flow runs get them from the block.
 
@@ -52,6 +54,8 @@ WORK_POOL = "whitney-process"
 BLOCK_NAME = "whitney"
 FLOW_NAME = "rl"
 RL_DEPLOYMENT = "rl-on-demand"
+EVALUATE_TRIGGER = "evaluate-every-saved-checkpoint"
+"""The automation `prefect deploy` makes of evaluate-checkpoint's trigger."""
 LOG_DIR = ARTIFACTS_DIR / "e2e-logs"
 
 
@@ -91,6 +95,13 @@ class Stack:
         for process in self.processes:
             process.check_running()
 
+    def enable_automation(self, name: str, enabled: bool) -> None:
+        """Turn the automation named `name` on or off (the UI's toggle)."""
+        (automation,) = self.api.post(
+            "/automations/filter", json={"automations": {"name": {"any_": [name]}}}
+        )
+        self.api._call("PATCH", f"/automations/{automation['id']}", json={"enabled": enabled})
+
     def whitney_client(self) -> Any:
         from whitney.client import WhitneyClient
 
@@ -112,6 +123,9 @@ def _child_env(prefect_home: Path, api_url: str, fault_dir: Path) -> dict[str, s
             "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
             **SERVER_SETTINGS,
             "PREFECT_WORKER_QUERY_SECONDS": "1",
+            # a run waiting for a deployment's concurrency slot (evaluate-checkpoint's) asks
+            # again after 2 s, not 30
+            "PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS": "2",
             "PREFECT_WORKER_PREFETCH_SECONDS": "5",
             "PREFECT_CLI_COLORS": "false",
             "PYTHONUNBUFFERED": "1",
@@ -223,6 +237,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "--prefect-file",
             "deployments/prefect.yaml",
         )
+        stack.enable_automation(EVALUATE_TRIGGER, False)
         processes.append(
             ManagedProcess(
                 "prefect-worker",

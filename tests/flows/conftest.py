@@ -1,6 +1,8 @@
 """Fixtures of the flow tests: one Prefect test harness for the session, the shared embedded
 Whitney server (tests/conftest.py) with its key in WHITNEY_API_KEY, a check that the CLI
-refuses a bad config, a terminal wide enough for the CLI's tables, and a small config.
+refuses a bad config, a terminal wide enough for the CLI's tables, a small config, and one
+RL run of it with a checkpoint and an inline evaluation after each cycle, for the tests that
+read a trained run's checkpoints or events.
 
 This directory has no __init__.py on purpose: test modules import as top-level names, so
 helper modules here use names that cannot shadow a package (`flowtest_*`).
@@ -10,9 +12,11 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from flowtest_cli import Refusal, assert_refused_before_any_session
+from flowtest_helpers import CheckpointedRun
 from flowtest_settings import QUICK_RECOVERY
 from prefect.testing.utilities import prefect_test_harness
 
@@ -58,11 +62,10 @@ def refused(
     return functools.partial(assert_refused_before_any_session, whitney.url, inspector, capsys)
 
 
-@pytest.fixture
-def small_config(whitney: EmbeddedWhitney) -> RLConfig:
+def small_rl_config(api_url: str) -> RLConfig:
     """A fast RL config on local/nano: learning is not the point of most tests."""
     return RLConfig(
-        api_url=whitney.url,
+        api_url=api_url,
         base_model="local/nano",
         cycles=3,
         prompts_per_cycle=3,
@@ -71,3 +74,34 @@ def small_config(whitney: EmbeddedWhitney) -> RLConfig:
         seed=11,
         **QUICK_RECOVERY,
     )
+
+
+@pytest.fixture
+def small_config(whitney: EmbeddedWhitney) -> RLConfig:
+    """`small_rl_config` on the shared server."""
+    return small_rl_config(whitney.url)
+
+
+@pytest.fixture(scope="session")
+def checkpointed_run(embedded_server: EmbeddedWhitney) -> CheckpointedRun:
+    """The small config with `checkpoint_every` 1 and `eval_every` 1, trained once for the
+    session: three checkpoints, each evaluated inline by the cycle that saved it."""
+    from flows.core import events
+    from flows.rl.flow import rl_flow
+
+    emitted: list[dict[str, Any]] = []
+    real = events.emit_event
+
+    def record(event: str, **options: Any) -> Any:
+        emitted.append({"event": event, **options})
+        return real(event, **options)
+
+    config = small_rl_config(embedded_server.url).model_copy(
+        update={"checkpoint_every": 1, "eval_every": 1}
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("WHITNEY_API_KEY", embedded_server.api_key)
+        patch.delenv("WHITNEY_API_URL", raising=False)
+        patch.setattr(events, "emit_event", record)
+        state = rl_flow(config, return_state=True)
+    return CheckpointedRun(config, state.result(), state.state_details.flow_run_id, emitted)

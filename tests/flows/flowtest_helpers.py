@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import time
+from dataclasses import dataclass
+from typing import Any
 from uuid import UUID
 
 from prefect import get_client
@@ -16,11 +18,23 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import Artifact, FlowRun, TaskRun
 
+from flows.rl.config import RLConfig
+from flows.rl.metrics import RLResult
 from tasks.names import FLOW_RUN_LABEL
 from tests.local.helpers import journal_rows
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
+
+
+@dataclass(frozen=True)
+class CheckpointedRun:
+    """A trained RL run (its config, result and flow run) and every event emitted meanwhile."""
+
+    config: RLConfig
+    result: RLResult
+    flow_run_id: UUID
+    events: list[dict[str, Any]]
 
 
 def assert_executed_once_in_order(server: EmbeddedWhitney, run_id: str) -> list[dict]:

@@ -1,7 +1,8 @@
 """The arrows of `flows/`, read from the source with `ast` (imports inside functions count):
-`cli -> {rl, sft, distill} -> core -> tasks -> whitney` (and `reap -> core`), distill -> sft
-the one cross-flow arrow, no import cycle among the modules of flows/, and recipes, plans and
-configs load neither Prefect nor torch. Imports under `if TYPE_CHECKING:` are annotations,
+`cli -> {rl, sft, distill} -> core -> tasks -> whitney` (and `reap -> core`, `checkpoints ->
+core`), distill -> sft and checkpoints -> sft (both read SFT data) the cross-flow arrows, no
+import cycle among the modules of flows/, and recipes, plans and configs load neither Prefect
+nor torch. Imports under `if TYPE_CHECKING:` are annotations,
 not arrows."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ ALLOWED = {
     "flows.sft": {"flows.sft", "flows.core", "tasks"},
     "flows.distill": {"flows.distill", "flows.sft", "flows.core", "tasks"},
     "flows.reap": {"flows.reap", "flows.core", "tasks"},
+    "flows.checkpoints": {"flows.checkpoints", "flows.sft", "flows.core", "tasks"},
     "flows.core": {"flows.core", "tasks"},
     "flows": set(),
     "tasks": {"tasks"},

@@ -9,6 +9,10 @@ multi-turn environment has `episode(task, seed)` instead: episodes of several tu
 `module:attr` (a class is instantiated without arguments).
 Each cycle gets a fresh instance (a retried cycle replays from scratch), so an environment
 keeps no state from one cycle to the next.
+
+Evaluation samples an environment's held-out prompts (`held_out_prompts`): those of its
+`eval_prompts()` when it has one (the built-ins do: prompts training never sees), else, by
+default, `count` of its own prompts drawn with a seed of their own.
 """
 
 from __future__ import annotations
@@ -45,6 +49,27 @@ class Environment(Protocol):
     def reward(self, prompt: Prompt, completion: Completion) -> float:
         """The completion's reward (deterministic)."""
         ...
+
+
+@runtime_checkable
+class HeldOutPrompts(Protocol):
+    """An environment's own held-out prompt set (optional; see `held_out_prompts`)."""
+
+    def eval_prompts(self) -> list[Prompt]:
+        """The prompts evaluation samples, none of which `prompts()` returns."""
+        ...
+
+
+EVAL_CYCLE = -1
+"""The cycle the default held-out prompts are drawn for: one training never reaches."""
+
+
+def held_out_prompts(environment: Environment, count: int, seed: int) -> list[Prompt]:
+    """The environment's `eval_prompts()`, or by default `count` of its prompts for
+    EVAL_CYCLE, drawn with `seed`."""
+    if isinstance(environment, HeldOutPrompts):
+        return list(environment.eval_prompts())
+    return environment.prompts(EVAL_CYCLE, count, seed)
 
 
 def seeded_prompts(choices: tuple[str, ...], count: int, seed: int) -> list[str]:

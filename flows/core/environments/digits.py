@@ -11,6 +11,8 @@ from flows.core.environments import Completion, character_share, seeded_prompts
 
 DIGITS = frozenset("0123456789")
 PROMPTS = ("Number: ", "n=", "Digits: ", "Count: ", "x = ", "Answer: ")
+EVAL_PROMPTS = ("Number? ", "Value: ", "Total: ", "Amount: ", "Size: ", "Age: ", "Year: ", "Sum: ")
+"""Held-out prompts: evaluation samples these, training never does."""
 
 
 class DigitsEnvironment:
@@ -18,6 +20,9 @@ class DigitsEnvironment:
 
     def prompts(self, cycle: int, count: int, seed: int) -> list[str]:
         return seeded_prompts(PROMPTS, count, seed)
+
+    def eval_prompts(self) -> list[str]:
+        return list(EVAL_PROMPTS)
 
     def reward(self, prompt: str, completion: Completion) -> float:
         share = character_share(completion.text, DIGITS)

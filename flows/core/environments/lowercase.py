@@ -11,6 +11,8 @@ from flows.core.environments import Completion, character_share, seeded_prompts
 
 ALLOWED = frozenset("abcdefghijklmnopqrstuvwxyz ")
 PROMPTS = ("Say: ", "Words: ", "Text: ", "Write: ")
+EVAL_PROMPTS = ("Reply: ", "Speak: ", "Note: ", "Line: ")
+"""Held-out prompts: evaluation samples these, training never does."""
 
 
 class LowercaseEnvironment:
@@ -18,6 +20,9 @@ class LowercaseEnvironment:
 
     def prompts(self, cycle: int, count: int, seed: int) -> list[str]:
         return seeded_prompts(PROMPTS, count, seed)
+
+    def eval_prompts(self) -> list[str]:
+        return list(EVAL_PROMPTS)
 
     def reward(self, prompt: str, completion: Completion) -> float:
         return character_share(completion.text, ALLOWED)

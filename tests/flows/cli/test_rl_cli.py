@@ -27,6 +27,9 @@ def test_default_run_learns_and_downloads_its_adapter(tmp_path: Path) -> None:
     first, last = statistics.fmean(rewards[:5]), statistics.fmean(rewards[-5:])
     assert last > first + 0.4, (first, last)
     assert_downloaded(tmp_path / "adapters", output)
+    picture = metrics.with_suffix(".png")  # the summary's learning curves, beside the metrics
+    assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert f"Learning curves: {picture.resolve()}" in output
 
 
 @pytest.mark.parametrize(

@@ -83,6 +83,8 @@ def test_every_deployment_validates_and_its_entrypoint_takes_its_parameters() ->
         "sft-nightly",
         "distill-on-demand",
         "reap-every-15-minutes",
+        "evaluate-checkpoint",
+        "promote-checkpoint",
     ]
     for deployment in deployments.values():
         entrypoint = load_flow_from_entrypoint(str(ROOT / deployment["entrypoint"]))
@@ -110,7 +112,9 @@ def test_the_automation_is_a_proactive_heartbeat_trigger_that_crashes_the_flow_r
 
 def test_the_readme_command_installs_the_automation() -> None:
     (command,) = [
-        line for line in README.read_text().splitlines() if line.startswith("prefect automation")
+        line
+        for line in README.read_text().splitlines()
+        if line.startswith("prefect automation") and line.endswith("/automations.yaml")
     ]
     argv = shlex.split(command)
     (name,) = [automation["name"] for automation in load(AUTOMATIONS)["automations"]]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from flows.core.config import ConfigError
+from flows.core.evaluation.plan import completion_logprobs
 from flows.distill.config import DistillationConfig
 from flows.distill.plan import (
     check_distill_config,
     chunked,
-    completion_logprobs,
     reverse_kl_advantages,
 )
 from flows.sft.config import SFTConfig

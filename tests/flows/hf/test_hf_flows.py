@@ -1,8 +1,8 @@
 """The flows on Hugging Face checkpoints served by repo id from the local cache (tiny random
 Llama 3 and Qwen2 models, built offline): SFT on chat data with the model's chat template, an
-RL flow whose environment gives messages, the CLI end to end on the embedded server it
-starts, and the refusals before any session opens (a base model the provider does not list,
-a teacher whose renderer differs from the student's)."""
+RL flow whose environment gives messages (its inline evaluation's rendered the same way), the
+CLI end to end on the embedded server it starts, and the refusals before any session opens (a
+base model the provider does not list, a teacher whose renderer differs from the student's)."""
 
 from __future__ import annotations
 
@@ -112,16 +112,20 @@ def test_rl_with_messages_as_prompts(hf_server: EmbeddedWhitney, repo_id: str, r
         prompts_per_cycle=2,
         group_size=2,
         max_tokens=6,
+        eval_every=2,
         **QUICK_RECOVERY,
     )
     result = rl_flow(config)
     assert len(result.cycles) == 2
+    evaluation = result.cycles[1].eval  # 8 held-out prompts (drawn for cycle -1), k = 2
+    assert evaluation is not None and (evaluation.prompts, evaluation.k) == (8, 2)
     make_tokenizer, by_hand, end_of_turn = FORMATS[repo_id]
     tokenizer = make_tokenizer()
     prompt, _ = by_hand(tokenizer, [SYSTEM, *ASK], generation=True)
     samples = sent(hf_server, result.run_id, "sample")
-    assert len(samples) == 4
-    for payload in samples:
+    assert len(samples) == 4 + 2 * 8  # training's, then the evaluation's greedy and sampled
+    assert [p["sampling_params"]["top_k"] for p in samples[4:12]] == [1] * 8
+    for payload in samples:  # the evaluation renders its prompts as training does
         assert payload["prompt"]["token_ids"] == prompt
         stop = payload["sampling_params"]["stop_token_ids"]
         assert stop == [tokenizer.convert_tokens_to_ids(end_of_turn)]
@@ -140,7 +144,8 @@ def test_the_cli_trains_a_cached_repo_id_on_the_embedded_server_it_starts(
     output = capsys.readouterr()
     assert code == 0, output.err
     assert "SFT flow finished" in output.out
-    assert len(list((tmp_path / "adapters").iterdir())) == 1
+    adapter, picture = sorted(path.name for path in (tmp_path / "adapters").iterdir())
+    assert adapter.endswith("-adapter.tar") and picture.endswith("-learning-curves.png")
 
 
 def test_a_base_model_the_provider_does_not_list_is_refused_with_the_list(

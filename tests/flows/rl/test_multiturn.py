@@ -23,6 +23,8 @@ from flowtest_multiturn import TOOL_TURNS, fails_for_good
 
 from flows.cli.main import main
 from flows.core.config import ConfigError
+from flows.core.evaluation.config import EvalSettings
+from flows.core.evaluation.plan import load_eval_plan
 from flows.core.seeds import derive_seed
 from flows.rl.config import RLConfig, RolloutSettings
 from flows.rl.flow import rl_flow
@@ -30,6 +32,8 @@ from flows.rl.plan import check_rl_config
 from flows.rl.rollout import EpisodeFailed
 from tests.local.helpers import journal_rows
 from whitney.local import EmbeddedWhitney
+from whitney.renderers import RawRenderer
+from whitney.tokenizers import ByteTokenizer
 
 DIGITS, LETTERS = set("0123456789"), set("abcdefghijklmnopqrstuvwxyz")
 
@@ -343,3 +347,14 @@ def test_max_staleness_is_refused_for_a_multi_turn_environment(
     assert refused.value.field == "max_staleness"
     assert main(["run", "rl", "--env", "quiz", "--max-staleness", "1"]) == 2
     assert "max_staleness" in capsys.readouterr().err
+
+
+def test_evaluation_is_refused_for_a_multi_turn_environment() -> None:
+    """Evaluation samples one completion per held-out prompt: the RL flow's inline one and
+    evaluate-checkpoint's eval set refuse a multi-turn environment, naming the field."""
+    with pytest.raises(ConfigError, match="multi-turn") as refused:
+        check_rl_config(RLConfig(env="quiz", eval_every=5))
+    assert refused.value.field == "eval_every"
+    with pytest.raises(ConfigError, match="multi-turn") as refused:
+        load_eval_plan(EvalSettings(env="quiz"), RawRenderer(ByteTokenizer()))
+    assert refused.value.field == "env"

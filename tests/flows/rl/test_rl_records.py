@@ -40,6 +40,8 @@ METRIC_FIELDS = {
     "usage",
     "cost",
     "episodes",
+    "checkpoint",
+    "eval",
     "op_seconds",
     "wall_seconds",
 }
