@@ -17,6 +17,14 @@ from its first sample on, go back to that cycle's group. Operations before the
 first sampler are the `setup`; the trailing `save_state` / `export_lora` of the run's normal end
 are the `final` group. A journal with no sampler at all (SFT) is listed by optimizer step.
 
+Turns: a multi-turn cycle samples each turn of its episodes on a block of `sample`
+operations, and each turn's prompt is the transcript so far: the prompt of the turn before, the
+action sampled on it, then the environment's observation. So a `sample` whose prompt starts
+with an earlier prompt and one of the actions sampled on it is that episode's next turn, and
+one that continues nothing is a first turn (turn 0). The journal route answers no payloads, so
+turns are found where the prompts can be read: in the data directory (the journal stores
+every operation's payload).
+
 Two sources: the Whitney API (`--api-url`, the key from WHITNEY_API_KEY), or the embedded
 server's data directory (`--data-dir`, read-only: its SQLite journal, every tenant). No Prefect
 import at module level: the commands start fast.
@@ -53,6 +61,10 @@ class JournalSource(Protocol):
 
     def operations(self, run_id: str) -> list[wire.Operation]: ...
 
+    def sample_prompts(self, run_id: str) -> dict[int, list[int]] | None:
+        """The prompt tokens of the run's `sample` operations by seq id; None if unknown."""
+        ...
+
 
 class ApiJournal:
     """A Whitney endpoint, through `WhitneyClient` (the caller's sessions only)."""
@@ -68,6 +80,9 @@ class ApiJournal:
 
     def operations(self, run_id: str) -> list[wire.Operation]:
         return list(self.client.iter_journal(run_id))
+
+    def sample_prompts(self, run_id: str) -> dict[int, list[int]] | None:
+        return None  # the journal route answers no payloads
 
 
 class RunNotFound(LookupError):
@@ -145,6 +160,12 @@ class DataDirJournal:
         )
         return [wire.Operation.model_validate(operation_dict(row)) for row in rows]
 
+    def sample_prompts(self, run_id: str) -> dict[int, list[int]] | None:
+        rows = self._query(
+            "SELECT seq_id, payload FROM operations WHERE run_id=? AND kind='sample'", (run_id,)
+        )
+        return {row["seq_id"]: json.loads(row["payload"])["prompt"]["token_ids"] for row in rows}
+
     def artifact_file(self, artifact_id: str) -> Path | None:
         """The file an artifact (an export_lora archive) was written to; None if it is gone."""
         rows = self._query("SELECT path FROM artifacts WHERE artifact_id=?", (artifact_id,))
@@ -166,20 +187,80 @@ class CycleGroup:
     label: str
     cycle: int | None = None
     operations: list[wire.Operation] = field(default_factory=list)
+    turns: dict[int, int] = field(default_factory=dict)
+    """The turn of each `sample` operation, by seq id (multi-turn cycles; see `sample_turns`)."""
 
     def as_dict(self) -> dict[str, Any]:
         usage: dict[str, dict[str, int]] = {}
         for operation in self.operations:
             add_usage(usage, {operation.kind: operation.usage})
         seq_ids = [operation.seq_id for operation in self.operations]
+        rows = [operation_row(operation) for operation in self.operations]
+        for row in rows:
+            if row["seq_id"] in self.turns:
+                row["turn"] = self.turns[row["seq_id"]]
         return {
             "label": self.label,
             "cycle": self.cycle,
             "seq_ids": [min(seq_ids), max(seq_ids)] if seq_ids else [],
             "usage": usage,
             "tokens": total_tokens(usage),
-            "operations": [operation_row(operation) for operation in self.operations],
+            "turns": turn_blocks(self.operations, self.turns),
+            "operations": rows,
         }
+
+
+def sample_turns(
+    operations: Sequence[wire.Operation], prompts: Mapping[int, list[int]]
+) -> dict[int, int]:
+    """The turn of each `sample` of a cycle, by seq id (see the module docstring): one more
+    than the turn whose prompt and action its prompt continues (the longest such), else 0.
+    Empty unless some sample continues another (a single-turn cycle has no turns to show)."""
+    turns: dict[int, int] = {}
+    continuations: dict[int, dict[tuple[int, ...], int]] = {}  # length -> transcript -> turn
+    for operation in sorted(operations, key=lambda op: op.seq_id):
+        prompt = prompts.get(operation.seq_id)
+        if operation.kind != "sample" or prompt is None:
+            continue
+        turn = 0
+        for length in sorted(continuations, reverse=True):
+            if length < len(prompt) and tuple(prompt[:length]) in continuations[length]:
+                turn = continuations[length][tuple(prompt[:length])] + 1
+                break
+        turns[operation.seq_id] = turn
+        for sequence in (operation.result or {}).get("sequences", []):
+            transcript = (*prompt, *sequence.get("tokens", []))
+            continuations.setdefault(len(transcript), {})[transcript] = turn
+    return turns if any(turns.values()) else {}
+
+
+def turn_blocks(
+    operations: Sequence[wire.Operation], turns: Mapping[int, int]
+) -> list[dict[str, Any]]:
+    """The cycle's runs of consecutive samples of one turn: turn, seq ids, samples, sequences
+    and tokens sampled (a retried or resampled episode starts again at turn 0)."""
+    blocks: list[dict[str, Any]] = []
+    for operation in sorted(operations, key=lambda op: op.seq_id):
+        if operation.seq_id not in turns:
+            continue
+        turn = turns[operation.seq_id]
+        sequences = (operation.result or {}).get("sequences", [])
+        if not blocks or blocks[-1]["turn"] != turn:
+            blocks.append(
+                {
+                    "turn": turn,
+                    "seq_ids": [operation.seq_id] * 2,
+                    "samples": 0,
+                    "sequences": 0,
+                    "sampled_tokens": 0,
+                }
+            )
+        block = blocks[-1]
+        block["seq_ids"][1] = operation.seq_id
+        block["samples"] += 1
+        block["sequences"] += len(sequences)
+        block["sampled_tokens"] += sum(len(sequence.get("tokens", [])) for sequence in sequences)
+    return blocks
 
 
 def _sampler_name(operation: wire.Operation) -> str | None:
@@ -262,6 +343,10 @@ def run_report(source: JournalSource, run_id: str, cycle: int | None = None) -> 
         add_usage(usage, {operation.kind: operation.usage})
     if cycle is not None:
         groups = [group for group in groups if group.cycle == cycle]
+    prompts = source.sample_prompts(run_id) if groups else None
+    if prompts:
+        for group in groups:
+            group.turns = sample_turns(group.operations, prompts)
     return {
         "run": run.model_dump(mode="json"),
         "operations": len(operations),
@@ -343,7 +428,7 @@ def render_run_report(report: Mapping[str, Any], console: Any) -> None:
         for row in group["operations"]:
             table.add_row(
                 str(row["seq_id"]),
-                row["kind"],
+                row["kind"] + (f" (turn {row['turn']})" if "turn" in row else ""),
                 row["status"],
                 seconds_text(row["duration_s"]),
                 seconds_text(row["queued_s"]),
@@ -351,6 +436,18 @@ def render_run_report(report: Mapping[str, Any], console: Any) -> None:
                 metrics_text(row["metrics"]),
             )
         console.print(table)
+        if group["turns"]:
+            console.print(turns_text(group["turns"]), soft_wrap=True)
+
+
+def turns_text(blocks: Sequence[Mapping[str, Any]]) -> str:
+    """A cycle's turns on one line each: seq ids, samples, sequences (episodes), tokens."""
+    return "\n".join(
+        f"  turn {block['turn']}: seq {block['seq_ids'][0]}–{block['seq_ids'][1]}, "
+        f"{block['samples']} samples, {block['sequences']} episodes, "
+        f"{block['sampled_tokens']:,} tokens sampled"
+        for block in blocks
+    )
 
 
 def model_text(provider: str, base_model: str) -> str:

@@ -39,10 +39,15 @@ SPEED_WINDOW_S = 3600.0
 def describe_rl_cycle(line: dict[str, Any]) -> str:
     """The progress text after an RL cycle's metrics line."""
     metrics = CycleMetrics.model_validate(line)
-    return (
+    text = (
         f"reward {metrics.reward_mean:.3f}  loss {metrics.loss:+.3f}  "
         f"grad_norm {metrics.grad_norm:.3f}"
     )
+    if metrics.episodes is not None:  # a multi-turn environment
+        text += f"  turns {metrics.episodes.turns_per_episode:.2f}"
+        if metrics.episodes.failed:
+            text += f"  failed {metrics.episodes.failed}"
+    return text
 
 
 @dataclass

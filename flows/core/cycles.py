@@ -169,9 +169,14 @@ def metrics_row(metrics: CycleResult, rounded: bool = True) -> dict[str, float |
     }
 
 
-def record_cycle(metrics: CycleResult, runs: Mapping[str, Sequence[wire.Operation]]) -> UUID:
-    """The cycle subflow run's one artifact: its metrics row and its operations per run (as
-    `whitney-flows inspect RUN_ID --cycle N` shows them), written once, at its end."""
+def record_cycle(
+    metrics: CycleResult,
+    runs: Mapping[str, Sequence[wire.Operation]],
+    sections: Sequence[str] = (),
+) -> UUID:
+    """The cycle subflow run's one artifact: its metrics row, the flow's own markdown
+    `sections` (an RL cycle's turns), and its operations per run (as `whitney-flows inspect
+    RUN_ID --cycle N` shows them), written once, at its end."""
     row = metrics_row(metrics)
     lines = [
         f"# Cycle {metrics.cycle}",
@@ -182,6 +187,7 @@ def record_cycle(metrics: CycleResult, runs: Mapping[str, Sequence[wire.Operatio
         "| --- | --- |",
     ]
     lines += [f"| {name} | {value} |" for name, value in row.items()]
+    lines += [line for section in sections for line in ("", section)]
     lines += ["", operations_markdown("Operations", runs)]
     return create_markdown_artifact(
         markdown="\n".join(lines),

@@ -140,9 +140,16 @@ def load_prompt_source(config: DistillationConfig, renderer: Renderer):
     from flows.core.environments import load_environment
 
     try:
-        return load_environment(config.prompts), [], []
+        source = load_environment(config.prompts)
     except ValueError as error:
         raise ConfigError("prompts", str(error).replace("environment", "prompt source")) from None
+    if not callable(getattr(source, "prompts", None)):
+        raise ConfigError(
+            "prompts",
+            f"{config.prompts} is a multi-turn environment: a prompt source needs "
+            "prompts(cycle, count, seed)",
+        )
+    return source, [], []
 
 
 # --------------------------------------------------------------------------- the plan

@@ -32,6 +32,7 @@ from flows.core.environments import Completion, Environment
 from flows.core.seeds import derive_seed
 from flows.core.sequenced_client import SequencedClient
 from flows.rl.auxiliary import AuxiliaryHandle
+from flows.rl.metrics import EpisodeStats
 from flows.rl.plan import RLPlan
 from flows.rl.recipes import join_payloads
 from flows.rl.recipes.context import LossContext
@@ -116,6 +117,28 @@ def resample_request(request: dict[str, Any], seed: int) -> dict[str, Any]:
     return {**request, "sampling_params": {**request["sampling_params"], "seed": seed}}
 
 
+Redraw = Callable[[list[Group], int], list[Group]]
+"""(the uniform groups, round number) -> those groups drawn again, in the same order."""
+
+
+def resample_rounds(groups: Sequence[Group], rounds: int, redraw: Redraw) -> list[Group]:
+    """The groups after up to `rounds` rounds of drawing the uniform ones again; those still
+    uniform after the last round are marked dropped (none are when `rounds` is 0)."""
+    current = list(groups)
+    positions = {group.index: position for position, group in enumerate(current)}
+    for round_number in range(1, rounds + 1):
+        pending = [group for group in current if uniform(group.score)]
+        if not pending:
+            break
+        for group in redraw(pending, round_number):
+            current[positions[group.index]] = replace(group, resamples=group.resamples + 1)
+    if rounds:
+        current = [
+            replace(group, dropped=True) if uniform(group.score) else group for group in current
+        ]
+    return current
+
+
 def resample_uniform_groups(
     groups: Sequence[Group],
     rounds: int,
@@ -124,30 +147,22 @@ def resample_uniform_groups(
     seed: int,
     cycle: int,
 ) -> list[Group]:
-    """The groups after up to `rounds` rounds of resampling the uniform ones; those still
-    uniform after the last round are marked dropped (none are when `rounds` is 0)."""
-    current = list(groups)
-    for round_number in range(1, rounds + 1):
-        pending = [group for group in current if uniform(group.score)]
-        if not pending:
-            break
+    """`resample_rounds` for single-turn groups: each round, one more sample request per
+    uniform group, its seed from (config seed, cycle, group index, round)."""
+
+    def redraw(pending: list[Group], round_number: int) -> list[Group]:
         requests = [
             resample_request(group.request, derive_seed(seed, cycle, group.index, round_number))
             for group in pending
         ]
-        for group, request, sample in zip(pending, requests, sample_groups(requests), strict=True):
-            current[group.index] = replace(
-                group,
-                request=request,
-                sample=sample,
-                score=score_group(group.prompt, sample),
-                resamples=group.resamples + 1,
+        return [
+            replace(group, request=request, sample=sample, score=score_group(group.prompt, sample))
+            for group, request, sample in zip(
+                pending, requests, sample_groups(requests), strict=True
             )
-    if rounds:
-        current = [
-            replace(group, dropped=True) if uniform(group.score) else group for group in current
         ]
-    return current
+
+    return resample_rounds(groups, rounds, redraw)
 
 
 @dataclass(frozen=True)
@@ -161,6 +176,8 @@ class TrainingBatch:
     groups_resampled: int
     groups_dropped: int
     recipe_metrics: dict[str, float]
+    episodes: EpisodeStats | None = None
+    """A multi-turn cycle's episodes and turns (flows.rl.episodes)."""
 
 
 def zero_weights(payload: dict[str, Any]) -> dict[str, Any]:
@@ -186,7 +203,8 @@ def build_training_batch(
     sample_groups: SampleGroups,
     auxiliary: Sequence[AuxiliaryHandle] = (),
 ) -> TrainingBatch:
-    """Score, resample, build every kept group's payload and finish the recipe's cycle.
+    """Score, resample, build every kept group's payload and finish the recipe's cycle
+    (`recipe_payload`).
 
     If every group is dropped, the first group's payload goes with all weights 0, so the
     cycle keeps its shape (forward_backward, optim_step) and trains nothing."""
@@ -204,6 +222,49 @@ def build_training_batch(
     groups = resample_uniform_groups(
         first, config.resample_rounds, sample_groups, score, config.seed, cycle
     )
+    kept = [group for group in groups if not group.dropped]
+    calls = [
+        LossCall(group.sample, group.request, group.score.rewards, group.score.advantages)
+        for group in kept or groups[:1]
+    ]
+    payload, recipe_metrics = recipe_payload(
+        plan, client, cycle, run_id, sampler_id, calls, auxiliary, train=bool(kept)
+    )
+    return TrainingBatch(
+        payload=payload,
+        scores=[group.score for group in first],
+        groups_resampled=sum(group.resamples > 0 for group in groups),
+        groups_dropped=sum(group.dropped for group in groups),
+        recipe_metrics=recipe_metrics,
+    )
+
+
+@dataclass(frozen=True)
+class LossCall:
+    """One build_loss call: a sample of one prompt, its request, and the rewards and
+    advantages of its sequences."""
+
+    sample: dict[str, Any]
+    request: dict[str, Any]
+    rewards: list[float]
+    advantages: list[float]
+
+
+def recipe_payload(
+    plan: RLPlan,
+    client: SequencedClient,
+    cycle: int,
+    run_id: str,
+    sampler_id: str,
+    calls: Sequence[LossCall],
+    auxiliary: Sequence[AuxiliaryHandle] = (),
+    *,
+    train: bool = True,
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """The recipe's build_loss on each call, in order, then its finish_cycle on all of them:
+    their payloads joined into one (with every weight 0 unless `train`), and the recipe's
+    metrics."""
+    config = plan.config
     runs = {handle.name: handle for handle in auxiliary}
     scratch: dict[str, Any] = {}
 
@@ -220,22 +281,16 @@ def build_training_batch(
             scratch=scratch,
         )
 
-    def build(group: Group) -> dict[str, Any]:
-        ctx = context(group.score.rewards, group.score.advantages)
-        return plan.recipe.build_loss(group.sample, cycle, group.request, ctx)
-
-    kept = [group for group in groups if not group.dropped]
-    payloads = [build(group) for group in kept] or [zero_weights(build(groups[0]))]
-    trained = kept or groups[:1]
+    payloads = [
+        plan.recipe.build_loss(
+            call.sample, cycle, call.request, context(call.rewards, call.advantages)
+        )
+        for call in calls
+    ]
+    payload = join_payloads(payloads)
     recipe_metrics: dict[str, float] = {}
     if plan.recipe.finish_cycle is not None:
-        rewards = [reward for group in trained for reward in group.score.rewards]
-        advantages = [value for group in trained for value in group.score.advantages]
+        rewards = [reward for call in calls for reward in call.rewards]
+        advantages = [value for call in calls for value in call.advantages]
         recipe_metrics = plan.recipe.finish_cycle(cycle, context(rewards, advantages))
-    return TrainingBatch(
-        payload=join_payloads(payloads),
-        scores=[group.score for group in first],
-        groups_resampled=sum(group.resamples > 0 for group in groups),
-        groups_dropped=sum(group.dropped for group in groups),
-        recipe_metrics=dict(recipe_metrics),
-    )
+    return (payload if train else zero_weights(payload)), dict(recipe_metrics)

@@ -49,6 +49,61 @@ class ReferenceKLSettings(BaseModel):
     )
 
 
+class RolloutSettings(BaseModel):
+    """Episodes of a multi-turn environment: their limits, and what a failed one does."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_turns: int = Field(
+        default=8,
+        ge=1,
+        le=1024,
+        description="Most turns of an episode: one still going after them is cut (stop reason "
+        "max_turns)",
+    )
+    max_episode_tokens: int = Field(
+        default=1024,
+        ge=2,
+        le=1_000_000,
+        description="Most tokens of an episode's transcript (observations and actions): a "
+        "turn samples at most the room left (and at most max_tokens), an episode with no room "
+        "left is cut (episode_tokens)",
+    )
+    episode_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=86_400,
+        description="Cut an episode whose wall time since its start passed this, before its "
+        "next turn (time); empty: no limit. The one limit that reads the clock, so a retried "
+        "cycle may cut other episodes",
+    )
+    limit_reward: float | None = Field(
+        default=None,
+        ge=-1e6,
+        le=1e6,
+        description="The reward of an episode a limit cut: empty: what its steps earned until "
+        "then; a number: that reward instead",
+    )
+    failure_policy: Literal["fail_fast", "retry_episode", "min_viable_group"] = Field(
+        default="fail_fast",
+        description="An episode whose environment call failed for good: fail_fast fails the "
+        "cycle (Prefect retries it, replaying); retry_episode runs it again from its start, "
+        "up to episode_retries times, then fails the cycle; min_viable_group leaves it out and "
+        "keeps its group if at least min_viable_share of the group succeeded, else drops the "
+        "group (the cycle fails if no group is left)",
+    )
+    episode_retries: int = Field(
+        default=2, ge=1, le=16, description="retry_episode: new attempts of a failed episode"
+    )
+    min_viable_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="min_viable_group: the share of a group's episodes that must succeed (at "
+        "least 2) for the group to be trained on",
+    )
+
+
 class RLConfig(FlowConfig):
     """The RL flow: group sampling, rewards from an environment, group-relative advantages,
     a build_loss recipe, forward_backward and optim_step, once per cycle."""
@@ -56,8 +111,8 @@ class RLConfig(FlowConfig):
     env: str = Field(
         default="digits",
         min_length=1,
-        description="Environment: a built-in name (digits, lowercase) or an import path "
-        "module:attr",
+        description="Environment: a built-in name (digits, lowercase; quiz: multi-turn) or an "
+        "import path module:attr",
     )
     loss: LossName = Field(
         default="importance_sampling",
@@ -93,7 +148,12 @@ class RLConfig(FlowConfig):
     )
     prompts_per_cycle: int = Field(default=8, ge=1, le=1024, description="Groups per cycle")
     group_size: int = Field(default=8, ge=2, le=256, description="Samples per prompt")
-    max_tokens: int = Field(default=12, ge=1, le=8192, description="Most tokens per completion")
+    max_tokens: int = Field(
+        default=12,
+        ge=1,
+        le=8192,
+        description="Most tokens per completion (per turn, in a multi-turn environment)",
+    )
     temperature: float = Field(default=1.0, gt=0, le=10, description="Sampling temperature")
     concurrent_sampling: bool = Field(
         default=True,
@@ -120,6 +180,11 @@ class RLConfig(FlowConfig):
         "a sampler of their own: the environment's held-out prompts, greedily and group_size "
         "times at the temperature (eval.reward_mean, eval.pass_at_k); 0: never. Training is "
         "the same either way",
+    )
+    rollout: RolloutSettings = Field(
+        default_factory=RolloutSettings,
+        description="Multi-turn environments: turn, token and time limits of an episode, and "
+        "the failure policy; unused by single-turn environments",
     )
     budget: BudgetField
     prices: PricesField

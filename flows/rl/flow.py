@@ -83,8 +83,9 @@ from flows.rl.auxiliary import (
     save_auxiliary_checkpoints,
     seq_ends,
 )
-from flows.rl.batch import GroupScore, build_training_batch
+from flows.rl.batch import GroupScore, TrainingBatch, build_training_batch
 from flows.rl.config import RLConfig
+from flows.rl.episodes import build_episode_batch
 from flows.rl.metrics import CycleMetrics, RLResult, learning_curves
 from flows.rl.off_policy import decouple, decouples, logprobs_requests
 from flows.rl.plan import RLPlan, check_rl_config, load_rl_plan
@@ -234,7 +235,8 @@ def run_cycle(
     an older sampler; `first_cycle` is the flow run's, `presampled` the later cycles' requests
     already made). The tail is `run_tail`. `auxiliary`: the runs the recipe declared (their
     seq ids are in the ledger too); the middle of the cycle (scores, resampling, build_loss,
-    the recipe's finish_cycle) is `flows.rl.batch`.
+    the recipe's finish_cycle) is `flows.rl.batch`; with a multi-turn environment (on-policy
+    only), `flows.rl.episodes` plays the episodes turn by turn instead.
     """
     started_at = datetime.now(UTC)
     started = time.perf_counter()
@@ -242,29 +244,13 @@ def run_cycle(
     seq_start = client.ledger.position(run_id)
     if sampler_id is None:
         sampler_id = publish_sampler(client, run_id, cycle, named=config.pipelined)
-    prompts, requests = plan.sample_requests(cycle)
     schedule = Schedule(config.max_staleness, first_cycle, config.checkpoint_every, config.cycles)
-    sampling = sample_cycle(plan, client, cycle, run_id, sampler_id, schedule, presampled)
-
-    def sample(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """One sample result per request on the cycle's sampler, on the next seq ids:
-        submitted together, or one after another (the same ids either way)."""
-        calls = [Call("sample", request, sampling.sampler_id) for request in requests]
-        operations = client.run_calls(run_id, calls, together=config.concurrent_sampling)
-        return [operation.result or {} for operation in operations]
-
-    batch = build_training_batch(
-        plan,
-        client,
-        cycle,
-        run_id,
-        sampling.sampler_id,
-        prompts,
-        requests,
-        sampling.samples,
-        sample,
-        auxiliary,
-    )
+    if plan.multi_turn:  # episodes of several turns, on-policy: flows.rl.episodes
+        sampling = CycleSamples(sampler_id, [], [])
+        batch = build_episode_batch(plan, client, cycle, run_id, sampler_id, auxiliary)
+    else:
+        sampling = sample_cycle(plan, client, cycle, run_id, sampler_id, schedule, presampled)
+        batch = single_turn_batch(plan, client, cycle, run_id, sampling, auxiliary)
     staleness = schedule.staleness_of(cycle)
     payload, kl_sample_train = batch.payload, None
     if decouples(payload["loss_function"], staleness, config.proximal_clip):
@@ -311,8 +297,42 @@ def run_cycle(
             "sampler_id": sampling.sampler_id,
             "staleness": staleness,
             "presampled": sampling.presampled_after(cycle, presampled),
+            "episodes": batch.episodes,
             **evaluation,
         }
+    )
+
+
+def single_turn_batch(
+    plan: RLPlan,
+    client: SequencedClient,
+    cycle: int,
+    run_id: str,
+    sampling: CycleSamples,
+    auxiliary: Sequence[AuxiliaryHandle],
+) -> TrainingBatch:
+    """The cycle's training batch from its samples (`sample_cycle`); resampling samples on
+    the same sampler."""
+    prompts, requests = plan.sample_requests(cycle)
+
+    def sample(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """One sample result per request on the cycle's sampler, on the next seq ids:
+        submitted together, or one after another (the same ids either way)."""
+        calls = [Call("sample", request, sampling.sampler_id) for request in requests]
+        operations = client.run_calls(run_id, calls, together=plan.config.concurrent_sampling)
+        return [operation.result or {} for operation in operations]
+
+    return build_training_batch(
+        plan,
+        client,
+        cycle,
+        run_id,
+        sampling.sampler_id,
+        prompts,
+        requests,
+        sampling.samples,
+        sample,
+        auxiliary,
     )
 
 
@@ -364,7 +384,8 @@ def rl_cycle(
         plan, client, cycle, run_id, sampler_id, auxiliary, first_cycle, presampled or []
     )
     names = {run_id: "policy", **{handle.run_id: handle.name for handle in auxiliary}}
-    record_cycle(metrics, by_run(client.log.operations, names))
+    turns = [metrics.episodes.markdown()] if metrics.episodes is not None else []
+    record_cycle(metrics, by_run(client.log.operations, names), turns)
     return metrics
 
 

@@ -4,13 +4,74 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from flows.core.cycles import CycleResult
 from flows.core.evaluation.plan import EvalMetrics
 from flows.core.plots import Line, Panel
 from flows.core.staleness import SampleBlock
 from flows.core.training import TrainingResult
+
+
+class TurnRecord(BaseModel):
+    """One turn of a multi-turn cycle: the block of `sample` operations it took."""
+
+    draw: int = Field(description="The rollout: 0 first, then retried episodes and resampling")
+    turn: int
+    seq_ids: list[int] = Field(description="First and last seq id of the turn's samples")
+    episodes: int = Field(description="Episodes that sampled an action")
+    action_tokens: int = Field(description="Tokens sampled")
+    observation_tokens: int = Field(
+        description="Tokens of the observations the turn's prompts end with (the first "
+        "turn: the initial observations)"
+    )
+    cut: int = Field(description="Actions that hit max_tokens (stop reason length)")
+
+
+class EpisodeStats(BaseModel):
+    """The episodes of a multi-turn cycle: turns, tokens, why they ended, failures."""
+
+    episodes: int = Field(description="Episodes played, every draw and attempt counted")
+    turns_per_episode: float = Field(description="Mean turns of the episodes played")
+    turns: dict[int, int] = Field(description="Episodes played by number of turns")
+    action_tokens: int = Field(description="Tokens the policy sampled")
+    observation_tokens: int = Field(
+        description="Tokens between the actions: the observations as the renderer wrote them "
+        "(BOS, an end-of-turn token closing a cut action and chat markup included)"
+    )
+    stop_reasons: dict[str, int] = Field(
+        description="Episodes by why they ended: done, max_turns, episode_tokens, time, failed"
+    )
+    failed: int = Field(description="Episodes whose environment call failed for good")
+    retried: int = Field(description="Episodes played again after a failure (retry_episode)")
+    dropped: int = Field(
+        description="Episodes left out of the loss: failed (min_viable_group), or of a group "
+        "dropped for too few successes"
+    )
+    groups_failed: int = Field(description="Groups dropped for too few successful episodes")
+    turn_records: list[TurnRecord] = Field(description="Every turn's block of samples")
+
+    def markdown(self) -> str:
+        """The cycle artifact's `Turns` section: the episodes, then a row per turn."""
+        stops = ", ".join(f"{reason} {count}" for reason, count in self.stop_reasons.items())
+        lines = [
+            "## Turns",
+            "",
+            f"{self.episodes} episodes, {self.turns_per_episode:.2f} turns each "
+            f"({', '.join(f'{turns}: {count}' for turns, count in self.turns.items())}); "
+            f"{self.action_tokens:,} action and {self.observation_tokens:,} observation "
+            f"tokens; ended: {stops}; failed {self.failed}, retried {self.retried}, "
+            f"dropped {self.dropped} (groups {self.groups_failed})",
+            "",
+            "| draw | turn | seq | episodes | action tokens | observation tokens | cut |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+        ]
+        lines += [
+            f"| {r.draw} | {r.turn} | {r.seq_ids[0]}–{r.seq_ids[1]} | {r.episodes} | "
+            f"{r.action_tokens:,} | {r.observation_tokens:,} | {r.cut} |"
+            for r in self.turn_records
+        ]
+        return "\n".join(lines)
 
 
 class CycleMetrics(CycleResult):
@@ -26,7 +87,9 @@ class CycleMetrics(CycleResult):
         default=0, description="Groups sampled again for having uniform reward (resampling)"
     )
     groups_dropped: int = Field(
-        default=0, description="Groups left out of the loss: still uniform after resampling"
+        default=0,
+        description="Groups left out of the loss: still uniform after resampling, or (multi-turn "
+        "min_viable_group) with too few successful episodes",
     )
     recipe_metrics: dict[str, float] = Field(
         default_factory=dict,
@@ -56,6 +119,9 @@ class CycleMetrics(CycleResult):
         default_factory=dict, description="Billed usage counters per operation kind"
     )
     cost: float | None = Field(default=None, description="Estimated USD, with a price table")
+    episodes: EpisodeStats | None = Field(
+        default=None, description="A multi-turn environment's episodes and turns"
+    )
     checkpoint: str | None = Field(
         default=None, description="The cycle-{n} checkpoint saved after the cycle, if one was"
     )

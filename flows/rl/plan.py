@@ -15,6 +15,12 @@ from typing import Any
 
 from flows.core.config import ConfigError, check_max_staleness, check_resume_from
 from flows.core.environments import Environment, load_environment
+from flows.core.environments.multiturn import (
+    EnvironmentIO,
+    MultiTurnEnvironment,
+    environment_io,
+    max_action_tokens,
+)
 from flows.core.evaluation.plan import EvalPlan, load_eval_plan
 from flows.core.rendering import config_renderer
 from flows.core.seeds import derive_seed
@@ -40,10 +46,27 @@ class RLPlan:
 
     config: RLConfig
     recipe: Recipe
-    environment: Environment
+    environment: Environment | MultiTurnEnvironment
     renderer: Renderer
     evaluation: EvalPlan | None = None
     """The inline evaluation's eval set (None with eval_every 0)."""
+
+    @property
+    def multi_turn(self) -> bool:
+        """Episodes of several turns (flows.rl.episodes), not one completion per prompt."""
+        return isinstance(self.environment, MultiTurnEnvironment)
+
+    @property
+    def io(self) -> EnvironmentIO | None:
+        """How the environment's calls run when it does I/O; None: inline."""
+        return environment_io(self.environment)
+
+    @property
+    def action_tokens(self) -> int:
+        """The most tokens a turn samples: `max_tokens`, or the environment's
+        `max_action_tokens` when lower."""
+        limit = max_action_tokens(self.environment)
+        return self.config.max_tokens if limit is None else min(self.config.max_tokens, limit)
 
     def prompt_tokens(self, prompt: Prompt) -> list[int]:
         """The prompt's token ids: the renderer's generation prompt of its messages (text is
@@ -112,9 +135,17 @@ def load_rl_plan(config: RLConfig) -> RLPlan:
     recipe = compose_recipe(config)
     try:
         environment = load_environment(config.env)
-    except ValueError as error:
+        environment_io(environment)
+        max_action_tokens(environment)
+    except (ValueError, TypeError) as error:
         raise ConfigError("env", str(error)) from None
     renderer = config_renderer(config)
+    if config.eval_every and isinstance(environment, MultiTurnEnvironment):
+        raise ConfigError(
+            "eval_every",
+            f"{config.env} is a multi-turn environment: the inline evaluation samples one "
+            "completion per held-out prompt (eval_every 0: none)",
+        )
     evaluation = load_eval_plan(config.eval_settings(), renderer) if config.eval_every else None
     return RLPlan(config, recipe, environment, renderer, evaluation)
 
@@ -146,6 +177,19 @@ def compose_recipe(config: RLConfig) -> Recipe:
     return recipe
 
 
+def probe_sequence(token: int, eos: int, transcript: bool) -> dict[str, Any]:
+    """A probe group's sequence: `token` and EOS; a transcript (multi-turn): that action, an
+    observation token, the action again (flows.rl.transcripts)."""
+    if not transcript:
+        return {"tokens": [token, eos], "logprobs": [-1.0, -1.0], "stop_reason": "stop"}
+    return {
+        "tokens": [token, eos, ord("?"), token, eos],
+        "logprobs": [-1.0, -1.0, 0.0, -1.0, -1.0],
+        "action_mask": [1.0, 1.0, 0.0, 1.0, 1.0],
+        "stop_reason": "stop",
+    }
+
+
 def probe(plan: RLPlan) -> tuple[dict[str, Any], DryRunClient]:
     """The recipe's payload for a made-up group of two sequences, as a dry run, and the
     client that saw every call it made (build_loss and finish_cycle): those calls get
@@ -154,8 +198,8 @@ def probe(plan: RLPlan) -> tuple[dict[str, Any], DryRunClient]:
     request = sample_request(plan.prompt_tokens("probe"), 2, max_tokens=2)
     sample = {
         "sequences": [
-            {"tokens": [ord("1"), eos], "logprobs": [-1.0, -1.0], "stop_reason": "stop"},
-            {"tokens": [ord("a"), eos], "logprobs": [-1.0, -1.0], "stop_reason": "stop"},
+            probe_sequence(ord("1"), eos, plan.multi_turn),
+            probe_sequence(ord("a"), eos, plan.multi_turn),
         ],
         "prompt_tokens": len(request["prompt"]["token_ids"]),
     }
@@ -225,6 +269,13 @@ def check_rl_config(config: RLConfig) -> RLPlan:
     except ValueError as error:
         raise ConfigError("loss", str(error)) from None
     plan = load_rl_plan(config)
+    if plan.multi_turn and config.max_staleness > 0:
+        raise ConfigError(
+            "max_staleness",
+            f"{config.env} is a multi-turn environment, which samples on-policy only (0): a "
+            "turn's prompt holds the environment's answer to the turn before, so a later "
+            "cycle's samples cannot be requested ahead",
+        )
     check_auxiliary_runs(config.provider, plan.recipe)
     try:
         parse_loss_settings(plan.recipe, config.loss_config)

@@ -19,9 +19,10 @@ from whitney.client import WhitneyClient
 CONSOLE_SCRIPT = Path(sys.executable).with_name("whitney-flows")
 
 
-def run_console_script(flow: str, tmp_path: Path, metrics: Path) -> str:
-    """`whitney-flows run FLOW --metrics-out METRICS` in `tmp_path`, on the embedded server
-    (no WHITNEY_API_* variables) and this session's Prefect API; it must succeed. Its stdout."""
+def run_console_script(flow: str, tmp_path: Path, metrics: Path, *arguments: str) -> str:
+    """`whitney-flows run FLOW --metrics-out METRICS [ARGUMENTS]` in `tmp_path`, on the
+    embedded server (no WHITNEY_API_* variables) and this session's Prefect API; it must
+    succeed. Its stdout."""
     environment = {
         key: value for key, value in os.environ.items() if not key.startswith("WHITNEY_API_")
     }
@@ -31,7 +32,7 @@ def run_console_script(flow: str, tmp_path: Path, metrics: Path) -> str:
         "COLUMNS": "200",
     }
     completed = subprocess.run(
-        [str(CONSOLE_SCRIPT), "run", flow, "--metrics-out", str(metrics)],
+        [str(CONSOLE_SCRIPT), "run", flow, "--metrics-out", str(metrics), *arguments],
         cwd=tmp_path,
         env=environment,
         capture_output=True,

@@ -1,11 +1,12 @@
 """RL environments: where prompts come from and how a completion is rewarded.
 
-An environment is any object with `prompts(cycle, count, seed)` and `reward(prompt,
-completion)`; a prompt is text (one user turn) or a list of chat messages
+A single-turn environment is any object with `prompts(cycle, count, seed)` and
+`reward(prompt, completion)`; a prompt is text (one user turn) or a list of chat messages
 (`whitney.renderers.Message`), which the flow renders with its renderer (its tokenizer, chat
-template or format), and a completion is the text the renderer parses from the sample.
-Built-ins by name, anything else by import path `module:attr` (a class is instantiated
-without arguments).
+template or format), and a completion is the text the renderer parses from the sample. A
+multi-turn environment has `episode(task, seed)` instead: episodes of several turns
+(`flows.core.environments.multiturn`). Built-ins by name, anything else by import path
+`module:attr` (a class is instantiated without arguments).
 Each cycle gets a fresh instance (a retried cycle replays from scratch), so an environment
 keeps no state from one cycle to the next.
 
@@ -18,10 +19,13 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from flows.core.imports import import_object
 from whitney.renderers import Prompt
+
+if TYPE_CHECKING:
+    from flows.core.environments.multiturn import MultiTurnEnvironment
 
 
 @dataclass(frozen=True)
@@ -82,12 +86,14 @@ def character_share(text: str, allowed: frozenset[str]) -> float:
 ENVIRONMENTS: dict[str, str] = {
     "digits": "flows.core.environments.digits:DigitsEnvironment",
     "lowercase": "flows.core.environments.lowercase:LowercaseEnvironment",
+    "quiz": "flows.core.environments.quiz:QuizEnvironment",
 }
 """Built-in environments by name."""
 
 
-def load_environment(name: str) -> Environment:
-    """The environment named `name` (built-in) or at import path `name`; ValueError if none."""
+def load_environment(name: str) -> Environment | MultiTurnEnvironment:
+    """The environment named `name` (built-in) or at import path `name`, single-turn or
+    multi-turn (it has `episode()`); ValueError if none."""
     path = ENVIRONMENTS.get(name, name)
     if ":" not in path:
         raise ValueError(
@@ -96,6 +102,11 @@ def load_environment(name: str) -> Environment:
         )
     found = import_object(path)
     environment = found() if isinstance(found, type) else found
+    if callable(getattr(environment, "episode", None)):
+        return environment  # type: ignore[return-value]
     if not isinstance(environment, Environment):
-        raise ValueError(f"{path} is not an environment: it needs prompts() and reward()")
+        raise ValueError(
+            f"{path} is not an environment: it needs prompts() and reward() (single-turn) "
+            "or episode() (multi-turn)"
+        )
     return environment

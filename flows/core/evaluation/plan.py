@@ -230,6 +230,10 @@ def load_eval_plan(
             environment = load_environment(settings.env)
         except ValueError as error:
             raise ConfigError("env", str(error)) from None
+        if not callable(getattr(environment, "prompts", None)):
+            raise ConfigError(
+                "env", f"{settings.env} is a multi-turn environment: evaluation needs prompts()"
+            )
         seed = derive_seed(settings.seed, EVAL_CYCLE)
         prompts = held_out_prompts(environment, settings.prompts, seed)
         reward = environment.reward

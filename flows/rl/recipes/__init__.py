@@ -20,6 +20,11 @@ Beside `build_loss`, a recipe may declare:
   train the critic; returns metrics for the cycle's record.
 - `options`: the RLConfig section (e.g. `critic`) bound into `build_loss` and
   `finish_cycle` as the keyword `options`.
+
+A sequence of a multi-turn episode (`flows.rl.transcripts`) holds the whole transcript after
+its prompt, and an `action_mask`: 1.0 on the tokens the policy sampled, 0.0 on the observation
+tokens the environment wrote between turns. Every recipe trains only the action tokens
+(`action_mask`, `mask_observations`): observation tokens get weight 0.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from flows.core.imports import import_object
 from flows.rl.recipes.context import LossContext
-from whitney.datums import Datum, rl_datum
+from whitney.datums import Datum, rl_datum, tensor
 from whitney.payloads import forward_backward_payload
 
 BuildLoss = Callable[[dict[str, Any], int, dict[str, Any], LossContext], dict[str, Any]]
@@ -170,6 +175,28 @@ def clip_placement(clip: ClipRange, provider: str) -> Placement:
     return {}, {"clip_low_threshold": low, "clip_high_threshold": high}
 
 
+def action_mask(sequence: Mapping[str, Any]) -> list[float]:
+    """1.0 on each token of `sequence` the policy sampled, 0.0 on each observation token of a
+    multi-turn transcript; all 1.0 for a sequence without an `action_mask`."""
+    mask = sequence.get("action_mask")
+    return [1.0] * len(sequence["tokens"]) if mask is None else [float(value) for value in mask]
+
+
+def mask_observations(datum: Datum, prompt_length: int, mask: Sequence[float]) -> Datum:
+    """`datum` (an rl_datum or sft_datum after a prompt of `prompt_length` tokens) with its
+    weights and advantages multiplied by `mask` on the completion's positions: 0 wherever the
+    target is an observation token."""
+    loss_inputs: dict[str, Any] = datum["loss_inputs"]  # type: ignore[assignment]
+    pad = prompt_length - 1
+    for name in ("weights", "advantages"):
+        if name in loss_inputs:
+            values = list(loss_inputs[name]["values"])
+            for index, keep in enumerate(mask):
+                values[pad + index] *= keep
+            loss_inputs[name] = tensor("float32", values)
+    return datum
+
+
 def policy_datums(
     prompt_tokens: list[int],
     sequences: Sequence[Mapping[str, Any]],
@@ -177,17 +204,20 @@ def policy_datums(
     **datum_options: float,
 ) -> list[Datum]:
     """One `rl_datum` per sampled sequence, with its advantage(s) and `datum_options`
-    (`clip_low` / `clip_high`)."""
-    return [
-        rl_datum(
+    (`clip_low` / `clip_high`); a transcript's observation tokens get weight 0."""
+    data = []
+    for sequence, advantage in zip(sequences, advantages, strict=True):
+        datum = rl_datum(
             prompt_tokens,
             sequence["tokens"],
             sequence["logprobs"],
             advantage if isinstance(advantage, int | float) else list(advantage),
             **datum_options,
         )
-        for sequence, advantage in zip(sequences, advantages, strict=True)
-    ]
+        if "action_mask" in sequence:
+            datum = mask_observations(datum, len(prompt_tokens), sequence["action_mask"])
+        data.append(datum)
+    return data
 
 
 def clipped_payload(

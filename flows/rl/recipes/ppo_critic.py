@@ -14,6 +14,9 @@ Once per cycle, after every group (`finish_cycle`): the critic's `forward_backwa
 `ppo_critic` on every group's (V_old, returns), then its `optim_step`. Its loss, taken before
 that update on the cycle's fresh samples, is the cycle's `value_loss`. Critic runs exist on
 modal and local only.
+
+On a multi-turn transcript, GAE runs over the sampled tokens in order (an observation is part
+of the step from one action to the next), and the critic trains on their positions only.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from typing import Any
 from pydantic import Field
 
 from flows.rl.config import CriticSettings
-from flows.rl.recipes import AuxiliaryRun, ClipRange, Recipe, clipped_payload
+from flows.rl.recipes import AuxiliaryRun, ClipRange, Recipe, action_mask, clipped_payload
 from flows.rl.recipes.context import LossContext
 from whitney.datums import Datum, tensor
 from whitney.payloads import adamw_optimizer, forward_backward_payload
@@ -62,27 +65,58 @@ def gae(
     return advantages, returns
 
 
-def whiten(per_sequence: list[list[float]]) -> list[list[float]]:
-    """Every token's value minus the mean over all tokens, over their std (centred only
-    when the std is ~0)."""
-    flat = [value for values in per_sequence for value in values]
+def action_gae(
+    reward: float, values: Sequence[float], mask: Sequence[float], gamma: float, lam: float
+) -> tuple[list[float], list[float]]:
+    """`gae` over the sampled tokens of a completion (mask 1.0), in order; 0.0 at its
+    observation tokens."""
+    actions = [index for index, keep in enumerate(mask) if keep]
+    advantages, returns = gae(reward, [values[index] for index in actions], gamma, lam)
+    full_advantages, full_returns = [0.0] * len(mask), [0.0] * len(mask)
+    for index, advantage, value in zip(actions, advantages, returns, strict=True):
+        full_advantages[index], full_returns[index] = advantage, value
+    return full_advantages, full_returns
+
+
+def whiten(
+    per_sequence: list[list[float]], masks: list[list[float]] | None = None
+) -> list[list[float]]:
+    """Every sampled token's value (`masks`: 1.0 where sampled, default everywhere) minus the
+    mean over all sampled tokens, over their std (centred only when the std is ~0); 0.0 at
+    observation tokens."""
+    if masks is None:
+        masks = [[1.0] * len(values) for values in per_sequence]
+    flat = [
+        value
+        for values, mask in zip(per_sequence, masks, strict=True)
+        for value, keep in zip(values, mask, strict=True)
+        if keep
+    ]
     mean = statistics.fmean(flat)
     std = statistics.pstdev(flat)
     scale = 1.0 / std if std > 1e-6 else 1.0
-    return [[(value - mean) * scale for value in values] for values in per_sequence]
+    return [
+        [(value - mean) * scale * keep for value, keep in zip(values, mask, strict=True)]
+        for values, mask in zip(per_sequence, masks, strict=True)
+    ]
 
 
 def critic_datum(
-    prompt_tokens: list[int], tokens: list[int], values: list[float], returns: list[float]
+    prompt_tokens: list[int],
+    tokens: list[int],
+    values: list[float],
+    returns: list[float],
+    mask: list[float] | None = None,
 ) -> Datum:
-    """A ppo_critic datum: right-shifted input, weights 1 on the completion's positions;
-    `values` / `returns` over every position (the prompt's are ignored: weight 0)."""
+    """A ppo_critic datum: right-shifted input, weights 1 on the completion's sampled
+    positions (`mask`, default all); `values` / `returns` over every position (the others
+    are ignored: weight 0)."""
     full = list(prompt_tokens) + list(tokens)
     pad = len(prompt_tokens) - 1
     return {
         "input": {"token_ids": full[:-1]},
         "loss_inputs": {
-            "weights": tensor("float32", [0.0] * pad + [1.0] * len(tokens)),
+            "weights": tensor("float32", [0.0] * pad + (mask or [1.0] * len(tokens))),
             "values": tensor("float32", [float(value) for value in values]),
             "returns": tensor("float32", [float(value) for value in returns]),
         },
@@ -124,20 +158,25 @@ def build_loss(
     sequences = sample["sequences"]
     pad = len(prompt_tokens) - 1
     advantages: list[list[float]] = []
+    masks = [action_mask(sequence) for sequence in sequences]
     critic_data = ctx.scratch.setdefault(SCRATCH_KEY, [])
-    for sequence, reward, values in zip(
-        sequences, ctx.rewards, critic_values(ctx, settings, prompt_tokens, sequences), strict=True
+    for sequence, mask, reward, values in zip(
+        sequences,
+        masks,
+        ctx.rewards,
+        critic_values(ctx, settings, prompt_tokens, sequences),
+        strict=True,
     ):
         completion_values = values[pad : pad + len(sequence["tokens"])]
-        sequence_advantages, returns = gae(
-            reward, completion_values, options.gamma, options.gae_lambda
+        sequence_advantages, returns = action_gae(
+            reward, completion_values, mask, options.gamma, options.gae_lambda
         )
         advantages.append(sequence_advantages)
         critic_data.append(
-            critic_datum(prompt_tokens, sequence["tokens"], values, [0.0] * pad + returns)
+            critic_datum(prompt_tokens, sequence["tokens"], values, [0.0] * pad + returns, mask)
         )
     if options.normalize_advantages:
-        advantages = whiten(advantages)
+        advantages = whiten(advantages, masks)
     policy_clip = ClipRange(
         clip_low_threshold=settings.clip_low_threshold,
         clip_high_threshold=settings.clip_high_threshold,

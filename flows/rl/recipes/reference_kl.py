@@ -7,7 +7,8 @@ It wraps any recipe with a `payload` builder (importance_sampling, ppo, cispo, d
 dppo), selected by `reference_kl.enabled` in the config. With `length_normalize`, each
 sequence's advantage is divided by its length first (`length_normalize`). The cycle's
 `reference_kl` metric is the mean over sampled tokens of sampled_lp - reference_lp (the k1
-estimate of KL(policy || reference)), whatever `kl_coef` is.
+estimate of KL(policy || reference)), whatever `kl_coef` is. On a multi-turn transcript the
+penalty, the length and the metric count the sampled tokens only, not the observations.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from flows.rl.config import ReferenceKLSettings
-from flows.rl.recipes import AuxiliaryRun, Recipe
+from flows.rl.recipes import AuxiliaryRun, Recipe, action_mask
 from flows.rl.recipes.context import LossContext
 from whitney.advantages import kl_adjust_advantages, length_normalize
 
@@ -64,14 +65,19 @@ def build_loss(
         strict=True,
     ):
         sampled = [float(value) for value in sequence["logprobs"]]
-        length = len(sampled)
+        mask = action_mask(sequence)
+        actions = int(sum(mask))
         if settings.length_normalize:
-            advantage = length_normalize(advantage, length)
-        advantages.append(
-            kl_adjust_advantages([advantage] * length, sampled, reference, kl_coef=settings.kl_coef)
+            advantage = length_normalize(advantage, actions)
+        adjusted = kl_adjust_advantages(
+            [advantage] * len(sampled), sampled, reference, kl_coef=settings.kl_coef
         )
-        totals[0] += sum(s - r for s, r in zip(sampled, reference, strict=True))
-        totals[1] += length
+        advantages.append([value * keep for value, keep in zip(adjusted, mask, strict=True)])
+        pairs = zip(sampled, reference, mask, strict=True)
+        totals[0] += sum(
+            keep * (sampled_lp - reference_lp) for sampled_lp, reference_lp, keep in pairs
+        )
+        totals[1] += actions
     return inner.payload(prompt_tokens, sequences, advantages, ctx.loss_config, ctx.provider)
 
 

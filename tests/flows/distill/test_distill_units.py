@@ -120,6 +120,7 @@ def test_eval_loss_is_the_mean_negative_logprob_of_completion_tokens() -> None:
     [
         ({"teacher_base_model": "hf:some/model"}, "teacher_base_model"),
         ({"prompts": "nowhere"}, "prompts"),
+        ({"prompts": "quiz"}, "prompts"),  # multi-turn: no prompts()
         ({"provider": "tinker", "base_model": "hf:x"}, "base_model"),
         ({"teacher_sft": {"steps": 5, "batch_size": 1, "max_example_tokens": 3}}, "teacher_sft."),
     ],

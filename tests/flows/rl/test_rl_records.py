@@ -39,6 +39,7 @@ METRIC_FIELDS = {
     "tokens_trained",
     "usage",
     "cost",
+    "episodes",
     "checkpoint",
     "eval",
     "op_seconds",
