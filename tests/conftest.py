@@ -7,17 +7,22 @@
 - `hf_models`: a Hugging Face cache holding tiny Llama and Qwen2 checkpoints
   (tests/hfmodels/builders.py), built once, and this environment pointed at it, offline.
 
-Nothing here downloads: HF_HUB_OFFLINE is 1 unless the environment says otherwise.
+Nothing here downloads: HF_HUB_OFFLINE is 1 unless the environment says otherwise. A suite
+started in the background (`cmd &` in a script) ignores SIGINT, and every process it starts
+would inherit that; the tests that interrupt a child expect SIGINT as a terminal gives it.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from whitney.local import EmbeddedWhitney
 
