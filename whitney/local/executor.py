@@ -249,6 +249,8 @@ class RunWorker:
             "usage": outcome.usage,
             "finished_at": finished_at,
         }
+        if ticket.kind == "save_weights_for_sampler" and outcome.status == "succeeded":
+            self.samplers.add(outcome.result["sampler_id"])
         self.tickets.pop(ticket.seq_id, None)
         if ticket.seq_id >= self.frontier:
             self.terminal_ahead.add(ticket.seq_id)
@@ -523,8 +525,7 @@ class RunWorker:
                 )
             outcome = self._ok(engine.save_weights_for_sampler(sampler_id))
             engine.write_sampler(sampler_id, self.hooks.sampler_path(self.run_id, sampler_id))
-            self.samplers.add(sampler_id)
-            return outcome
+            return outcome  # published to the sampler lane once journaled (`_conclude`)
         if kind == "sample":
             return self._sample_batch([ticket])[0]
         if kind == "logprobs":
