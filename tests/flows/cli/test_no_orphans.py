@@ -64,12 +64,6 @@ def prefect_server_of(cli: subprocess.Popen[str]) -> int:
     raise AssertionError("the CLI started no Prefect server")
 
 
-def interruptible() -> None:
-    """SIGINT as a terminal gives it: a suite started in the background (`cmd &` in a
-    script) ignores SIGINT, and every process it starts would inherit that."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 @pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_the_prefect_server_the_cli_started_ends_with_it(
     stop: signal.Signals, prefect_home: Path, tmp_path: Path
@@ -88,7 +82,6 @@ def test_the_prefect_server_the_cli_started_ends_with_it(
             stdout=log,
             stderr=subprocess.STDOUT,
             text=True,
-            preexec_fn=interruptible,
         )
     try:
         server = prefect_server_of(cli)
