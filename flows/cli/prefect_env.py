@@ -1,7 +1,8 @@
 """The project's Prefect settings, in one place: `whitney-flows run` and the benchmarks set
 `PREFECT_ENV_DEFAULTS` for the ephemeral Prefect server (a user's own environment wins), the
-e2e stack starts `prefect server start` with `SERVER_SETTINGS`, and the README exports them
-before its `prefect server start`. No Prefect import: it is read before Prefect is.
+e2e stack starts `prefect server start` with `SERVER_SETTINGS`, and docs/prefect-server.md
+exports them before its `prefect server start`. No Prefect import: it is read before Prefect
+is.
 """
 
 from __future__ import annotations

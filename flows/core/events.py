@@ -1,4 +1,4 @@
-"""The Prefect events the flows emit (names and payloads: README, *Events*).
+"""The Prefect events the flows emit (names and payloads: docs/evaluation.md, *Events*).
 
 Every event's resource is the top-level flow run, `prefect.flow-run.<id>` (a subflow's too: an
 SFT teacher's events are its distillation's), so an automation can act on it:
@@ -49,7 +49,7 @@ EVENTS = (
     CHECKPOINT_EVALUATED,
     PROMOTION_DECIDED,
 )
-"""Every event the flows emit (README, *Events*)."""
+"""Every event the flows emit (docs/evaluation.md, *Events*)."""
 STALL_WINDOW_LABEL = "whitney.stall-window-s"
 ALL_WINDOWS = "all"
 """The stall label of `whitney.run.released`: every window's automation counts it."""

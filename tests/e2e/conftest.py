@@ -1,8 +1,8 @@
-"""The end-to-end stack, once per session, as the README's "Run it on a Prefect server" sets it
-up by hand:
+"""The end-to-end stack, once per session, as docs/prefect-server.md ("Run it on a Prefect
+server") sets it up by hand:
 
 - `prefect server start` on 127.0.0.1:<free port>, with a fresh temporary PREFECT_HOME and
-  the project's server settings (`flows.cli.prefect_env.SERVER_SETTINGS`, as the README
+  the project's server settings (`flows.cli.prefect_env.SERVER_SETTINGS`, as the guide
   exports them);
 - the embedded Whitney server (`whitney-flows serve`) on 127.0.0.1:<free port>, with a known
   key (in WHITNEY_LOCAL_API_KEYS) and a temporary data directory;

@@ -11,7 +11,7 @@ server of the e2e stack (tests/e2e/conftest.py):
   adapter load with transformers offline (in a child process): the merged model greedily
   writes what the evaluation sampled with `top_k: 1`, and the adapter is the training run's
   (sha256);
-- with the stall automations installed by the README's command, a run whose Whitney answers
+- with the stall automations installed by docs/evaluation.md's command, a run whose Whitney answers
   stop coming (a proxy in front of the server holds them) is cancelled by the automation of
   its window, and the cleanup hook leaves no session open; meanwhile, of three bystander flow
   runs whose cycle events the test sends into the 15 s window, the automation cancels the one
@@ -356,7 +356,7 @@ def proxied(alive: Stack) -> Iterator[HoldingProxy]:
 
 @pytest.fixture
 def stall_automations(alive: Stack) -> Iterator[list[str]]:
-    """The stall automations, installed by the README's command; deleted after the test."""
+    """The stall automations, installed by docs/evaluation.md's command; deleted after the test."""
     names = [a["name"] for a in yaml.safe_load(STALL_FILE.read_text())["automations"]]
     prefect = str(Path(sys.executable).with_name("prefect"))
     command = ["automation", "create", "--from-file", "deployments/stall-automations.yaml"]

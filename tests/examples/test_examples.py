@@ -83,6 +83,8 @@ def test_the_chat_sft_example_is_a_chat_config() -> None:
     config = validated(SFTConfig, data)
     assert config.model_dump(exclude_unset=True).keys() == data.keys()
     assert (config.renderer, config.base_model) == ("auto", "Qwen/Qwen2.5-0.5B-Instruct")
+    shown = (ROOT / "docs" / "real-models.md").read_text()
+    assert f"```toml\n{(EXAMPLES / 'chat-sft.toml').read_text()}```" in shown
 
 
 def test_every_example_is_named_by_a_guide() -> None:

@@ -61,7 +61,7 @@ LIMIT_HELP: dict[str, str] = {
     "max_long_polls_per_tenant": "concurrent long-polls (wait_s > 0) of one API key (429 with "
     "Retry-After past it)",
 }
-"""The `serve --help` line of each limit (docs/api.md and the README list the same)."""
+"""The `serve --help` line of each limit (docs/api.md and docs/limits.md list the same)."""
 
 
 def exceeded(field: str, limit_name: str, limit: int, value: int) -> LimitExceeded:

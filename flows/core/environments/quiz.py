@@ -11,7 +11,7 @@ share of turns answered right. Rendered raw (`local/*`), an episode reads
 
 where each answer is one sampled token and the EOS after it closes the cut action.
 
-Why this shape (the tiny byte model learns it on 2 cores; README, Multi-turn environments):
+Why this shape (the tiny byte model learns it on 2 cores; docs/multi-turn.md):
 
 - The question's kind is the last character before the answer (`#` or `:`), and the legend
   puts both kinds in every transcript from the first turn on. With `Number: ` and `Word: `

@@ -1,6 +1,6 @@
 """The project's Prefect server settings (flows.cli.prefect_env): `whitney-flows run` puts them
 in the environment its ephemeral Prefect server starts with, under a user's own values, and
-the README's `prefect server start` step exports the same."""
+docs/prefect-server.md's `prefect server start` step exports the same."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from prefect.settings import Settings
 from flows.cli.main import main
 from flows.cli.prefect_env import PREFECT_ENV_DEFAULTS, SERVER_SETTINGS
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+GUIDE = Path(__file__).resolve().parents[3] / "docs" / "prefect-server.md"
 RECORDER_BATCH_SIZE = "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"
 
 
@@ -47,7 +47,7 @@ def test_a_users_own_value_wins(unset_defaults: None, monkeypatch: pytest.Monkey
     assert services.event_persister.batch_size == 200
 
 
-def test_the_readme_exports_the_server_settings_before_prefect_server_start() -> None:
-    step = README.read_text().split("# 1. The Prefect server.", 1)[1].split("prefect server")[0]
+def test_the_guide_exports_the_server_settings_before_prefect_server_start() -> None:
+    step = GUIDE.read_text().split("# 1. The Prefect server.", 1)[1].split("prefect server")[0]
     exported = dict(re.findall(r"^export (PREFECT_SERVER_SERVICES_\w+)=(\S+)$", step, re.M))
     assert exported == SERVER_SETTINGS

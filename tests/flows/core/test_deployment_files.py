@@ -1,8 +1,8 @@
 """deployments/: prefect.yaml validates as Prefect's own model of it, every entrypoint loads
 with the parameters its deployment sets, and the reaper runs every 15 minutes with apply on;
-automations.yaml validates as Prefect's automation model (no key it would drop), the README's
-install command creates it on the harness's Prefect server, and it crashes a Running flow run
-whose heartbeats stopped (with a 10 s window), not one that completed."""
+automations.yaml validates as Prefect's automation model (no key it would drop), the install
+command of docs/prefect-server.md creates it on the harness's Prefect server, and it crashes a
+Running flow run whose heartbeats stopped (with a 10 s window), not one that completed."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ from pydantic import BaseModel, RootModel
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOYMENTS = ROOT / "deployments" / "prefect.yaml"
 AUTOMATIONS = ROOT / "deployments" / "automations.yaml"
-README = ROOT / "README.md"
+GUIDE = ROOT / "docs" / "prefect-server.md"
 HEARTBEATS_MISSED = 3
 """The automation waits for at least this many missed heartbeats at Prefect's default rate."""
 TEST_WITHIN_S = 10
@@ -110,10 +110,10 @@ def test_the_automation_is_a_proactive_heartbeat_trigger_that_crashes_the_flow_r
     assert (action.type, action.state.value) == ("change-flow-run-state", "CRASHED")
 
 
-def test_the_readme_command_installs_the_automation() -> None:
+def test_the_guides_command_installs_the_automation() -> None:
     (command,) = [
         line
-        for line in README.read_text().splitlines()
+        for line in GUIDE.read_text().splitlines()
         if line.startswith("prefect automation") and line.endswith("/automations.yaml")
     ]
     argv = shlex.split(command)

@@ -1,9 +1,8 @@
-"""The events of the flows, against the README's table (*Events*): every event a flow run emits
-is in it with exactly the payload keys and resource labels it lists, and every name in it is
-emitted here (a trained RL run, the session's `checkpointed_run`; the checkpoint flows' and
-the cleanup hook's functions). Each
-event's resource is the top-level flow run; cycle events come in order, each started one with
-the window the completed one repeats."""
+"""The events of the flows, against the table of docs/evaluation.md (*Events*): every event a
+flow run emits is in it with exactly the payload keys and resource labels it lists, and every
+name in it is emitted here (a trained RL run, the session's `checkpointed_run`; the checkpoint
+flows' and the cleanup hook's functions). Each event's resource is the top-level flow run;
+cycle events come in order, each started one with the window the completed one repeats."""
 
 from __future__ import annotations
 
@@ -17,12 +16,12 @@ from prefect import flow
 
 from flows.core import events
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+GUIDE = Path(__file__).resolve().parents[3] / "docs" / "evaluation.md"
 
 
-def readme_table() -> dict[str, tuple[set[str], set[str]]]:
-    """event name -> (resource labels, payload keys), from the README's events table."""
-    text = README.read_text().split("### Events", 1)[1].split("\n### ", 1)[0]
+def guide_table() -> dict[str, tuple[set[str], set[str]]]:
+    """event name -> (resource labels, payload keys), from the guide's events table."""
+    text = GUIDE.read_text().split("## Events", 1)[1].split("\n## ", 1)[0]
     rows = [line for line in text.splitlines() if line.startswith("| `whitney.")]
     table = {}
     for row in rows:
@@ -51,7 +50,7 @@ def checkpoint_flow_events(checkpoint: str, evaluation: dict[str, Any]) -> None:
     events.run_released(events.root_flow_run_id(), events.root_flow_run_id(), "Failed", 1)
 
 
-def test_every_event_is_the_readmes(
+def test_every_event_is_the_guides(
     checkpointed_run: CheckpointedRun, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     config, result = checkpointed_run.config, checkpointed_run.result
@@ -78,7 +77,7 @@ def test_every_event_is_the_readmes(
 
     checkpoint_flow_events(result.checkpoint, result.cycles[-1].eval.model_dump())
 
-    table = readme_table()
+    table = guide_table()
     assert {event["event"] for event in emitted} == set(table)
     for event in emitted:
         labels, keys = table[event["event"]]
