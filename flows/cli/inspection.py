@@ -35,6 +35,7 @@ from __future__ import annotations
 import json
 import re
 import sqlite3
+import textwrap
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -404,10 +405,40 @@ def created_text(value: str) -> str:
     return moment.astimezone().strftime("%Y-%m-%d %H:%M") if moment else value
 
 
-def render_run_report(report: Mapping[str, Any], console: Any) -> None:
-    """Print a run report with rich: the run, then one table per group."""
-    from rich.table import Table
+OPERATION_COLUMNS = ("seq", "kind", "status", "duration", "queued", "tokens", "metrics")
+METRICS_MIN_WIDTH = 40
+"""A table whose metrics column would be narrower than this (a pipe or a terminal of 80
+columns) prints each operation's metrics on lines of their own under it instead."""
+METRICS_INDENT = "      "
 
+
+def operation_cells(row: Mapping[str, Any]) -> tuple[str, ...]:
+    """An operation's row of a run report as the text of each of `OPERATION_COLUMNS`."""
+    return (
+        str(row["seq_id"]),
+        row["kind"] + (f" (turn {row['turn']})" if "turn" in row else ""),
+        row["status"],
+        seconds_text(row["duration_s"]),
+        seconds_text(row["queued_s"]),
+        f"{row['usage'].get('tokens', 0):,}",
+        metrics_text(row["metrics"]),
+    )
+
+
+def column_widths(cells: Sequence[tuple[str, ...]]) -> list[int]:
+    """The widest text of each of `OPERATION_COLUMNS`, its header included."""
+    return [max(map(len, column)) for column in zip(OPERATION_COLUMNS, *cells, strict=True)]
+
+
+def metrics_room(cells: Sequence[tuple[str, ...]], width: int) -> int:
+    """The width a rich table of `width` columns (borders, one space of padding each side)
+    leaves its metrics column once every other column has its widest cell."""
+    return width - sum(column_widths(cells)[:-1]) - 3 * len(OPERATION_COLUMNS) - 1
+
+
+def render_run_report(report: Mapping[str, Any], console: Any) -> None:
+    """Print a run report with rich: the run, then one table per group (stacked: the metrics
+    under each operation, when the table would squeeze them)."""
     run = report["run"]
     console.print(
         f"[bold]run {run['run_id']}[/bold]  session {run['session_id']}  {run['role']}"
@@ -419,25 +450,52 @@ def render_run_report(report: Mapping[str, Any], console: Any) -> None:
     )
     for group in report["groups"]:
         seq = group["seq_ids"]
-        table = Table(
-            title=f"{group['label']}: seq {seq[0]}–{seq[1]}, {group['tokens']:,} tokens",
-            title_justify="left",
-        )
-        for column in ("seq", "kind", "status", "duration", "queued", "tokens", "metrics"):
-            table.add_column(column, overflow="fold", no_wrap=column != "metrics")
-        for row in group["operations"]:
-            table.add_row(
-                str(row["seq_id"]),
-                row["kind"] + (f" (turn {row['turn']})" if "turn" in row else ""),
-                row["status"],
-                seconds_text(row["duration_s"]),
-                seconds_text(row["queued_s"]),
-                f"{row['usage'].get('tokens', 0):,}",
-                metrics_text(row["metrics"]),
-            )
-        console.print(table)
+        title = f"{group['label']}: seq {seq[0]}–{seq[1]}, {group['tokens']:,} tokens"
+        cells = [operation_cells(row) for row in group["operations"]]
+        longest = max((len(row[-1]) for row in cells), default=0)
+        if metrics_room(cells, console.width) >= min(longest, METRICS_MIN_WIDTH):
+            print_table(title, cells, console)
+        else:
+            print_stacked(title, cells, console)
         if group["turns"]:
             console.print(turns_text(group["turns"]), soft_wrap=True)
+
+
+def print_table(title: str, cells: Sequence[tuple[str, ...]], console: Any) -> None:
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for column in OPERATION_COLUMNS:
+        table.add_column(column, overflow="fold", no_wrap=column != "metrics")
+    for row in cells:
+        table.add_row(*row)
+    console.print(table)
+
+
+def print_stacked(title: str, cells: Sequence[tuple[str, ...]], console: Any) -> None:
+    """One line per operation with its columns aligned, then its metrics, word-wrapped to the
+    console's width under it."""
+    widths = column_widths(cells)
+    right = {0, 3, 4, 5}  # seq, duration, queued, tokens
+
+    def line(row: Sequence[str]) -> str:
+        return "  ".join(
+            cell.rjust(w) if i in right else cell.ljust(w)
+            for i, (cell, w) in enumerate(zip(row[:-1], widths[:-1], strict=True))
+        ).rstrip()
+
+    lines = [title, line(OPERATION_COLUMNS)]
+    for row in cells:
+        lines.append(line(row))
+        lines += textwrap.wrap(
+            row[-1],
+            width=max(console.width, len(METRICS_INDENT) + 20),
+            initial_indent=METRICS_INDENT,
+            subsequent_indent=METRICS_INDENT,
+            break_long_words=False,
+            break_on_hyphens=False,
+        )
+    console.print("\n".join(lines), soft_wrap=True, markup=False, highlight=False)
 
 
 def turns_text(blocks: Sequence[Mapping[str, Any]]) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 from collections.abc import Iterator
 
@@ -275,3 +276,43 @@ def test_a_closed_pipe_ends_the_command_without_a_traceback(
     error = process.stderr.read().decode()
     assert process.wait(timeout=60) == 1  # as rich's Console exits on a closed pipe
     assert error == ""
+
+
+def test_piped_at_80_columns_each_operation_keeps_its_metrics_readable(
+    finished: DistillationResult, whitney: EmbeddedWhitney, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`inspect RUN | less` (rich's 80 columns): a table would squeeze the metrics column to a
+    character or two per line; each operation's row is followed by its metrics, whole words,
+    on lines of at most 80 characters."""
+    report = inspect_json(capsys, finished.run_id, "--api-url", whitney.url)
+    environment = {
+        k: v for k, v in os.environ.items() if not k.startswith("WHITNEY_API_") and k != "COLUMNS"
+    }
+    printed = subprocess.run(
+        [str(CONSOLE_SCRIPT), "inspect", finished.run_id, "--data-dir", str(whitney.data_dir)],
+        capture_output=True,
+        text=True,
+        env=environment,
+        check=True,
+        timeout=60,
+    ).stdout
+    lines = printed.splitlines()
+    assert lines[0].startswith(f"run {finished.run_id} ")  # the run's one line, unwrapped
+    assert all(len(line) <= 80 for line in lines[1:]), printed
+    rows = [row for group in report["groups"] for row in group["operations"]]
+    assert any(row["metrics"] for row in rows)
+    for row in rows:
+        (at,) = [
+            i
+            for i, line in enumerate(lines)
+            if re.match(rf"^ *{row['seq_id']}  {row['kind']}", line)
+        ]
+        assert row["status"] in lines[at]
+        below = []
+        for line in lines[at + 1 :]:
+            if not line.startswith("      "):
+                break
+            below.append(line.strip())
+        words = " ".join(below).split()
+        assert len(words) == len(row["metrics"])
+        assert [word.split("=", 1)[0] for word in words] == list(row["metrics"])
