@@ -30,6 +30,8 @@ from pathlib import Path
 from whitney.advantages import all_zero, group_mean_advantages
 from whitney.client import WhitneyClient
 from whitney.datums import Datum, rl_datum
+from whitney.errors import TransportError, Unauthorized, WhitneyError
+from whitney.local import ServerStartError
 from whitney.payloads import (
     adamw_optimizer,
     forward_backward_payload,
@@ -73,7 +75,7 @@ def whitney(api_url: str | None) -> Iterator[WhitneyClient]:
         with WhitneyClient(api_url, os.environ.get("WHITNEY_API_KEY")) as client:
             yield client
         return
-    from whitney.local import EmbeddedWhitney  # needs the `local` extra (torch)
+    from whitney.local import EmbeddedWhitney  # starting it needs the `local` extra (torch)
 
     with EmbeddedWhitney() as server, WhitneyClient(server.url, server.api_key) as client:
         yield client
@@ -164,8 +166,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    with whitney(args.api_url) as client:
-        adapter = train(client, args)
+    try:
+        with whitney(args.api_url) as client:
+            adapter = train(client, args)
+    except (TransportError, Unauthorized) as error:  # the URL or the key: bad input
+        print(f"rl_loop.py: --api-url / WHITNEY_API_KEY: {error}", file=sys.stderr)
+        return 2
+    except (WhitneyError, ServerStartError) as error:
+        print(f"rl_loop.py: {error}", file=sys.stderr)
+        return 1
     print(f"adapter {adapter}", flush=True)
     return 0
 

@@ -50,17 +50,24 @@ def test_the_rl_loop_learns_digits_and_saves_its_adapter(tmp_path: Path) -> None
     assert hashlib.sha256(adapter.read_bytes()).hexdigest() == sha256
 
 
-def test_the_rl_loop_refuses_a_bad_setting_in_one_line() -> None:
+@pytest.mark.parametrize(
+    ("arguments", "line"),
+    [
+        (["--cycles", "0"], "--cycles must be at least 1"),
+        (["--api-url", "http://127.0.0.1:9"], "rl_loop.py: --api-url / WHITNEY_API_KEY: "),
+    ],
+)
+def test_the_rl_loop_refuses_bad_input_in_one_line(arguments: list[str], line: str) -> None:
     completed = subprocess.run(
-        [sys.executable, str(EXAMPLES / "rl_loop.py"), "--cycles", "0"],
-        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)},
+        [sys.executable, str(EXAMPLES / "rl_loop.py"), *arguments],
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "WHITNEY_API_KEY": "k"},
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert completed.returncode == 2
-    assert completed.stderr.splitlines()[-1].endswith("--cycles must be at least 1")
-    assert "Traceback" not in completed.stderr
+    assert line in completed.stderr.splitlines()[-1]
+    assert "Traceback" not in completed.stderr and completed.stdout == ""
 
 
 def test_the_rl_loop_is_the_small_door() -> None:
