@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import re
 import subprocess
+from dataclasses import fields
 from pathlib import Path
+
+from whitney.local.limits import Limits
+from whitney.losses import LOSS_FUNCTIONS, PROVIDER_LOSS_SUPPORT
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -82,6 +86,34 @@ def test_every_path_a_guide_names_exists() -> None:
         if REPO_PATH.match(span) and "/" in span and not exists(span)
     ]
     assert missing == []
+
+
+def table_rows(page: str, header: str) -> list[list[str]]:
+    """The cells of each row of the markdown table of docs/`page` whose header is `header`."""
+    lines = (ROOT / "docs" / page).read_text().splitlines()
+    rows = []
+    for line in lines[lines.index(header) + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return rows
+
+
+def test_the_rl_guides_loss_table_is_the_sdks() -> None:
+    rows = table_rows("rl.md", "| `loss` | what it trains | `loss_config` (defaults) | providers |")
+    served = {row[0].strip("`"): set(row[-1].split(", ")) for row in rows}
+    assert served == {
+        loss: {p for p, losses in PROVIDER_LOSS_SUPPORT.items() if loss in losses}
+        for loss in LOSS_FUNCTIONS
+    }
+
+
+def test_the_limits_guide_lists_every_limit_with_its_default() -> None:
+    documented = {}
+    for flags, defaults, _ in table_rows("limits.md", "| flag | default | bounds |"):
+        names = [flag.removeprefix("--").replace("-", "_") for flag in SPAN.findall(flags)]
+        documented |= dict(zip(names, map(int, defaults.split(", ")), strict=True))
+    assert documented == {item.name: getattr(Limits(), item.name) for item in fields(Limits)}
 
 
 def test_the_checks_catch_a_wrong_link_and_path() -> None:
