@@ -43,6 +43,7 @@ from whitney.errors import (
     error_for,
 )
 from whitney.leases import LeaseKeeper
+from whitney.seq_ids import SeqLedger
 
 __all__ = ["WhitneyClient"]
 
@@ -218,9 +219,7 @@ class WhitneyClient:
             timeout=self._timeout,
             transport=transport,
         )
-        self._seq_guard = threading.Lock()
-        self._seq_locks: dict[str, threading.Lock] = {}
-        self._next_seq: dict[str, int] = {}
+        self._seq_ids = SeqLedger(load=self._next_seq_id)
         self._leases: LeaseKeeper | None = None
         self._leases_asked = False
         self._leases_lock = threading.Lock()
@@ -382,7 +381,7 @@ class WhitneyClient:
         """Submit one operation and wait until it is terminal; return it (with `usage`).
 
         On the sampler route when `sampler_id` is given. Without `seq_id`, the run's next id
-        from the per-run counter. Raises OperationFailed if the operation ended failed or
+        from the client's `SeqLedger`. Raises OperationFailed if the operation ended failed or
         cancelled, OperationTimeout if it is not terminal after `timeout` seconds (None: no
         bound; the same call with the same seq_id picks it up again).
         """
@@ -394,7 +393,7 @@ class WhitneyClient:
         if seq_id is None:
             seq_id = self.reserve_seq_ids(run_id, 1).start
         else:
-            self._observe_seq(run_id, seq_id)
+            self._seq_ids.observe(run_id, seq_id)
         body = {"seq_id": seq_id, "kind": kind, "payload": payload}
         path = f"/v1/training/runs/{_segment(run_id)}/operations"
         if sampler_id is not None:
@@ -406,7 +405,7 @@ class WhitneyClient:
         except WhitneyError:
             if auto:
                 # The server may or may not hold this id: take the next one from its journal.
-                self._forget_seq(run_id)
+                self._seq_ids.forget(run_id)
             raise
         operation = self._parse(wire.Operation, response)
         operation = self._await_terminal(run_id, operation, deadline)
@@ -482,45 +481,18 @@ class WhitneyClient:
     # -- seq ids -----------------------------------------------------------------------------
 
     def reserve_seq_ids(self, run_id: str, n: int) -> range:
-        """Take the next `n` seq ids of the run from this client's counter, loading it from
+        """Take the next `n` seq ids of the run from this client's ledger, loading it from
         the server's `next_seq_id` on first use."""
         if type(n) is not int or n < 1:
             raise ValueError(f"n must be a positive integer, got {n!r}")
-        with self._seq_lock(run_id):
-            start = self._next_seq.get(run_id)
-            if start is None:
-                start = self._load_seq(run_id)
-            self._next_seq[run_id] = start + n
-        return range(start, start + n)
+        return self._seq_ids.reserve(run_id, n)
 
     def sync_seq(self, run_id: str) -> int:
-        """Reload the run's counter from the server's `next_seq_id`; return it."""
-        with self._seq_lock(run_id):
-            return self._load_seq(run_id)
+        """Reload the run's position from the server's `next_seq_id`; return it."""
+        return self._seq_ids.reload(run_id)
 
-    def _seq_lock(self, run_id: str) -> threading.Lock:
-        with self._seq_guard:
-            lock = self._seq_locks.get(run_id)
-            if lock is None:
-                lock = self._seq_locks[run_id] = threading.Lock()
-            return lock
-
-    def _load_seq(self, run_id: str) -> int:
-        """With the run's seq lock held."""
-        next_seq_id = self.get_run(run_id).next_seq_id
-        self._next_seq[run_id] = next_seq_id
-        return next_seq_id
-
-    def _observe_seq(self, run_id: str, seq_id: int) -> None:
-        """An explicit seq_id: keep a loaded counter past it."""
-        with self._seq_lock(run_id):
-            current = self._next_seq.get(run_id)
-            if current is not None and seq_id >= current:
-                self._next_seq[run_id] = seq_id + 1
-
-    def _forget_seq(self, run_id: str) -> None:
-        with self._seq_lock(run_id):
-            self._next_seq.pop(run_id, None)
+    def _next_seq_id(self, run_id: str) -> int:
+        return self.get_run(run_id).next_seq_id
 
     # -- operation helpers -------------------------------------------------------------------
 
