@@ -53,12 +53,12 @@ from whitney.local.journal import (
     render_operation,
 )
 from whitney.local.limits import check_labels, check_payload, check_pending, check_seq_window
+from whitney.uris import checkpoint_uri, split_checkpoint
 
 log = logging.getLogger("whitney.local")
 
 _RequestT = TypeVar("_RequestT", bound=wire.RequestModel)
 
-CHECKPOINT_URI = re.compile(r"^whitney://runs/(?P<run_id>[A-Za-z0-9_-]+)/states/(?P<name>[^/]+)$")
 NAME = re.compile(r"^[A-Za-z0-9._-]{1,128}$")
 DEFAULT_MAX_LORA_RANK = 64
 MAX_LIST_LIMIT = 1000
@@ -669,23 +669,23 @@ class WhitneyService:
         return self.data_dir / "runs" / run_id / "samplers" / f"{sampler_id}.safetensors"
 
     def checkpoint_uri(self, run_id: str, name: str) -> str:
-        return f"whitney://runs/{run_id}/states/{name}"
+        return checkpoint_uri(run_id, name)
 
     def new_artifact_path(self) -> tuple[str, Path]:
         artifact_id = _new_id("art")
         return artifact_id, self.data_dir / "artifacts" / f"{artifact_id}.tar"
 
     def _parse_checkpoint(self, tenant: str, uri: str, field: str) -> tuple[str, str]:
-        match = CHECKPOINT_URI.match(uri)
-        if match is None or not _valid_name(match["name"]):
+        parts = split_checkpoint(uri)
+        if parts is None or not _valid_name(parts[1]):
             raise InvalidRequest(
                 f"{field}: expected whitney://runs/<run_id>/states/<name>, got {uri!r}",
                 details={"field": field},
             )
-        owner = self.journal.get_run(match["run_id"])
+        owner = self.journal.get_run(parts[0])
         if owner is None or owner["tenant"] != tenant:
             raise NotFound(f"{field}: checkpoint {uri!r} not found", details={"field": field})
-        return match["run_id"], match["name"]
+        return parts
 
     def resolve_checkpoint(self, tenant: str, uri: str, field: str = "checkpoint") -> Path:
         """The directory of a `whitney://runs/{run_id}/states/{name}` checkpoint of `tenant`."""
