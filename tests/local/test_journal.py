@@ -7,7 +7,7 @@ import sqlite3
 import subprocess
 import sys
 
-from whitney.local.executor import default_sampler_id, default_seed, default_state_name
+from whitney.local.execution import default_sampler_id, default_seed, default_state_name
 from whitney.local.journal import Journal, canonical_hash, operation_dict, render_operation
 
 
@@ -21,7 +21,7 @@ def test_canonical_hash_ignores_key_order_only():
 def test_default_seeds_and_names_are_deterministic_across_processes():
     here = [default_seed(0, seq) for seq in range(1, 6)]
     code = (
-        "from whitney.local.executor import default_seed\n"
+        "from whitney.local.execution import default_seed\n"
         "print([default_seed(0, s) for s in range(1, 6)])"
     )
     there = subprocess.run(
