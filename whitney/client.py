@@ -54,6 +54,33 @@ def _given_or_env(value: str | None, argument: str, env: str, what: str) -> str:
     return value
 
 
+def _operation_failed(operation: wire.Operation, transport: Transport) -> OperationFailed:
+    """The operation's own error (type, message, details) as an OperationFailed, the API key
+    masked."""
+    error = operation.error if isinstance(operation.error, dict) else {}
+    error_type = error.get("type") if isinstance(error.get("type"), str) else None
+    message = error.get("message") if isinstance(error.get("message"), str) else None
+    details = error.get("details") if isinstance(error.get("details"), dict) else {}
+    if not message:
+        message = (
+            f"{operation.kind}[seq={operation.seq_id}] on run {operation.run_id} "
+            f"ended {operation.status}"
+        )
+    if error_type is None:
+        error_type = f"operation_{operation.status}"
+    failure = OperationFailed(
+        transport.scrub(message),
+        type=error_type,
+        details=transport.scrub_value(details),
+    )
+    failure.operation = operation
+    failure.run_id = operation.run_id
+    failure.seq_id = operation.seq_id
+    failure.kind = operation.kind
+    failure.operation_status = operation.status
+    return failure
+
+
 class WhitneyClient:
     """A client for one Whitney endpoint and API key. Use it as a context manager, or `close()` it.
 
@@ -300,7 +327,7 @@ class WhitneyClient:
         operation = self._parse(wire.Operation, response)
         operation = self._await_terminal(run_id, operation, deadline)
         if operation.status != "succeeded":
-            raise self._operation_failed(operation)
+            raise _operation_failed(operation, self._transport)
         return operation
 
     def run_operation(
@@ -417,31 +444,6 @@ class WhitneyClient:
                 clock.sleep(idle)
                 idle = min(idle * 2, 1.0)
         return operation
-
-    def _operation_failed(self, operation: wire.Operation) -> OperationFailed:
-        """The operation's own error (type, message, details) as an OperationFailed."""
-        error = operation.error if isinstance(operation.error, dict) else {}
-        error_type = error.get("type") if isinstance(error.get("type"), str) else None
-        message = error.get("message") if isinstance(error.get("message"), str) else None
-        details = error.get("details") if isinstance(error.get("details"), dict) else {}
-        if not message:
-            message = (
-                f"{operation.kind}[seq={operation.seq_id}] on run {operation.run_id} "
-                f"ended {operation.status}"
-            )
-        if error_type is None:
-            error_type = f"operation_{operation.status}"
-        failure = OperationFailed(
-            self._transport.scrub(message),
-            type=error_type,
-            details=self._transport.scrub_value(details),
-        )
-        failure.operation = operation
-        failure.run_id = operation.run_id
-        failure.seq_id = operation.seq_id
-        failure.kind = operation.kind
-        failure.operation_status = operation.status
-        return failure
 
     # -- answers -----------------------------------------------------------------------------
 
