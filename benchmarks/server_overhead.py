@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from whitney.client import WhitneyClient  # noqa: E402
 from whitney.datums import rl_datum, sft_datum  # noqa: E402
 from whitney.local import EmbeddedWhitney  # noqa: E402
-from whitney.local.executor import default_seed  # noqa: E402
+from whitney.local.execution import default_seed  # noqa: E402
 
 PROMPTS, SAMPLES, SAMPLE_TOKENS = 8, 8, 32
 FB_SEQUENCES, FB_TOKENS = 16, 128

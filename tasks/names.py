@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import re
 
+from whitney.uris import checkpoint_pattern, checkpoint_regex
+
 FLOW_RUN_LABEL = "prefect.flow-run-id"
 """Every session a flow opens bears its flow run id under this label."""
 PARENT_FLOW_RUN_LABEL = "prefect.parent-flow-run-id"
@@ -18,11 +20,10 @@ AUXILIARY_LABEL = "whitney-flows.rl.auxiliary"
 """An auxiliary run (a critic, a reference) bears its name under this label."""
 
 CYCLE_NAME = r"cycle-(?P<cycle>\d+)"
-CYCLE_CHECKPOINT_PATTERN = r"^whitney://runs/[A-Za-z0-9_-]+/states/cycle-[0-9]+$"
+CYCLE_CHECKPOINT_PATTERN = checkpoint_pattern("cycle-[0-9]+")
 """What a config's `resume_from` must match (the UI form shows it)."""
-CYCLE_CHECKPOINT = re.compile(rf"^whitney://runs/(?P<run_id>[A-Za-z0-9_-]+)/states/{CYCLE_NAME}$")
+CYCLE_CHECKPOINT = checkpoint_regex(CYCLE_NAME)
 CYCLE_SAMPLER = re.compile(rf"^{CYCLE_NAME}$")
-CHECKPOINT_URI = re.compile(r"^whitney://runs/[A-Za-z0-9_-]+/states/[A-Za-z0-9._-]+$")
 EVAL_SAMPLER = re.compile(r"^eval-(?P<cycle>\d+)$")
 """The sampler an inline evaluation after cycle n samples from: `eval-{n}`."""
 
@@ -46,10 +47,3 @@ def checkpoint_cycle(uri: str) -> int:
             f"not a cycle checkpoint: {uri!r} (expected whitney://runs/<run>/states/cycle-<n>)"
         )
     return int(match["cycle"])
-
-
-def checkpoint_run_id(uri: str) -> str:
-    """The run that saved the checkpoint `uri` (whitney://runs/<run>/states/<name>)."""
-    if CHECKPOINT_URI.match(uri) is None:
-        raise ValueError(f"not a checkpoint: {uri!r} (expected whitney://runs/<run>/states/<name>)")
-    return uri.removeprefix("whitney://runs/").split("/", 1)[0]

@@ -1,6 +1,7 @@
 """The Whitney error hierarchy: one class per error type of docs/api.md, each with its wire
-`type` and the HTTP `status` Whitney answers it with. The client types answers by them; the
-embedded server raises them."""
+`type` and the HTTP `status` Whitney answers it with. The client meets HTTP at one boundary,
+its transport (`whitney.transport`), which types every answer by them (`error_for`); the
+embedded server raises them and answers each with its status."""
 
 from __future__ import annotations
 

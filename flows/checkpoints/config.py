@@ -14,13 +14,13 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flows.core.evaluation.config import EvalSettings
-from tasks.names import CHECKPOINT_URI
 from tasks.retry import TaskRetrySettings
+from whitney.uris import CHECKPOINT_PATTERN
 
 CheckpointURI = Annotated[
     str,
     Field(
-        pattern=CHECKPOINT_URI.pattern,
+        pattern=CHECKPOINT_PATTERN,
         description="A checkpoint: whitney://runs/<run>/states/<name> (a training flow's "
         "cycle-<n> or final save_state)",
     ),

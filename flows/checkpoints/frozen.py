@@ -38,9 +38,10 @@ from flows.core.sequenced_client import SequencedClient
 from tasks.checkpoints import read_run
 from tasks.connection import WhitneyConnection
 from tasks.lifecycle import close_session, create_run, finish_run, open_session
-from tasks.names import CYCLE_CHECKPOINT, checkpoint_run_id
+from tasks.names import CYCLE_CHECKPOINT
 from tasks.retry import TaskRetrySettings, with_retry
 from whitney import wire
+from whitney.uris import checkpoint_run_id
 
 EVAL_SAMPLER = "eval"
 """The sampler a frozen run is evaluated on."""

@@ -48,10 +48,10 @@ from flows.core.connection import resolve_connection
 from flows.core.events import promotion_decided
 from tasks.checkpoints import list_checkpoints, read_run
 from tasks.connection import WhitneyConnection
-from tasks.names import checkpoint_run_id
 from tasks.retry import with_retry
 from whitney import wire
 from whitney.client import API_KEY_ENV
+from whitney.uris import checkpoint_run_id
 
 POLL_INTERVAL_S = 2
 """How often the paused run asks whether it was resumed."""

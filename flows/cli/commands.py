@@ -19,13 +19,13 @@ from typing import TYPE_CHECKING
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_NOT_FOUND, EXIT_OK
 
 if TYPE_CHECKING:
-    from flows.cli.inspection import ApiJournal, DataDirJournal
+    from flows.cli.inspection_sources import ApiJournal, DataDirJournal
 
 
 def journal_source(options: argparse.Namespace) -> ApiJournal | DataDirJournal:
     """The source `options` name (see the module docstring); ValueError saying what is
     missing."""
-    from flows.cli.inspection import ApiJournal, DataDirJournal
+    from flows.cli.inspection_sources import ApiJournal, DataDirJournal
     from flows.core.config import ConfigError
     from flows.core.endpoint import resolve_endpoint
 
@@ -49,9 +49,10 @@ def run_inspection(options: argparse.Namespace) -> int:
     """`inspect` or `runs`; the exit code."""
     from rich.console import Console
 
-    from flows.cli.inspection import RunNotFound, render_run_report, render_runs_report
-    from flows.cli.inspection import run_report as build_run_report
-    from flows.cli.inspection import runs_report as build_runs_report
+    from flows.cli.inspection import render_run_report, render_runs_report
+    from flows.cli.inspection_journal import run_report as build_run_report
+    from flows.cli.inspection_journal import runs_report as build_runs_report
+    from flows.cli.inspection_sources import RunNotFound
     from whitney.errors import NotFound, WhitneyError
 
     prog = f"whitney-flows {options.command}"

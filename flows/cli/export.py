@@ -100,7 +100,7 @@ def quiet_client(source: Any) -> Iterator[None]:
 def fetch_archive(source: Any, run_id: str, scratch: Path) -> Path:
     """The run's current export archive: downloaded into `scratch` from a Whitney URL (made
     first if an active run has none), or the file in an embedded server's data directory."""
-    from flows.cli.inspection import DataDirJournal, RunNotFound
+    from flows.cli.inspection_sources import DataDirJournal, RunNotFound
     from whitney.errors import NotFound, TransportError, WhitneyError
 
     client = getattr(source, "client", None)

@@ -31,7 +31,8 @@ from prefect.runtime import flow_run as current_flow_run
 
 from flows.core.evaluation.config import EvalSettings
 from flows.core.stall import StallSettings, stall_window
-from tasks.names import CYCLE_CHECKPOINT, checkpoint_run_id
+from tasks.names import CYCLE_CHECKPOINT
+from whitney.uris import checkpoint_run_id
 
 CYCLE_STARTED = "whitney.cycle.started"
 CYCLE_COMPLETED = "whitney.cycle.completed"

@@ -7,12 +7,13 @@ makes them again with the same ids. The flows make their calls through the same 
 at a time (`execute`), as a block submitted together (`run_block`: the one way every flow and
 task runner submits concurrent operations), or either, by a flag (`run_calls`).
 
-Seq ids: a `SeqLedger` hands out each run's ids in order from a known start. A cycle starts
-at the id where the previous one ended and allocates in a deterministic order (a block
-reserves all its ids before anything is submitted), so a replayed cycle makes the same calls
-with the same ids: completed operations come back from the server's journal, the rest run
-once. Allocate from the cycle's own thread only. Every answer goes into the client's
-`OperationLog` (the cycle's record: wall time and billed usage per kind).
+Seq ids: a `SeqLedger` (`whitney.seq_ids`, the SDK client's allocator too) hands out each
+run's ids in order from a known start. A cycle starts at the id where the previous one ended
+and allocates in a deterministic order (a block reserves all its ids before anything is
+submitted), so a replayed cycle makes the same calls with the same ids: completed operations
+come back from the server's journal, the rest run once. Allocate from the cycle's own thread
+only. Every answer goes into the client's `OperationLog` (the cycle's record: wall time and
+billed usage per kind).
 
 Payloads go to the tasks `quote`d on the thread pool, so Prefect does not walk them looking
 for futures (for a forward_backward payload of 64 datums that walk alone cost about 0.1 s per
@@ -43,41 +44,7 @@ from tasks.operations import (
 from tasks.retry import TaskRetrySettings, with_retry
 from whitney import wire
 from whitney.errors import OperationFailed, WhitneyError
-
-
-class SeqLedger:
-    """The next seq id of each run the cycle operates on."""
-
-    def __init__(self, starts: Mapping[str, int]) -> None:
-        for run_id, start in starts.items():
-            if start < 1:
-                raise ValueError(f"seq ids start at 1, got {start} for run {run_id}")
-        self._next = dict(starts)
-
-    def position(self, run_id: str) -> int:
-        """The id the run's next operation will get (where this cycle ends, once it is done)."""
-        try:
-            return self._next[run_id]
-        except KeyError:
-            raise KeyError(f"no seq start known for run {run_id}") from None
-
-    def next(self, run_id: str) -> int:
-        """Allocate the run's next id."""
-        return self.reserve(run_id, 1).start
-
-    def reserve(self, run_id: str, count: int) -> range:
-        """Allocate a block of `count` consecutive ids (for a fan-out)."""
-        if count < 0:
-            raise ValueError(f"cannot reserve {count} seq ids")
-        start = self.position(run_id)
-        self._next[run_id] = start + count
-        return range(start, start + count)
-
-    def move_to(self, run_id: str, position: int) -> None:
-        """Go on from `position` (where the cycles a flow ran left the run), never back."""
-        if position < self.position(run_id):
-            raise ValueError(f"run {run_id}: seq id {position} is behind {self.position(run_id)}")
-        self._next[run_id] = position
+from whitney.seq_ids import SeqLedger
 
 
 class OperationLog:

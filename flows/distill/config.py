@@ -12,8 +12,8 @@ from flows.core.evaluation.config import CORPUS as EVAL_CORPUS
 from flows.core.evaluation.config import EvalSettings
 from flows.core.task_runner_settings import TaskRunnerSettings
 from flows.sft.config import EvalFraction, SFTConfig
-from tasks.names import CHECKPOINT_URI
 from whitney.renderers import RendererName
+from whitney.uris import CHECKPOINT_PATTERN
 
 LOSS_FUNCTION = "importance_sampling"
 CORPUS = "corpus"
@@ -26,7 +26,7 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
     learning_rate: float = Field(default=3e-3, gt=0, le=1, description="AdamW learning rate")
     teacher_checkpoint: str | None = Field(
         default=None,
-        pattern=CHECKPOINT_URI.pattern,
+        pattern=CHECKPOINT_PATTERN,
         description="The teacher: a checkpoint (whitney://runs/<run>/states/<name>, e.g. an SFT "
         "flow's final checkpoint) loaded into a frozen run; empty: teacher_sft if set, else "
         "the teacher base model itself",

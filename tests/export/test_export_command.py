@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli.inspection import DataDirJournal
+from flows.cli.inspection_sources import DataDirJournal
 from flows.cli.main import main
 from whitney.client import WhitneyClient
 

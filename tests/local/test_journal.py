@@ -7,7 +7,9 @@ import sqlite3
 import subprocess
 import sys
 
-from whitney.local.executor import default_sampler_id, default_seed, default_state_name
+import pytest
+
+from whitney.local.execution import default_sampler_id, default_seed, default_state_name
 from whitney.local.journal import Journal, canonical_hash, operation_dict, render_operation
 
 
@@ -21,7 +23,7 @@ def test_canonical_hash_ignores_key_order_only():
 def test_default_seeds_and_names_are_deterministic_across_processes():
     here = [default_seed(0, seq) for seq in range(1, 6)]
     code = (
-        "from whitney.local.executor import default_seed\n"
+        "from whitney.local.execution import default_seed\n"
         "print([default_seed(0, s) for s in range(1, 6)])"
     )
     there = subprocess.run(
@@ -67,6 +69,13 @@ def test_journal_rows_render_as_the_wire_operation(tmp_path):
     assert second["result"] is None and second["usage"] == {}
     assert journal.get_run("run-1")["next_seq_id"] == 3
 
+    reader = Journal(tmp_path / "j.sqlite3", read_only=True)  # beside the writer
+    assert [s["session_id"] for s in reader.every_session()] == ["sess-1"]
+    assert reader.payloads("run-1", "forward") == {1: {"x": 1}}
+    assert [row["seq_id"] for row in reader.list_operations("run-1", 0, 10)] == [1, 2]
+    with pytest.raises(sqlite3.OperationalError, match="readonly"):
+        reader.close_session("sess-1", "a reader writes nothing")
+    reader.close()
     journal.close()
 
 

@@ -88,8 +88,8 @@ def test_the_client_carries_the_settings_and_reaches_the_server(embedded_server)
     )
     with block.get_client() as client:
         assert client.base_url == embedded_server.url
-        assert client._timeout == 5 and client._max_attempts == 2
-        assert client._max_retry_seconds == 3 and client._poll_wait_s == 2
+        assert client._transport.timeout == 5 and client._transport.retry.max_attempts == 2
+        assert client._transport.retry.max_retry_seconds == 3 and client._poll_wait_s == 2
         assert "local" in client.capabilities().providers
     with (
         credentials(base_url=embedded_server.url).get_client() as client,

@@ -1,6 +1,6 @@
 """WhitneyClient against respx: the faults a real server cannot easily produce.
 
-Time is faked: `whitney.client._clock` and `_sleep` are replaced, so no test really sleeps and
+Time is faked: `whitney.clock.monotonic` and `sleep` are replaced, so no test really sleeps and
 every delay the client chose is recorded.
 """
 
@@ -16,7 +16,8 @@ import httpx
 import pytest
 import respx
 
-import whitney.client
+import whitney.clock
+import whitney.transport
 from whitney import errors, wire
 from whitney.client import WhitneyClient
 from whitney.datums import rl_datum, sft_datum
@@ -43,8 +44,8 @@ class FakeTime:
 @pytest.fixture(autouse=True)
 def fake_time(monkeypatch):
     fake = FakeTime()
-    monkeypatch.setattr(whitney.client, "_clock", fake.clock)
-    monkeypatch.setattr(whitney.client, "_sleep", fake.sleep)
+    monkeypatch.setattr(whitney.clock, "monotonic", fake.clock)
+    monkeypatch.setattr(whitney.clock, "sleep", fake.sleep)
     return fake
 
 
@@ -281,7 +282,7 @@ def test_backoff_is_exponential_full_jitter_capped(mock, fake_time, monkeypatch)
         ceilings.append((low, high))
         return high
 
-    monkeypatch.setattr(whitney.client.random, "uniform", top_of_range)
+    monkeypatch.setattr(whitney.transport.random, "uniform", top_of_range)
     route = mock.post(OPS).respond(503)
     with (
         WhitneyClient(BASE, KEY, max_attempts=6, backoff_base=1.0, backoff_max=3.0) as client,
@@ -295,7 +296,7 @@ def test_backoff_is_exponential_full_jitter_capped(mock, fake_time, monkeypatch)
 
 
 def test_retries_are_bounded_by_total_time(mock, fake_time, monkeypatch):
-    monkeypatch.setattr(whitney.client.random, "uniform", lambda low, high: high)
+    monkeypatch.setattr(whitney.transport.random, "uniform", lambda low, high: high)
     route = mock.post(OPS).respond(503)
     with (
         WhitneyClient(BASE, KEY, backoff_base=1.0, max_retry_seconds=2.5) as client,
@@ -839,10 +840,11 @@ def test_the_key_is_not_in_the_clients_repr(client):
     assert KEY not in str(client)
     assert KEY not in repr(vars(client))
     # the key is held once, as a secret, not in the pooled httpx client's default headers
-    assert "authorization" not in client._http.headers
-    assert KEY not in repr(vars(client._http))
+    assert "authorization" not in client._transport._http.headers
+    assert KEY not in repr(vars(client._transport))
+    assert KEY not in repr(vars(client._transport._http))
     with pytest.raises(TypeError):
-        pickle.dumps(client._key)
+        pickle.dumps(client._transport._key)
     assert repr(client) == f"WhitneyClient(base_url={BASE!r})"
 
 

@@ -315,7 +315,7 @@ def test_every_operation_kind_has_a_section():
 def test_the_run_object_lists_the_fields_the_server_answers():
     returned = next(
         node.value
-        for node in ast.walk(function(LOCAL / "service.py", "_run_out"))
+        for node in ast.walk(function(LOCAL / "journal.py", "run_out"))
         if isinstance(node, ast.Return)
     )
     fields = [key.value for key in returned.keys]
@@ -347,7 +347,10 @@ def test_the_optimizer_defaults_are_the_wire_and_engine_defaults():
 
 def test_the_server_constants_are_the_codes():
     rows = table(API, "| constant | value | meaning |")
-    sources = [LOCAL / "config.py", LOCAL / "service.py", LOCAL / "executor.py"]
+    sources = [
+        LOCAL / name
+        for name in ("config.py", "operations.py", "runs.py", "workers.py", "executor.py")
+    ]
     assert rows
     for name_cell, value, _ in rows:
         name = name_cell.strip("`")

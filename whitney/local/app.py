@@ -37,8 +37,9 @@ from whitney.local import openapi
 from whitney.local.api_errors import error_object
 from whitney.local.config import MAX_WAIT_S
 from whitney.local.fairness import TenantGate
+from whitney.local.operations import RawJson, Waiting
 from whitney.local.request_body import read_json
-from whitney.local.service import RawJson, Waiting, WhitneyService
+from whitney.local.service import WhitneyService
 
 log = logging.getLogger("whitney.local.app")
 
@@ -198,8 +199,8 @@ def create_app(service: WhitneyService) -> FastAPI:
                     call_args.append(await read_json(request, max_bytes))
                 result = await gate.run_sync(tenant, fn, *call_args)
                 if isinstance(result, Waiting):
-                    await service.wait(result)
-                    result = await gate.run_sync(tenant, service.render_waited, result)
+                    await service.operations.wait(result)
+                    result = await gate.run_sync(tenant, service.operations.render_waited, result)
         except WhitneyError as exc:
             return error_response(exc)
         except Exception:
@@ -214,41 +215,41 @@ def create_app(service: WhitneyService) -> FastAPI:
     @app.post("/v1/sessions")
     async def create_session(request: Request) -> Response:
         key = request.headers.get("idempotency-key")
-        return await call(request, lambda t, b: service.create_session(t, b, key), body=True)
+        return await call(request, lambda t, b: service.sessions.create(t, b, key), body=True)
 
     @app.get("/v1/sessions")
     async def list_sessions(request: Request) -> Response:
         labels = request.query_params.getlist("label")
-        return await call(request, service.list_sessions, labels)
+        return await call(request, service.sessions.find, labels)
 
     @app.get("/v1/sessions/{session_id}")
     async def get_session(request: Request, session_id: str) -> Response:
-        return await call(request, service.get_session, session_id)
+        return await call(request, service.sessions.get, session_id)
 
     @app.post("/v1/sessions/{session_id}/close")
     async def close_session(request: Request, session_id: str) -> Response:
-        return await call(request, service.close_session, session_id)
+        return await call(request, service.sessions.close, session_id)
 
     @app.post("/v1/sessions/{session_id}/heartbeat")
     async def heartbeat(request: Request, session_id: str) -> Response:
-        return await call(request, service.heartbeat, session_id)
+        return await call(request, service.sessions.heartbeat, session_id)
 
     @app.post("/v1/training/runs")
     async def create_run(request: Request) -> Response:
         key = request.headers.get("idempotency-key")
-        return await call(request, lambda t, b: service.create_run(t, b, key), body=True)
+        return await call(request, lambda t, b: service.runs.create(t, b, key), body=True)
 
     @app.get("/v1/training/runs/{run_id}")
     async def get_run(request: Request, run_id: str) -> Response:
-        return await call(request, service.get_run, run_id)
+        return await call(request, service.runs.get, run_id)
 
     @app.post("/v1/training/runs/{run_id}/finish")
     async def finish_run(request: Request, run_id: str) -> Response:
-        return await call(request, service.finish_run, run_id)
+        return await call(request, service.runs.finish, run_id)
 
     @app.post("/v1/training/runs/{run_id}/cancel")
     async def cancel_run(request: Request, run_id: str) -> Response:
-        return await call(request, service.cancel_run, run_id)
+        return await call(request, service.runs.cancel, run_id)
 
     def submit_operation(tenant: str, run_id: str, sampler_id: str | None, body: Any) -> Any:
         if faults.fail_before():
@@ -257,7 +258,7 @@ def create_app(service: WhitneyService) -> FastAPI:
                 details={"fault": "fail_before"},
                 retry_after=0,
             )
-        return service.submit_operation(tenant, run_id, sampler_id, body)
+        return service.operations.submit(tenant, run_id, sampler_id, body)
 
     def answer_operation(op: Any) -> Response:
         drop = faults.drop_after_commit()
@@ -299,7 +300,7 @@ def create_app(service: WhitneyService) -> FastAPI:
             )
         wait_s = min(wait_s, MAX_WAIT_S)
         return await call(
-            request, service.get_operation, run_id, seq_id, wait_s, long_poll=wait_s > 0
+            request, service.operations.get, run_id, seq_id, wait_s, long_poll=wait_s > 0
         )
 
     @app.get("/v1/training/runs/{run_id}/operations")
@@ -309,7 +310,7 @@ def create_app(service: WhitneyService) -> FastAPI:
         after_seq: Annotated[int, Query(ge=0, lt=wire.SEQ_ID_LIMIT)] = 0,
         limit: int | None = None,
     ) -> Response:
-        return await call(request, service.list_operations, run_id, after_seq, limit)
+        return await call(request, service.operations.page, run_id, after_seq, limit)
 
     @app.get("/v1/artifacts/{artifact_id}")
     async def get_artifact(request: Request, artifact_id: str) -> Response:
@@ -322,7 +323,7 @@ def create_app(service: WhitneyService) -> FastAPI:
                 headers={"X-Whitney-SHA256": artifact["sha256"]},
             )
 
-        return await call(request, service.artifact_path, artifact_id, wrap=file)
+        return await call(request, service.files.artifact_path, artifact_id, wrap=file)
 
     if faults.latency_s > 0:
         app.add_middleware(LatencyMiddleware, delay_s=faults.latency_s)

@@ -22,27 +22,19 @@ so the running operation ends `cancelled` within a layer's or a token step's tim
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from whitney.errors import (
     InternalError,
-    InvalidRequest,
     NonFiniteResult,
-    NotFound,
-    OperationCancelled,
-    SeqConflict,
     SeqGap,
-    WhitneyError,
 )
 from whitney.local.api_errors import error_object
-from whitney.local.fairness import DoneEvent
+from whitney.local.execution import Engine, Execution, Outcome, RunHooks, Ticket
 from whitney.local.journal import Journal
 
 log = logging.getLogger("whitney.local.executor")
@@ -50,72 +42,6 @@ log = logging.getLogger("whitney.local.executor")
 MAX_SAMPLE_BATCH = 64
 SAMPLER_KINDS = frozenset({"sample", "logprobs"})
 """The operations of the sampler lane."""
-
-
-def default_seed(run_seed: int, seq_id: int) -> int:
-    """The seed of an operation that names none: a hash of (run seed, seq_id), 63 bits."""
-    digest = hashlib.sha256(f"whitney-local:{run_seed}:{seq_id}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") >> 1
-
-
-def default_sampler_id(seq_id: int) -> str:
-    return f"sampler-{seq_id}"
-
-
-def default_state_name(seq_id: int) -> str:
-    return f"seq-{seq_id}"
-
-
-class Engine(Protocol):
-    """What the worker needs of `whitney.local.engine.EngineRun`."""
-
-    step: int
-    interrupt: threading.Event  # set to stop the running operation (OperationCancelled)
-
-    def forward(self, payload: dict, *, backward: bool) -> Any: ...
-    def optim_step(self, optimizer: dict) -> Any: ...
-    def save_weights_for_sampler(self, sampler_id: str) -> Any: ...
-    def write_sampler(self, sampler_id: str, path: Path) -> None: ...
-    def sample(
-        self, sampler_id: str, requests: list[dict], default_seeds: list[int]
-    ) -> list[Any]: ...
-    def logprobs(self, sampler_id: str, request: dict) -> Any: ...
-    def save_state(self, directory: Path) -> Any: ...
-    def load_state(self, directory: Path, *, with_optimizer: bool = True) -> Any: ...
-    def export_lora(self, archive_path: Path) -> Any: ...
-
-
-@dataclass
-class Ticket:
-    """An accepted operation not yet terminal, as the worker holds it."""
-
-    seq_id: int
-    kind: str
-    sampler_id: str | None
-    payload: dict[str, Any]
-    submitted_at: str = ""
-    submitted: float = field(default_factory=time.monotonic)
-    done: DoneEvent = field(default_factory=DoneEvent)  # long-polls subscribe to it
-    running: bool = False
-    final: dict[str, Any] | None = None  # the terminal operation, once done
-
-
-@dataclass
-class Outcome:
-    status: str
-    result: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-    usage: dict[str, int] = field(default_factory=lambda: {"tokens": 0})
-
-
-class RunHooks(Protocol):
-    """What the worker asks of the service: where files go and what a checkpoint URI means."""
-
-    def state_dir(self, run_id: str, name: str) -> Path: ...
-    def sampler_path(self, run_id: str, sampler_id: str) -> Path: ...
-    def checkpoint_uri(self, run_id: str, name: str) -> str: ...
-    def resolve_checkpoint(self, tenant: str, uri: str) -> Path: ...
-    def new_artifact_path(self) -> tuple[str, Path]: ...
 
 
 class RunWorker:
@@ -144,6 +70,7 @@ class RunWorker:
         engine.interrupt = self.interrupt
         self.journal = journal
         self.hooks = hooks
+        self._execution = Execution(self.run_id, self.tenant, self.run_seed, journal, hooks)
         self.gap_timeout_s = gap_timeout_s
         self.batch_samples = batch_samples
         self.on_exit = on_exit
@@ -382,7 +309,8 @@ class RunWorker:
     def _run_batch(self, batch: list[Ticket]) -> None:
         """Execute `batch` (marked running by the caller) and conclude it."""
         self.journal.mark_running(self.run_id, [ticket.seq_id for ticket in batch])
-        outcomes = self._execute(batch)
+        assert self.engine is not None
+        outcomes = self._execution.run(self.engine, batch, self.samplers)
         with self.cond:
             for ticket, outcome in zip(batch, outcomes, strict=True):
                 ticket.running = False
@@ -445,128 +373,3 @@ class RunWorker:
             self._lanes_done = True
             self.cond.notify_all()
         self._sampler_lane.join()
-
-    # ------------------------------------------------------------------ execution
-
-    def _execute(self, batch: list[Ticket]) -> list[Outcome]:
-        if len(batch) > 1:
-            return self._guard(batch, self._sample_batch)
-        return self._guard(batch, lambda tickets: [self._execute_one(tickets[0])])
-
-    def _guard(
-        self, batch: list[Ticket], fn: Callable[[list[Ticket]], list[Outcome]]
-    ) -> list[Outcome]:
-        try:
-            return fn(batch)
-        except OperationCancelled:
-            return [self._cancelled_while_running(ticket) for ticket in batch]
-        except WhitneyError as exc:
-            error = error_object(exc)
-        except Exception:
-            log.exception(
-                "run %s: %s at seq_id %d failed", self.run_id, batch[0].kind, batch[0].seq_id
-            )
-            error = error_object(InternalError(f"internal error while executing {batch[0].kind}"))
-        return [Outcome("failed", error=error) for _ in batch]
-
-    def _cancelled_while_running(self, ticket: Ticket) -> Outcome:
-        message = f"run {self.run_id} was cancelled while operation {ticket.seq_id} ran"
-        return Outcome("cancelled", error={"type": "cancelled", "message": message, "details": {}})
-
-    @staticmethod
-    def _ok(output: Any, extra: dict[str, Any] | None = None) -> Outcome:
-        result = dict(output.result)
-        if extra:
-            result.update(extra)
-        usage = {key: int(value) for key, value in dict(output.usage).items()}
-        usage.setdefault("tokens", 0)
-        return Outcome("succeeded", result=result, usage=usage)
-
-    def _require_sampler(self, sampler_id: str | None) -> str:
-        if sampler_id is None or sampler_id not in self.samplers:
-            raise NotFound(
-                f"sampler {sampler_id!r} does not exist on run {self.run_id} (no earlier "
-                "save_weights_for_sampler produced it)",
-                details={"sampler_id": sampler_id},
-            )
-        return sampler_id
-
-    def _sample_batch(self, batch: list[Ticket]) -> list[Outcome]:
-        assert self.engine is not None
-        sampler_id = self._require_sampler(batch[0].sampler_id)
-        outputs = self.engine.sample(
-            sampler_id,
-            [ticket.payload for ticket in batch],
-            [default_seed(self.run_seed, ticket.seq_id) for ticket in batch],
-        )
-        return [
-            Outcome("failed", error=error_object(output))
-            if isinstance(output, WhitneyError)
-            else self._ok(output)
-            for output in outputs
-        ]
-
-    def _execute_one(self, ticket: Ticket) -> Outcome:
-        engine = self.engine
-        assert engine is not None
-        kind, payload, seq = ticket.kind, ticket.payload, ticket.seq_id
-        if kind in ("forward", "forward_backward"):
-            return self._ok(engine.forward(payload, backward=kind == "forward_backward"))
-        if kind == "optim_step":
-            outcome = self._ok(engine.optim_step(payload["optimizer"]))
-            self.journal.set_run_step(self.run_id, engine.step)
-            return outcome
-        if kind == "save_weights_for_sampler":
-            sampler_id = payload.get("name") or default_sampler_id(seq)
-            if sampler_id in self.samplers:
-                raise SeqConflict(
-                    f"payload.name: sampler {sampler_id!r} already exists on run {self.run_id}",
-                    details={"sampler_id": sampler_id},
-                )
-            outcome = self._ok(engine.save_weights_for_sampler(sampler_id))
-            engine.write_sampler(sampler_id, self.hooks.sampler_path(self.run_id, sampler_id))
-            return outcome  # published to the sampler lane once journaled (`_conclude`)
-        if kind == "sample":
-            return self._sample_batch([ticket])[0]
-        if kind == "logprobs":
-            return self._ok(engine.logprobs(self._require_sampler(ticket.sampler_id), payload))
-        if kind == "save_state":
-            name = payload.get("name") or default_state_name(seq)
-            if self.journal.get_checkpoint(self.run_id, name) is not None:
-                raise SeqConflict(
-                    f"payload.name: checkpoint {name!r} already exists on run {self.run_id}",
-                    details={"name": name},
-                )
-            directory = self.hooks.state_dir(self.run_id, name)
-            output = engine.save_state(directory)
-            uri = self.hooks.checkpoint_uri(self.run_id, name)
-            outcome = self._ok(output, {"checkpoint": uri})
-            self.journal.insert_checkpoint(
-                self.run_id, name, seq, int(output.result.get("step", engine.step)), str(directory)
-            )
-            return outcome
-        if kind == "load_state":
-            directory = self.hooks.resolve_checkpoint(self.tenant, payload["checkpoint"])
-            outcome = self._ok(
-                engine.load_state(directory, with_optimizer=payload.get("with_optimizer", True))
-            )
-            self.journal.set_run_step(self.run_id, engine.step)
-            return outcome
-        if kind == "export_lora":
-            artifact_id, path = self.hooks.new_artifact_path()
-            output = engine.export_lora(path)
-            outcome = self._ok(output, {"artifact_id": artifact_id})
-            self.journal.insert_artifact(
-                {
-                    "artifact_id": artifact_id,
-                    "tenant": self.tenant,
-                    "run_id": self.run_id,
-                    "seq_id": seq,
-                    "path": str(path),
-                    "format": str(output.result.get("format", "peft")),
-                    "sha256": str(output.result["sha256"]),
-                    "bytes": int(output.result["bytes"]),
-                }
-            )
-            return outcome
-        raise InvalidRequest(f"kind: unknown operation kind {kind!r}")

@@ -190,12 +190,63 @@ def operation_dict(row: sqlite3.Row) -> dict[str, Any]:
     return json.loads(render_operation(row))
 
 
-class Journal:
-    """Typed access to the SQLite journal under `data_dir/journal.sqlite3`."""
+def run_out(run: dict[str, Any]) -> dict[str, Any]:
+    """A run (`Journal.get_run`) as the API answers it."""
+    return {
+        "run_id": run["run_id"],
+        "session_id": run["session_id"],
+        "provider": run["provider"],
+        "base_model": run["base_model"],
+        "lora_rank": run["lora_rank"],
+        "role": run["role"],
+        "trainable": run["trainable"],
+        "status": run["status"],
+        "next_seq_id": run["next_seq_id"],
+        "step": run["step"],
+        "error": run["error"],
+        "created_at": run["created_at"],
+        "finished_at": run["finished_at"],
+        "seed": run["seed"],
+        "from_checkpoint": run["from_checkpoint"],
+        "labels": run["labels"],
+    }
 
-    def __init__(self, path: Path) -> None:
+
+def session_out(session: dict[str, Any], run_ids: list[str] | None) -> dict[str, Any]:
+    """A session (`Journal.get_session`) as the API answers it, with its runs if given."""
+    out = {key: value for key, value in session.items() if key != "tenant"}
+    if run_ids is not None:
+        out["run_ids"] = run_ids
+    return out
+
+
+def _session(row: sqlite3.Row) -> dict[str, Any]:
+    """A session row as a dict (its labels parsed, its lease an ISO time)."""
+    lease = row["lease_expires_at"]
+    return {
+        "session_id": row["session_id"],
+        "tenant": row["tenant"],
+        "status": row["status"],
+        "labels": _loads(row["labels"]),
+        "created_at": row["created_at"],
+        "lease_expires_at": None if lease is None else iso_time(lease),
+        "closed_reason": row["closed_reason"],
+    }
+
+
+class Journal:
+    """Typed access to the SQLite journal under `data_dir/journal.sqlite3`; `read_only`: a
+    reader beside the server (or after it), which writes nothing and creates nothing."""
+
+    def __init__(self, path: Path, *, read_only: bool = False) -> None:
         self.path = Path(path)
         self._lock = threading.RLock()
+        if read_only:
+            self._conn = sqlite3.connect(
+                f"file:{self.path}?mode=ro", uri=True, check_same_thread=False, timeout=10.0
+            )
+            self._conn.row_factory = sqlite3.Row
+            return
         self._conn = sqlite3.connect(
             str(self.path), check_same_thread=False, isolation_level=None, timeout=30.0
         )
@@ -319,7 +370,7 @@ class Journal:
 
     def get_session(self, session_id: str) -> dict[str, Any] | None:
         row = self._one("SELECT * FROM sessions WHERE session_id=?", (session_id,))
-        return None if row is None else self._session(row)
+        return None if row is None else _session(row)
 
     def list_sessions(self, tenant: str, labels: list[tuple[str, str]]) -> list[dict[str, Any]]:
         sql = "SELECT s.* FROM sessions s WHERE s.tenant=?"
@@ -331,7 +382,12 @@ class Journal:
             )
             params += [key, value]
         sql += " ORDER BY s.created_at, s.session_id"
-        return [self._session(row) for row in self._all(sql, params)]
+        return [_session(row) for row in self._all(sql, params)]
+
+    def every_session(self) -> list[dict[str, Any]]:
+        """Every tenant's sessions, oldest first."""
+        rows = self._all("SELECT * FROM sessions ORDER BY created_at, session_id")
+        return [_session(row) for row in rows]
 
     def close_session(self, session_id: str, reason: str) -> None:
         self._write(
@@ -367,19 +423,6 @@ class Journal:
             "SELECT run_id FROM runs WHERE session_id=? ORDER BY created_at, run_id", (session_id,)
         )
         return [row["run_id"] for row in rows]
-
-    @staticmethod
-    def _session(row: sqlite3.Row) -> dict[str, Any]:
-        lease = row["lease_expires_at"]
-        return {
-            "session_id": row["session_id"],
-            "tenant": row["tenant"],
-            "status": row["status"],
-            "labels": _loads(row["labels"]),
-            "created_at": row["created_at"],
-            "lease_expires_at": None if lease is None else iso_time(lease),
-            "closed_reason": row["closed_reason"],
-        }
 
     # ----------------------------------------------------------------- runs
 
@@ -479,6 +522,13 @@ class Journal:
             " WHERE run_id=? AND seq_id>? ORDER BY seq_id LIMIT ?",
             (run_id, after_seq, limit),
         )
+
+    def payloads(self, run_id: str, kind: str) -> dict[int, dict[str, Any]]:
+        """The stored payloads of the run's `kind` operations, by seq_id."""
+        rows = self._all(
+            "SELECT seq_id, payload FROM operations WHERE run_id=? AND kind=?", (run_id, kind)
+        )
+        return {row["seq_id"]: json.loads(row["payload"]) for row in rows}
 
     def names_in_use(self, run_id: str, kind: str) -> dict[str, int]:
         """Explicit `name`s of the run's journaled `kind` operations -> their seq_id."""

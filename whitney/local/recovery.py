@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from whitney.errors import InternalError
-from whitney.local.executor import (
+from whitney.local.execution import (
     Engine,
     RunHooks,
     Ticket,

@@ -21,7 +21,7 @@ from flowtest_helpers import (
 )
 from flowtest_recipe_helpers import journaled, replay_after_one_failure
 
-from flows.cli.inspection import cycle_groups
+from flows.cli.inspection_journal import cycle_groups
 from flows.core.environments.digits import EVAL_PROMPTS
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
