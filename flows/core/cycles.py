@@ -284,9 +284,9 @@ def run_tail(
     payload: dict[str, Any],
     optimizer: dict[str, Any],
     *,
-    checkpoint: bool,
-    publish_next: bool,
-    together: bool,
+    checkpoint: bool = False,
+    publish_next: bool = False,
+    together: bool = False,
 ) -> CycleTail:
     """The training tail (`tail_calls`): submitted together (pipelined: one round trip) or
     one call after another."""

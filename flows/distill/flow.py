@@ -193,16 +193,10 @@ def run_distill_cycle(
             student - taught for student, taught in zip(rollout.logprobs, teacher_lp, strict=True)
         ]
         advantages += per_token
-    tail = run_tail(
-        client,
-        run_id,
-        cycle,
-        forward_backward_payload(data, LOSS_FUNCTION),
-        adamw_optimizer(config.learning_rate, grad_clip_norm=config.grad_clip_norm),
-        checkpoint=checkpoint_due(cycle, config.checkpoint_every, config.cycles),
-        publish_next=False,
-        together=False,
-    )
+    payload = forward_backward_payload(data, LOSS_FUNCTION)
+    optimizer = adamw_optimizer(config.learning_rate, grad_clip_norm=config.grad_clip_norm)
+    checkpoint = checkpoint_due(cycle, config.checkpoint_every, config.cycles)
+    tail = run_tail(client, run_id, cycle, payload, optimizer, checkpoint=checkpoint)
     sampling.wait_ahead(client)  # the later cycles' samples ran beside this training
     schedule = Schedule(config.max_staleness, first_cycle, config.checkpoint_every, config.cycles)
     log = client.log

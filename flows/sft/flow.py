@@ -96,16 +96,7 @@ def run_sft_cycle(
         payload = forward_backward_payload(plan.batch(step), LOSS_FUNCTION)
         rate = plan.learning_rate(step)
         optimizer = adamw_optimizer(rate, grad_clip_norm=config.grad_clip_norm)
-        tail = run_tail(
-            client,
-            run_id,
-            cycle,
-            payload,
-            optimizer,
-            checkpoint=False,
-            publish_next=False,
-            together=config.pipelined,
-        )
+        tail = run_tail(client, run_id, cycle, payload, optimizer, together=config.pipelined)
         loss_sum += tail.backward.loss
         token_sum += tail.backward.metrics["tokens:sum"]
         grad_norms.append(tail.optimized.metrics.get("grad_norm", 0.0))
