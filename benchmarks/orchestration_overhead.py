@@ -1,19 +1,19 @@
 """Orchestration overhead: the RL flow against the plain loop of Whitney's Loop building blocks,
 side by side in one run.
 
-Both drive the same embedded Whitney server, started in its own process (`whitney-flows
-serve`, as a remote Whitney would be, so Prefect's threads do not share its interpreter), with
-the same cycle code (`flows.rl.flow.run_cycle`): the plain loop calls the client directly, one call
-after another, with no Prefect; the flow runs every call as a Prefect task inside a
-`cycle-{n}` subflow run and records artifacts. The flow runs three ways: unpipelined with
-sequential sampling (exactly the plain loop's calls), unpipelined with a cycle's sample
-requests fanned out on a reserved block of seq ids, and pipelined (the flow's default): fanned
-out, and each cycle's forward_backward, optim_step and the save_weights_for_sampler publishing
-the next cycle's sampler submitted back to back as task futures (`flows.rl.flow.run_tail`). All four
-train the same adapter: the script checks the sha256s agree. The async variants are the
-pipelined flow with `max_staleness` 1 and 2 (flows.core.staleness): each cycle's training runs
-beside the sampling of the next cycles, on the server's two lanes; each trains an adapter of
-its own (other samples), the same on every repeat (checked).
+Both drive the same embedded Whitney server, started in its own process (`whitney-flows serve`, as a
+remote Whitney would be, so Prefect's threads do not share its interpreter), with the same cycle
+code (`flows.rl.flow.run_cycle`): the plain loop calls the client directly, one call after another,
+with no Prefect; the flow runs every call as a Prefect task inside a `cycle-{n}` subflow run and
+records artifacts. The flow runs three ways: unpipelined with sequential sampling (exactly the plain
+loop's calls), unpipelined with a cycle's sample requests fanned out on a reserved block of seq ids,
+and pipelined (the flow's default): fanned out, and each cycle's forward_backward, optim_step and
+the save_weights_for_sampler publishing the next cycle's sampler submitted back to back as task
+futures (`flows.core.cycles.run_tail`). All four train the same adapter: the script checks the
+sha256s agree. The async variants are the pipelined flow with `max_staleness` 1 and 2
+(flows.core.off_policy_schedule): each cycle's training runs beside the sampling of the next cycles,
+on the server's two lanes; each trains an adapter of its own (other samples), the same on every
+repeat (checked).
 
 A cycle's wall time is the interval between the starts of consecutive cycles, so it includes
 everything a cycle costs: subflow creation and teardown, task runs, artifacts. Each run's

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
+from flows.checkpoints.comparison import (
+    CheckpointEvaluation,
+    evaluate_checkpoints,
+    record_comparison,
+)
 from flows.checkpoints.config import CheckpointURI, EvaluateConfig
-from flows.checkpoints.frozen import CheckpointEvaluation, evaluate_checkpoints, record_comparison
 from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.connection import resolve_connection
 from flows.core.events import checkpoint_evaluated

@@ -3,7 +3,7 @@ person in the loop.
 
     promote_checkpoint(config)            target_dir/merged and target_dir/adapter new or empty
       the candidates                      `checkpoint`, or every checkpoint `run_id` saved
-      evaluate each on a frozen run       (flows.checkpoints.frozen; the session is closed)
+      evaluate each on a frozen run       (flows.checkpoints.comparison; the session is closed)
       the evaluation artifact             every candidate's numbers, the chosen one marked
       pause_flow_run(PromotionDecision)   the UI's resume form: approve, a note; the
                                           evaluation is its description. Nothing is open on
@@ -35,20 +35,20 @@ from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
 from pydantic import BaseModel, Field
 
-from flows.checkpoints.config import LOWER_IS_BETTER, PromoteConfig
-from flows.checkpoints.frozen import (
+from flows.checkpoints.comparison import (
     CheckpointEvaluation,
     eval_set_name,
     evaluate_checkpoints,
     runs_from_checkpoints,
 )
+from flows.checkpoints.config import LOWER_IS_BETTER, PromoteConfig
 from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import ConfigError
 from flows.core.connection import resolve_connection
 from flows.core.events import promotion_decided
+from tasks.calls import WhitneyCalls
 from tasks.checkpoints import list_checkpoints, read_run
 from tasks.connection import WhitneyConnection
-from tasks.retry import with_retry
 from whitney import wire
 from whitney.client import API_KEY_ENV
 from whitney.uris import checkpoint_run_id
@@ -129,7 +129,7 @@ def export_checkpoint(
     """A trainable run created from the checkpoint (its own session), its export_lora, finish,
     close: the checkpoint's weights as an export archive; the export_lora operation."""
     retry = config.task_retry
-    source = with_retry(read_run, retry)(connection, checkpoint_run_id(checkpoint))
+    source = WhitneyCalls(connection, retry).run(read_run, checkpoint_run_id(checkpoint))
     exporting = runs_from_checkpoints(connection, retry, "export", [checkpoint], [source], True)
     (run,) = exporting.runs
     exported = exporting.client(connection, retry).execute(run.run_id, "export_lora", {})
@@ -184,7 +184,9 @@ def promote_checkpoint(config: PromoteConfig, whitney_block: str | None = None) 
     if config.checkpoint is not None:
         checkpoints = [config.checkpoint]
     else:
-        checkpoints = with_retry(list_checkpoints, config.task_retry)(connection, config.run_id)
+        checkpoints = WhitneyCalls(connection, config.task_retry).run(
+            list_checkpoints, config.run_id
+        )
         if not checkpoints:
             raise ConfigError("run_id", f"run {config.run_id} saved no checkpoint")
     candidates = evaluate_checkpoints(config, connection, checkpoints)

@@ -31,7 +31,7 @@ from flows.core.connection import EMBEDDED_URL_ENV, check_whitney
 from flows.core.endpoint import resolve_endpoint
 from flows.core.plots import picture_beside
 from flows.core.served import check_served
-from flows.core.summary import export_command
+from flows.core.summary_parts import export_command
 from tasks.connection import WhitneyConnection, client_for
 from whitney.client import API_KEY_ENV
 from whitney.local import EmbeddedWhitney, ServerStartError

@@ -23,7 +23,7 @@ from flows.cli.terminal import CycleProgress, add_weights_rows, result_table
 from flows.core.budget import check_budget
 from flows.core.config import settings_with_overrides, validated
 from flows.core.cost import cost_model, format_cost, format_usage
-from flows.core.summary import first_and_last
+from flows.core.summary_parts import first_and_last
 from flows.distill.config import DistillationConfig, teacher_metrics_path
 from flows.distill.flow import distillation_flow
 from flows.distill.metrics import DistillationResult

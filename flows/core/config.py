@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flows.core.cost import Budget, PriceTable
 from flows.core.evaluation.config import EvalSettings
-from flows.core.stall import StallSettings
+from flows.core.stall_windows import StallSettings
 from tasks.names import CYCLE_CHECKPOINT_PATTERN, checkpoint_cycle
 from tasks.retry import TaskRetrySettings
 from whitney.renderers import RendererName

@@ -1,60 +1,67 @@
-"""The one outer loop of every training flow, its cycles as subflow runs in order, and the
-records it leaves for people.
+"""The cycle kit every training flow (RL, SFT, distillation) shares: the one outer loop, its
+cycles as subflow runs in order, the body of every cycle subflow, and the calls every cycle
+makes around its own middle.
 
-    last = run_cycles(rl_cycle, config, range(first, config.cycles), step,
-                      records=records, guard=guard)
+    ran = run_cycles(rl_cycle, config, range(first, config.cycles), seq_ids, whitney_block,
+                     records=records, guard=guard, run_id=run_id, auxiliary=auxiliary)
 
-`step(cycle_flow, cycle, previous)` calls the cycle subflow (`cycle_flow`: the flow's cycle
-with the config's retries and task runner), starting where the previous cycle's metrics say it
-ended (their seq ids; None before the first cycle), and returns the cycle's metrics. Around it
-the loop does what every flow needs: between cycles it stops if the flow run was asked to
-cancel or the budget says the next cycle would go over; after each, it adds the cycle's cost
-and writes its records (the metrics line, the progress artifact).
+The loop carries the seq ids: each cycle subflow is called as `cycle(config, n, start,
+whitney_block, **arguments)`, where `start` (a `CycleStart`) holds every run's next seq id
+(from `seq_ids` for the first cycle, then from where the cycle before ended: its
+`seq_ends`), and the sample requests earlier cycles made for it and later ones (off-policy).
+`arguments` are the same for every cycle (the run ids). A cycle subflow's body is
+`run_cycle_subflow`: its ordered calls from `start`, its work, where it ended, its record.
+
+Around each cycle the loop does what every flow needs: between cycles it stops if the flow run
+was asked to cancel or the budget says the next cycle would go over; after each, it adds the
+cycle's cost and writes its records (flows.core.records: the metrics line, the progress
+artifact).
+
+The calls around a cycle's middle:
+
+    publish_sampler    save_weights_for_sampler, named `cycle-{n}` or unnamed -> sampler id
+    sampler_calls      [the named sampler's publication +] one call per payload on it
+    run_tail           forward_backward, optim_step, [save_state cycle-{n}],
+                       [save_weights_for_sampler cycle-{n+1}]: together or one by one
+
+Submitted together, a block's calls take consecutive seq ids and are awaited at once; one by
+one, they take the same ids. The server runs a run's operations strictly in seq order, so the
+results, and the adapter, are the same either way (docs/api.md, *Ordering and exactly-once*).
 
 Prefect 3.9 leaves a local (not deployed) flow run asked to cancel in Cancelling and lets its
 body run to the end; only then does `on_cancellation` fire. So the loop reads its flow run's
 state at each cycle boundary and raises `CancellationRequested`; the hook then cancels the
 Whitney run at once. (A deployed run is killed by its runner, whose `on_cancellation` does the
 same.)
-
-The records: per cycle one markdown artifact on its subflow run (its metrics and its
-operations per run, as `whitney-flows inspect RUN --cycle N` shows them) and a metrics JSON
-line; a progress artifact; and a final markdown summary, which names the command that exports
-the adapter. Never the API key: only the Whitney URL goes into a summary.
 """
 
 from __future__ import annotations
 
-import base64
-import re
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Generic, NamedTuple, TypeVar
 from uuid import UUID
 
-from prefect import Flow, get_client, get_run_logger
-from prefect.artifacts import (
-    create_markdown_artifact,
-    create_progress_artifact,
-    update_progress_artifact,
-)
+from prefect import Flow, flow, get_client, get_run_logger
 from prefect.client.orchestration import SyncPrefectClient
+from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext
 from pydantic import BaseModel, Field
 
 from flows.core.budget import BudgetGuard
+from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import FlowConfig
-from flows.core.connection import flow_run_api_url, resolve_connection
+from flows.core.connection import resolve_connection
 from flows.core.cost import Usage
 from flows.core.events import CycleEvents, checkpoint_saved
 from flows.core.heartbeat import subflows_without_heartbeat
-from flows.core.operation_rows import metrics_text, operation_row, seconds_text
-from flows.core.plots import Panel, picture_beside, render_png
-from flows.core.sequenced_client import SequencedClient
-from flows.core.summary import export_command
+from flows.core.off_policy_schedule import SampleBlock
+from flows.core.records import RunRecords, by_run, metrics_row, record_cycle
+from flows.core.sequenced_client import Call, SequencedClient
 from flows.core.task_runner_settings import TaskRunnerSettings
 from flows.core.task_runners import cycle_task_runners
+from tasks.names import cycle_name
 from whitney import wire
 
 
@@ -68,13 +75,48 @@ class CycleResult(BaseModel):
     seq_end: int = Field(description="Seq id the next cycle starts at")
     op_seconds: dict[str, float] = Field(description="Wall seconds per operation kind")
     wall_seconds: float
+    seq_ends: dict[str, int] = Field(
+        default_factory=dict,
+        exclude=True,
+        description="Run id -> the seq id the next cycle starts at, for every run of the cycle",
+    )
+
+    def sections(self) -> list[str]:
+        """Markdown sections of the cycle's artifact besides its metrics (an RL cycle's turns)."""
+        return []
+
+
+class CycleStart(BaseModel):
+    """Where a cycle starts: every run's next seq id, and what earlier cycles handed on."""
+
+    first_cycle: int = Field(description="The flow run's first cycle")
+    seq_ids: dict[str, int] = Field(description="Run id -> the cycle's first seq id on it")
+    presampled: list[SampleBlock] = Field(
+        default_factory=list,
+        description="Sample requests earlier cycles made for this one and later ones",
+    )
+
+    def after(self, metrics: CycleResult) -> CycleStart:
+        """Where the cycle after the one that returned `metrics` starts."""
+        return CycleStart(
+            first_cycle=self.first_cycle,
+            seq_ids={**self.seq_ids, **metrics.seq_ends},
+            presampled=getattr(metrics, "presampled", []),  # off-policy flows hand them on
+        )
 
 
 M = TypeVar("M", bound=CycleResult)
-CycleStep = Callable[[Flow[..., M], int, M | None], M]
-"""(cycle subflow, cycle, the previous cycle's metrics or None) -> the cycle's metrics."""
 THREADS = TaskRunnerSettings()
 """The task runner of a flow whose config does not choose one: Prefect's thread pool."""
+
+
+class CyclesRun(NamedTuple, Generic[M]):
+    """What the loop ran: the last cycle's metrics (None: none ran), every run's next seq id
+    after it, and the run's records (every cycle's metrics, in order)."""
+
+    last: M | None
+    seq_ids: dict[str, int]
+    records: RunRecords
 
 
 class CancellationRequested(RuntimeError):
@@ -92,18 +134,23 @@ def run_cycles(
     cycle: Flow[..., M],
     config: FlowConfig,
     cycles: range,
-    step: CycleStep[M],
+    seq_ids: Mapping[str, int],
+    whitney_block: str | None,
     *,
-    records: RunRecords,
     guard: BudgetGuard | None = None,
     estimate: Callable[[int], Usage | None] | None = None,
-) -> M | None:
-    """Run `cycles` through `step`, within the budget (`estimate`: an upper bound of a
-    cycle's usage before the first has run), stopping on cancellation; the metrics of the
-    last cycle it ran (None: none ran)."""
-    flow_run_id = FlowRunContext.get().flow_run.id
+    **arguments: Any,
+) -> CyclesRun[M]:
+    """Run `cycles` as subflow runs of `cycle` from the seq ids `seq_ids`, within the budget
+    (`estimate`: an upper bound of a cycle's usage before the first has run), stopping on
+    cancellation. The records' artifact keys start with the flow's name (`rl` for
+    `rl-cycle`) and the flow run's."""
+    flow_run: FlowRun = FlowRunContext.get().flow_run
+    flow_name = cycle.name.removesuffix("-cycle")
+    records = RunRecords(f"{flow_name}-{flow_run.name}", len(cycles), config.metrics_path)
     runner_settings = config if isinstance(config, TaskRunnerSettings) else THREADS
     events = CycleEvents(config.stall)
+    start = CycleStart(first_cycle=cycles.start, seq_ids=dict(seq_ids))
     last: M | None = None
     with (
         cycle_task_runners(runner_settings) as runner_for_cycle,
@@ -116,14 +163,14 @@ def run_cycles(
             task_runner=runner_for_cycle(),
         )
         for number in cycles:
-            raise_if_cancelling(prefect, flow_run_id)
+            raise_if_cancelling(prefect, flow_run.id)
             if guard is not None:
                 bound = estimate(number) if estimate is not None else None
                 if (reason := guard.stop_reason(number, estimate=bound)) is not None:
                     get_run_logger().warning("%s: saving, exporting and closing now", reason)
                     break
             events.started(number)
-            metrics = step(cycle_flow, number, last)
+            metrics = cycle_flow(config, number, start, whitney_block, **arguments)
             if guard is not None:  # the flows with a budget record the cycle's `usage`
                 cost = guard.add_cycle(metrics.usage)  # type: ignore[attr-defined]
                 metrics = metrics.model_copy(update={"cost": cost})
@@ -131,176 +178,132 @@ def run_cycles(
             events.completed(number, metrics_row(metrics, rounded=False))
             if (checkpoint := getattr(metrics, "checkpoint", None)) is not None:
                 checkpoint_saved(checkpoint, config.eval_settings())
+            start = start.after(metrics)
             last = metrics
-    return last
+    return CyclesRun(last, start.seq_ids, records)
 
 
-def cycle_client(
-    config: FlowConfig, whitney_block: str | None, starts: Mapping[str, int]
-) -> SequencedClient:
-    """A cycle subflow's ordered calls, from the seq ids `starts` of its runs."""
+def cycle_subflow(name: str) -> Callable[[Callable[..., M]], Flow[..., M]]:
+    """The decorator of every flow's cycle subflow: flow `name`, run name `cycle-{cycle}`,
+    results kept in memory only, the cleanup hooks. A cycle subflow takes `(config, cycle,
+    start, whitney_block, **arguments)`, as `run_cycles` calls it, and runs
+    `run_cycle_subflow`."""
+    return flow(name=name, flow_run_name="cycle-{cycle}", persist_result=False, **CLEANUP_HOOKS)
+
+
+def run_cycle_subflow(
+    config: FlowConfig,
+    start: CycleStart,
+    whitney_block: str | None,
+    names: Mapping[str, str],
+    run_cycle: Callable[[SequencedClient], M],
+) -> M:
+    """The body of every cycle subflow: its ordered calls (each run from its seq id in
+    `start`), `run_cycle` on them, where every run's next cycle starts (`seq_ends`), and the
+    cycle's one artifact, its operations under their run's name in `names` (run id -> name).
+
+    Retried by replaying: the same calls with the same seq ids, answered from the journal.
+    """
     connection = resolve_connection(config.api_url, whitney_block)
-    return SequencedClient(connection, starts, config.task_retry)
+    client = SequencedClient(connection, start.seq_ids, config.task_retry)
+    metrics = run_cycle(client)
+    ends = {run_id: client.ledger.position(run_id) for run_id in start.seq_ids}
+    metrics = metrics.model_copy(update={"seq_ends": ends})
+    record_cycle(metrics, by_run(client.log.operations, names), metrics.sections())
+    return metrics
 
 
-def artifact_key(*parts: str) -> str:
-    """A valid Prefect artifact key (lowercase letters, digits, dashes) from `parts`."""
-    text = "-".join(parts).lower()
-    return re.sub(r"-{2,}", "-", re.sub(r"[^a-z0-9-]", "-", text)).strip("-")
+def publish_call(name: str) -> Call:
+    """The save_weights_for_sampler that publishes the sampler `name`."""
+    return Call("save_weights_for_sampler", {"name": name})
 
 
-def metrics_row(metrics: CycleResult, rounded: bool = True) -> dict[str, float | int | str | None]:
-    """The cycle's metrics as one flat table row: an inline evaluation's as `eval.<name>`,
-    seconds per operation kind as columns; other nested values (an SFT cycle's evals) stay in
-    the metrics JSON line. Floats to 6 decimals (`rounded`), as the table shows them."""
-    row = metrics.model_dump(mode="json", exclude={"op_seconds"})
-    evaluation = row.pop("eval", None) or {}
-    row = {name: value for name, value in row.items() if not isinstance(value, list | dict)}
-    row.update((f"eval.{name}", value) for name, value in evaluation.items() if value is not None)
-    row.update(sorted(getattr(metrics, "recipe_metrics", {}).items()))  # e.g. value_loss
-    for kind, counters in sorted((getattr(metrics, "usage", None) or {}).items()):
-        row[f"tokens_{kind}"] = int(counters.get("tokens", 0))  # billed usage (flows.core.cost)
-    for kind, seconds in sorted(metrics.op_seconds.items()):
-        row[f"seconds_{kind}"] = round(seconds, 4)
-    if not rounded:
-        return row
-    return {
-        name: round(value, 6) if isinstance(value, float) else value for name, value in row.items()
-    }
+def publish_sampler(client: SequencedClient, run_id: str, cycle: int, named: bool) -> str:
+    """save_weights_for_sampler for `cycle` at its start: named `cycle-{n}` or unnamed (the
+    Loop building blocks' loop: the server names it); the sampler id."""
+    payload = {"name": cycle_name(cycle)} if named else {}
+    operation = client.execute(run_id, "save_weights_for_sampler", payload)
+    return operation.result_as(wire.SamplerResult).sampler_id
 
 
-def record_cycle(
-    metrics: CycleResult,
-    runs: Mapping[str, Sequence[wire.Operation]],
-    sections: Sequence[str] = (),
-) -> UUID:
-    """The cycle subflow run's one artifact: its metrics row, the flow's own markdown
-    `sections` (an RL cycle's turns), and its operations per run (as `whitney-flows inspect
-    RUN_ID --cycle N` shows them), written once, at its end."""
-    row = metrics_row(metrics)
-    lines = [
-        f"# Cycle {metrics.cycle}",
-        "",
-        "## Metrics",
-        "",
-        "| metric | value |",
-        "| --- | --- |",
-    ]
-    lines += [f"| {name} | {value} |" for name, value in row.items()]
-    lines += [line for section in sections for line in ("", section)]
-    lines += ["", operations_markdown("Operations", runs)]
-    return create_markdown_artifact(
-        markdown="\n".join(lines),
-        description=f"Metrics and Whitney operations of cycle {metrics.cycle}",
+def sampler_calls(
+    client: SequencedClient,
+    run_id: str,
+    sampler_id: str,
+    kind: str,
+    payloads: Sequence[dict[str, Any]],
+    together: bool,
+    *,
+    publish: bool = False,
+) -> list[dict[str, Any]]:
+    """One `kind` call per payload on `sampler_id`, after its publication when `publish` (the
+    sampler is named, so its calls queue before it answers): one submitted block
+    (`together`) or one call after another, on the same seq ids. The calls' results."""
+    lead = [publish_call(sampler_id)] if publish else []
+    calls = lead + [Call(kind, payload, sampler_id) for payload in payloads]
+    operations = client.run_calls(run_id, calls, together)
+    if publish:
+        operations[0].result_as(wire.SamplerResult)
+    return [operation.result or {} for operation in operations[len(lead) :]]
+
+
+@dataclass(frozen=True)
+class CycleTail:
+    """What the end of a cycle produced."""
+
+    backward: wire.ForwardResult
+    optimized: wire.OptimStepResult
+    checkpoint: str | None
+    """The `cycle-{n}` checkpoint URI, when one was due."""
+    next_sampler_id: str | None
+    """The sampler the next cycle samples from, when this cycle published it."""
+
+
+def tail_calls(
+    cycle: int,
+    payload: dict[str, Any],
+    optimizer: dict[str, Any],
+    *,
+    checkpoint: bool,
+    publish_next: bool,
+) -> list[Call]:
+    """The cycle's tail in seq order: forward_backward, optim_step, then the `cycle-{n}`
+    save_state if `checkpoint`, then the `cycle-{n+1}` sampler if `publish_next`."""
+    calls = [Call("forward_backward", payload), Call("optim_step", {"optimizer": optimizer})]
+    if checkpoint:
+        calls.append(Call("save_state", {"name": cycle_name(cycle)}))
+    if publish_next:
+        calls.append(publish_call(cycle_name(cycle + 1)))
+    return calls
+
+
+def run_tail(
+    client: SequencedClient,
+    run_id: str,
+    cycle: int,
+    payload: dict[str, Any],
+    optimizer: dict[str, Any],
+    *,
+    checkpoint: bool = False,
+    publish_next: bool = False,
+    together: bool = False,
+) -> CycleTail:
+    """The training tail (`tail_calls`): submitted together (pipelined: one round trip) or
+    one call after another."""
+    calls = tail_calls(cycle, payload, optimizer, checkpoint=checkpoint, publish_next=publish_next)
+    operations = client.run_calls(run_id, calls, together=together)
+    by_kind = {operation.kind: operation for operation in operations}
+    saved = by_kind.get("save_state")
+    published = by_kind.get("save_weights_for_sampler")
+    return CycleTail(
+        backward=by_kind["forward_backward"].result_as(wire.ForwardResult),
+        optimized=by_kind["optim_step"].result_as(wire.OptimStepResult),
+        checkpoint=saved.result_as(wire.SaveStateResult).checkpoint if saved else None,
+        next_sampler_id=(published.result_as(wire.SamplerResult).sampler_id if published else None),
     )
 
 
-class RunRecords:
-    """A flow run's progress artifact, metrics file and summary (keys start with `key_prefix`),
-    with its learning curves (a PNG in the summary, and beside the metrics file)."""
-
-    def __init__(self, key_prefix: str, total_cycles: int, metrics_path: str | None) -> None:
-        self.key_prefix = artifact_key(key_prefix)
-        self.total_cycles = total_cycles
-        self.metrics_path = Path(metrics_path) if metrics_path else None
-        self.cycles: list[Any] = []  # the flow's cycle metrics, in order
-        self.picture_path: Path | None = None
-        """Where the learning curves were written: beside the metrics file, if there is one."""
-        self._progress_id = create_progress_artifact(
-            progress=0.0,
-            key=artifact_key(self.key_prefix, "progress"),
-            description=f"Cycles done, of {total_cycles}",
-        )
-
-    def add_cycle(self, metrics: CycleResult) -> None:
-        """Append the metrics JSON line and move the progress artifact."""
-        self.cycles.append(metrics)
-        if self.metrics_path is not None:
-            with self.metrics_path.open("a", encoding="utf-8") as stream:
-                stream.write(metrics.model_dump_json() + "\n")
-        update_progress_artifact(
-            self._progress_id, progress=100.0 * len(self.cycles) / self.total_cycles
-        )
-
-    def add_markdown_summary(
-        self,
-        title: str,
-        rows: list[tuple[str, str]],
-        description: str,
-        curves: Sequence[Panel] = (),
-    ) -> UUID:
-        """The final summary of any flow: a markdown table of (name, value) rows, then the
-        learning curves as an inline PNG (a data URI, which the Prefect UI shows), the same
-        bytes as the picture written beside the metrics file (`picture_path`)."""
-        lines = [f"# {title}", "", "| | |", "| --- | --- |"]
-        lines += [f"| {name} | {value} |" for name, value in rows]
-        if curves:
-            png = render_png(curves)
-            if self.metrics_path is not None:
-                self.picture_path = picture_beside(self.metrics_path)
-                self.picture_path.write_bytes(png)
-            data = base64.b64encode(png).decode("ascii")
-            lines += [
-                "",
-                "## Learning curves",
-                "",
-                f"![learning curves](data:image/png;base64,{data})",
-            ]
-        return create_markdown_artifact(
-            markdown="\n".join(lines),
-            key=artifact_key(self.key_prefix, "summary"),
-            description=description,
-        )
-
-
-def run_rows(result: Any) -> list[tuple[str, str]]:
-    """Summary rows every training flow shows: its Whitney session and run, the checkpoint,
-    the exported adapter and the command that exports it (`result` has session_id, run_id,
-    checkpoint and adapter)."""
-    adapter = result.adapter
-    return [
-        ("Whitney session", f"`{result.session_id}`"),
-        ("Whitney run", f"`{result.run_id}`"),
-        ("checkpoint (resume point)", f"`{result.checkpoint}`"),
-        (
-            "exported adapter",
-            f"artifact `{adapter.artifact_id}` ({adapter.format}, {adapter.bytes} bytes)",
-        ),
-        ("adapter sha256", f"`{adapter.sha256}`"),
-        ("export", f"`{export_command(result.run_id, flow_run_api_url())}`"),
-    ]
-
-
-def operations_markdown(title: str, runs: Mapping[str, Sequence[wire.Operation]]) -> str:
-    """A cycle's operations per run as a markdown section titled `title`."""
-    lines = [f"## {title}", ""]
-    for name, operations in runs.items():
-        if not operations:
-            continue
-        lines += [
-            f"**{name}** run `{operations[0].run_id}`",
-            "",
-            "| seq | kind | status | duration | queued | tokens | metrics |",
-            "| --- | --- | --- | --- | --- | --- | --- |",
-        ]
-        for operation in sorted(operations, key=lambda op: op.seq_id):
-            row = operation_row(operation)
-            lines.append(
-                f"| {row['seq_id']} | {row['kind']} | {row['status']} | "
-                f"{seconds_text(row['duration_s'])} | {seconds_text(row['queued_s'])} | "
-                f"{row['usage'].get('tokens', 0):,} | {metrics_text(row['metrics'])} |"
-            )
-        lines.append("")
-    return "\n".join(lines)
-
-
-def by_run(
-    operations: Sequence[wire.Operation], names: Mapping[str, str]
-) -> dict[str, list[wire.Operation]]:
-    """Operations grouped per run, in order of first appearance, each under its name in
-    `names` (run id -> name), else "run <run id>"."""
-    grouped: dict[str, list[wire.Operation]] = {}
-    for operation in operations:
-        name = names.get(operation.run_id, f"run {operation.run_id}")
-        grouped.setdefault(name, []).append(operation)
-    return grouped
+def save_checkpoint(client: SequencedClient, run_id: str, cycle: int) -> str:
+    """save_state named `cycle-{n}`; its URI."""
+    saved = client.execute(run_id, "save_state", {"name": cycle_name(cycle)})
+    return saved.result_as(wire.SaveStateResult).checkpoint

@@ -3,7 +3,7 @@
 Every event's resource is the top-level flow run, `prefect.flow-run.<id>` (a subflow's too: an
 SFT teacher's events are its distillation's), so an automation can act on it:
 
-    whitney.cycle.started      a cycle begins; its stall window (flows.core.stall)
+    whitney.cycle.started      a cycle begins; its stall window (flows.core.stall_windows)
     whitney.cycle.completed    a cycle's key metrics (its table row, with `eval.*`)
     whitney.checkpoint.saved   a `save_state` checkpoint: URI, run, cycle, and the eval
                                settings of the flow (what evaluate-checkpoint samples)
@@ -30,7 +30,7 @@ from prefect.events import Event, emit_event
 from prefect.runtime import flow_run as current_flow_run
 
 from flows.core.evaluation.config import EvalSettings
-from flows.core.stall import StallSettings, stall_window
+from flows.core.stall_windows import StallSettings, stall_window
 from tasks.names import CYCLE_CHECKPOINT
 from whitney.uris import checkpoint_run_id
 
@@ -188,7 +188,7 @@ class CycleEvents:
         )
 
     def completed(self, cycle: int, row: Mapping[str, Any]) -> None:
-        """`row`: the cycle's table row (`flows.core.cycles.metrics_row`)."""
+        """`row`: the cycle's table row (`flows.core.records.metrics_row`)."""
         seconds = time.monotonic() - self._started
         self.cycle_seconds.append(seconds)
         payload = {"cycle": cycle, "seconds": seconds, "stall_window_s": self._window}

@@ -1,7 +1,7 @@
-"""A cycle's samples under the off-policy schedule (flows.core.staleness): requested now, with
-the later cycles' that the schedule starts at this cycle, or read back from the journal when an
-earlier cycle requested them. The later cycles' requests stay in flight while the cycle trains
-(the server samples beside the training), and the cycle waits for them at its end."""
+"""A cycle's samples under the off-policy schedule (flows.core.off_policy_schedule): requested now,
+with the later cycles' that the schedule starts at this cycle, or read back from the journal when an
+earlier cycle requested them. The later cycles' requests stay in flight while the cycle trains (the
+server samples beside the training), and the cycle waits for them at its end."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from flows.core.off_policy_schedule import SampleBlock, Schedule
 from flows.core.sequenced_client import Call, SequencedClient, Submitted
-from flows.core.staleness import SampleBlock, Schedule
 
 Requests = Callable[[int], list[dict[str, Any]]]
 """A cycle's sample requests, one per prompt (deterministic: its seeds come from the cycle)."""

@@ -34,6 +34,7 @@ from prefect.futures import PrefectFuture
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
+from tasks.calls import WhitneyCalls
 from tasks.connection import WhitneyConnection
 from tasks.lifecycle import cancel_run
 from tasks.operations import (
@@ -41,7 +42,7 @@ from tasks.operations import (
     SAMPLER_OPERATION_TASKS,
     requested_earlier,
 )
-from tasks.retry import TaskRetrySettings, with_retry
+from tasks.retry import TaskRetrySettings
 from whitney import wire
 from whitney.errors import OperationFailed, WhitneyError
 from whitney.seq_ids import SeqLedger
@@ -94,12 +95,12 @@ class Submitted(NamedTuple):
     seq_ids: range
 
 
-def _task_for(kind: str, sampler_id: str | None, retry: TaskRetrySettings) -> Task[..., Any]:
+def _task_for(kind: str, sampler_id: str | None) -> Task[..., Any]:
     tasks = RUN_OPERATION_TASKS if sampler_id is None else SAMPLER_OPERATION_TASKS
     if kind not in tasks:
         route = "run" if sampler_id is None else "sampler"
         raise ValueError(f"{kind!r} is not a {route} operation (known: {', '.join(tasks)})")
-    return with_retry(tasks[kind], retry)
+    return tasks[kind]
 
 
 def task_payload(payload: dict[str, Any]) -> Any:
@@ -123,6 +124,7 @@ class SequencedClient:
         self.connection = connection
         self.ledger = SeqLedger(starts)
         self.retry = retry
+        self.whitney = WhitneyCalls(connection, retry)
         self.log = log if log is not None else OperationLog()
 
     def execute(
@@ -146,9 +148,8 @@ class SequencedClient:
         self, run_id: str, kind: str, payload: dict, seq_id: int, sampler_id: str | None
     ) -> wire.Operation:
         """One operation on seq id `seq_id`, as a Prefect task run in this thread."""
-        task = _task_for(kind, sampler_id, self.retry)
         route = () if sampler_id is None else (sampler_id,)
-        return task(self.connection, run_id, *route, seq_id, quote(payload))
+        return self.whitney.run(_task_for(kind, sampler_id), run_id, *route, seq_id, quote(payload))
 
     def run_operation(
         self, run_id: str, kind: str, payload: dict, *, seq_id: int | None = None
@@ -170,10 +171,10 @@ class SequencedClient:
         seq_ids = self.ledger.reserve(run_id, len(calls))
         futures = []
         for seq, call in zip(seq_ids, calls, strict=True):
-            task = _task_for(call.kind, call.sampler_id, self.retry)
+            task = _task_for(call.kind, call.sampler_id)
             route = () if call.sampler_id is None else (call.sampler_id,)
             payload = task_payload(call.payload)
-            futures.append(task.submit(self.connection, run_id, *route, seq, payload))
+            futures.append(self.whitney.submit(task, run_id, *route, seq, payload))
         return Submitted(run_id, calls, futures, seq_ids)
 
     def collect(self, submitted: Submitted) -> list[wire.Operation]:
@@ -218,9 +219,8 @@ class SequencedClient:
         """The operations an earlier cycle submitted for `calls` from `seq_start` (and
         waited for), read from the journal: not sent again, not billed again, not logged
         again; OperationFailed if one did not succeed."""
-        task = with_retry(requested_earlier, self.retry)
         with self.log.timing(calls[0].kind if calls else "sample"):
-            operations = task(self.connection, run_id, seq_start, len(calls))
+            operations = self.whitney.run(requested_earlier, run_id, seq_start, len(calls))
         for call, operation in zip(calls, operations, strict=True):
             if (operation.kind, operation.sampler_id) != (call.kind, call.sampler_id):
                 raise ValueError(
@@ -238,6 +238,6 @@ class SequencedClient:
     def cancel_behind_failure(self, run_id: str) -> None:
         """Cancel the run whose block failed for good, so nothing waits behind the failure."""
         try:
-            with_retry(cancel_run, self.retry)(self.connection, run_id)
+            self.whitney.run(cancel_run, run_id)
         except Exception as error:  # the cleanup hook cancels it too; the block's error matters
             get_run_logger().warning("Could not cancel Whitney run %s: %r", run_id, error)

@@ -27,11 +27,11 @@ from flows.core.connection import flow_run_api_url
 from flows.core.events import checkpoint_saved, run_finished
 from flows.core.sequenced_client import SequencedClient
 from flows.core.served import check_served
-from flows.core.summary import export_command
+from flows.core.summary_parts import export_command
+from tasks.calls import WhitneyCalls
 from tasks.connection import WhitneyConnection
 from tasks.lifecycle import capabilities, close_session, create_run, finish_run, open_session
 from tasks.resume import ResumePoint, find_resume_point
-from tasks.retry import with_retry
 from whitney import wire
 
 
@@ -47,6 +47,11 @@ class TrainingRun:
     start: ResumePoint
     attempt: str
     """The flow run attempt's prefix of idempotency keys, for any further run it creates."""
+
+    @property
+    def whitney(self) -> WhitneyCalls:
+        """The flow's Whitney tasks, with its retry policy."""
+        return WhitneyCalls(self.connection, self.config.task_retry)
 
     def client(self, starts: Mapping[str, int]) -> SequencedClient:
         """The flow's own ordered calls (outside the cycles), from the seq ids `starts`."""
@@ -75,8 +80,8 @@ def create_run_in(
 ) -> wire.Run:
     """create_run (retried) in the session, on the config's provider and seed, of the config's
     base model and LoRA rank unless `base_model` or `lora_rank` say otherwise."""
-    return with_retry(create_run, config.task_retry)(
-        connection,
+    return WhitneyCalls(connection, config.task_retry).run(
+        create_run,
         session_id,
         config.provider,
         base_model or config.base_model,
@@ -106,7 +111,7 @@ class TrainingResult(BaseModel):
 def require_served(config: FlowConfig, connection: WhitneyConnection) -> None:
     """ConfigError, before any session opens, naming the field of a base model the config's
     provider does not list in its capabilities (with the ones it does)."""
-    check_served(config, with_retry(capabilities, config.task_retry)(connection))
+    check_served(config, WhitneyCalls(connection, config.task_retry).run(capabilities))
 
 
 def start_training_run(
@@ -119,14 +124,17 @@ def start_training_run(
     point, open its labelled session and create its trainable run (from the checkpoint it
     resumes from, if any), keyed `name`, with `labels`."""
     require_served(config, connection)
+    whitney = WhitneyCalls(connection, config.task_retry)
     flow_run = FlowRunContext.get().flow_run
     attempt = f"prefect-{flow_run.id}-{flow_run.run_count}"
-    start = with_retry(find_resume_point, config.task_retry)(
-        connection, flow_run.id, flow_run.run_count, config.resume_from, config.cleanup_timeout_s
+    start = whitney.run(
+        find_resume_point,
+        flow_run.id,
+        flow_run.run_count,
+        config.resume_from,
+        config.cleanup_timeout_s,
     )
-    session = with_retry(open_session, config.task_retry)(
-        connection, session_labels(flow_run), f"{attempt}-session"
-    )
+    session = whitney.run(open_session, session_labels(flow_run), f"{attempt}-session")
     run = create_run_in(
         config,
         connection,
@@ -153,10 +161,9 @@ def end_training_run(
     state = {"name": checkpoint_name} if checkpoint_name is not None else {}
     saved = client.execute(training.run_id, "save_state", state)
     exported = client.execute(training.run_id, "export_lora", {})
-    retry = training.config.task_retry
     for run_id in (training.run_id, *other_run_ids):
-        with_retry(finish_run, retry)(training.connection, run_id)
-    with_retry(close_session, retry)(training.connection, training.session_id)
+        training.whitney.run(finish_run, run_id)
+    training.whitney.run(close_session, training.session_id)
     result = TrainingResult(
         session_id=training.session_id,
         run_id=training.run_id,

@@ -1,20 +1,25 @@
-"""The distillation flow: a student run learns a frozen teacher run's distribution on its own
-samples, with the teacher's `logprobs` fanned out as concurrent tasks.
+"""The distillation flow: RL whose advantages come from the teacher. A student run learns a
+frozen teacher run's distribution on its own samples, with the teacher's `logprobs` fanned out
+as concurrent tasks; the cycle is the RL flow's (flows.core.cycles: the same sampler calls,
+the same training tail, the same loop) with the teacher's per-token reverse KL as advantages.
 
     distillation_flow(config)            check (fail closed); [sft_flow: train the teacher,
                                          unless an earlier attempt did: tasks.teacher]
                                          resume point, open_session (labelled), create the
                                          student run and the frozen teacher run
       [eval-start / eval]                eval loss of student and teacher (held-out split)
-      cycle-{first} .. cycle-{n-1}       distill_cycle(...), unless the budget says stop
+      cycle-{first} .. cycle-{n-1}       distill_cycle(config, cycle, start), unless the
+                                         budget says stop
         student: save_weights_for_sampler `cycle-{n}` + one sample per prompt
-                                         (one reserved block of seq ids, submitted together)
+                                         (sampler_calls: one reserved block of seq ids,
+                                         submitted together)
         teacher: save_weights_for_sampler `cycle-{n}` + one logprobs per chunk of sequences
-                                         (one reserved block of the teacher's seq ids, run
-                                         concurrently by the flow's task runner)
+                                         (sampler_calls: one reserved block of the teacher's
+                                         seq ids, run concurrently by the flow's task runner)
         advantages -kl_coef * (student_lp - teacher_lp) per completion token
-        student: forward_backward (importance_sampling, rl_datums), optim_step
-                 [save_state cycle-{n}]  every checkpoint_every cycles
+        student: the RL tail (run_tail)   forward_backward (importance_sampling, rl_datums),
+                                         optim_step, [save_state cycle-{n}] every
+                                         checkpoint_every cycles, one call after another
       [eval-end]                         the student's eval loss after training
       save_state cycle-{last}, export_lora, finish both runs, close_session
 
@@ -32,9 +37,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 
-from prefect import Flow, flow, get_run_logger
+from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
 
 from flows.core.budget import BudgetGuard, flow_cost_model
@@ -42,12 +46,21 @@ from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import checkpoint_due
 from flows.core.connection import resolve_connection
 from flows.core.cost import Usage, add_usage, format_cost, format_usage, usage_of
-from flows.core.cycles import RunRecords, by_run, cycle_client, record_cycle, run_cycles, run_rows
+from flows.core.cycles import (
+    CycleStart,
+    cycle_subflow,
+    publish_call,
+    run_cycle_subflow,
+    run_cycles,
+    run_tail,
+    sampler_calls,
+)
 from flows.core.evaluation.plan import completion_logprobs
 from flows.core.evaluation.sampler import evaluate_after_cycle
+from flows.core.off_policy_schedule import SampleBlock, Schedule
+from flows.core.records import run_rows
 from flows.core.sampling_ahead import CycleSamples, sample_ahead
 from flows.core.sequenced_client import Call, SequencedClient
-from flows.core.staleness import SampleBlock, Schedule
 from flows.core.training import end_training_run, require_served, start_training_run
 from flows.distill.config import LOSS_FUNCTION, DistillationConfig
 from flows.distill.metrics import (
@@ -60,11 +73,10 @@ from flows.distill.plan import (
     DistillPlan,
     check_distill_config,
     chunked,
-    load_distill_plan,
     reverse_kl_advantages,
 )
+from tasks.calls import WhitneyCalls
 from tasks.names import cycle_name
-from tasks.retry import with_retry
 from tasks.teacher import find_trained_teacher, read_teacher_sft_journal
 from whitney import wire
 from whitney.datums import rl_datum
@@ -72,24 +84,6 @@ from whitney.payloads import adamw_optimizer, forward_backward_payload
 
 ROLE_LABEL = "whitney-flows.role"
 """The run label naming the student and the teacher."""
-
-
-def sampler_block(
-    client: SequencedClient,
-    run_id: str,
-    name: str,
-    kind: str,
-    payloads: Sequence[dict[str, Any]],
-    together: bool,
-) -> list[dict[str, Any]]:
-    """save_weights_for_sampler named `name`, then one `kind` call per payload on it: one
-    submitted block (`together`; the sampler is named, so its calls queue before it answers)
-    or one call after another, with the same seq ids either way. The calls' results."""
-    calls = [Call("save_weights_for_sampler", {"name": name})]
-    calls += [Call(kind, payload, name) for payload in payloads]
-    operations = client.run_calls(run_id, calls, together)
-    operations[0].result_as(wire.SamplerResult)
-    return [operation.result or {} for operation in operations[1:]]
 
 
 @dataclass(frozen=True)
@@ -112,13 +106,14 @@ def teacher_logprobs(
     chunk of sequences, on the teacher's sampler `cycle-{n}`."""
     sequences = [{"token_ids": rollout.prompt + rollout.tokens} for rollout in rollouts]
     payloads = [{"sequences": chunk} for chunk in chunked(sequences, config.teacher_chunk_size)]
-    results = sampler_block(
+    results = sampler_calls(
         client,
         teacher_run_id,
         cycle_name(cycle),
         "logprobs",
         payloads,
         together=config.teacher_fan_out,
+        publish=True,
     )
     rows = [row for result in results for row in result["logprobs"]]
     if len(rows) != len(rollouts):
@@ -144,14 +139,20 @@ def student_samples(
     name = cycle_name(cycle)
     if config.max_staleness == 0:
         requests = plan.sample_requests(cycle)
-        samples = sampler_block(
-            client, run_id, name, "sample", requests, config.concurrent_sampling
+        samples = sampler_calls(
+            client, run_id, name, "sample", requests, config.concurrent_sampling, publish=True
         )
         return CycleSamples(name, samples, [])
     schedule = Schedule(config.max_staleness, first_cycle, config.checkpoint_every, config.cycles)
-    publish = Call("save_weights_for_sampler", {"name": name})
     return sample_ahead(
-        client, run_id, cycle, name, schedule, plan.sample_requests, presampled, lead=[publish]
+        client,
+        run_id,
+        cycle,
+        name,
+        schedule,
+        plan.sample_requests,
+        presampled,
+        lead=[publish_call(name)],
     )
 
 
@@ -193,13 +194,9 @@ def run_distill_cycle(
         ]
         advantages += per_token
     payload = forward_backward_payload(data, LOSS_FUNCTION)
-    backward = client.execute(run_id, "forward_backward", payload).result_as(wire.ForwardResult)
     optimizer = adamw_optimizer(config.learning_rate, grad_clip_norm=config.grad_clip_norm)
-    optimized = client.execute(run_id, "optim_step", {"optimizer": optimizer})
-    checkpoint = None
-    if checkpoint_due(cycle, config.checkpoint_every, config.cycles):
-        saved = client.execute(run_id, "save_state", {"name": cycle_name(cycle)})
-        checkpoint = saved.result_as(wire.SaveStateResult).checkpoint
+    checkpoint = checkpoint_due(cycle, config.checkpoint_every, config.cycles)
+    tail = run_tail(client, run_id, cycle, payload, optimizer, checkpoint=checkpoint)
     sampling.wait_ahead(client)  # the later cycles' samples ran beside this training
     schedule = Schedule(config.max_staleness, first_cycle, config.checkpoint_every, config.cycles)
     log = client.log
@@ -215,16 +212,16 @@ def run_distill_cycle(
         sampler_id=sampling.sampler_id,
         staleness=schedule.staleness_of(cycle),
         presampled=sampling.presampled_after(cycle, presampled),
-        loss=backward.loss,
-        grad_norm=optimized.result_as(wire.OptimStepResult).metrics.get("grad_norm", 0.0),
-        kl_sample_train=backward.metrics.get("kl_sample_train:mean"),
+        loss=tail.backward.loss,
+        grad_norm=tail.optimized.metrics.get("grad_norm", 0.0),
+        kl_sample_train=tail.backward.metrics.get("kl_sample_train:mean"),
         sequences=len(rollouts),
         teacher_chunks=config.teacher_chunks,
         tokens_sampled=log.tokens("sample", "sampled_tokens"),
         tokens_teacher=log.tokens("logprobs"),
         tokens_trained=log.tokens("forward_backward", "trained_tokens"),
         teacher_seconds=teacher_seconds,
-        checkpoint=checkpoint,
+        checkpoint=tail.checkpoint,
         usage=usage_of(log.operations),
         teacher_usage=usage_of(op for op in log.operations if op.run_id == teacher_run_id),
         op_seconds=dict(log.seconds),
@@ -236,34 +233,27 @@ def run_distill_cycle(
     return metrics.model_copy(update=evaluation)
 
 
-@flow(name="distill-cycle", flow_run_name="cycle-{cycle}", persist_result=False, **CLEANUP_HOOKS)
+@cycle_subflow("distill-cycle")
 def distill_cycle(
     config: DistillationConfig,
     cycle: int,
-    run_id: str,
-    seq_start: int,
-    teacher_run_id: str,
-    teacher_seq_start: int,
+    start: CycleStart,
     whitney_block: str | None = None,
-    first_cycle: int = 0,
-    presampled: list[SampleBlock] | None = None,
+    run_id: str = "",
+    teacher_run_id: str = "",
 ) -> DistillCycleMetrics:
-    """One distillation cycle from `seq_start` on the student and `teacher_seq_start` on the
-    teacher; returns its metrics, with the seq ids the next cycle starts at. `first_cycle`:
-    the flow run's; `presampled`: the student's sample requests earlier cycles made for this
-    one and later ones (max_staleness > 0).
-
-    Retried by replaying: the same calls with the same seq ids, answered from the journal.
-    """
-    starts = {run_id: seq_start, teacher_run_id: teacher_seq_start}
-    client = cycle_client(config, whitney_block, starts)
-    plan = load_distill_plan(config)
-    metrics = run_distill_cycle(
-        plan, client, cycle, run_id, teacher_run_id, first_cycle, presampled or []
+    """One distillation cycle of the student `run_id` and the teacher `teacher_run_id` from
+    `start`; returns its metrics, with where the next cycle starts."""
+    plan = check_distill_config(config)  # built once per process (flows.core.plans)
+    return run_cycle_subflow(
+        config,
+        start,
+        whitney_block,
+        {run_id: "student", teacher_run_id: "teacher"},
+        lambda client: run_distill_cycle(
+            plan, client, cycle, run_id, teacher_run_id, start.first_cycle, start.presampled
+        ),
     )
-    names = {run_id: "student", teacher_run_id: "teacher"}
-    record_cycle(metrics, by_run(client.log.operations, names))
-    return metrics
 
 
 # --------------------------------------------------------------------------- the flow
@@ -332,6 +322,7 @@ def distillation_flow(
     plan = check_distill_config(config)  # fails closed before anything is allocated
     connection = resolve_connection(config.api_url, whitney_block)
     require_served(config, connection)  # the student's and the teacher's, before the teacher
+    whitney = WhitneyCalls(connection, config.task_retry)
     guard = BudgetGuard(config.budget, flow_cost_model(config.prices, whitney_block))
     logger = get_run_logger()
     flow_run = FlowRunContext.get().flow_run
@@ -342,18 +333,14 @@ def distillation_flow(
     sft_config = config.teacher_sft_config()
     if sft_config is not None:
         if flow_run.run_count > 1:
-            teacher_checkpoint = with_retry(find_trained_teacher, config.task_retry)(
-                connection, flow_run.id
-            )
+            teacher_checkpoint = whitney.run(find_trained_teacher, flow_run.id)
         if teacher_checkpoint is None:
             from flows.sft.flow import sft_flow
 
             logger.info("Training the teacher by SFT on %s", config.teacher_model)
             teacher_sft = sft_flow(sft_config, whitney_block)
             teacher_checkpoint = teacher_sft.checkpoint
-        sft_journal = with_retry(read_teacher_sft_journal, config.task_retry)(
-            connection, teacher_checkpoint
-        )
+        sft_journal = whitney.run(read_teacher_sft_journal, teacher_checkpoint)
         sft_usage = usage_of(sft_journal)
         guard.add(sft_usage)  # the budget counts the teacher's training
     teacher_label = teacher_checkpoint or f"base:{config.teacher_model}"
@@ -383,45 +370,20 @@ def distillation_flow(
         before = evaluate(client, plan, {"eval-start": student, "eval": teacher.run_id})
     guard.add(usage_of(client.log.operations))
     counted = len(client.log.operations)
-    records = RunRecords(
-        f"distill-{flow_run.name}", config.cycles - start.first_cycle, config.metrics_path
-    )
-    starts = client.ledger.position(student), client.ledger.position(teacher.run_id)
-
-    def step(
-        cycle_flow: Flow[..., DistillCycleMetrics],
-        cycle: int,
-        previous: DistillCycleMetrics | None,
-    ) -> DistillCycleMetrics:
-        seq, teacher_seq = (
-            starts if previous is None else (previous.seq_end, previous.teacher_seq_end)
-        )
-        presampled = previous.presampled if previous is not None else []
-        return cycle_flow(
-            config,
-            cycle,
-            student,
-            seq,
-            teacher.run_id,
-            teacher_seq,
-            whitney_block,
-            start.first_cycle,
-            presampled,
-        )
-
-    last = run_cycles(
+    ran = run_cycles(
         distill_cycle,
         config,
         range(start.first_cycle, config.cycles),
-        step,
-        records=records,
+        {run_id: client.ledger.position(run_id) for run_id in (student, teacher.run_id)},
+        whitney_block,
         guard=guard,
         estimate=plan.cycle_usage_bound,
+        run_id=student,
+        teacher_run_id=teacher.run_id,
     )
-    if last is not None:  # the flow's own calls go on where the cycles ended
-        client.ledger.move_to(student, last.seq_end)
-        client.ledger.move_to(teacher.run_id, last.teacher_seq_end)
-    last_cycle = last.cycle if last is not None else start.first_cycle - 1
+    for run_id, position in ran.seq_ids.items():  # the flow's own calls go on from there
+        client.ledger.move_to(run_id, position)
+    last_cycle = ran.last.cycle if ran.last is not None else start.first_cycle - 1
     eval_losses = None
     if plan.eval_set:
         after = evaluate(client, plan, {"eval-end": student})
@@ -435,14 +397,14 @@ def distillation_flow(
     final = end_training_run(training, client, final_name, [teacher.run_id])
 
     guard.add(usage_of(client.log.operations[counted:]))  # eval and the end, after the cycles
-    by_run_usage = run_usage(client.log.operations, records.cycles, teacher.run_id)
+    by_run_usage = run_usage(client.log.operations, ran.records.cycles, teacher.run_id)
     if sft_usage:
         by_run_usage["teacher_sft"] = sft_usage
     result = DistillationResult(
         **dict(final),
         teacher_run_id=teacher.run_id,
         teacher=teacher_label,
-        cycles=records.cycles,
+        cycles=ran.records.cycles,
         eval=eval_losses,
         usage=by_run_usage,
         total_tokens=guard.tokens,
@@ -450,7 +412,7 @@ def distillation_flow(
         budget_stop=guard.stopped,
         teacher_sft=teacher_sft,
     )
-    records.add_markdown_summary(
+    ran.records.add_markdown_summary(
         "Distillation flow summary",
         summary_rows(result),
         "teacher_kl, eval losses, usage and cost, checkpoint and adapter of the distillation",

@@ -9,8 +9,8 @@ from pydantic import BaseModel, Field
 from flows.core.cost import Usage
 from flows.core.cycles import CycleResult
 from flows.core.evaluation.plan import EvalMetrics
+from flows.core.off_policy_schedule import SampleBlock
 from flows.core.plots import Line, Panel
-from flows.core.staleness import SampleBlock
 from flows.core.training import TrainingResult
 from flows.sft.metrics import SFTResult
 

@@ -31,6 +31,7 @@ from flows.core.evaluation.plan import (
     loss_per_token,
     prompt_key,
 )
+from flows.core.plans import once_per_process
 from flows.core.rendering import config_renderer, load_renderer
 from flows.core.seeds import derive_seed
 from flows.core.task_runner_settings import check_task_runner
@@ -252,6 +253,7 @@ def load_distill_plan(config: DistillationConfig) -> DistillPlan:
     return DistillPlan(config, source, eval_set, renderer, evaluation)
 
 
+@once_per_process
 def check_distill_config(config: DistillationConfig) -> DistillPlan:
     """The plan of a config the provider will accept; ConfigError naming the field if not
     (before anything is allocated)."""

@@ -13,7 +13,7 @@ on failure; on success they are finished before the session closes.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel
 
@@ -77,16 +77,6 @@ def ledger_starts(handles: Iterable[AuxiliaryHandle]) -> dict[str, int]:
 def seq_ends(handles: Iterable[AuxiliaryHandle], ledger: SeqLedger) -> dict[str, int]:
     """Where each auxiliary run's next cycle starts, by name, once this cycle is done."""
     return {handle.name: ledger.position(handle.run_id) for handle in handles}
-
-
-def advanced(
-    handles: Sequence[AuxiliaryHandle], seq_end: Mapping[str, int]
-) -> list[AuxiliaryHandle]:
-    """The handles for the next cycle, from the last cycle's `auxiliary_seq_end`."""
-    return [
-        handle.model_copy(update={"seq_start": seq_end.get(handle.name, handle.seq_start)})
-        for handle in handles
-    ]
 
 
 def save_auxiliary_checkpoints(

@@ -177,7 +177,7 @@ class TrainingBatch:
     groups_dropped: int
     recipe_metrics: dict[str, float]
     episodes: EpisodeStats | None = None
-    """A multi-turn cycle's episodes and turns (flows.rl.episodes)."""
+    """A multi-turn cycle's episodes and turns (flows.rl.multi_turn_batch)."""
 
 
 def zero_weights(payload: dict[str, Any]) -> dict[str, Any]:

@@ -4,15 +4,16 @@ per cycle (the outer loop: flows.core.cycles).
     rl_flow(config)                       resume point (tasks.resume), open_session
                                           (labelled), create_run (from_checkpoint if resuming),
                                           the recipe's auxiliary runs (flows.rl.auxiliary)
-      cycle-{first} .. cycle-{n-1}        rl_cycle(config, cycle, run_id, seq_start, sampler_id)
+      cycle-{first} .. cycle-{n-1}        rl_cycle(config, cycle, start): from the seq ids
+                                          the loop carries (flows.core.cycles)
         save_weights_for_sampler[seq=k]   -> sampler_id (the first cycle, or unpipelined only)
         sample[seq=k+1 .. k+P]            one request per prompt, a reserved block of ids
         rewards, advantages, build_loss   (recipe calls through ctx take the next ids)
         [resampling, finish_cycle]        flows.rl.batch: uniform groups resampled or dropped;
                                           the recipe's cycle end (a critic's update)
-        forward_backward, optim_step      the tail (run_tail, below): pipelined, submitted
-        [save_state cycle-{n}]            together with the checkpoint when one is due and
-        [save_weights_for_sampler]        the next cycle's sampler, named cycle-{n+1}
+        forward_backward, optim_step      the tail (flows.core.cycles.run_tail): pipelined,
+        [save_state cycle-{n}]            submitted together with the checkpoint when one is
+        [save_weights_for_sampler]        due and the next cycle's sampler, named cycle-{n+1}
       save_state cycle-{n-1}, export_lora, finish_run, close_session
 
 Every operation is a task with an explicit seq id. A cycle starts at the id where the previous
@@ -36,10 +37,10 @@ snapshots, and therefore the samples and the adapter, are those of one call afte
 the seq-id layout differs (a cycle's ids no longer start with its save_weights_for_sampler). A
 retried cycle resubmits the same ids and replays.
 
-Off-policy (`max_staleness` > 0, flows.core.staleness): a cycle also requests the samples of
-the later cycles its sampler serves, which the server samples while this cycle trains, and
-reads its own back from the journal when an earlier cycle requested them (`sample_cycle`);
-clipped losses then clip around the current weights (flows.rl.off_policy).
+Off-policy (`max_staleness` > 0, flows.core.off_policy_schedule): a cycle also requests the samples
+of the later cycles its sampler serves, which the server samples while this cycle trains, and reads
+its own back from the journal when an earlier cycle requested them (`sample_cycle`); clipped losses
+then clip around the current weights (flows.rl.off_policy).
 
 One thing pipelining changes: operations are on the server before the one ahead of them has
 answered. If that one is refused before it is journaled (a 4xx), its seq id stays a gap and
@@ -52,32 +53,39 @@ checkpoint that precedes the failure (`tasks.resume`).
 
 from __future__ import annotations
 
+import functools
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
 from uuid import UUID
 
-from prefect import Flow, flow
-from prefect.context import FlowRunContext
+from prefect import flow
 
 from flows.core.budget import BudgetGuard, flow_cost_model
 from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import checkpoint_due
 from flows.core.connection import resolve_connection
 from flows.core.cost import format_cost, format_usage
-from flows.core.cycles import RunRecords, by_run, cycle_client, record_cycle, run_cycles, run_rows
+from flows.core.cycles import (
+    CycleStart,
+    CycleTail,
+    cycle_subflow,
+    publish_sampler,
+    run_cycle_subflow,
+    run_cycles,
+    run_tail,
+    sampler_calls,
+)
 from flows.core.evaluation.sampler import evaluate_after_cycle
+from flows.core.off_policy_schedule import SampleBlock, Schedule
+from flows.core.records import RunRecords, run_rows
 from flows.core.sampling_ahead import CycleSamples, sample_ahead
 from flows.core.sequenced_client import Call, OperationLog, SequencedClient
-from flows.core.staleness import SampleBlock, Schedule
-from flows.core.summary import first_and_last
+from flows.core.summary_parts import first_and_last
 from flows.core.training import end_training_run, start_training_run
 from flows.rl.auxiliary import (
     AuxiliaryHandle,
-    advanced,
     ledger_starts,
     open_auxiliary_runs,
     save_auxiliary_checkpoints,
@@ -85,12 +93,11 @@ from flows.rl.auxiliary import (
 )
 from flows.rl.batch import GroupScore, TrainingBatch, build_training_batch
 from flows.rl.config import RLConfig
-from flows.rl.episodes import build_episode_batch
 from flows.rl.metrics import CycleMetrics, RLResult, learning_curves
+from flows.rl.multi_turn_batch import build_episode_batch
 from flows.rl.off_policy import decouple, decouples, logprobs_requests
-from flows.rl.plan import RLPlan, check_rl_config, load_rl_plan
+from flows.rl.plan import RLPlan, check_rl_config
 from tasks.names import cycle_name
-from whitney import wire
 from whitney.payloads import adamw_optimizer
 
 
@@ -125,72 +132,6 @@ def cycle_metrics(
     )
 
 
-def publish_sampler(client: SequencedClient, run_id: str, cycle: int, named: bool) -> str:
-    """save_weights_for_sampler for `cycle` at its start: named `cycle-{n}` (pipelined) or
-    unnamed (the Loop building blocks' loop: the server names it); the sampler id."""
-    payload = {"name": cycle_name(cycle)} if named else {}
-    operation = client.execute(run_id, "save_weights_for_sampler", payload)
-    return operation.result_as(wire.SamplerResult).sampler_id
-
-
-@dataclass(frozen=True)
-class CycleTail:
-    """What the end of a cycle produced."""
-
-    backward: wire.ForwardResult
-    optimized: wire.OptimStepResult
-    checkpoint: str | None
-    """The `cycle-{n}` checkpoint URI, when one was due."""
-    next_sampler_id: str | None
-    """The sampler the next cycle samples from, when this cycle published it."""
-
-
-def tail_calls(
-    cycle: int,
-    payload: dict[str, Any],
-    optimizer: dict[str, Any],
-    *,
-    checkpoint: bool,
-    publish_next: bool,
-) -> list[Call]:
-    """The cycle's tail in seq order: forward_backward, optim_step, then the `cycle-{n}`
-    save_state if `checkpoint`, then the `cycle-{n+1}` sampler if `publish_next`."""
-    calls = [Call("forward_backward", payload), Call("optim_step", {"optimizer": optimizer})]
-    if checkpoint:
-        calls.append(Call("save_state", {"name": cycle_name(cycle)}))
-    if publish_next:
-        calls.append(Call("save_weights_for_sampler", {"name": cycle_name(cycle + 1)}))
-    return calls
-
-
-def run_tail(
-    client: SequencedClient,
-    run_id: str,
-    cycle: int,
-    payload: dict[str, Any],
-    optimizer: dict[str, Any],
-    *,
-    checkpoint: bool,
-    pipelined: bool,
-    last: bool,
-) -> CycleTail:
-    """The cycle's training tail: submitted together (`pipelined`, which also publishes the
-    next cycle's sampler unless this cycle is the `last`) or one call after another."""
-    calls = tail_calls(
-        cycle, payload, optimizer, checkpoint=checkpoint, publish_next=pipelined and not last
-    )
-    operations = client.run_calls(run_id, calls, together=pipelined)
-    by_kind = {operation.kind: operation for operation in operations}
-    saved = by_kind.get("save_state")
-    published = by_kind.get("save_weights_for_sampler")
-    return CycleTail(
-        backward=by_kind["forward_backward"].result_as(wire.ForwardResult),
-        optimized=by_kind["optim_step"].result_as(wire.OptimStepResult),
-        checkpoint=saved.result_as(wire.SaveStateResult).checkpoint if saved else None,
-        next_sampler_id=(published.result_as(wire.SamplerResult).sampler_id if published else None),
-    )
-
-
 def sample_cycle(
     plan: RLPlan,
     client: SequencedClient,
@@ -204,9 +145,11 @@ def sample_cycle(
     together or one by one. Off-policy: `flows.core.sampling_ahead.sample_ahead`."""
     config = plan.config
     if config.max_staleness == 0:
-        calls = [Call("sample", request, sampler_id) for request in plan.sample_requests(cycle)[1]]
-        operations = client.run_calls(run_id, calls, together=config.concurrent_sampling)
-        return CycleSamples(sampler_id, [op.result or {} for op in operations], [])
+        requests = plan.sample_requests(cycle)[1]
+        samples = sampler_calls(
+            client, run_id, sampler_id, "sample", requests, config.concurrent_sampling
+        )
+        return CycleSamples(sampler_id, samples, [])
     return sample_ahead(
         client,
         run_id,
@@ -223,29 +166,31 @@ def run_cycle(
     client: SequencedClient,
     cycle: int,
     run_id: str,
-    sampler_id: str | None = None,
     auxiliary: Sequence[AuxiliaryHandle] = (),
     first_cycle: int = 0,
     presampled: Sequence[SampleBlock] = (),
 ) -> CycleMetrics:
     """The loop body of one cycle, every call through `client` (the cycle's ledger).
 
-    `sampler_id`: the sampler the previous cycle published (pipelined); None: this cycle
-    publishes its own first. Its samples come from `sample_cycle` (with max_staleness, from
-    an older sampler; `first_cycle` is the flow run's, `presampled` the later cycles' requests
-    already made). The tail is `run_tail`. `auxiliary`: the runs the recipe declared (their
-    seq ids are in the ledger too); the middle of the cycle (scores, resampling, build_loss,
-    the recipe's finish_cycle) is `flows.rl.batch`; with a multi-turn environment (on-policy
-    only), `flows.rl.episodes` plays the episodes turn by turn instead.
+    Pipelined, a cycle after the flow run's `first_cycle` samples from the sampler the
+    previous cycle published (`cycle-{n}`); otherwise it publishes its own first. Its samples
+    come from `sample_cycle` (with max_staleness, from an older sampler; `presampled`: the
+    later cycles' requests already made). The tail is `flows.core.cycles.run_tail`.
+    `auxiliary`: the runs the recipe declared (their seq ids are in the ledger too). The
+    middle of the cycle (scores, resampling, build_loss, the recipe's finish_cycle) is
+    `flows.rl.batch`; with a multi-turn environment (on-policy only), `flows.rl.multi_turn_batch`
+    plays the episodes turn by turn instead.
     """
     started_at = datetime.now(UTC)
     started = time.perf_counter()
     config = plan.config
     seq_start = client.ledger.position(run_id)
-    if sampler_id is None:
+    if config.pipelined and cycle > first_cycle:
+        sampler_id = cycle_name(cycle)
+    else:
         sampler_id = publish_sampler(client, run_id, cycle, named=config.pipelined)
     schedule = Schedule(config.max_staleness, first_cycle, config.checkpoint_every, config.cycles)
-    if plan.multi_turn:  # episodes of several turns, on-policy: flows.rl.episodes
+    if plan.multi_turn:  # episodes of several turns, on-policy: flows.rl.multi_turn_batch
         sampling = CycleSamples(sampler_id, [], [])
         batch = build_episode_batch(plan, client, cycle, run_id, sampler_id, auxiliary)
     else:
@@ -268,8 +213,8 @@ def run_cycle(
         payload,
         optimizer,
         checkpoint=checkpoint,
-        pipelined=config.pipelined,
-        last=cycle == config.cycles - 1,
+        publish_next=config.pipelined and cycle < config.cycles - 1,
+        together=config.pipelined,
     )
     sampling.wait_ahead(client)  # the later cycles' samples ran beside this training
     metrics = cycle_metrics(
@@ -314,14 +259,14 @@ def single_turn_batch(
     """The cycle's training batch from its samples (`sample_cycle`); resampling samples on
     the same sampler."""
     prompts, requests = plan.sample_requests(cycle)
-
-    def sample(requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        """One sample result per request on the cycle's sampler, on the next seq ids:
-        submitted together, or one after another (the same ids either way)."""
-        calls = [Call("sample", request, sampling.sampler_id) for request in requests]
-        operations = client.run_calls(run_id, calls, together=plan.config.concurrent_sampling)
-        return [operation.result or {} for operation in operations]
-
+    sample = functools.partial(  # on the next seq ids, together or one by one: the same ids
+        sampler_calls,
+        client,
+        run_id,
+        sampling.sampler_id,
+        "sample",
+        together=plan.config.concurrent_sampling,
+    )
     return build_training_batch(
         plan,
         client,
@@ -356,37 +301,29 @@ def add_summary(records: RunRecords, result: RLResult) -> UUID:
     )
 
 
-@flow(name="rl-cycle", flow_run_name="cycle-{cycle}", persist_result=False, **CLEANUP_HOOKS)
+@cycle_subflow("rl-cycle")
 def rl_cycle(
     config: RLConfig,
     cycle: int,
-    run_id: str,
-    seq_start: int,
+    start: CycleStart,
     whitney_block: str | None = None,
-    sampler_id: str | None = None,
+    run_id: str = "",
     auxiliary: list[AuxiliaryHandle] | None = None,
-    first_cycle: int = 0,
-    presampled: list[SampleBlock] | None = None,
 ) -> CycleMetrics:
-    """One RL cycle from `seq_start`; returns its metrics, with the seq id the next starts at.
-    `sampler_id`: the sampler the previous cycle published (pipelined), else None.
-    `auxiliary`: the recipe's auxiliary runs, each with the seq id this cycle starts at.
-    `first_cycle`: the flow run's first cycle; `presampled`: the sample requests earlier
-    cycles made for this one and later ones (max_staleness > 0).
-
-    Retried by replaying: the same calls with the same seq ids, answered from the journal.
-    """
-    auxiliary = auxiliary or []
-    starts = {run_id: seq_start, **ledger_starts(auxiliary)}
-    client = cycle_client(config, whitney_block, starts)
-    plan = load_rl_plan(config)
-    metrics = run_cycle(
-        plan, client, cycle, run_id, sampler_id, auxiliary, first_cycle, presampled or []
+    """One RL cycle of the policy run `run_id` (and the recipe's `auxiliary` runs) from
+    `start`; returns its metrics, with where the next cycle starts."""
+    handles = auxiliary or []
+    names = {run_id: "policy", **{handle.run_id: handle.name for handle in handles}}
+    plan = check_rl_config(config)  # built once per process (flows.core.plans)
+    return run_cycle_subflow(
+        config,
+        start,
+        whitney_block,
+        names,
+        lambda client: run_cycle(
+            plan, client, cycle, run_id, handles, start.first_cycle, start.presampled
+        ),
     )
-    names = {run_id: "policy", **{handle.run_id: handle.name for handle in auxiliary}}
-    turns = [metrics.episodes.markdown()] if metrics.episodes is not None else []
-    record_cycle(metrics, by_run(client.log.operations, names), turns)
-    return metrics
 
 
 @flow(name="rl", persist_result=False, **CLEANUP_HOOKS)
@@ -402,52 +339,30 @@ def rl_flow(config: RLConfig, whitney_block: str | None = None) -> RLResult:
     plan = check_rl_config(config)  # fails closed before anything is allocated
     connection = resolve_connection(config.api_url, whitney_block)
     guard = BudgetGuard(config.budget, flow_cost_model(config.prices, whitney_block))
-    flow_run = FlowRunContext.get().flow_run
     training = start_training_run(config, connection)
     start, run_id = training.start, training.run_id
     opened = open_auxiliary_runs(training, plan.recipe, start.checkpoints)
-    records = RunRecords(
-        f"rl-{flow_run.name}", config.cycles - start.first_cycle, config.metrics_path
+    ran = run_cycles(
+        rl_cycle,
+        config,
+        range(start.first_cycle, config.cycles),
+        {run_id: training.next_seq_id, **ledger_starts(opened)},
+        whitney_block,
+        guard=guard,
+        run_id=run_id,
+        auxiliary=opened,
     )
-
-    def position(previous: CycleMetrics | None) -> tuple[int, list[AuxiliaryHandle]]:
-        """The policy's and the auxiliary runs' seq ids after `previous` (None: at the start)."""
-        if previous is None:
-            return training.next_seq_id, opened
-        return previous.seq_end, advanced(opened, previous.auxiliary_seq_end)
-
-    def step(
-        cycle_flow: Flow[..., CycleMetrics], cycle: int, previous: CycleMetrics | None
-    ) -> CycleMetrics:
-        seq, auxiliary = position(previous)
-        sampler_id = cycle_name(cycle) if previous is not None and config.pipelined else None
-        presampled = previous.presampled if previous is not None else []
-        return cycle_flow(
-            config,
-            cycle,
-            run_id,
-            seq,
-            whitney_block,
-            sampler_id,
-            auxiliary,
-            start.first_cycle,
-            presampled,
-        )
-
-    cycles = range(start.first_cycle, config.cycles)
-    last = run_cycles(rl_cycle, config, cycles, step, records=records, guard=guard)
-    seq, auxiliary = position(last)
-    last_cycle = last.cycle if last is not None else start.first_cycle - 1
-    client = training.client({run_id: seq, **ledger_starts(auxiliary)})
-    save_auxiliary_checkpoints(client, auxiliary, last_cycle)  # a critic's, beside the policy's
-    others = [handle.run_id for handle in auxiliary]
+    last_cycle = ran.last.cycle if ran.last is not None else start.first_cycle - 1
+    client = training.client(ran.seq_ids)
+    save_auxiliary_checkpoints(client, opened, last_cycle)  # a critic's, beside the policy's
+    others = [handle.run_id for handle in opened]
     final = end_training_run(training, client, cycle_name(last_cycle), others)  # a resume point
     result = RLResult(
         **dict(final),
-        cycles=records.cycles,
+        cycles=ran.records.cycles,
         usage=guard.used,
         cost=guard.cost,
         budget_stop=guard.stopped,
     )
-    add_summary(records, result)
+    add_summary(ran.records, result)
     return result

@@ -8,8 +8,8 @@ from pydantic import BaseModel, Field
 
 from flows.core.cycles import CycleResult
 from flows.core.evaluation.plan import EvalMetrics
+from flows.core.off_policy_schedule import SampleBlock
 from flows.core.plots import Line, Panel
-from flows.core.staleness import SampleBlock
 from flows.core.training import TrainingResult
 
 
@@ -128,6 +128,10 @@ class CycleMetrics(CycleResult):
     eval: EvalMetrics | None = Field(
         default=None, description="The inline evaluation of the weights after the cycle"
     )
+
+    def sections(self) -> list[str]:
+        """A multi-turn cycle's turns, in its artifact."""
+        return [self.episodes.markdown()] if self.episodes is not None else []
 
 
 class RLResult(TrainingResult):

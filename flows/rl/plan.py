@@ -22,6 +22,7 @@ from flows.core.environments.multiturn import (
     max_action_tokens,
 )
 from flows.core.evaluation.plan import EvalPlan, load_eval_plan
+from flows.core.plans import once_per_process
 from flows.core.rendering import config_renderer
 from flows.core.seeds import derive_seed
 from flows.rl.config import RLConfig
@@ -53,7 +54,7 @@ class RLPlan:
 
     @property
     def multi_turn(self) -> bool:
-        """Episodes of several turns (flows.rl.episodes), not one completion per prompt."""
+        """Episodes of several turns (flows.rl.multi_turn_batch), not one completion per prompt."""
         return isinstance(self.environment, MultiTurnEnvironment)
 
     @property
@@ -179,7 +180,7 @@ def compose_recipe(config: RLConfig) -> Recipe:
 
 def probe_sequence(token: int, eos: int, transcript: bool) -> dict[str, Any]:
     """A probe group's sequence: `token` and EOS; a transcript (multi-turn): that action, an
-    observation token, the action again (flows.rl.transcripts)."""
+    observation token, the action again (flows.rl.multi_turn_transcripts)."""
     if not transcript:
         return {"tokens": [token, eos], "logprobs": [-1.0, -1.0], "stop_reason": "stop"}
     return {
@@ -256,6 +257,7 @@ def validate_payload(provider: str, payload: dict[str, Any], run: AuxiliaryRun |
         raise ConfigError("loss", f"{where}: {error.message}") from None
 
 
+@once_per_process
 def check_rl_config(config: RLConfig) -> RLPlan:
     """The plan of a config the provider will accept; ConfigError naming the field if not."""
     check_resume_from(config.resume_from, config.cycles)

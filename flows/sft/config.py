@@ -63,6 +63,11 @@ class SFTConfig(FlowConfig):
         description="Optimizer steps per cycle subflow (not with epochs)",
     )
     batch_size: int = Field(default=16, ge=1, le=4096, description="Examples per optimizer step")
+    pipelined: bool = Field(
+        default=False,
+        description="Submit each step's forward_backward and optim_step back to back, without "
+        "waiting in between; the same seq ids and the same training as one call after another",
+    )
     learning_rate: float = Field(
         default=3e-3, gt=0, le=1, description="AdamW peak learning rate (after warmup)"
     )

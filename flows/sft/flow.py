@@ -3,11 +3,14 @@ per cycle (the outer loop: flows.core.cycles).
 
     sft_flow(config)                      check the config and data (fail closed), resume
                                           point, open_session (labelled), create_run
-      cycle-{first} .. cycle-{n-1}        sft_cycle(config, cycle, run_id, seq_start)
+      cycle-{first} .. cycle-{n-1}        sft_cycle(config, cycle, start)
         [forward[seq=k..]]                eval loss before the first step (cycle 0)
         per step s of the cycle:
           forward_backward                cross_entropy on the step's batch of sft_datums
           optim_step                      AdamW at the scheduled learning rate of step s
+                                          (the training tail every flow shares:
+                                          flows.core.cycles.run_tail; with `pipelined`, the
+                                          two submitted together)
           [forward ...]                   eval loss on the held-out split, every eval_every
         [save_state cycle-{n}]            every checkpoint_every cycles
       save_state cycle-{n-1}, export_lora, finish_run, close_session
@@ -32,18 +35,25 @@ import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 
-from prefect import Flow, flow
-from prefect.context import FlowRunContext
+from prefect import flow
 
 from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import checkpoint_due
 from flows.core.connection import resolve_connection
-from flows.core.cycles import RunRecords, by_run, cycle_client, record_cycle, run_cycles, run_rows
+from flows.core.cycles import (
+    CycleStart,
+    cycle_subflow,
+    run_cycle_subflow,
+    run_cycles,
+    run_tail,
+    save_checkpoint,
+)
+from flows.core.records import run_rows
 from flows.core.sequenced_client import SequencedClient
 from flows.core.training import end_training_run, start_training_run
 from flows.sft.config import SFTConfig
 from flows.sft.metrics import EvalPoint, SFTCycleMetrics, SFTResult, learning_curves
-from flows.sft.plan import LOSS_FUNCTION, SFTPlan, check_sft_config, load_sft_plan
+from flows.sft.plan import LOSS_FUNCTION, SFTPlan, check_sft_config
 from tasks.names import cycle_name
 from whitney import wire
 from whitney.datums import Datum
@@ -84,20 +94,17 @@ def run_sft_cycle(
     rate = config.learning_rate
     for step in steps:
         payload = forward_backward_payload(plan.batch(step), LOSS_FUNCTION)
-        backward = client.execute(run_id, "forward_backward", payload)
         rate = plan.learning_rate(step)
         optimizer = adamw_optimizer(rate, grad_clip_norm=config.grad_clip_norm)
-        optimized = client.execute(run_id, "optim_step", {"optimizer": optimizer})
-        trained = backward.result_as(wire.ForwardResult)
-        loss_sum += trained.loss
-        token_sum += trained.metrics["tokens:sum"]
-        grad_norms.append(optimized.result_as(wire.OptimStepResult).metrics.get("grad_norm", 0.0))
+        tail = run_tail(client, run_id, cycle, payload, optimizer, together=config.pipelined)
+        loss_sum += tail.backward.loss
+        token_sum += tail.backward.metrics["tokens:sum"]
+        grad_norms.append(tail.optimized.metrics.get("grad_norm", 0.0))
         if plan.eval_due(step + 1):
             evals.append(evaluate(client, run_id, plan.eval_chunks(), step + 1))
     checkpoint = None
     if checkpoint_due(cycle, config.checkpoint_every, plan.cycles):
-        saved = client.execute(run_id, "save_state", {"name": cycle_name(cycle)})
-        checkpoint = saved.result_as(wire.SaveStateResult).checkpoint
+        checkpoint = save_checkpoint(client, run_id, cycle)
     return SFTCycleMetrics(
         cycle=cycle,
         started_at=started_at,
@@ -118,18 +125,24 @@ def run_sft_cycle(
     )
 
 
-@flow(name="sft-cycle", flow_run_name="cycle-{cycle}", persist_result=False, **CLEANUP_HOOKS)
+@cycle_subflow("sft-cycle")
 def sft_cycle(
-    config: SFTConfig, cycle: int, run_id: str, seq_start: int, whitney_block: str | None = None
+    config: SFTConfig,
+    cycle: int,
+    start: CycleStart,
+    whitney_block: str | None = None,
+    run_id: str = "",
 ) -> SFTCycleMetrics:
-    """One SFT cycle from `seq_start`; returns its metrics, with the seq id the next starts at.
-
-    Retried by replaying: the same calls with the same seq ids, answered from the journal.
-    """
-    client = cycle_client(config, whitney_block, {run_id: seq_start})
-    metrics = run_sft_cycle(load_sft_plan(config), client, cycle, run_id)
-    record_cycle(metrics, by_run(client.log.operations, {run_id: "policy"}))
-    return metrics
+    """One SFT cycle of the run `run_id` from `start`; returns its metrics, with where the
+    next cycle starts."""
+    plan = check_sft_config(config)  # built once per process (flows.core.plans)
+    return run_cycle_subflow(
+        config,
+        start,
+        whitney_block,
+        {run_id: "policy"},
+        lambda client: run_sft_cycle(plan, client, cycle, run_id),
+    )
 
 
 def summary_rows(result: SFTResult) -> list[tuple[str, str]]:
@@ -158,30 +171,28 @@ def sft_flow(config: SFTConfig, whitney_block: str | None = None) -> SFTResult:
     """
     plan = check_sft_config(config)  # fails closed before anything is allocated
     connection = resolve_connection(config.api_url, whitney_block)
-    flow_run = FlowRunContext.get().flow_run
     training = start_training_run(config, connection)
     first_cycle = training.start.first_cycle
-    records = RunRecords(f"sft-{flow_run.name}", plan.cycles - first_cycle, config.metrics_path)
 
-    def step(
-        cycle_flow: Flow[..., SFTCycleMetrics], cycle: int, previous: SFTCycleMetrics | None
-    ) -> SFTCycleMetrics:
-        seq = previous.seq_end if previous is not None else training.next_seq_id
-        return cycle_flow(config, cycle, training.run_id, seq, whitney_block)
-
-    last = run_cycles(sft_cycle, config, range(first_cycle, plan.cycles), step, records=records)
-    seq = last.seq_end if last is not None else training.next_seq_id
-    client = training.client({training.run_id: seq})
+    ran = run_cycles(
+        sft_cycle,
+        config,
+        range(first_cycle, plan.cycles),
+        {training.run_id: training.next_seq_id},
+        whitney_block,
+        run_id=training.run_id,
+    )
+    client = training.client(ran.seq_ids)
     final = end_training_run(training, client, cycle_name(plan.cycles - 1))
-    evals = [point for metrics in records.cycles for point in metrics.evals]
+    evals = [point for metrics in ran.records.cycles for point in metrics.evals]
     result = SFTResult(
         **dict(final),
         eval_losses=[point.loss for point in evals],
         eval_steps=[point.step for point in evals],
         steps=plan.total_steps,
-        cycles=records.cycles,
+        cycles=ran.records.cycles,
     )
-    records.add_markdown_summary(
+    ran.records.add_markdown_summary(
         "SFT flow summary",
         summary_rows(result),
         "Eval loss, checkpoint and adapter of the SFT run",

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flows.core.config import ConfigError, check_resume_from
+from flows.core.plans import once_per_process
 from flows.core.rendering import config_renderer
 from flows.core.seeds import derive_seed
 from flows.sft.config import SFTConfig
@@ -218,6 +219,7 @@ def load_sft_plan(config: SFTConfig) -> SFTPlan:
     return SFTPlan(config, load_data(config))
 
 
+@once_per_process
 def check_sft_config(config: SFTConfig) -> SFTPlan:
     """The plan of a config the provider will accept, checked before anything is allocated;
     ConfigError naming the field (for data: the file and line) otherwise."""

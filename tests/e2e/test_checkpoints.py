@@ -46,7 +46,7 @@ from flows.core.events import (
     STALL_WINDOW_LABEL,
     flow_run_resource,
 )
-from flows.core.stall import STALL_WINDOWS_S
+from flows.core.stall_windows import STALL_WINDOWS_S
 
 from .cdp import Chromium, find_chromium
 from .conftest import EVALUATE_TRIGGER, LOG_DIR, Stack

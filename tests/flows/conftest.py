@@ -2,7 +2,7 @@
 Whitney server (tests/conftest.py) with its key in WHITNEY_API_KEY, a check that the CLI
 refuses a bad config, a terminal wide enough for the CLI's tables, a small config, and one
 RL run of it with a checkpoint and an inline evaluation after each cycle, for the tests that
-read a trained run's checkpoints or events.
+read a trained run's checkpoints or events; every test builds its flows' plans anew.
 
 This directory has no __init__.py on purpose: test modules import as top-level names, so
 helper modules here use names that cannot shadow a package (`flowtest_*`).
@@ -20,9 +20,17 @@ from flowtest_helpers import CheckpointedRun
 from flowtest_settings import QUICK_RECOVERY
 from prefect.testing.utilities import prefect_test_harness
 
+from flows.core.plans import forget_plans
 from flows.rl.config import RLConfig
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
+
+
+@pytest.fixture(autouse=True)
+def fresh_plans() -> None:
+    """Each test builds its flows' plans anew: some change a registry a plan reads (the
+    recipes, a plug-in environment) for one test (flows.core.plans)."""
+    forget_plans()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any
 from uuid import UUID
 
+import pytest
 from prefect import get_client
 from prefect.client.schemas.filters import (
     ArtifactFilter,
@@ -110,3 +112,31 @@ def cycle_artifact(flow_run_id: UUID) -> tuple[str, dict[str, str]]:
     assert artifact.type == "markdown"
     metrics = artifact.data.split("## Metrics", 1)[1].split("## Operations", 1)[0]
     return artifact.data, dict(re.findall(r"^\| (\w+) \| ([^|]*) \|$", metrics, re.MULTILINE))
+
+
+def hold_first_forward_backward(
+    monkeypatch: pytest.MonkeyPatch, behind: int
+) -> list[tuple[int, bool]]:
+    """Hold the process's first forward_backward back until the `behind` operations after it
+    (the next seq ids) are on their way, at most 60 s: only a block submitted before any
+    answer lets them through. Appends (its seq id, whether they all came) to the list it
+    returns."""
+    execute = WhitneyClient.execute
+    entered: dict[int, threading.Event] = {}
+    lock = threading.Lock()
+    held: list[tuple[int, bool]] = []
+
+    def event(seq_id: int) -> threading.Event:
+        with lock:
+            return entered.setdefault(seq_id, threading.Event())
+
+    def spying_execute(self, run_id, kind, payload, *, seq_id=None, **options):
+        if seq_id is not None:
+            event(seq_id).set()
+        if kind == "forward_backward" and not held:
+            waits = [event(seq_id + offset) for offset in range(1, behind + 1)]
+            held.append((seq_id, all(e.wait(timeout=60) for e in waits)))
+        return execute(self, run_id, kind, payload, seq_id=seq_id, **options)
+
+    monkeypatch.setattr(WhitneyClient, "execute", spying_execute)
+    return held

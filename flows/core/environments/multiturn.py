@@ -10,7 +10,7 @@ An observation is text (one user turn) or a list of chat messages (`whitney.rend
 a `tool` turn for instance), which the flow renders with its renderer; an action is the text
 the renderer parses from the sampled tokens. The flow samples every turn of every running
 episode together, appends each action and the observation that answers it to the episode's
-transcript (flows.rl.transcripts), and ends an episode when its step
+transcript (flows.rl.multi_turn_transcripts), and ends an episode when its step
 says `done` (or a rollout limit cuts it). The episode's reward is the sum of its steps'
 rewards. The G episodes of a group get the same `task`, so their rewards can be compared
 (GRPO); each gets a `seed` of its own, for an environment with randomness of its own (a new

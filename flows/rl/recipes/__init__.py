@@ -21,8 +21,8 @@ Beside `build_loss`, a recipe may declare:
 - `options`: the RLConfig section (e.g. `critic`) bound into `build_loss` and
   `finish_cycle` as the keyword `options`.
 
-A sequence of a multi-turn episode (`flows.rl.transcripts`) holds the whole transcript after
-its prompt, and an `action_mask`: 1.0 on the tokens the policy sampled, 0.0 on the observation
+A sequence of a multi-turn episode (`flows.rl.multi_turn_transcripts`) holds the whole transcript
+after its prompt, and an `action_mask`: 1.0 on the tokens the policy sampled, 0.0 on the observation
 tokens the environment wrote between turns. Every recipe trains only the action tokens
 (`action_mask`, `mask_observations`): observation tokens get weight 0.
 """

@@ -13,9 +13,9 @@ from flowtest_helpers import CheckpointedRun, artifacts_of, flow_run_sessions
 from prefect import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
+from flows.checkpoints.comparison import comparison_key
 from flows.checkpoints.config import EvaluateConfig
 from flows.checkpoints.evaluate import evaluate_checkpoint
-from flows.checkpoints.frozen import comparison_key
 from flows.core.evaluation.config import EvalSettings
 from flows.sft.config import SFTConfig
 from flows.sft.flow import sft_flow

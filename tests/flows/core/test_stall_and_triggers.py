@@ -1,7 +1,7 @@
 """Stall detection and the evaluate trigger, as Prefect reads them.
 
 deployments/stall-automations.yaml validates as Prefect's automation model with no key it
-would drop, one proactive automation per window of flows/core/stall.py; the window a cycle
+would drop, one proactive automation per window of flows/core/stall_windows.py; the window a cycle
 gets is the multiple of its recent cycle time rounded up to the next of them. (That the 15 s
 automation cancels a flow run whose cycle never completed, and spares one whose cycle
 completed or whose cleanup hook released it, is checked on a real Prefect server:
@@ -32,7 +32,7 @@ from flows.core.events import (
     STALL_WINDOW_LABEL,
     flow_run_resource,
 )
-from flows.core.stall import STALL_WINDOWS_S, StallSettings, stall_window
+from flows.core.stall_windows import STALL_WINDOWS_S, StallSettings, stall_window
 from flows.rl.config import RLConfig
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -18,7 +18,7 @@ from prefect import get_client
 from prefect.states import Cancelling
 
 from flows.core.cost import Budget
-from flows.core.staleness import Schedule
+from flows.core.off_policy_schedule import Schedule
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from flows.rl.metrics import RLResult

@@ -28,8 +28,8 @@ from flows.core.evaluation.plan import load_eval_plan
 from flows.core.seeds import derive_seed
 from flows.rl.config import RLConfig, RolloutSettings
 from flows.rl.flow import rl_flow
+from flows.rl.multi_turn_rollout import EpisodeFailed
 from flows.rl.plan import check_rl_config
-from flows.rl.rollout import EpisodeFailed
 from tests.local.helpers import journal_rows
 from whitney.local import EmbeddedWhitney
 from whitney.renderers import RawRenderer

@@ -5,15 +5,19 @@ ends the cycle at once instead of leaving operations waiting behind a gap."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 import pytest
-from flowtest_helpers import assert_executed_once_in_order, journal_rows
+from flowtest_helpers import (
+    assert_executed_once_in_order,
+    hold_first_forward_backward,
+    journal_rows,
+)
 
+from flows.core.cycles import tail_calls
 from flows.rl import recipes
 from flows.rl.config import RLConfig
-from flows.rl.flow import rl_flow, tail_calls
+from flows.rl.flow import rl_flow
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
@@ -115,24 +119,7 @@ def test_a_pipelined_tail_is_in_flight_together(
     """The first forward_backward is held back until the optim_step and the
     save_weights_for_sampler behind it are on their way: only possible if all three were
     submitted before any answered."""
-    execute = WhitneyClient.execute
-    entered: dict[int, threading.Event] = {}
-    lock = threading.Lock()
-    held: list[tuple[int, bool]] = []
-
-    def event(seq_id: int) -> threading.Event:
-        with lock:
-            return entered.setdefault(seq_id, threading.Event())
-
-    def spying_execute(self, run_id, kind, payload, *, seq_id=None, **options):
-        if seq_id is not None:
-            event(seq_id).set()
-        if kind == "forward_backward" and not held:
-            behind = [event(seq_id + 1), event(seq_id + 2)]
-            held.append((seq_id, all(e.wait(timeout=60) for e in behind)))
-        return execute(self, run_id, kind, payload, seq_id=seq_id, **options)
-
-    monkeypatch.setattr(WhitneyClient, "execute", spying_execute)
+    held = hold_first_forward_backward(monkeypatch, behind=2)
     config = small_config.model_copy(update={"cycles": 2, "checkpoint_every": 0})
     result = rl_flow(config)
     assert held == [(result.cycles[0].seq_end - 3, True)]  # fb, optim_step, next sampler

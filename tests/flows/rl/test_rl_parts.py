@@ -17,11 +17,11 @@ from prefect.states import Completed, Failed
 from pydantic import SecretStr
 
 from flows.core.config import ConfigError
-from flows.core.cycles import artifact_key
 from flows.core.environments import Completion, load_environment
 from flows.core.environments.digits import DigitsEnvironment
 from flows.core.environments.lowercase import LowercaseEnvironment
 from flows.core.heartbeat import subflows_without_heartbeat
+from flows.core.records import artifact_key
 from flows.core.seeds import derive_seed
 from flows.core.sequenced_client import SeqLedger
 from flows.rl.batch import score_group

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 
 from flows.rl.config import ReferenceKLSettings, RLConfig
+from flows.rl.multi_turn_transcripts import Turn, first_prompt, next_prompt, transcript_sequences
 from flows.rl.plan import DryRunClient, check_rl_config
 from flows.rl.recipes import load_recipe
 from flows.rl.recipes.context import LossContext
 from flows.rl.recipes.reference_kl import with_reference_kl
-from flows.rl.transcripts import Turn, first_prompt, next_prompt, transcript_sequences
 from whitney.client import WhitneyClient
 from whitney.losses import LOSS_FUNCTIONS
 from whitney.payloads import sample_request

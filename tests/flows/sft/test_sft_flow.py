@@ -15,6 +15,8 @@ from flowtest_helpers import (
     assert_released,
     cycle_artifact,
     flow_run_sessions,
+    hold_first_forward_backward,
+    journal_rows,
     subflow_runs,
     task_runs_of,
 )
@@ -114,6 +116,28 @@ def test_journal_records_and_schedule(
         assert "| forward_backward | succeeded |" in markdown
     (session,) = flow_run_sessions(inspector, flow_run_id)
     assert session.status == "closed"
+
+
+def test_pipelined_and_unpipelined_steps_train_the_same_adapter(
+    whitney: EmbeddedWhitney, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Pipelined, each step's forward_backward and optim_step are submitted together (the
+    training tail the RL flow submits, flows.core.cycles.run_tail): the first
+    forward_backward is held back until the optim_step behind it is on its way, which only a
+    block submitted before any answer allows; the same seq-id layout and, the server executing
+    in seq order, the same adapter as one call after another."""
+    config = small_sft_config(whitney.url)
+    one_by_one = sft_flow(config)
+
+    held = hold_first_forward_backward(monkeypatch, behind=1)
+    pipelined = sft_flow(config.model_copy(update={"pipelined": True}))
+    monkeypatch.undo()
+
+    assert held == [(2, True)]  # after cycle 0's eval forward at seq 1
+    assert pipelined.adapter.sha256 == one_by_one.adapter.sha256
+    assert pipelined.eval_losses == one_by_one.eval_losses
+    layout = [row["kind"] for row in assert_executed_once_in_order(whitney, pipelined.run_id)]
+    assert layout == [row["kind"] for row in journal_rows(whitney, one_by_one.run_id)]
 
 
 def test_a_retried_cycle_replays_exactly(

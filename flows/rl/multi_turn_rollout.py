@@ -12,7 +12,7 @@
                                one after another)
         step                   each action, decoded, to its episode -> observation, reward, done
         next prompt            transcript + action + observation, rendered by the plan's
-                               renderer (flows.rl.transcripts)
+                               renderer (flows.rl.multi_turn_transcripts)
 
 Each turn's requests, their order and their seeds depend only on the episodes' transcripts:
 the seed of a request is derived from (config seed, cycle, draw, group, turn, first episode
@@ -24,7 +24,7 @@ Whitney's journal, as long as the environment answers the same actions the same 
 An environment call that fails (after its retries, when the environment does I/O) ends its
 episode as `failed`; `stop_on_failure` raises `EpisodeFailed` instead, once the turn's calls
 are done. What else becomes of a failed episode is the cycle's failure policy
-(flows.rl.episodes).
+(flows.rl.multi_turn_batch).
 """
 
 from __future__ import annotations
@@ -40,8 +40,8 @@ from flows.core.environments.calls import EnvironmentCalls, NamedCall
 from flows.core.environments.multiturn import Episode, MultiTurnEnvironment, StepResult
 from flows.core.seeds import derive_seed
 from flows.core.sequenced_client import Call, SequencedClient
+from flows.rl.multi_turn_transcripts import Turn, first_prompt, next_prompt
 from flows.rl.plan import RLPlan
-from flows.rl.transcripts import Turn, first_prompt, next_prompt
 from whitney.payloads import sample_request
 from whitney.renderers import Prompt, Transcript, check_messages
 
@@ -95,7 +95,7 @@ class EpisodeResult:
     """When its start began (time.monotonic), for the time limit."""
     episode: Episode | None = field(default=None, repr=False)
     transcript: Transcript | None = field(default=None, repr=False)
-    """The transcript so far while it runs (flows.rl.transcripts)."""
+    """The transcript so far while it runs (flows.rl.multi_turn_transcripts)."""
     action: str = ""
     """Its last action, as the renderer parsed it."""
 

@@ -29,17 +29,18 @@ from pydantic import BaseModel, Field
 from flows.checkpoints.config import EvaluateConfig
 from flows.core.cleanup import session_labels
 from flows.core.config import ConfigError
-from flows.core.cycles import artifact_key
 from flows.core.evaluation.config import CORPUS, EvalSettings
 from flows.core.evaluation.plan import EvalMetrics, EvalPlan, HeldOutPair, load_eval_plan
 from flows.core.evaluation.sampler import evaluate_weights
+from flows.core.records import artifact_key
 from flows.core.rendering import load_renderer
 from flows.core.sequenced_client import SequencedClient
+from tasks.calls import WhitneyCalls
 from tasks.checkpoints import read_run
 from tasks.connection import WhitneyConnection
 from tasks.lifecycle import close_session, create_run, finish_run, open_session
 from tasks.names import CYCLE_CHECKPOINT
-from tasks.retry import TaskRetrySettings, with_retry
+from tasks.retry import TaskRetrySettings
 from whitney import wire
 from whitney.uris import checkpoint_run_id
 
@@ -88,7 +89,7 @@ def eval_plans(
     naming the field when the settings do not load."""
     retry = config.task_retry
     runs = {
-        run_id: with_retry(read_run, retry)(connection, run_id)
+        run_id: WhitneyCalls(connection, retry).run(read_run, run_id)
         for run_id in dict.fromkeys(map(checkpoint_run_id, checkpoints))
     }
     pairs = held_out_pairs(config.evaluation)
@@ -124,8 +125,8 @@ class CheckpointRuns:
     def close(self, connection: WhitneyConnection, retry: TaskRetrySettings) -> None:
         """finish_run on every run, then close_session."""
         for run in self.runs:
-            with_retry(finish_run, retry)(connection, run.run_id)
-        with_retry(close_session, retry)(connection, self.session_id)
+            WhitneyCalls(connection, retry).run(finish_run, run.run_id)
+        WhitneyCalls(connection, retry).run(close_session, self.session_id)
 
 
 def runs_from_checkpoints(
@@ -141,12 +142,12 @@ def runs_from_checkpoints(
     idempotency keys name this attempt and `purpose`."""
     flow_run = FlowRunContext.get().flow_run
     attempt = f"prefect-{flow_run.id}-{flow_run.run_count}-{purpose}"
-    session = with_retry(open_session, retry)(
-        connection, session_labels(flow_run), f"{attempt}-session"
+    session = WhitneyCalls(connection, retry).run(
+        open_session, session_labels(flow_run), f"{attempt}-session"
     )
     runs = [
-        with_retry(create_run, retry)(
-            connection,
+        WhitneyCalls(connection, retry).run(
+            create_run,
             session.session_id,
             source.provider,
             source.base_model,

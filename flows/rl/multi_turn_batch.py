@@ -1,6 +1,7 @@
 """A multi-turn cycle's middle: from episodes to the policy's forward_backward payload.
 
-    draw                  each group's G episodes played together (flows.rl.rollout), then
+    draw                  each group's G episodes played together
+                          (flows.rl.multi_turn_rollout), then
                           the failure policy (`rollout.failure_policy`):
                             fail_fast         a failed episode fails the cycle (Prefect
                                               retries it, replaying)
@@ -13,7 +14,8 @@
     rewards, advantages   per group: its episodes' rewards (a limit-cut episode's is
                           `limit_reward` when set) -> advantages
     resampling            uniform groups played again (`resample_rounds`), then dropped
-    build_loss            per group, its episodes' transcripts (flows.rl.transcripts): one
+    build_loss            per group, its episodes' transcripts
+                          (flows.rl.multi_turn_transcripts): one
                           build_loss call per distinct prompt, with each sequence's episode
                           reward and advantage; then the recipe's finish_cycle
                           (flows.rl.batch.recipe_payload)
@@ -46,8 +48,7 @@ from flows.rl.batch import (
     resample_rounds,
 )
 from flows.rl.metrics import EpisodeStats, TurnRecord
-from flows.rl.plan import RLPlan
-from flows.rl.rollout import (
+from flows.rl.multi_turn_rollout import (
     FAILED,
     EpisodeFailed,
     EpisodeResult,
@@ -55,7 +56,8 @@ from flows.rl.rollout import (
     failure_text,
     rollout,
 )
-from flows.rl.transcripts import Turn, transcript_sequences
+from flows.rl.multi_turn_transcripts import Turn, transcript_sequences
+from flows.rl.plan import RLPlan
 from whitney.payloads import sample_request
 
 
