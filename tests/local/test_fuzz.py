@@ -91,13 +91,14 @@ def document(server: ServedWhitney) -> dict[str, Any]:
 
 
 def app_routes() -> set[tuple[str, str]]:
-    """`(method, path)` of every route `create_app` declares, the document's own excepted."""
+    """`(method, path)` of every route `create_app` declares, the document's own excepted, and
+    the OpenAI-compatible routes (docs/openai.md: OpenAI's shapes, not this document's)."""
     service = WhitneyService(ServerConfig(data_dir=Path("/nonexistent"), api_keys=["k"]))
     app = create_app(service)
     return {
         (method.lower(), route.path)
         for route in app.routes
-        if isinstance(route, APIRoute)
+        if isinstance(route, APIRoute) and route.include_in_schema
         for method in route.methods
     }
 

@@ -33,7 +33,7 @@ from whitney.errors import (
     Unavailable,
     WhitneyError,
 )
-from whitney.local import openapi
+from whitney.local import openai_routes, openapi
 from whitney.local.api_errors import error_object
 from whitney.local.config import MAX_WAIT_S
 from whitney.local.fairness import TenantGate
@@ -324,6 +324,8 @@ def create_app(service: WhitneyService) -> FastAPI:
             )
 
         return await call(request, service.files.artifact_path, artifact_id, wrap=file)
+
+    openai_routes.install(app, service, gate)
 
     if faults.latency_s > 0:
         app.add_middleware(LatencyMiddleware, delay_s=faults.latency_s)

@@ -588,6 +588,27 @@ class Journal:
         row = self._one("SELECT * FROM checkpoints WHERE run_id=? AND name=?", (run_id, name))
         return None if row is None else dict(row)
 
+    def tenant_samplers(self, tenant: str) -> list[dict[str, Any]]:
+        """(run_id, sampler_id, finished_at) of every sampler the tenant's runs saved."""
+        rows = self._all(
+            "SELECT o.run_id, json_extract(o.result, '$.sampler_id') AS sampler_id, o.finished_at"
+            " FROM operations o JOIN runs r ON r.run_id = o.run_id"
+            " WHERE r.tenant=? AND o.kind='save_weights_for_sampler' AND o.status='succeeded'"
+            " ORDER BY o.finished_at, o.run_id, o.seq_id",
+            (tenant,),
+        )
+        return [dict(row) for row in rows]
+
+    def tenant_checkpoints(self, tenant: str) -> list[dict[str, Any]]:
+        """(run_id, name, created_at) of every checkpoint the tenant's runs saved."""
+        rows = self._all(
+            "SELECT c.run_id, c.name, c.created_at FROM checkpoints c"
+            " JOIN runs r ON r.run_id = c.run_id WHERE r.tenant=?"
+            " ORDER BY c.created_at, c.run_id, c.name",
+            (tenant,),
+        )
+        return [dict(row) for row in rows]
+
     def insert_artifact(self, artifact: dict[str, Any]) -> None:
         self._write(
             "INSERT INTO artifacts (artifact_id, tenant, run_id, seq_id, path, format, sha256,"

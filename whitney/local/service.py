@@ -2,7 +2,8 @@
 
 Each part holds one thing: `Sessions` (sessions and their leases), `Runs` (runs, their engines
 and workers), `Operations` (operations journaled and read back, admitted by `Admission`),
-`RunFiles` (the disk layout and what a checkpoint URI names), `Workers` (the active runs'
+`RunFiles` (the disk layout and what a checkpoint URI names), `ServedModels` (the models
+the OpenAI-compatible routes sample), `Workers` (the active runs'
 workers) and `Takeover` (the runs an earlier process left active). Everything is plain Python
 called from worker threads (but `Operations.wait`, awaited on the HTTP layer's event loop so
 that a long-poll holds no thread); every refusal raises the `whitney.errors` class of its
@@ -28,6 +29,7 @@ from whitney.local.idempotency import Idempotency
 from whitney.local.journal import Journal
 from whitney.local.operations import Operations
 from whitney.local.runs import Runs, engine_module, load_engine, max_lora_rank
+from whitney.local.served_models import ServedModels
 from whitney.local.sessions import Sessions, lease_expiry
 from whitney.local.takeover import Takeover
 from whitney.local.workers import Workers
@@ -65,6 +67,7 @@ class WhitneyService:
         self.runs = Runs(config, self.journal, self.workers, self.files, self.sessions, idempotency)
         admission = Admission(config, self.journal, self.files, self.workers)
         self.operations = Operations(config, self.journal, self.workers, self.runs, admission)
+        self.models = ServedModels(config, self.journal, self.files)
         self._preload: threading.Thread | None = None
         self._takeover = Takeover(
             self.journal, self.workers, self.files, self.runs.new_worker, config.hf_cache

@@ -1,0 +1,249 @@
+"""The OpenAI-compatible routes (docs/openai.md) through the official `openai` client, against
+the suite's embedded server on loopback: answers are checked against Whitney's own `sample`
+and `logprobs` operations of the same sampler, run over raw HTTP."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from tests.local.helpers import adamw, datum, forward, http, new_run, run_op, sample_request
+from whitney.local import EmbeddedWhitney
+
+BOS, EOS = 256, 257  # local/* models: bytes, then these (whitney.tokenizers.ByteTokenizer)
+USER = [{"role": "user", "content": "hi"}]
+PROMPT = [BOS, *b"hi"]  # the raw renderer: BOS, the user's text, no markup
+
+
+def text_of(tokens: list[int]) -> str:
+    """What a byte-level model's tokens read as, its stop token left out."""
+    return bytes(t for t in tokens if t < 256).decode("utf-8", errors="replace")
+
+
+@pytest.fixture(scope="module")
+def trained(embedded_server: EmbeddedWhitney) -> Iterator[dict[str, str]]:
+    """Tenant A's local/tiny run after one optimizer step: its sampler and its checkpoint."""
+    with http(embedded_server) as api:
+        run_id = new_run(api, base_model="local/tiny", lora_rank=4, seed=3)["run_id"]
+        run_op(
+            api,
+            run_id,
+            1,
+            "forward_backward",
+            forward([datum(PROMPT, list(b"ok"))], "cross_entropy"),
+        )
+        run_op(api, run_id, 2, "optim_step", adamw(5e-2))
+        run_op(api, run_id, 3, "save_weights_for_sampler", {"name": "s1"})
+        run_op(api, run_id, 4, "save_state", {"name": "c1"})
+        yield {
+            "run_id": run_id,
+            "sampler": f"whitney://runs/{run_id}/samplers/s1",
+            "checkpoint": f"whitney://runs/{run_id}/states/c1",
+        }
+
+
+@pytest.fixture
+def client(embedded_server: EmbeddedWhitney) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(
+        base_url=f"{embedded_server.url}/v1", api_key=embedded_server.api_keys[0], max_retries=0
+    ) as c:
+        yield c
+
+
+@pytest.fixture
+def api(embedded_server: EmbeddedWhitney) -> Iterator[httpx.Client]:
+    with http(embedded_server) as c:
+        yield c
+
+
+def whitney_sample(
+    api: httpx.Client,
+    run_id: str,
+    seq: int,
+    prompt: list[int],
+    n: int,
+    max_tokens: int,
+    **params: object,
+) -> list[list[int]]:
+    op = run_op(
+        api,
+        run_id,
+        seq,
+        "sample",
+        sample_request(prompt, n, max_tokens, stop_token_ids=[EOS], **params),
+        "s1",
+    )
+    return [s["tokens"] for s in op["result"]["sequences"]]
+
+
+def whitney_logprobs(
+    api: httpx.Client, run_id: str, seq: int, sequence: list[int]
+) -> list[float | None]:
+    op = run_op(api, run_id, seq, "logprobs", {"sequences": [{"token_ids": sequence}]}, "s1")
+    return op["result"]["logprobs"][0]
+
+
+def openai_error(exc: openai.APIStatusError) -> dict:
+    body = exc.response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    return body["error"]
+
+
+def test_models_lists_the_base_models_and_only_the_tenants_samplers_and_checkpoints(
+    embedded_server: EmbeddedWhitney, client: openai.OpenAI, trained: dict[str, str]
+) -> None:
+    ids = [m.id for m in client.models.list()]
+    assert {"local/nano", "local/tiny", trained["sampler"], trained["checkpoint"]} <= set(ids)
+    key = embedded_server.api_keys[1]
+    with openai.OpenAI(base_url=f"{embedded_server.url}/v1", api_key=key, max_retries=0) as other:
+        theirs = {m.id for m in other.models.list()}
+    assert "local/tiny" in theirs and not {trained["sampler"], trained["checkpoint"]} & theirs
+
+
+def test_greedy_chat_is_whitneys_top_k_1_sample_and_its_logprobs_whitneys(
+    api: httpx.Client, client: openai.OpenAI, trained: dict[str, str]
+) -> None:
+    run_id = trained["run_id"]
+    tokens = whitney_sample(api, run_id, 5, PROMPT, 1, 12, top_k=1)[0]
+    answer = client.chat.completions.create(
+        model=trained["sampler"], messages=USER, max_tokens=12, temperature=0, logprobs=True
+    )
+    (choice,) = answer.choices
+    content = tokens[:-1] if tokens[-1] == EOS else tokens
+    assert choice.message.content == text_of(content)
+    assert choice.finish_reason == ("stop" if tokens[-1] == EOS else "length")
+    expected = whitney_logprobs(api, run_id, 6, PROMPT + content)[len(PROMPT) :]
+    assert [entry.logprob for entry in choice.logprobs.content] == expected  # bit for bit
+    assert answer.usage.prompt_tokens == len(PROMPT)
+    assert answer.usage.completion_tokens == len(tokens)
+    base = client.chat.completions.create(
+        model="local/tiny", messages=USER, max_tokens=12, temperature=0, logprobs=True
+    )
+    assert [e.logprob for e in base.choices[0].logprobs.content] != expected[
+        : len(base.choices[0].logprobs.content)
+    ]
+    from_checkpoint = client.chat.completions.create(
+        model=trained["checkpoint"], messages=USER, max_tokens=12, temperature=0, logprobs=True
+    )
+    assert from_checkpoint.choices[0].message.content == choice.message.content
+    assert [e.logprob for e in from_checkpoint.choices[0].logprobs.content] == expected
+
+
+def test_seeded_completions_with_n_are_whitneys_sample_and_a_stop_string_cuts_them(
+    api: httpx.Client, client: openai.OpenAI, trained: dict[str, str]
+) -> None:
+    run_id = trained["run_id"]
+    prompt = [BOS, *b"The"]
+    expected = whitney_sample(api, run_id, 7, prompt, 3, 10, temperature=0.8, seed=11)
+    answer = client.completions.create(
+        model=trained["sampler"], prompt="The", n=3, max_tokens=10, temperature=0.8, seed=11
+    )
+    texts = [c.text for c in answer.choices]
+    assert texts == [text_of(t[:-1] if t[-1] == EOS else t) for t in expected]
+    assert len(set(texts)) > 1  # three draws, not one
+    whole = texts[0]
+    stop = whole[2]
+    cut = client.completions.create(
+        model=trained["sampler"], prompt="The", max_tokens=10, temperature=0.8, seed=11, stop=[stop]
+    )
+    assert cut.choices[0].text == whole[: whole.index(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+def test_streamed_chunks_join_to_the_whole_answer(
+    client: openai.OpenAI, trained: dict[str, str]
+) -> None:
+    request = {"model": trained["sampler"], "messages": USER, "max_tokens": 12, "temperature": 0}
+    whole = client.chat.completions.create(**request).choices[0]
+    chunks = list(
+        client.chat.completions.create(
+            **request, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    pieces = [c.choices[0].delta.content or "" for c in chunks if c.choices]
+    assert len(pieces) > 2 and "".join(pieces) == whole.message.content
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.finish_reason
+    assert chunks[-1].usage is not None and chunks[-1].usage.prompt_tokens == len(PROMPT)
+    completion = {"model": trained["sampler"], "prompt": "The", "n": 2, "max_tokens": 8, "seed": 5}
+    texts = [c.text for c in client.completions.create(**completion).choices]
+    joined = ["", ""]
+    for chunk in client.completions.create(**completion, stream=True):
+        joined[chunk.choices[0].index] += chunk.choices[0].text
+    assert joined == texts
+
+
+def test_a_wrong_key_is_401_in_openais_shape(embedded_server: EmbeddedWhitney) -> None:
+    url = f"{embedded_server.url}/v1"
+    with (
+        openai.OpenAI(base_url=url, api_key="not-a-key", max_retries=0) as bad,
+        pytest.raises(openai.AuthenticationError) as caught,
+    ):
+        bad.chat.completions.create(model="local/tiny", messages=USER, max_tokens=2)
+    error = openai_error(caught.value)
+    assert caught.value.status_code == 401
+    assert error["type"] == "authentication_error" and error["code"] == "unauthorized"
+    assert "not-a-key" not in caught.value.response.text
+
+
+def test_another_tenants_checkpoint_is_404_naming_the_model(
+    embedded_server: EmbeddedWhitney, trained: dict[str, str]
+) -> None:
+    key = embedded_server.api_keys[1]
+    with openai.OpenAI(base_url=f"{embedded_server.url}/v1", api_key=key, max_retries=0) as other:
+        for model in (trained["checkpoint"], trained["sampler"], "local/nope"):
+            with pytest.raises(openai.NotFoundError) as caught:
+                other.chat.completions.create(model=model, messages=USER, max_tokens=2)
+            error = openai_error(caught.value)
+            assert error["param"] == "model" and error["code"] == "not_found", error
+
+
+@pytest.mark.parametrize(
+    ("request_", "param", "status", "needle"),
+    [
+        ({"max_tokens": 5000}, "max_tokens", 422, "max_tokens of 1024"),
+        ({"n": 1000}, "n", 422, "max_num_samples"),
+        ({"temperature": 3}, "temperature", 400, "temperature"),
+        ({"top_logprobs": 2, "logprobs": True}, "top_logprobs", 400, "top_logprobs"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", 400, "role"),
+    ],
+)
+def test_a_request_over_a_limit_or_invalid_is_refused_naming_the_field(
+    client: openai.OpenAI, request_: dict, param: str, status: int, needle: str
+) -> None:
+    with pytest.raises(openai.APIStatusError) as caught:
+        client.chat.completions.create(**{"model": "local/tiny", "messages": USER, **request_})
+    error = openai_error(caught.value)
+    assert caught.value.status_code == status and error["param"] == param, error
+    assert needle in error["message"]
+
+
+def test_a_client_that_disconnects_cancels_the_sampling(
+    embedded_server: EmbeddedWhitney, client: openai.OpenAI
+) -> None:
+    models = embedded_server.service.models
+    before = models.cancelled
+    client.chat.completions.create(model="local/tiny", messages=USER, max_tokens=1)  # built
+    started = time.monotonic()
+
+    body = {  # greedy: a random draw could end it at once, with EOS
+        "model": "local/tiny",
+        "messages": USER,
+        "max_tokens": 1000,
+        "temperature": 0,
+        "stream": True,
+    }
+    with http(embedded_server) as raw, contextlib.suppress(httpx.TimeoutException):
+        raw.post("/v1/chat/completions", json=body, timeout=1.0)  # gives up, hangs up
+        pytest.fail("answered within the client's second: nothing to cancel")
+    deadline = time.monotonic() + 30
+    while models.cancelled == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert models.cancelled == before + 1
+    answer = client.chat.completions.create(model="local/tiny", messages=USER, max_tokens=2)
+    assert answer.choices[0].finish_reason in ("stop", "length")
+    assert time.monotonic() - started < 30
