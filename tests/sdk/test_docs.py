@@ -220,10 +220,10 @@ def test_the_per_token_clip_table_is_the_sdks():
 # --------------------------------------------------------------------------- api.md
 
 
-def app_routes() -> set[str]:
-    """`METHOD /path` of every route the FastAPI app declares."""
+def app_routes(source: str = "app.py") -> set[str]:
+    """`METHOD /path` of every route the FastAPI app declares in `source` (of whitney/local)."""
     routes = set()
-    for node in ast.walk(module(LOCAL / "app.py")):
+    for node in ast.walk(module(LOCAL / source)):
         if not isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef):
             continue
         for decorator in node.decorator_list:
@@ -244,6 +244,14 @@ def test_every_route_of_the_app_has_a_section_and_a_row():
     assert headings == routes
     rows = table(API, "| method and path | what | tag |")
     assert {row[0].strip("`") for row in rows} == routes
+
+
+def test_the_openai_compatible_routes_have_their_rows_and_no_section():
+    routes = app_routes("openai_routes.py")
+    assert routes == {"GET /v1/models", "POST /v1/chat/completions", "POST /v1/completions"}
+    rows = table(section(API, "## OpenAI-compatible routes"), "| method and path | what |")
+    assert {row[0].strip("`") for row in rows} == routes
+    assert not routes & set(re.findall(r"^### `(\S+ /\S*)`$", API, re.M))
 
 
 def server_error_types() -> set[str]:

@@ -128,7 +128,8 @@ def plan_chat(request: ChatRequest, served: ServedModel, limits: Limits) -> Plan
     stop_ids = tuple(served.renderer.stop_tokens)
     max_tokens = request.max_completion_tokens or request.max_tokens
     field = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
-    return _plan(request, served, limits, prompt, stop_ids, max_tokens, field, request.logprobs)
+    fields = ("messages", field)
+    return _plan(request, served, limits, prompt, stop_ids, max_tokens, fields, request.logprobs)
 
 
 def plan_completion(request: CompletionRequest, served: ServedModel, limits: Limits) -> Plan:
@@ -149,7 +150,8 @@ def plan_completion(request: CompletionRequest, served: ServedModel, limits: Lim
     max_tokens = request.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
     stop_ids = (served.tokenizer.eos_id,)
     wants = request.logprobs is not None
-    return _plan(request, served, limits, prompt, stop_ids, max_tokens, "max_tokens", wants)
+    fields = ("prompt", "max_tokens")
+    return _plan(request, served, limits, prompt, stop_ids, max_tokens, fields, wants)
 
 
 def _plan(
@@ -159,14 +161,20 @@ def _plan(
     prompt: list[int],
     stop_ids: tuple[int, ...],
     max_tokens: int | None,
-    max_field: str,
+    fields: tuple[str, str],
     logprobs: bool,
 ) -> Plan:
+    """The `sample` of `prompt`; `fields` name the prompt and max_tokens in refusals."""
+    prompt_field, max_field = fields
+    if len(prompt) > limits.max_tokens_per_datum:
+        raise exceeded(
+            prompt_field, "max_tokens_per_datum", limits.max_tokens_per_datum, len(prompt)
+        )
     room = served.max_positions - len(prompt)
     if room < 1:
         raise _fail(
-            "messages" if max_field != "max_tokens" or max_tokens is None else "prompt",
-            f"the prompt's {len(prompt)} tokens fill the model's {served.max_positions} positions",
+            prompt_field,
+            f"its {len(prompt)} tokens fill the model's {served.max_positions} positions",
         )
     if max_tokens is None:
         max_tokens = min(room, limits.max_tokens)
