@@ -142,6 +142,13 @@ def build_parser() -> argparse.ArgumentParser:
         "(owner/name) and listed in the capabilities (default: $HF_HUB_CACHE, else "
         "$HF_HOME/hub, else ~/.cache/huggingface/hub)",
     )
+    parser.add_argument(
+        "--capture",
+        type=Path,
+        metavar="FILE",
+        help="append every exchange of the OpenAI-compatible routes to FILE as a JSONL line "
+        "`whitney-flows run sft` reads (off by default: FILE keeps what users send)",
+    )
     limits = parser.add_argument_group("limits (docs/api.md, Limits; in the capabilities)")
     for name, default in Limits().document().items():
         limits.add_argument(
@@ -214,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
         generated = not keys
         if generated:
             keys = [generate_api_key()]
+        if args.capture and not args.capture.expanduser().resolve().parent.is_dir():
+            raise ServerStartError(f"--capture: no directory for {str(args.capture)!r}")
         sock = bind_socket(args.host, args.port)
         from whitney.local.app import create_app
         from whitney.local.service import WhitneyService
@@ -230,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
             limits=Limits(**{name: getattr(args, name) for name in LIMIT_HELP}),
             hf_dirs=tuple(path.expanduser().resolve() for path in args.hf_dir),
             hf_cache=(args.hf_cache or cache_dir()).expanduser().resolve(),
+            capture=args.capture.expanduser().resolve() if args.capture else None,
         )
         try:
             service = WhitneyService(config)

@@ -65,6 +65,9 @@ class ServerConfig:
     hf_dirs: tuple[Path, ...] = ()
     """Directories an `hf:<path>` base model may be loaded from (`serve --hf-dir`); besides
     them, `hf:<repo id>` resolves only from the local Hugging Face cache."""
+    capture: Path | None = None
+    """`serve --capture FILE`: the JSONL file the OpenAI-compatible routes append each
+    exchange to (`whitney.local.capture`); None, the default, keeps nothing."""
     hf_cache: Path = field(default_factory=cache_dir)
     """The Hugging Face cache whose Llama and Qwen2 checkpoints are served by repo id
     (`serve --hf-cache`; default: $HF_HUB_CACHE, else $HF_HOME/hub, else

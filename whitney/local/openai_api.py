@@ -113,6 +113,7 @@ class Plan:
     stops: tuple[str, ...]
     stop_ids: frozenset[int]
     logprobs: bool
+    exchange: dict[str, Any] | None  # what `serve --capture` keeps of the request
 
 
 def plan_chat(request: ChatRequest, served: ServedModel, limits: Limits) -> Plan:
@@ -129,7 +130,8 @@ def plan_chat(request: ChatRequest, served: ServedModel, limits: Limits) -> Plan
     max_tokens = request.max_completion_tokens or request.max_tokens
     field = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
     fields = ("messages", field)
-    return _plan(request, served, limits, prompt, stop_ids, max_tokens, fields, request.logprobs)
+    made = _plan(request, served, limits, prompt, stop_ids, max_tokens, fields, request.logprobs)
+    return replace(made, exchange={"messages": checked})
 
 
 def plan_completion(request: CompletionRequest, served: ServedModel, limits: Limits) -> Plan:
@@ -151,7 +153,8 @@ def plan_completion(request: CompletionRequest, served: ServedModel, limits: Lim
     stop_ids = (served.tokenizer.eos_id,)
     wants = request.logprobs is not None
     fields = ("prompt", "max_tokens")
-    return _plan(request, served, limits, prompt, stop_ids, max_tokens, fields, wants)
+    made = _plan(request, served, limits, prompt, stop_ids, max_tokens, fields, wants)
+    return replace(made, exchange={"prompt": prompt_in} if isinstance(prompt_in, str) else None)
 
 
 def _plan(
@@ -208,7 +211,7 @@ def _plan(
         params["seed"] = request.seed
     payload = {"prompt": {"token_ids": prompt}, "num_samples": request.n, "sampling_params": params}
     all_stop_ids = frozenset(stop_ids) | frozenset(served.eos_token_ids)
-    return Plan(prompt, payload, secrets.randbits(63), stops, all_stop_ids, logprobs)
+    return Plan(prompt, payload, secrets.randbits(63), stops, all_stop_ids, logprobs, None)
 
 
 @dataclass(frozen=True)

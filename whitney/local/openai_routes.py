@@ -94,6 +94,9 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
                 except OperationCancelled:
                     models.cancelled_one()
                     return Response(status_code=499)
+                if service.capture is not None:
+                    texts = [choice.text for choice in choices]
+                    await gate.run_sync(tenant, service.capture.record, made.exchange, texts)
         except WhitneyError as exc:
             return _error(exc)
         except Exception:

@@ -22,6 +22,7 @@ from typing import Any
 from whitney.errors import Unauthorized
 from whitney.local import hf_models, providers
 from whitney.local.admission import Admission
+from whitney.local.capture import Capture
 from whitney.local.config import ServerConfig
 from whitney.local.faults import FaultInjector
 from whitney.local.files import RunFiles
@@ -68,6 +69,7 @@ class WhitneyService:
         admission = Admission(config, self.journal, self.files, self.workers)
         self.operations = Operations(config, self.journal, self.workers, self.runs, admission)
         self.models = ServedModels(config, self.journal, self.files)
+        self.capture = None if config.capture is None else Capture(config.capture)
         self._preload: threading.Thread | None = None
         self._takeover = Takeover(
             self.journal, self.workers, self.files, self.runs.new_worker, config.hf_cache
