@@ -7,10 +7,11 @@
     whitney-flows runs [--json]
     whitney-flows export RUN_ID --out DIR [--merged]      (flows.cli.export)
     whitney-flows reap [--apply] [--json]                 (flows.cli.reap)
-    whitney-flows serve [--port P] [--api-key KEY] ...
+    whitney-flows serve [--port P] [--api-key KEY] [--capture FILE] ...
+    whitney-flows chat MODEL [--api-url URL] [--system TEXT]   (flows.cli.chat)
 
 `serve` goes straight to `whitney.local.cli.main` without importing Prefect (fast start), and
-so do `inspect`, `runs` and `export`.
+so do `inspect`, `runs`, `export` and `chat`.
 Exit codes: 0 success, 1 the flow failed (or stdout was closed early, never with a traceback),
 2 bad arguments or configuration.
 """
@@ -22,6 +23,7 @@ import importlib
 import os
 import sys
 
+from flows.cli.chat import run_chat
 from flows.cli.commands import run_inspection
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_CLOSED_PIPE
 from flows.cli.export import run_export
@@ -53,6 +55,8 @@ def run_command(arguments: list[str]) -> int:
         return run_inspection(options)
     if options.command == "export":
         return run_export(options)
+    if options.command == "chat":
+        return run_chat(options)
     set_prefect_env_defaults()
     if options.command == "reap":
         return run_reap(options)

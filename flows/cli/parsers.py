@@ -13,6 +13,7 @@ from typing import Any, get_args
 
 from pydantic_core import PydanticUndefined
 
+from flows.cli.chat import add_chat_parser
 from flows.core.environments import ENVIRONMENTS
 from whitney.losses import LOSS_FUNCTIONS
 from whitney.renderers import RendererName
@@ -115,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inspection_parsers(commands)
     add_export_parser(commands)
     add_reap_parser(commands)
+    add_chat_parser(commands)
     return parser
 
 
