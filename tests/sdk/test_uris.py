@@ -12,7 +12,9 @@ from whitney.uris import (
     checkpoint_regex,
     checkpoint_run_id,
     checkpoint_uri,
+    sampler_uri,
     split_checkpoint,
+    split_sampler,
 )
 
 
@@ -45,3 +47,12 @@ def test_split_leaves_the_name_to_the_server_and_patterns_carry_no_groups() -> N
     assert "(?P<" not in checkpoint_pattern("cycle-[0-9]+")
     match = checkpoint_regex(r"cycle-(?P<cycle>\d+)").match("whitney://runs/r/states/cycle-12")
     assert match is not None and (match["run_id"], match["cycle"]) == ("r", "12")
+
+
+def test_a_sampler_uri_splits_back_into_its_run_and_sampler() -> None:
+    uri = sampler_uri("run-0123456789abcdef", "cycle-3")
+    assert uri == "whitney://runs/run-0123456789abcdef/samplers/cycle-3"
+    assert split_sampler(uri) == ("run-0123456789abcdef", "cycle-3")
+    assert split_sampler(checkpoint_uri("run-0123456789abcdef", "cycle-3")) is None
+    assert split_checkpoint(uri) is None
+    assert split_sampler("whitney://runs/run-1/samplers/a/b") is None
