@@ -247,3 +247,16 @@ def test_a_client_that_disconnects_cancels_the_sampling(
     answer = client.chat.completions.create(model="local/tiny", messages=USER, max_tokens=2)
     assert answer.choices[0].finish_reason in ("stop", "length")
     assert time.monotonic() - started < 30
+
+
+def test_a_critics_checkpoint_is_400_it_has_no_sampler(
+    api: httpx.Client, client: openai.OpenAI
+) -> None:
+    run_id = new_run(api, base_model="local/nano", role="critic")["run_id"]
+    run_op(api, run_id, 1, "save_state", {"name": "v"})
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=f"whitney://runs/{run_id}/states/v", messages=USER, max_tokens=2
+        )
+    error = openai_error(caught.value)
+    assert error["param"] == "model" and "critic" in error["message"]

@@ -179,8 +179,6 @@ class ServedModels:
         record = self.journal.get_run(run_id)
         if record is None or record["tenant"] != tenant:
             raise _no_model(name)
-        if record["role"] != "policy":
-            raise _no_model(name)
         return record
 
     def _frozen(self, engine: Any, record: dict[str, Any], directory: Any = None) -> Any:
