@@ -3,13 +3,18 @@ line `whitney-flows run sft` reads as it is; off by default."""
 
 from __future__ import annotations
 
+import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import openai
 
 from flows.sft.corpus import read_examples
 from whitney.local import EmbeddedWhitney
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_exchanges_are_captured_as_sft_lines_and_nothing_by_default(
@@ -41,3 +46,18 @@ def test_exchanges_are_captured_as_sft_lines_and_nothing_by_default(
     assert len(examples) == 3
     assert key not in path.read_text()
     assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_serve_refuses_a_capture_file_without_a_directory_in_one_line(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir" / "traffic.jsonl"
+    done = subprocess.run(
+        [sys.executable, "-m", "flows.cli.main", "serve", "--port", "0", "--capture", str(missing)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "WHITNEY_LOCAL_API_KEYS": "k"},
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"whitney-flows serve: --capture: no directory for {str(missing)!r}"
+    ]
