@@ -61,10 +61,14 @@ def api(embedded_server: EmbeddedWhitney) -> Iterator[httpx.Client]:
         yield c
 
 
+def next_seq(api: httpx.Client, run_id: str) -> int:
+    """The run's next seq_id (each test submits its own, whichever tests run)."""
+    return api.get(f"/v1/training/runs/{run_id}").json()["next_seq_id"]
+
+
 def whitney_sample(
     api: httpx.Client,
     run_id: str,
-    seq: int,
     prompt: list[int],
     n: int,
     max_tokens: int,
@@ -73,7 +77,7 @@ def whitney_sample(
     op = run_op(
         api,
         run_id,
-        seq,
+        next_seq(api, run_id),
         "sample",
         sample_request(prompt, n, max_tokens, stop_token_ids=[EOS], **params),
         "s1",
@@ -81,10 +85,15 @@ def whitney_sample(
     return [s["tokens"] for s in op["result"]["sequences"]]
 
 
-def whitney_logprobs(
-    api: httpx.Client, run_id: str, seq: int, sequence: list[int]
-) -> list[float | None]:
-    op = run_op(api, run_id, seq, "logprobs", {"sequences": [{"token_ids": sequence}]}, "s1")
+def whitney_logprobs(api: httpx.Client, run_id: str, sequence: list[int]) -> list[float | None]:
+    op = run_op(
+        api,
+        run_id,
+        next_seq(api, run_id),
+        "logprobs",
+        {"sequences": [{"token_ids": sequence}]},
+        "s1",
+    )
     return op["result"]["logprobs"][0]
 
 
@@ -109,7 +118,7 @@ def test_greedy_chat_is_whitneys_top_k_1_sample_and_its_logprobs_whitneys(
     api: httpx.Client, client: openai.OpenAI, trained: dict[str, str]
 ) -> None:
     run_id = trained["run_id"]
-    tokens = whitney_sample(api, run_id, 5, PROMPT, 1, 12, top_k=1)[0]
+    tokens = whitney_sample(api, run_id, PROMPT, 1, 12, top_k=1)[0]
     answer = client.chat.completions.create(
         model=trained["sampler"], messages=USER, max_tokens=12, temperature=0, logprobs=True
     )
@@ -117,7 +126,7 @@ def test_greedy_chat_is_whitneys_top_k_1_sample_and_its_logprobs_whitneys(
     content = tokens[:-1] if tokens[-1] == EOS else tokens
     assert choice.message.content == text_of(content)
     assert choice.finish_reason == ("stop" if tokens[-1] == EOS else "length")
-    expected = whitney_logprobs(api, run_id, 6, PROMPT + content)[len(PROMPT) :]
+    expected = whitney_logprobs(api, run_id, PROMPT + content)[len(PROMPT) :]
     assert [entry.logprob for entry in choice.logprobs.content] == expected  # bit for bit
     assert answer.usage.prompt_tokens == len(PROMPT)
     assert answer.usage.completion_tokens == len(tokens)
@@ -139,13 +148,19 @@ def test_seeded_completions_with_n_are_whitneys_sample_and_a_stop_string_cuts_th
 ) -> None:
     run_id = trained["run_id"]
     prompt = [BOS, *b"The"]
-    expected = whitney_sample(api, run_id, 7, prompt, 3, 10, temperature=0.8, seed=11)
+    expected = whitney_sample(api, run_id, prompt, 3, 10, temperature=0.8, seed=11)
     answer = client.completions.create(
         model=trained["sampler"], prompt="The", n=3, max_tokens=10, temperature=0.8, seed=11
     )
     texts = [c.text for c in answer.choices]
     assert texts == [text_of(t[:-1] if t[-1] == EOS else t) for t in expected]
     assert len(set(texts)) > 1  # three draws, not one
+    with_logprobs = client.completions.create(
+        model=trained["sampler"], prompt="The", max_tokens=10, temperature=0.8, seed=11, logprobs=0
+    )
+    first = expected[0][:-1] if expected[0][-1] == EOS else expected[0]
+    lps = whitney_logprobs(api, run_id, prompt + first)[len(prompt) :]
+    assert with_logprobs.choices[0].logprobs.token_logprobs == lps  # at temperature 1, bit for bit
     whole = texts[0]
     stop = whole[2]
     cut = client.completions.create(
