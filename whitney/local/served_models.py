@@ -13,12 +13,14 @@ recently used models are kept; one request samples an engine at a time.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from whitney import hf_cache
 from whitney.errors import InvalidRequest, NotFound, WhitneyError
 from whitney.local import hf_models
 from whitney.local.config import ServerConfig
@@ -27,8 +29,10 @@ from whitney.local.journal import Journal
 from whitney.local.names import valid_name
 from whitney.local.runs import load_engine
 from whitney.renderers import AUTO, Renderer, get_renderer
-from whitney.tokenizers import Tokenizer, get_tokenizer
+from whitney.tokenizers import HF_PREFIX, Tokenizer, get_tokenizer
 from whitney.uris import checkpoint_uri, sampler_uri, split_checkpoint, split_sampler
+
+log = logging.getLogger("whitney.local.openai")
 
 ENGINES_KEPT = 2
 SNAPSHOT = "served"  # the sampler id of a served engine's one snapshot
@@ -192,10 +196,29 @@ class ServedModels:
         )
 
     def _served(self, name: str, base_model: str, run: Any) -> ServedModel:
-        tokenizer = get_tokenizer(base_model)
-        return ServedModel(
-            name, base_model, run, tokenizer, get_renderer(AUTO, tokenizer, base_model)
+        """`run` with its tokenizer and renderer: a built-in model's bytes and raw renderer,
+        else the Hugging Face tokenizer (from the server's cache, as the engine's weights)
+        and its chat template (named `hf:`, so that a repo id such as `local/SmolLM2-...` is
+        not taken for a built-in `local/*`)."""
+        if base_model in load_engine().BASE_MODELS:
+            tokenizer = get_tokenizer(base_model)
+            return ServedModel(
+                name, base_model, run, tokenizer, get_renderer(AUTO, tokenizer, base_model)
+            )
+        source = base_model.removeprefix(HF_PREFIX)
+        directory = (
+            source if source.startswith("/") else hf_cache.snapshot(source, self.config.hf_cache)
         )
+        try:
+            tokenizer = get_tokenizer(HF_PREFIX + source, tokenizer=str(directory or source))
+        except ValueError:
+            log.exception("the tokenizer of %s cannot be loaded", base_model)
+            raise InvalidRequest(
+                f"model: the tokenizer of {base_model!r} cannot be loaded on this server",
+                details={"field": "model"},
+            ) from None
+        renderer = get_renderer(AUTO, tokenizer, HF_PREFIX + source)
+        return ServedModel(name, base_model, run, tokenizer, renderer)
 
     def cancelled_one(self) -> None:
         with self._lock:
