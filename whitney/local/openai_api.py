@@ -33,7 +33,7 @@ OPENAI_TYPES = {
 ENGINE_FIELDS = {"num_samples": "n", "prompt.token_ids": "prompt"}
 
 
-class _Request(BaseModel):
+class SamplingRequest(BaseModel):
     """What both routes take; unknown fields (`user`, `frequency_penalty`, ...) are ignored."""
 
     model_config = ConfigDict(extra="ignore")
@@ -50,14 +50,14 @@ class _Request(BaseModel):
     stream_options: dict[str, Any] | None = None
 
 
-class ChatRequest(_Request):
+class ChatRequest(SamplingRequest):
     messages: list[dict[str, Any]] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
 
 
-class CompletionRequest(_Request):
+class CompletionRequest(SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=5)
 
@@ -74,7 +74,7 @@ def openai_error(exc: WhitneyError) -> tuple[int, dict[str, Any]]:
     return status, {"error": body}
 
 
-def parse(kind: type[_Request], body: Any) -> Any:
+def parse(kind: type[SamplingRequest], body: Any) -> Any:
     if not isinstance(body, dict):
         raise InvalidRequest("body: expected a JSON object", details={"field": "body"})
     try:
@@ -158,7 +158,7 @@ def plan_completion(request: CompletionRequest, served: ServedModel, limits: Lim
 
 
 def _plan(
-    request: _Request,
+    request: SamplingRequest,
     served: ServedModel,
     limits: Limits,
     prompt: list[int],

@@ -73,7 +73,7 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
 
     async def answer(
         request: Request,
-        kind: type[openai_api._Request],
+        kind: type[openai_api.SamplingRequest],
         plan: Callable[..., Any],
         whole: Callable[..., Any],
         chunks: Callable[..., Any],
