@@ -13,9 +13,12 @@ after, the minutes, the CPU and the load the machine was under.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -70,6 +73,24 @@ def evaluate_base(client: WhitneyClient, config: RLConfig, plan: EvalPlan) -> Ev
     return plan.score(answers[0], answers[1])
 
 
+def follow(path: Path, stop: threading.Event) -> None:
+    """Print each cycle's reward (and evaluation) as the flow appends its metrics line: the
+    progress of a long run, also when the output goes to a file."""
+    done = 0
+    while not stop.wait(2.0):
+        lines = path.read_text().splitlines() if path.exists() else []
+        for line in lines[done:]:
+            cycle = json.loads(line)
+            evaluation = cycle.get("eval")
+            extra = f", held-out greedy {evaluation['reward_mean']:.3f}" if evaluation else ""
+            print(
+                f"cycle {cycle['cycle']}: reward {cycle['reward_mean']:.3f}, "
+                f"{cycle['wall_seconds']:.0f} s{extra}",
+                flush=True,
+            )
+        done = len(lines)
+
+
 def describe(metrics: EvalMetrics) -> str:
     return (
         f"greedy accuracy {metrics.reward_mean:.3f}, sampled {metrics.sampled_reward_mean:.3f}, "
@@ -78,6 +99,7 @@ def describe(metrics: EvalMetrics) -> str:
 
 
 def main() -> None:
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")  # busy CPU
     quiet_prefect()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument(
@@ -113,7 +135,14 @@ def main() -> None:
         with WhitneyClient(server.url, server.api_key) as client:
             before = evaluate_base(client, config, plan)
         print(f"before training: {describe(before)}", flush=True)
-        result = rl_flow(config)
+        with tempfile.TemporaryDirectory(prefix="whitney-bench-") as scratch:
+            metrics = Path(scratch) / "metrics.jsonl"
+            stop = threading.Event()
+            progress = threading.Thread(target=follow, args=(metrics, stop), daemon=True)
+            progress.start()
+            result = rl_flow(config.model_copy(update={"metrics_path": str(metrics)}))
+            stop.set()
+            progress.join()
         minutes = (time.perf_counter() - started) / 60
     print(f"machine at the end: {machine()}")
     print("reward per cycle: " + " ".join(f"{c.reward_mean:.2f}" for c in result.cycles))
