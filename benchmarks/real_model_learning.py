@@ -8,6 +8,7 @@ after, the minutes, the CPU and the load the machine was under.
 
     python benchmarks/real_model_learning.py [--config FILE] [--cycles N] [--eval-every N]
         [--learning-rate X] [--group-size G] [--prompts-per-cycle P] [--max-tokens T]
+        [--picture FILE.png]
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from served import quiet_prefect  # noqa: E402
 
 from flows.core.config import settings_with_overrides, validated  # noqa: E402
 from flows.core.evaluation.plan import EvalMetrics, EvalPlan  # noqa: E402
+from flows.core.plots import Line, Panel, render_png  # noqa: E402
 from flows.rl.config import RLConfig  # noqa: E402
 from flows.rl.flow import rl_flow  # noqa: E402
 from flows.rl.plan import check_rl_config  # noqa: E402
@@ -98,6 +100,21 @@ def describe(metrics: EvalMetrics) -> str:
     )
 
 
+def picture(curve: list[tuple[int, EvalMetrics]], rewards: list[float]) -> bytes:
+    """The held-out accuracy by cycles trained (0: the base model) beside the training reward."""
+    lines = [
+        Line(label, [(cycle + 1, getattr(metrics, name)) for cycle, metrics in curve])
+        for label, name in (("greedy", "reward_mean"), ("sampled", "sampled_reward_mean"))
+    ]
+    reward = Line("reward_mean", [(cycle + 1, value) for cycle, value in enumerate(rewards)])
+    return render_png(
+        [
+            Panel("held-out accuracy", "cycles trained", lines),
+            Panel("training reward", "cycles trained", [reward]),
+        ]
+    )
+
+
 def main() -> None:
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")  # busy CPU
     quiet_prefect()
@@ -111,6 +128,7 @@ def main() -> None:
     parser.add_argument("--group-size", type=int)
     parser.add_argument("--prompts-per-cycle", type=int)
     parser.add_argument("--max-tokens", type=int)
+    parser.add_argument("--picture", type=Path, help="write the learning curves here (PNG)")
     options = parser.parse_args()
     overrides = {name: getattr(options, name) for name in (*OVERRIDES, "max_tokens")}
     config = validated(RLConfig, settings_with_overrides(options.config, overrides))
@@ -150,6 +168,9 @@ def main() -> None:
     for cycle, metrics in curve:
         label = "base model" if cycle < 0 else f"after cycle {cycle}"
         print(f"  {label:>16}: {describe(metrics)}")
+    if options.picture:
+        options.picture.write_bytes(picture(curve, [c.reward_mean for c in result.cycles]))
+        print(f"learning curves: {options.picture}")
     after = curve[-1][1]
     print(
         f"held-out greedy accuracy {before.reward_mean:.3f} -> {after.reward_mean:.3f} "
