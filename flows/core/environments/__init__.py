@@ -84,6 +84,7 @@ def character_share(text: str, allowed: frozenset[str]) -> float:
 
 
 ENVIRONMENTS: dict[str, str] = {
+    "arithmetic": "flows.core.environments.arithmetic:ArithmeticEnvironment",
     "digits": "flows.core.environments.digits:DigitsEnvironment",
     "lowercase": "flows.core.environments.lowercase:LowercaseEnvironment",
     "quiz": "flows.core.environments.quiz:QuizEnvironment",
