@@ -32,10 +32,10 @@ from flows.core.endpoint import resolve_endpoint
 from flows.core.plots import picture_beside
 from flows.core.served import check_served
 from flows.core.summary_parts import export_command
-from tasks.connection import WhitneyConnection, client_for
 from whitney.client import API_KEY_ENV
 from whitney.local import EmbeddedWhitney, ServerStartError
 from whitney.local.config import default_data_dir
+from whitney_calls.connection import WhitneyConnection, client_for
 
 ProgressFactory = Callable[[Path, Console], AbstractContextManager[Any]]
 """(metrics path, console) -> the progress display, entered around the flow run."""

@@ -23,9 +23,9 @@ from prefect.states import State
 
 from flows.core.connection import resolve_connection
 from flows.core.events import run_released
-from tasks.connection import client_for
-from tasks.names import FLOW_RUN_LABEL, PARENT_FLOW_RUN_LABEL
-from tasks.release import release_sessions
+from whitney_calls.connection import client_for
+from whitney_calls.names import FLOW_RUN_LABEL, PARENT_FLOW_RUN_LABEL
+from whitney_calls.release import release_sessions
 
 DEFAULT_CLEANUP_TIMEOUT_S = 60.0
 CLEANUP_RETRY_SECONDS = 20.0

@@ -22,11 +22,11 @@ from prefect.client.schemas.objects import Artifact, FlowRun, TaskRun
 
 from flows.rl.config import RLConfig
 from flows.rl.metrics import RLResult
-from tasks.names import FLOW_RUN_LABEL
 from tests.local.helpers import journal_rows
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
+from whitney_calls.names import FLOW_RUN_LABEL
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,10 @@ from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from flows.rl.metrics import RLResult
 from tasks import operations
-from tasks.names import FLOW_RUN_LABEL
 from tests.local.helpers import journal_rows
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
+from whitney_calls.names import FLOW_RUN_LABEL
 
 
 def last_five(result: RLResult) -> float:
