@@ -20,7 +20,17 @@ GUIDES = sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in CONTRAC
 FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 SPAN = re.compile(r"`([^`\n]+)`")
-TOP = ("whitney", "flows", "tasks", "blocks", "deployments", "tests", "benchmarks", "examples")
+TOP = (
+    "whitney",
+    "whitney_calls",
+    "flows",
+    "tasks",
+    "blocks",
+    "deployments",
+    "tests",
+    "benchmarks",
+    "examples",
+)
 REPO_PATH = re.compile(rf"^(?:{'|'.join(TOP)})(?:/[A-Za-z0-9_.-]+)*/?$")
 MAIN_JOB = 'pip install -e ".[local]" && whitney-flows run rl'
 

@@ -220,6 +220,7 @@ def imported_packages(package: str) -> set[str]:
 
 def test_layering_flows_over_tasks_over_whitney() -> None:
     assert not imported_packages("tasks") & {"flows", "blocks"}
+    assert not imported_packages("whitney_calls") & {"flows", "blocks", "tasks"}
     assert "flows" not in imported_packages("whitney")
     light = (
         "import sys, flows, tasks, flows.cli.main\n"
