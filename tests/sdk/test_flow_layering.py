@@ -171,3 +171,18 @@ def test_the_checker_sees_imports_inside_functions(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     assert imports(source, set()) == [(1, "typing"), (5, "torch")]
+
+
+def test_only_tasks_use_the_process_wide_client() -> None:
+    """A flow reaches Whitney through tasks; code outside a task (the CLI, the cleanup hooks,
+    the reaper) owns a client for as long as it needs one (`connection.new_client()`)."""
+    wrong = [
+        f"{module} ({path.name}:{node.lineno})"
+        for module, path in modules().items()
+        if layer(module) not in ("tasks", "whitney_calls")
+        for node in runtime_nodes(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom)
+        and node.module == "whitney_calls.connection"
+        and "client_for" in {alias.name for alias in node.names}
+    ]
+    assert wrong == [], "client_for outside tasks/:\n" + "\n".join(wrong)
