@@ -56,8 +56,8 @@ from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow, run_cycle
 from flows.rl.metrics import CycleMetrics
 from flows.rl.plan import check_rl_config
-from tasks.connection import client_for
 from whitney import wire
+from whitney_calls.connection import client_for
 
 HEARTBEAT_S = 30
 

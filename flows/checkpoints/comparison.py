@@ -35,14 +35,14 @@ from flows.core.evaluation.sampler import evaluate_weights
 from flows.core.records import artifact_key
 from flows.core.rendering import load_renderer
 from flows.core.sequenced_client import SequencedClient
-from tasks.calls import WhitneyCalls
 from tasks.checkpoints import read_run
-from tasks.connection import WhitneyConnection
 from tasks.lifecycle import close_session, create_run, finish_run, open_session
-from tasks.names import CYCLE_CHECKPOINT
-from tasks.retry import TaskRetrySettings
 from whitney import wire
 from whitney.uris import checkpoint_run_id
+from whitney_calls.calls import WhitneyCalls
+from whitney_calls.connection import WhitneyConnection
+from whitney_calls.names import CYCLE_CHECKPOINT
+from whitney_calls.retry import TaskRetrySettings
 
 EVAL_SAMPLER = "eval"
 """The sampler a frozen run is evaluated on."""

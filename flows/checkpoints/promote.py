@@ -46,12 +46,12 @@ from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import ConfigError
 from flows.core.connection import resolve_connection
 from flows.core.events import promotion_decided
-from tasks.calls import WhitneyCalls
 from tasks.checkpoints import list_checkpoints, read_run
-from tasks.connection import WhitneyConnection
 from whitney import wire
 from whitney.client import API_KEY_ENV
 from whitney.uris import checkpoint_run_id
+from whitney_calls.calls import WhitneyCalls
+from whitney_calls.connection import WhitneyConnection
 
 POLL_INTERVAL_S = 2
 """How often the paused run asks whether it was resumed."""

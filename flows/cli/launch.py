@@ -32,10 +32,10 @@ from flows.core.endpoint import resolve_endpoint
 from flows.core.plots import picture_beside
 from flows.core.served import check_served
 from flows.core.summary_parts import export_command
-from tasks.connection import WhitneyConnection, client_for
 from whitney.client import API_KEY_ENV
 from whitney.local import EmbeddedWhitney, ServerStartError
 from whitney.local.config import default_data_dir
+from whitney_calls.connection import WhitneyConnection
 
 ProgressFactory = Callable[[Path, Console], AbstractContextManager[Any]]
 """(metrics path, console) -> the progress display, entered around the flow run."""
@@ -65,7 +65,8 @@ def launch_flow(
             endpoint = resolve_endpoint(config.api_url, url_field="--api-url")
             if endpoint is None:
                 connection, export_url = start_embedded_server(stack, console), None
-                capabilities = client_for(connection).capabilities()
+                with connection.new_client() as client:
+                    capabilities = client.capabilities()
             else:
                 capabilities = check_whitney(endpoint)
                 connection, export_url = endpoint.connection, endpoint.connection.base_url
@@ -98,9 +99,10 @@ def launch_flow(
             print(f"{prog}: the flow run ended {state.name}: {state.message}", file=sys.stderr)
             return EXIT_FLOW_FAILED
         result = state.result()
-        adapter_path = client_for(connection).download_artifact(
-            result.adapter.artifact_id, adapter_dir / f"{result.run_id}-adapter.tar"
-        )
+        with connection.new_client() as client:
+            adapter_path = client.download_artifact(
+                result.adapter.artifact_id, adapter_dir / f"{result.run_id}-adapter.tar"
+            )
         console.print(summarize(result, adapter_path.resolve(), wall_seconds))
         picture = picture_beside(metrics_path)
         if picture.is_file():

@@ -7,6 +7,7 @@
     whitney-flows runs [--json]
     whitney-flows export RUN_ID --out DIR [--merged]      (flows.cli.export)
     whitney-flows reap [--apply] [--json]                 (flows.cli.reap)
+    whitney-flows models import FILE.gguf | pull NAME | list   (flows.cli.models)
     whitney-flows serve [--port P] [--api-key KEY] [--capture FILE] ...
     whitney-flows chat MODEL [--api-url URL] [--system TEXT]   (flows.cli.chat)
 
@@ -27,6 +28,7 @@ from flows.cli.chat import run_chat
 from flows.cli.commands import run_inspection
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_CLOSED_PIPE
 from flows.cli.export import run_export
+from flows.cli.models import run_models
 from flows.cli.parsers import build_parser
 from flows.cli.prefect_env import set_prefect_env_defaults
 from flows.cli.reap import run_reap
@@ -55,6 +57,8 @@ def run_command(arguments: list[str]) -> int:
         return run_inspection(options)
     if options.command == "export":
         return run_export(options)
+    if options.command == "models":
+        return run_models(options)
     if options.command == "chat":
         return run_chat(options)
     set_prefect_env_defaults()

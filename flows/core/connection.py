@@ -13,10 +13,10 @@ from prefect.context import FlowRunContext
 
 from flows.core.config import ConfigError
 from flows.core.endpoint import Endpoint, resolve_endpoint
-from tasks.connection import WhitneyConnection
 from whitney import wire
 from whitney.client import API_KEY_ENV, API_URL_ENV
 from whitney.errors import TransportError, Unauthorized, WhitneyError
+from whitney_calls.connection import WhitneyConnection
 
 EMBEDDED_URL_ENV = "WHITNEY_FLOWS_EMBEDDED_URL"
 """Set by `whitney-flows run` to the URL of the embedded server it started for the flow."""

@@ -61,8 +61,8 @@ from flows.core.records import RunRecords, by_run, metrics_row, record_cycle
 from flows.core.sequenced_client import Call, SequencedClient
 from flows.core.task_runner_settings import TaskRunnerSettings
 from flows.core.task_runners import cycle_task_runners
-from tasks.names import cycle_name
 from whitney import wire
+from whitney_calls.names import cycle_name
 
 
 class CycleResult(BaseModel):

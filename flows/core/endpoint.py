@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING
 from pydantic import SecretStr
 
 from flows.core.config import ConfigError
-from tasks.connection import WhitneyConnection
 from whitney.client import API_KEY_ENV, API_URL_ENV
+from whitney_calls.connection import WhitneyConnection
 
 if TYPE_CHECKING:
     from blocks import WhitneyCredentials

@@ -28,11 +28,11 @@ from flows.core.events import checkpoint_saved, run_finished
 from flows.core.sequenced_client import SequencedClient
 from flows.core.served import check_served
 from flows.core.summary_parts import export_command
-from tasks.calls import WhitneyCalls
-from tasks.connection import WhitneyConnection
 from tasks.lifecycle import capabilities, close_session, create_run, finish_run, open_session
 from tasks.resume import ResumePoint, find_resume_point
 from whitney import wire
+from whitney_calls.calls import WhitneyCalls
+from whitney_calls.connection import WhitneyConnection
 
 
 @dataclass(frozen=True)

@@ -75,12 +75,12 @@ from flows.distill.plan import (
     chunked,
     reverse_kl_advantages,
 )
-from tasks.calls import WhitneyCalls
-from tasks.names import cycle_name
 from tasks.teacher import find_trained_teacher, read_teacher_sft_journal
 from whitney import wire
 from whitney.datums import rl_datum
 from whitney.payloads import adamw_optimizer, forward_backward_payload
+from whitney_calls.calls import WhitneyCalls
+from whitney_calls.names import cycle_name
 
 ROLE_LABEL = "whitney-flows.role"
 """The run label naming the student and the teacher."""

@@ -97,8 +97,8 @@ from flows.rl.metrics import CycleMetrics, RLResult, learning_curves
 from flows.rl.multi_turn_batch import build_episode_batch
 from flows.rl.off_policy import decouple, decouples, logprobs_requests
 from flows.rl.plan import RLPlan, check_rl_config
-from tasks.names import cycle_name
 from whitney.payloads import adamw_optimizer
+from whitney_calls.names import cycle_name
 
 
 def cycle_metrics(

@@ -31,7 +31,7 @@ import math
 import statistics
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from prefect import get_run_logger
 
@@ -68,21 +68,19 @@ class EpisodeGroup(Group):
     episodes: tuple[EpisodeResult, ...] = ()
 
 
+@dataclass(eq=False, repr=False)
 class Episodes:
     """The cycle's rollouts in order, each a new draw, and every episode they played."""
 
-    def __init__(
-        self, plan: RLPlan, client: SequencedClient, cycle: int, run_id: str, sampler_id: str
-    ) -> None:
-        self.plan = plan
-        self.client = client
-        self.cycle = cycle
-        self.run_id = run_id
-        self.sampler_id = sampler_id
-        self.played: list[EpisodeResult] = []
-        self.draws = itertools.count()
-        self.dropped = 0
-        """Episodes left out of the loss for failures: failed ones, and non-viable draws'."""
+    plan: RLPlan
+    client: SequencedClient
+    cycle: int
+    run_id: str
+    sampler_id: str
+    played: list[EpisodeResult] = field(default_factory=list, init=False)
+    draws: itertools.count[int] = field(default_factory=itertools.count, init=False)
+    dropped: int = field(default=0, init=False)
+    """Episodes left out of the loss for failures: failed ones, and non-viable draws'."""
 
     def play(self, specs: Sequence[EpisodeSpec]) -> list[EpisodeResult]:
         """One rollout of `specs` (a new draw)."""

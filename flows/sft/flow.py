@@ -54,10 +54,10 @@ from flows.core.training import end_training_run, start_training_run
 from flows.sft.config import SFTConfig
 from flows.sft.metrics import EvalPoint, SFTCycleMetrics, SFTResult, learning_curves
 from flows.sft.plan import LOSS_FUNCTION, SFTPlan, check_sft_config
-from tasks.names import cycle_name
 from whitney import wire
 from whitney.datums import Datum
 from whitney.payloads import adamw_optimizer, forward_backward_payload
+from whitney_calls.names import cycle_name
 
 
 def evaluate(

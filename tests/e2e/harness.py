@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 
 import httpx
 
+from tests.processes import process_states
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS_DIR = REPO_ROOT / "test-artifacts"
 BIN_DIR = Path(sys.executable).parent
@@ -74,16 +76,8 @@ def wait_for(
 def _children_of(pid: int) -> list[int]:
     """Every live descendant of `pid` (from /proc), deepest last."""
     parents: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        # pid (comm) state ppid ...: comm may hold spaces and parentheses
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        parents.setdefault(ppid, []).append(int(entry.name))
+    for child, (_, ppid) in process_states().items():
+        parents.setdefault(ppid, []).append(child)
     found: list[int] = []
     frontier = [pid]
     while frontier:

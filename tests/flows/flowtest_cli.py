@@ -31,13 +31,14 @@ def run_console_script(flow: str, tmp_path: Path, metrics: Path, *arguments: str
         "PREFECT_API_URL": PREFECT_API_URL.value(),
         "COLUMNS": "200",
     }
+    argv = [str(CONSOLE_SCRIPT), "run", flow, "--metrics-out", str(metrics), *arguments]
+    return run_ok(argv, tmp_path, environment, timeout=400)
+
+
+def run_ok(argv: list[str], cwd: Path, environment: dict[str, str], timeout: float) -> str:
+    """Run a command that must succeed (else its output is the failure); its stdout."""
     completed = subprocess.run(
-        [str(CONSOLE_SCRIPT), "run", flow, "--metrics-out", str(metrics), *arguments],
-        cwd=tmp_path,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=400,
+        argv, cwd=cwd, env=environment, capture_output=True, text=True, timeout=timeout
     )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     return completed.stdout

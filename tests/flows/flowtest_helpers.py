@@ -19,14 +19,15 @@ from prefect.client.schemas.filters import (
     FlowRunFilterParentFlowRunId,
 )
 from prefect.client.schemas.objects import Artifact, FlowRun, TaskRun
+from prefect.states import Cancelling, State
 
 from flows.rl.config import RLConfig
 from flows.rl.metrics import RLResult
-from tasks.names import FLOW_RUN_LABEL
 from tests.local.helpers import journal_rows
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
+from whitney_calls.names import FLOW_RUN_LABEL
 
 
 @dataclass(frozen=True)
@@ -140,3 +141,15 @@ def hold_first_forward_backward(
 
     monkeypatch.setattr(WhitneyClient, "execute", spying_execute)
     return held
+
+
+def cancel_and_join(flow_run_id: str, flow: threading.Thread, states: list[State]) -> State:
+    """Ask Prefect to cancel the flow run that the thread `flow` runs, and wait for the thread;
+    the flow's final state (in `states`), which must be cancelling or cancelled."""
+    with get_client(sync_client=True) as prefect:
+        prefect.set_flow_run_state(flow_run_id, Cancelling(message="requested by the test"))
+    flow.join(timeout=120)
+    assert not flow.is_alive()
+    (state,) = states
+    assert state.is_cancelling() or state.is_cancelled(), state
+    return state

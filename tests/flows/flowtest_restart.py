@@ -18,6 +18,7 @@ from flowtest_cli import CONSOLE_SCRIPT
 from prefect.settings import PREFECT_API_URL
 
 from tests.local.served import ServedWhitney
+from tests.processes import process_states
 
 FLOW_TIMEOUT_S = 600.0
 
@@ -137,18 +138,7 @@ def assert_no_seq_id_ran_twice(server: ServedWhitney) -> None:
 
 def process_parents() -> dict[int, int]:
     """PID -> parent PID of every live process that is not a zombie (Linux /proc)."""
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if fields[0] != "Z":
-            parents[int(entry.name)] = int(fields[1])
-    return parents
+    return {pid: ppid for pid, (state, ppid) in process_states().items() if state != "Z"}
 
 
 def sigkill(flow: FlowProcess) -> None:

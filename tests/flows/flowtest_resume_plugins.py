@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flowtest_plugins import CycleAwareDigits
 
@@ -15,8 +15,20 @@ from flows.rl.recipes import Recipe
 from flows.rl.recipes.context import LossContext
 from flows.rl.recipes.importance_sampling import build_loss as importance_sampling
 
+if TYPE_CHECKING:
+    import pytest
+
 FAIL_AT_CYCLE_ENV = "FLOWTEST_FAIL_AT_CYCLE"
 FAIL_MARKER_ENV = "FLOWTEST_FAIL_MARKER"
+
+
+def fail_once_at_cycle(monkeypatch: pytest.MonkeyPatch, cycle: int, directory: Path) -> Path:
+    """Make `cycle` of the next flow runs fail once (`fail_once_at`); the marker file that
+    appears when it did."""
+    marker = directory / "failed-once"
+    monkeypatch.setenv(FAIL_AT_CYCLE_ENV, str(cycle))
+    monkeypatch.setenv(FAIL_MARKER_ENV, str(marker))
+    return marker
 
 
 def fail_once_at(cycle: int, what: str) -> None:

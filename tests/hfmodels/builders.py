@@ -90,34 +90,43 @@ def train_tokenizer(pattern: str, specials: tuple[str, ...], vocab_size: int = 3
     return backend
 
 
-@functools.cache
-def llama3_tokenizer() -> Any:
-    """Llama 3 Instruct's special tokens and template: BOS <|begin_of_text|>, EOS <|eot_id|>."""
+def fast_tokenizer(pattern: str, specials: tuple[str, ...], template: str, **tokens: Any) -> Any:
+    """A transformers tokenizer over `train_tokenizer(pattern, specials)`, with this chat
+    template and these special tokens (`bos_token=...`)."""
     from transformers import PreTrainedTokenizerFast
 
     tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=train_tokenizer(LLAMA3_PATTERN, LLAMA3_SPECIALS),
+        tokenizer_object=train_tokenizer(pattern, specials), **tokens
+    )
+    tokenizer.chat_template = template
+    return tokenizer
+
+
+@functools.cache
+def llama3_tokenizer() -> Any:
+    """Llama 3 Instruct's special tokens and template: BOS <|begin_of_text|>, EOS <|eot_id|>."""
+    return fast_tokenizer(
+        LLAMA3_PATTERN,
+        LLAMA3_SPECIALS,
+        LLAMA3_TEMPLATE,
         bos_token="<|begin_of_text|>",
         eos_token="<|eot_id|>",
         additional_special_tokens=list(LLAMA3_SPECIALS[1:4]),
     )
-    tokenizer.chat_template = LLAMA3_TEMPLATE
-    return tokenizer
 
 
 @functools.cache
 def qwen_tokenizer() -> Any:
     """Qwen2 Instruct's special tokens and (ChatML) template: no BOS, EOS <|im_end|>."""
-    from transformers import PreTrainedTokenizerFast
-
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=train_tokenizer(QWEN_PATTERN, QWEN_SPECIALS),
+    tokenizer = fast_tokenizer(
+        QWEN_PATTERN,
+        QWEN_SPECIALS,
+        CHATML_TEMPLATE,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>"],
     )
     tokenizer.add_tokens(["<tool_response>", "</tool_response>"])  # Qwen2.5's, not special
-    tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
 
 
@@ -132,6 +141,29 @@ def perturb(model: torch.nn.Module, seed: int) -> None:
                 param.copy_(0.1 * torch.randn(param.shape, generator=gen))
 
 
+TINY_SHAPE: dict[str, Any] = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": True,
+}
+"""The tiny Llama's and Qwen2's shared shape: 2 layers, 4 query heads on 2 key/value heads,
+tied embeddings."""
+
+
+def save_random(directory: Path, model_class: Any, config: Any, tokenizer: Any, seed: int) -> None:
+    """A `model_class` of `config` with random weights (`seed`, `perturb`), and `tokenizer`,
+    saved to `directory`."""
+    torch.manual_seed(seed)
+    model = model_class(config)
+    perturb(model, seed)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
 def save_llama(directory: Path) -> None:
     """A random 2-layer Llama: Llama 3 RoPE scaling, 4 query heads on 2 key/value heads,
     tied embeddings, with the Llama 3 tokenizer."""
@@ -140,12 +172,7 @@ def save_llama(directory: Path) -> None:
     tokenizer = llama3_tokenizer()
     config = LlamaConfig(
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+        **TINY_SHAPE,
         rope_theta=500000.0,
         rope_scaling={
             "rope_type": "llama3",
@@ -154,15 +181,10 @@ def save_llama(directory: Path) -> None:
             "high_freq_factor": 4.0,
             "original_max_position_embeddings": 64,
         },
-        tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=[tokenizer.convert_tokens_to_ids("<|end_of_text|>"), tokenizer.eos_token_id],
     )
-    torch.manual_seed(1)
-    model = LlamaForCausalLM(config)
-    perturb(model, 1)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    save_random(directory, LlamaForCausalLM, config, tokenizer, seed=1)
 
 
 def save_qwen2(directory: Path) -> None:
@@ -173,21 +195,11 @@ def save_qwen2(directory: Path) -> None:
     tokenizer = qwen_tokenizer()
     config = Qwen2Config(
         vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
+        **TINY_SHAPE,
         rope_theta=1000000.0,
-        tie_word_embeddings=True,
         eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
     )
-    torch.manual_seed(2)
-    model = Qwen2ForCausalLM(config)
-    perturb(model, 2)
-    model.save_pretrained(directory)
-    tokenizer.save_pretrained(directory)
+    save_random(directory, Qwen2ForCausalLM, config, tokenizer, seed=2)
 
 
 def save_gpt2_config(directory: Path) -> None:

@@ -56,20 +56,22 @@ def pieces(tokenizer: Any):
     return special, text
 
 
-def test_llama3_renders_the_hand_written_tokens_and_mask():
-    tokenizer = llama3_tokenizer()
-    rendered = Llama3Renderer(wrap(tokenizer)).build_supervised(CONVERSATION)
-    assert (rendered.tokens, rendered.weights) == llama3_by_hand(tokenizer, CONVERSATION)
+@pytest.mark.parametrize(
+    ("make_tokenizer", "renderer", "by_hand", "end"),
+    [
+        (llama3_tokenizer, Llama3Renderer, llama3_by_hand, "<|eot_id|>"),
+        (qwen_tokenizer, QwenRenderer, chatml_by_hand, "<|im_end|>"),
+    ],
+    ids=["llama3", "qwen"],
+)
+def test_the_renderer_renders_the_hand_written_tokens_and_mask(
+    make_tokenizer, renderer, by_hand, end
+):
+    tokenizer = make_tokenizer()
+    rendered = renderer(wrap(tokenizer)).build_supervised(CONVERSATION)
+    assert (rendered.tokens, rendered.weights) == by_hand(tokenizer, CONVERSATION)
     learned = [t for t, w in zip(rendered.tokens, rendered.weights, strict=True) if w]
-    assert tokenizer.decode(learned) == "Fish.<|eot_id|>The dog eats meat.<|eot_id|>"
-
-
-def test_qwen_renders_the_hand_written_tokens_and_mask():
-    tokenizer = qwen_tokenizer()
-    rendered = QwenRenderer(wrap(tokenizer)).build_supervised(CONVERSATION)
-    assert (rendered.tokens, rendered.weights) == chatml_by_hand(tokenizer, CONVERSATION)
-    learned = [t for t, w in zip(rendered.tokens, rendered.weights, strict=True) if w]
-    assert tokenizer.decode(learned) == "Fish.<|im_end|>The dog eats meat.<|im_end|>"
+    assert tokenizer.decode(learned) == f"Fish.{end}The dog eats meat.{end}"
 
 
 @pytest.mark.parametrize(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +70,9 @@ def new_run(client: httpx.Client, session_id: str | None = None, **body: Any) ->
     return run
 
 
+TERMINAL = ("succeeded", "failed", "cancelled")
+
+
 def post_op(
     client: httpx.Client,
     run_id: str,
@@ -90,20 +95,33 @@ def wait_op(client: httpx.Client, run_id: str, seq_id: int, timeout: float = 60)
     return response.json()
 
 
-def run_op(
+def submit_op(
     client: httpx.Client,
     run_id: str,
     seq_id: int,
     kind: str,
     payload: dict,
     sampler_id: str | None = None,
+    parse: Callable[[str], Any] = json.loads,
 ) -> dict:
-    """Submit and wait for a terminal status; the operation must succeed."""
+    """Submit and wait for a terminal status; each answer read by `parse`."""
     response = post_op(client, run_id, seq_id, kind, payload, sampler_id)
     assert response.status_code == 200, response.text
-    op = response.json()
-    if op["status"] not in ("succeeded", "failed", "cancelled"):
-        op = wait_op(client, run_id, seq_id)
+    op = parse(response.text)
+    if op["status"] not in TERMINAL:
+        response = client.get(
+            f"/v1/training/runs/{run_id}/operations/{seq_id}", params={"wait_s": 60}
+        )
+        assert response.status_code == 200, response.text
+        op = parse(response.text)
+        assert op["status"] in TERMINAL, op
+    return op
+
+
+def run_op(client: httpx.Client, *operation: Any) -> dict:
+    """`submit_op(client, run_id, seq_id, kind, payload[, sampler_id])`; the operation must
+    succeed."""
+    op = submit_op(client, *operation)
     assert op["status"] == "succeeded", op
     return op
 

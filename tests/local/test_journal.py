@@ -6,11 +6,35 @@ import json
 import sqlite3
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 from whitney.local.execution import default_sampler_id, default_seed, default_state_name
 from whitney.local.journal import Journal, canonical_hash, operation_dict, render_operation
+
+
+def journal_with_run(tmp_path: Path, session_labels: dict[str, str]) -> Journal:
+    """A new journal holding session `sess-1` (with these labels) and its ready run `run-1`."""
+    journal = Journal(tmp_path / "j.sqlite3")
+    journal.insert_session("sess-1", "tenant", session_labels, lease_expires_at=None)
+    journal.insert_run(
+        {
+            "run_id": "run-1",
+            "tenant": "tenant",
+            "session_id": "sess-1",
+            "provider": "local",
+            "base_model": "local/nano",
+            "lora_rank": 8,
+            "seed": 0,
+            "role": "policy",
+            "trainable": True,
+            "from_checkpoint": None,
+            "labels": {},
+            "status": "ready",
+        }
+    )
+    return journal
 
 
 def test_canonical_hash_ignores_key_order_only():
@@ -37,24 +61,7 @@ def test_default_seeds_and_names_are_deterministic_across_processes():
 
 
 def test_journal_rows_render_as_the_wire_operation(tmp_path):
-    journal = Journal(tmp_path / "j.sqlite3")
-    journal.insert_session("sess-1", "tenant", {"a": "b"}, lease_expires_at=None)
-    journal.insert_run(
-        {
-            "run_id": "run-1",
-            "tenant": "tenant",
-            "session_id": "sess-1",
-            "provider": "local",
-            "base_model": "local/nano",
-            "lora_rank": 8,
-            "seed": 0,
-            "role": "policy",
-            "trainable": True,
-            "from_checkpoint": None,
-            "labels": {},
-            "status": "ready",
-        }
-    )
+    journal = journal_with_run(tmp_path, {"a": "b"})
     journal.insert_operation("run-1", 1, "forward", None, "h", '{"x":1}')
     journal.insert_operation("run-1", 2, "sample", 's"1', "h", "{}")
     journal.mark_running("run-1", [1])
@@ -80,24 +87,7 @@ def test_journal_rows_render_as_the_wire_operation(tmp_path):
 
 
 def test_a_restart_requeues_what_was_running_and_keeps_what_committed(tmp_path):
-    journal = Journal(tmp_path / "j.sqlite3")
-    journal.insert_session("sess-1", "tenant", {}, lease_expires_at=None)
-    journal.insert_run(
-        {
-            "run_id": "run-1",
-            "tenant": "tenant",
-            "session_id": "sess-1",
-            "provider": "local",
-            "base_model": "local/nano",
-            "lora_rank": 8,
-            "seed": 0,
-            "role": "policy",
-            "trainable": True,
-            "from_checkpoint": None,
-            "labels": {},
-            "status": "ready",
-        }
-    )
+    journal = journal_with_run(tmp_path, {})
     for seq in (1, 2, 3):
         journal.insert_operation("run-1", seq, "save_state", None, "h", f'{{"name":"c{seq}"}}')
     journal.mark_running("run-1", [1])

@@ -19,10 +19,9 @@ from whitney.errors import NonFiniteResult
 from whitney.local import EmbeddedWhitney
 from whitney.local.journal import fast_json
 
-from .helpers import adamw, datum, forward, new_run, post_op, sample_request
+from .helpers import adamw, datum, forward, new_run, sample_request, submit_op
 
 PROMPT, COMPLETION = list(b"Q: "), list(b"the answer")
-TERMINAL = ("succeeded", "failed", "cancelled")
 HUGE_ADVANTAGE = 3e38  # finite in float32
 SEED = 11
 
@@ -37,28 +36,10 @@ def strict_json(text: str) -> Any:
 
 
 def submit(
-    api: httpx.Client,
-    run_id: str,
-    seq_id: int,
-    kind: str,
-    payload: dict,
-    sampler_id: str | None = None,
+    api: httpx.Client, run_id: str, seq_id: int, kind: str, payload: dict, sampler=None
 ) -> dict:
     """Submit and wait until terminal; both answers must be strict JSON."""
-    response = post_op(api, run_id, seq_id, kind, payload, sampler_id)
-    assert response.status_code == 200, response.text
-    op = strict_json(response.text)
-    if op["status"] not in TERMINAL:
-        op = wait(api, run_id, seq_id)
-    return op
-
-
-def wait(api: httpx.Client, run_id: str, seq_id: int) -> dict:
-    response = api.get(f"/v1/training/runs/{run_id}/operations/{seq_id}", params={"wait_s": 60})
-    assert response.status_code == 200, response.text
-    op = strict_json(response.text)
-    assert op["status"] in TERMINAL, op
-    return op
+    return submit_op(api, run_id, seq_id, kind, payload, sampler, parse=strict_json)
 
 
 def ok(api: httpx.Client, run_id: str, seq_id: int, kind: str, payload: dict, sampler=None):

@@ -206,7 +206,8 @@ def test_nothing_configured_starts_an_embedded_server(monkeypatch, tmp_path, cap
 def test_blocks_import_neither_flows_nor_tasks():
     code = (
         "import sys, blocks, blocks.__main__\n"
-        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('flows', 'tasks')))\n"
+        "print(sorted(m for m in sys.modules"
+        " if m.split('.')[0] in ('flows', 'tasks', 'whitney_calls')))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True

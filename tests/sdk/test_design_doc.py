@@ -11,7 +11,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "design.md"
-PACKAGES = ("whitney", "flows", "tasks", "blocks")
+PACKAGES = ("whitney", "whitney_calls", "flows", "tasks", "blocks")
 
 FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 SPAN = re.compile(r"`([^`\n]+)`")

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.sdk.markdown import table
 from whitney import errors, losses, wire
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -81,18 +82,6 @@ def section(text: str, heading: str) -> str:
             break
         body.append(line)
     return "\n".join(body)
-
-
-def table(text: str, header: str) -> list[list[str]]:
-    """The rows (lists of stripped cells) of the markdown table whose header line is `header`."""
-    lines = text.splitlines()
-    assert header in lines, f"missing table {header!r}"
-    rows = []
-    for line in lines[lines.index(header) + 2 :]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
-    return rows
 
 
 def flat(text: str) -> str:

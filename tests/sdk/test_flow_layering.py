@@ -1,9 +1,9 @@
 """The arrows of `flows/`, read from the source with `ast` (imports inside functions count):
-`cli -> {rl, sft, distill} -> core -> tasks -> whitney` (and `reap -> core`, `checkpoints ->
-core`), distill -> sft and checkpoints -> sft (both read SFT data) the cross-flow arrows, no
-import cycle among the modules of flows/, and recipes, plans and configs load neither Prefect
-nor torch. Imports under `if TYPE_CHECKING:` are annotations,
-not arrows."""
+`cli -> {rl, sft, distill} -> core -> tasks -> whitney_calls -> whitney` (and `reap -> core`,
+`checkpoints -> core`), distill -> sft and checkpoints -> sft (both read SFT data) the
+cross-flow arrows, no import cycle among the modules of flows/, and recipes, plans, configs
+and `whitney_calls` load neither Prefect nor torch. Imports under `if TYPE_CHECKING:` are
+annotations, not arrows."""
 
 from __future__ import annotations
 
@@ -12,23 +12,32 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("flows", "tasks")
+PACKAGES = ("flows", "tasks", "whitney_calls")
 
 ALLOWED = {
-    "flows.cli": {"flows.cli", "flows.rl", "flows.sft", "flows.distill", "flows.core", "tasks"},
-    "flows.rl": {"flows.rl", "flows.core", "tasks"},
-    "flows.sft": {"flows.sft", "flows.core", "tasks"},
-    "flows.distill": {"flows.distill", "flows.sft", "flows.core", "tasks"},
-    "flows.reap": {"flows.reap", "flows.core", "tasks"},
-    "flows.checkpoints": {"flows.checkpoints", "flows.sft", "flows.core", "tasks"},
-    "flows.core": {"flows.core", "tasks"},
+    "flows.cli": {
+        "flows.cli",
+        "flows.rl",
+        "flows.sft",
+        "flows.distill",
+        "flows.core",
+        "tasks",
+        "whitney_calls",
+    },
+    "flows.rl": {"flows.rl", "flows.core", "tasks", "whitney_calls"},
+    "flows.sft": {"flows.sft", "flows.core", "tasks", "whitney_calls"},
+    "flows.distill": {"flows.distill", "flows.sft", "flows.core", "tasks", "whitney_calls"},
+    "flows.reap": {"flows.reap", "flows.core", "tasks", "whitney_calls"},
+    "flows.checkpoints": {"flows.checkpoints", "flows.sft", "flows.core", "tasks", "whitney_calls"},
+    "flows.core": {"flows.core", "tasks", "whitney_calls"},
     "flows": set(),
-    "tasks": {"tasks"},
+    "tasks": {"tasks", "whitney_calls"},
+    "whitney_calls": {"whitney_calls"},
 }
 """Which layers of this repository each layer may import (whitney and blocks: any layer)."""
 HEAVY = ("prefect", "torch")
 PURE_SUFFIXES = (".config", ".plan")
-PURE_PACKAGES = ("flows.rl.recipes",)
+PURE_PACKAGES = ("flows.rl.recipes", "whitney_calls")
 
 
 def module_name(path: Path) -> str:
@@ -37,7 +46,7 @@ def module_name(path: Path) -> str:
 
 
 def modules() -> dict[str, Path]:
-    """Every module of flows/ and tasks/, by dotted name."""
+    """Every module of flows/, tasks/ and whitney_calls/, by dotted name."""
     return {
         module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")
     }
@@ -77,10 +86,10 @@ def imports(path: Path, known: set[str]) -> list[tuple[int, str]]:
 
 
 def layer(module: str) -> str | None:
-    """The layer of a module of this repository (None outside flows/ and tasks/)."""
+    """The layer of a module of this repository (None outside flows/, tasks/ and whitney_calls/)."""
     parts = module.split(".")
-    if parts[0] == "tasks":
-        return "tasks"
+    if parts[0] in ("tasks", "whitney_calls"):
+        return parts[0]
     if parts[0] != "flows":
         return None
     return "flows" if len(parts) == 1 else f"flows.{parts[1]}"
@@ -91,7 +100,7 @@ def is_pure(module: str) -> bool:
 
 
 def graph() -> dict[str, list[tuple[int, str]]]:
-    """Each module's imports of other modules of flows/ and tasks/, with their lines."""
+    """Each module's imports of other modules of these packages, with their lines."""
     found = modules()
     known = set(found)
     return {
@@ -162,3 +171,18 @@ def test_the_checker_sees_imports_inside_functions(tmp_path: Path) -> None:
         encoding="utf-8",
     )
     assert imports(source, set()) == [(1, "typing"), (5, "torch")]
+
+
+def test_only_tasks_use_the_process_wide_client() -> None:
+    """A flow reaches Whitney through tasks; code outside a task (the CLI, the cleanup hooks,
+    the reaper) owns a client for as long as it needs one (`connection.new_client()`)."""
+    wrong = [
+        f"{module} ({path.name}:{node.lineno})"
+        for module, path in modules().items()
+        if layer(module) not in ("tasks", "whitney_calls")
+        for node in runtime_nodes(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.ImportFrom)
+        and node.module == "whitney_calls.connection"
+        and "client_for" in {alias.name for alias in node.names}
+    ]
+    assert wrong == [], "client_for outside tasks/:\n" + "\n".join(wrong)

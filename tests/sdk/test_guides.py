@@ -10,6 +10,7 @@ import subprocess
 from dataclasses import fields
 from pathlib import Path
 
+from tests.sdk.markdown import table
 from whitney.local.limits import Limits
 from whitney.losses import LOSS_FUNCTIONS, PROVIDER_LOSS_SUPPORT
 
@@ -20,7 +21,17 @@ GUIDES = sorted(p for p in (ROOT / "docs").glob("*.md") if p.name not in CONTRAC
 FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 SPAN = re.compile(r"`([^`\n]+)`")
-TOP = ("whitney", "flows", "tasks", "blocks", "deployments", "tests", "benchmarks", "examples")
+TOP = (
+    "whitney",
+    "whitney_calls",
+    "flows",
+    "tasks",
+    "blocks",
+    "deployments",
+    "tests",
+    "benchmarks",
+    "examples",
+)
 REPO_PATH = re.compile(rf"^(?:{'|'.join(TOP)})(?:/[A-Za-z0-9_.-]+)*/?$")
 MAIN_JOB = 'pip install -e ".[local]" && whitney-flows run rl'
 
@@ -90,13 +101,7 @@ def test_every_path_a_guide_names_exists() -> None:
 
 def table_rows(page: str, header: str) -> list[list[str]]:
     """The cells of each row of the markdown table of docs/`page` whose header is `header`."""
-    lines = (ROOT / "docs" / page).read_text().splitlines()
-    rows = []
-    for line in lines[lines.index(header) + 2 :]:
-        if not line.startswith("|"):
-            break
-        rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
-    return rows
+    return table((ROOT / "docs" / page).read_text(), header)
 
 
 def test_the_rl_guides_loss_table_is_the_sdks() -> None:

@@ -4,6 +4,7 @@ holds; a new operation must pass everything it can be refused for without runnin
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Any
 
 from whitney.errors import InvalidRequest, NotFound, RunNotActive, SeqConflict
@@ -24,16 +25,14 @@ def _journaled_before(worker: RunWorker, seq_id: int) -> bool:
     return all(seq in known for seq in range(worker.frontier, seq_id))
 
 
+@dataclass(eq=False, repr=False)
 class Admission:
     """The checks of an operation POST against the journal and the run's worker."""
 
-    def __init__(
-        self, config: ServerConfig, journal: Journal, files: RunFiles, workers: Workers
-    ) -> None:
-        self.config = config
-        self.journal = journal
-        self.files = files
-        self.workers = workers
+    config: ServerConfig
+    journal: Journal
+    files: RunFiles
+    workers: Workers
 
     def existing(
         self, run_id: str, seq_id: int, kind: str, sampler_id: str | None, payload_hash: str

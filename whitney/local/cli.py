@@ -12,8 +12,9 @@ import signal
 import sqlite3
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from whitney.hf_cache import cache_dir
 from whitney.local.config import (
@@ -35,36 +36,31 @@ from whitney.local.embedded import (
 )
 from whitney.local.limits import LIMIT_HELP, Limits
 
+Number = TypeVar("Number", int, float)
+
 PROG = "whitney-flows serve"
 EXIT_START_FAILURE = 2
 
 
-def _rate(text: str) -> float:
-    value = float(text)
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be within [0, 1], got {text}")
-    return value
+def _checked(
+    name: str, convert: Callable[[str], Number], ok: Callable[[Number], bool], rule: str
+) -> Callable[[str], Number]:
+    """An argparse type named `name`: `convert`, refused unless `ok` ("must be `rule`")."""
+
+    def parse(text: str) -> Number:
+        value = convert(text)
+        if not ok(value):
+            raise argparse.ArgumentTypeError(f"must be {rule}, got {text}")
+        return value
+
+    parse.__name__ = name  # argparse names it when `convert` refuses the text
+    return parse
 
 
-def _non_negative(text: str) -> float:
-    value = float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
-    return value
-
-
-def _positive(text: str) -> float:
-    value = float(text)
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
-    return value
-
-
-def _count(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
-    return value
+_rate = _checked("_rate", float, lambda value: 0.0 <= value <= 1.0, "within [0, 1]")
+_non_negative = _checked("_non_negative", float, lambda value: value >= 0, ">= 0")
+_positive = _checked("_positive", float, lambda value: value > 0, "> 0")
+_count = _checked("_count", int, lambda value: value >= 1, ">= 1")
 
 
 def _interrupt(signum: int, frame: object) -> None:

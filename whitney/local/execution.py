@@ -95,17 +95,15 @@ class RunHooks(Protocol):
     def new_artifact_path(self) -> tuple[str, Path]: ...
 
 
+@dataclass(eq=False, repr=False)
 class Execution:
     """Executes one run's operations on its engine; `run_seed` seeds its samples."""
 
-    def __init__(
-        self, run_id: str, tenant: str, run_seed: int, journal: Journal, hooks: RunHooks
-    ) -> None:
-        self.run_id = run_id
-        self.tenant = tenant
-        self.run_seed = run_seed
-        self.journal = journal
-        self.hooks = hooks
+    run_id: str
+    tenant: str
+    run_seed: int
+    journal: Journal
+    hooks: RunHooks
 
     def run(self, engine: Engine, batch: list[Ticket], samplers: set[str]) -> list[Outcome]:
         """Execute `batch` (one operation, or `sample`s batched on one sampler) on `engine`,

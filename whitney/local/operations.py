@@ -45,22 +45,15 @@ class Waiting:
     timeout_s: float
 
 
+@dataclass(eq=False, repr=False)
 class Operations:
     """The operations of every run: submitted, awaited, read."""
 
-    def __init__(
-        self,
-        config: ServerConfig,
-        journal: Journal,
-        workers: Workers,
-        runs: Runs,
-        admission: Admission,
-    ) -> None:
-        self.config = config
-        self.journal = journal
-        self.workers = workers
-        self.runs = runs
-        self.admission = admission
+    config: ServerConfig
+    journal: Journal
+    workers: Workers
+    runs: Runs
+    admission: Admission
 
     def submit(
         self, tenant: str, run_id: str, sampler_id: str | None, body: Any

@@ -4,6 +4,7 @@ cancelling it."""
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -56,24 +57,16 @@ def max_lora_rank(engine: Any) -> int:
     return int(getattr(engine, "MAX_LORA_RANK", DEFAULT_MAX_LORA_RANK))
 
 
+@dataclass(eq=False, repr=False)
 class Runs:
     """Each tenant's runs; an active run's worker is in `workers`."""
 
-    def __init__(
-        self,
-        config: ServerConfig,
-        journal: Journal,
-        workers: Workers,
-        files: RunFiles,
-        sessions: Sessions,
-        idempotency: Idempotency,
-    ) -> None:
-        self.config = config
-        self.journal = journal
-        self.workers = workers
-        self.files = files
-        self.sessions = sessions
-        self.idempotency = idempotency
+    config: ServerConfig
+    journal: Journal
+    workers: Workers
+    files: RunFiles
+    sessions: Sessions
+    idempotency: Idempotency
 
     def create(
         self, tenant: str, body: dict[str, Any], idempotency_key: str | None

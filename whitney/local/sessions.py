@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 from whitney import wire
@@ -29,17 +30,15 @@ def lease_expiry(ttl_s: float) -> float | None:
     return time.time() + ttl_s if ttl_s > 0 else None
 
 
+@dataclass(eq=False, repr=False)
 class Sessions:
     """Each tenant's sessions, and the lease reaper's thread."""
 
-    def __init__(
-        self, config: ServerConfig, journal: Journal, workers: Workers, idempotency: Idempotency
-    ) -> None:
-        self.config = config
-        self.journal = journal
-        self.workers = workers
-        self.idempotency = idempotency
-        self._reaper: threading.Thread | None = None
+    config: ServerConfig
+    journal: Journal
+    workers: Workers
+    idempotency: Idempotency
+    _reaper: threading.Thread | None = field(default=None, init=False)
 
     def start_reaper(self) -> None:
         """Close expired sessions in the background, when sessions have a lease."""

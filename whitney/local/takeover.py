@@ -11,6 +11,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -31,23 +32,16 @@ RESTART_CANCELLED = {
 }
 
 
+@dataclass(eq=False, repr=False)
 class Takeover:
     """Ends or rebuilds the runs left active, oldest first, on its own thread."""
 
-    def __init__(
-        self,
-        journal: Journal,
-        workers: Workers,
-        files: RunFiles,
-        new_worker: Callable[[dict[str, Any], Any, int], RunWorker],
-        hf_cache: Path | None,
-    ) -> None:
-        self.journal = journal
-        self.workers = workers
-        self.files = files
-        self.new_worker = new_worker
-        self.hf_cache = hf_cache
-        self._thread: threading.Thread | None = None
+    journal: Journal
+    workers: Workers
+    files: RunFiles
+    new_worker: Callable[[dict[str, Any], Any, int], RunWorker]
+    hf_cache: Path | None
+    _thread: threading.Thread | None = field(default=None, init=False)
 
     def start(self) -> None:
         """End what cannot be rebuilt; start rebuilding the rest in the background."""

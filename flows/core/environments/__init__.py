@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
 from flows.core.imports import import_object
 from whitney.renderers import Prompt
@@ -83,7 +83,27 @@ def character_share(text: str, allowed: frozenset[str]) -> float:
     return sum(character in allowed for character in text) / len(text) if text else 0.0
 
 
+class CharacterShareEnvironment:
+    """Prompts drawn from `PROMPTS`, held-out `EVAL_PROMPTS` (evaluation samples these,
+    training never does), and a completion's reward: the share of its characters in
+    `ALLOWED`."""
+
+    PROMPTS: ClassVar[tuple[str, ...]] = ()
+    EVAL_PROMPTS: ClassVar[tuple[str, ...]] = ()
+    ALLOWED: ClassVar[frozenset[str]] = frozenset()
+
+    def prompts(self, cycle: int, count: int, seed: int) -> list[str]:
+        return seeded_prompts(self.PROMPTS, count, seed)
+
+    def eval_prompts(self) -> list[str]:
+        return list(self.EVAL_PROMPTS)
+
+    def reward(self, prompt: str, completion: Completion) -> float:
+        return character_share(completion.text, self.ALLOWED)
+
+
 ENVIRONMENTS: dict[str, str] = {
+    "arithmetic": "flows.core.environments.arithmetic:ArithmeticEnvironment",
     "digits": "flows.core.environments.digits:DigitsEnvironment",
     "lowercase": "flows.core.environments.lowercase:LowercaseEnvironment",
     "quiz": "flows.core.environments.quiz:QuizEnvironment",

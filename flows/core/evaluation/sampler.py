@@ -20,7 +20,7 @@ from typing import Any
 from flows.core.cost import usage_of
 from flows.core.evaluation.plan import EvalMetrics, EvalPlan, eval_due
 from flows.core.sequenced_client import Call, SequencedClient
-from tasks.names import eval_sampler_name
+from whitney_calls.names import eval_sampler_name
 
 
 def evaluate_weights(

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
+from flowtest_cli import run_ok
 from prefect import flow, get_client
 from prefect.cli.deploy._models import PrefectYamlModel
 from prefect.events import emit_event
@@ -120,15 +120,7 @@ def test_the_guides_command_installs_the_automation() -> None:
     (name,) = [automation["name"] for automation in load(AUTOMATIONS)["automations"]]
     environment = {**os.environ, "PREFECT_API_URL": PREFECT_API_URL.value()}
     executable = Path(sys.executable).with_name(argv[0])
-    completed = subprocess.run(
-        [str(executable), *argv[1:]],
-        cwd=ROOT,
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert completed.returncode == 0, completed.stdout + completed.stderr
+    run_ok([str(executable), *argv[1:]], ROOT, environment, timeout=120)
     with get_client(sync_client=True) as prefect:
         installed = prefect.read_automations_by_name(name)
         try:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 from flowtest_helpers import assert_executed_once_in_order, assert_released, subflow_runs
-from flowtest_resume_plugins import FAIL_AT_CYCLE_ENV, FAIL_MARKER_ENV
+from flowtest_resume_plugins import FAIL_AT_CYCLE_ENV, FAIL_MARKER_ENV, fail_once_at_cycle
 from prefect import get_client
 from prefect.settings import PREFECT_API_URL
 
@@ -22,12 +22,12 @@ from flows.core.config import ConfigError, check_resume_from, checkpoint_due
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from flows.rl.metrics import RLResult
-from tasks.names import FLOW_RUN_LABEL
 from tasks.resume import latest_checkpoints, run_checkpoints
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.errors import OperationFailed
 from whitney.local import EmbeddedWhitney
+from whitney_calls.names import FLOW_RUN_LABEL
 
 REPO = Path(__file__).resolve().parents[3]
 TESTS_FLOWS = Path(__file__).resolve().parents[1]
@@ -64,10 +64,7 @@ def fail_once_at_cycle_5(
     undisturbed: RLResult, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Path:
     """Cycle 5 of the next flow run fails once (after the undisturbed run is computed)."""
-    marker = tmp_path / "failed-once"
-    monkeypatch.setenv(FAIL_AT_CYCLE_ENV, "5")
-    monkeypatch.setenv(FAIL_MARKER_ENV, str(marker))
-    return marker
+    return fail_once_at_cycle(monkeypatch, 5, tmp_path)
 
 
 def runs_of(client: WhitneyClient, flow_run_id: object) -> list[wire.Run]:
@@ -246,8 +243,7 @@ def test_a_critic_resumes_with_the_policy(
     )
     undisturbed = rl_flow(config)
 
-    monkeypatch.setenv(FAIL_AT_CYCLE_ENV, "3")
-    monkeypatch.setenv(FAIL_MARKER_ENV, str(tmp_path / "failed-once"))
+    fail_once_at_cycle(monkeypatch, 3, tmp_path)
     state = rl_flow.with_options(retries=1)(config, return_state=True)
     assert state.is_completed(), state.message
     retried = state.result()

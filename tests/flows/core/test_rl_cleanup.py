@@ -13,16 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from flowtest_helpers import assert_released, flow_run_sessions
-from prefect import get_client
+from flowtest_helpers import assert_released, cancel_and_join, flow_run_sessions
 from prefect.settings import PREFECT_API_URL
-from prefect.states import Cancelling
 
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
-from tasks.names import FLOW_RUN_LABEL
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
+from whitney_calls.names import FLOW_RUN_LABEL
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
@@ -101,12 +99,7 @@ def test_requested_cancellation_stops_the_flow_and_releases_everything(
     flow_thread.start()
     wait_for(lambda: metrics_lines(metrics) >= 1, 120, "the first cycle")
     flow_run_id = only_flow_run_id(client)
-    with get_client(sync_client=True) as prefect:
-        prefect.set_flow_run_state(flow_run_id, Cancelling(message="requested by the test"))
-    flow_thread.join(timeout=120)
-    assert not flow_thread.is_alive()
-    (state,) = states
-    assert state.is_cancelling() or state.is_cancelled(), state
+    cancel_and_join(flow_run_id, flow_thread, states)
     assert metrics_lines(metrics) < 500
     assert_released(client, flow_run_id)
     assert len(flow_run_sessions(client, flow_run_id)) == 1

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 from flowtest_distill import small_distill_config, small_sft_teacher
-from flowtest_resume_plugins import FAIL_AT_CYCLE_ENV, FAIL_MARKER_ENV
+from flowtest_resume_plugins import fail_once_at_cycle
 
 from flows.distill.flow import distillation_flow
-from tasks.names import FLOW_RUN_LABEL, PARENT_FLOW_RUN_LABEL
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
+from whitney_calls.names import FLOW_RUN_LABEL, PARENT_FLOW_RUN_LABEL
 
 
 def test_resume_from_a_cycle_checkpoint_gives_the_undisturbed_adapter(
@@ -55,9 +55,7 @@ def test_a_retried_distillation_keeps_the_teacher_an_earlier_attempt_trained(
     undisturbed = distillation_flow(config)
     assert undisturbed.teacher_sft is not None
 
-    marker = tmp_path / "failed-once"
-    monkeypatch.setenv(FAIL_AT_CYCLE_ENV, "1")
-    monkeypatch.setenv(FAIL_MARKER_ENV, str(marker))
+    marker = fail_once_at_cycle(monkeypatch, 1, tmp_path)
     state = distillation_flow.with_options(retries=1)(config, return_state=True)
     assert marker.exists(), "the first attempt did not fail at cycle 1"
     assert state.is_completed(), state.message

@@ -11,11 +11,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flowtest_helpers import assert_executed_once_in_order, assert_finished, assert_released
+from flowtest_helpers import (
+    assert_executed_once_in_order,
+    assert_finished,
+    assert_released,
+    cancel_and_join,
+)
 from flowtest_recipe_helpers import replay_after_one_failure
-from flowtest_resume_plugins import FAIL_AT_CYCLE_ENV, FAIL_MARKER_ENV
-from prefect import get_client
-from prefect.states import Cancelling
+from flowtest_resume_plugins import fail_once_at_cycle
 
 from flows.core.cost import Budget
 from flows.core.off_policy_schedule import Schedule
@@ -23,10 +26,10 @@ from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from flows.rl.metrics import RLResult
 from tasks import operations
-from tasks.names import FLOW_RUN_LABEL
 from tests.local.helpers import journal_rows
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
+from whitney_calls.names import FLOW_RUN_LABEL
 
 
 def last_five(result: RLResult) -> float:
@@ -142,8 +145,7 @@ def test_a_retried_flow_run_resumes_from_its_checkpoint(
         update={"env": "flowtest_resume_plugins:FailOnceAtCycle", "cycle_retries": 0}
     )
     reference = rl_flow(config)
-    monkeypatch.setenv(FAIL_AT_CYCLE_ENV, "7")
-    monkeypatch.setenv(FAIL_MARKER_ENV, str(tmp_path / "failed-once"))
+    fail_once_at_cycle(monkeypatch, 7, tmp_path)
     state = rl_flow.with_options(retries=1)(config, return_state=True)
     assert state.is_completed(), state.message
     result = state.result()
@@ -218,12 +220,7 @@ def test_cancelling_an_off_policy_flow_releases_everything(
             time.sleep(0.1)
         (session,) = client.list_sessions()
         flow_run_id = session.labels[FLOW_RUN_LABEL]
-        with get_client(sync_client=True) as prefect:
-            prefect.set_flow_run_state(flow_run_id, Cancelling(message="requested by the test"))
-        flow.join(timeout=120)
-        assert not flow.is_alive()
-        (state,) = states
-        assert state.is_cancelling() or state.is_cancelled(), state
+        cancel_and_join(flow_run_id, flow, states)
         (run,) = assert_released(client, flow_run_id)
         rows = journal_rows(server, run.run_id)
     assert {row["status"] for row in rows} <= {"succeeded", "cancelled"}

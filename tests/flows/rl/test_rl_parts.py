@@ -28,11 +28,11 @@ from flows.rl.batch import score_group
 from flows.rl.config import RLConfig
 from flows.rl.plan import check_rl_config, probe
 from flows.rl.recipes import join_payloads, load_recipe
-from tasks.connection import WhitneyConnection, client_for
-from tasks.retry import TaskRetrySettings, retry_if_retryable
 from whitney.errors import InvalidDatum, RateLimited, TransportError
 from whitney.renderers import get_renderer
 from whitney.tokenizers import get_tokenizer
+from whitney_calls.connection import WhitneyConnection, client_for
+from whitney_calls.retry import TaskRetrySettings, retry_if_retryable
 
 
 def test_seq_ledger_hands_out_ids_in_order_and_blocks() -> None:
@@ -220,6 +220,7 @@ def imported_packages(package: str) -> set[str]:
 
 def test_layering_flows_over_tasks_over_whitney() -> None:
     assert not imported_packages("tasks") & {"flows", "blocks"}
+    assert not imported_packages("whitney_calls") & {"flows", "blocks", "tasks"}
     assert "flows" not in imported_packages("whitney")
     light = (
         "import sys, flows, tasks, flows.cli.main\n"

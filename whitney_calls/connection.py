@@ -32,7 +32,8 @@ class WhitneyConnection(BaseModel):
     )
 
     def new_client(self) -> WhitneyClient:
-        """A new client for this connection; close it. Tasks share one: `client_for`."""
+        """A new client for this connection, to use in a `with` and close: the way in for code
+        outside a task (the CLI, the cleanup hooks, the reaper). Tasks share one: `client_for`."""
         return WhitneyClient(
             self.base_url,
             self.api_key.get_secret_value(),
@@ -48,7 +49,8 @@ _clients_lock = threading.Lock()
 
 
 def client_for(connection: WhitneyConnection) -> WhitneyClient:
-    """The process-wide client of this connection, created on first use (thread-safe)."""
+    """The process-wide client of this connection, created on first use (thread-safe); the
+    tasks' alone (`tests/sdk/test_flow_layering.py` checks that only `tasks/` calls it)."""
     with _clients_lock:
         client = _clients.get(connection)
         if client is None:

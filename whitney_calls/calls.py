@@ -1,5 +1,5 @@
 """The one way a flow reaches Whitney: a task (`tasks.operations`, `tasks.lifecycle`, ...) run
-on the flow's connection with the flow's retry policy (`tasks.retry`).
+on the flow's connection with the flow's retry policy (`whitney_calls.retry`).
 
     whitney = WhitneyCalls(connection, config.task_retry)
     session = whitney.run(open_session, labels, idempotency_key)
@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from tasks.connection import WhitneyConnection
-from tasks.retry import TaskRetrySettings, with_retry
+from whitney_calls.connection import WhitneyConnection
+from whitney_calls.retry import TaskRetrySettings, with_retry
 
 if TYPE_CHECKING:
     from prefect import Task

@@ -1,0 +1,184 @@
+"""Does a real pretrained model learn on the embedded server? The RL flow of
+examples/smollm2-arithmetic.toml (SmolLM2-135M-Instruct, dequantised from the Q4_1 GGUF that
+`whitney-flows models pull smollm2-135m-instruct` imports, on one-digit sums) on one embedded
+Whitney server. Before the first cycle, the base model is evaluated exactly as the inline
+evaluation does (the same held-out prompts and requests, on a fresh run's sampler: a zero
+adapter). Prints the reward curve, each evaluation, the held-out greedy accuracy before and
+after, the minutes, the CPU and the load the machine was under.
+
+    python benchmarks/real_model_learning.py [--config FILE] [--cycles N] [--eval-every N]
+        [--learning-rate X] [--group-size G] [--prompts-per-cycle P] [--max-tokens T]
+        [--picture FILE.png]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from served import quiet_prefect  # noqa: E402
+
+from flows.core.config import settings_with_overrides, validated  # noqa: E402
+from flows.core.evaluation.plan import EvalMetrics, EvalPlan  # noqa: E402
+from flows.core.plots import Line, Panel, render_png  # noqa: E402
+from flows.rl.config import RLConfig  # noqa: E402
+from flows.rl.flow import rl_flow  # noqa: E402
+from flows.rl.plan import check_rl_config  # noqa: E402
+from whitney import hf_cache  # noqa: E402
+from whitney.client import WhitneyClient  # noqa: E402
+from whitney.local import EmbeddedWhitney  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+OVERRIDES = ("cycles", "eval_every", "learning_rate", "group_size", "prompts_per_cycle")
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else the platform's processor."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def machine() -> str:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    return f"{cpu_model()}, {cores} cores usable, load average {load}"
+
+
+def evaluate_base(client: WhitneyClient, config: RLConfig, plan: EvalPlan) -> EvalMetrics:
+    """The inline evaluation's requests on the base model: a fresh run's sampler."""
+    session = client.open_session({"benchmark": "real-model-learning"}).session_id
+    run_id = client.create_run(
+        session, config.provider, config.base_model, lora_rank=config.lora_rank, seed=config.seed
+    ).run_id
+    sampler = client.run_operation(run_id, "save_weights_for_sampler", {})["sampler_id"]
+    greedy, sampled = plan.requests()
+    answers = [
+        [client.sampler_operation(run_id, sampler, "sample", request) for request in requests]
+        for requests in (greedy, sampled)
+    ]
+    client.finish(run_id)
+    client.close_session(session)
+    return plan.score(answers[0], answers[1])
+
+
+def follow(path: Path, stop: threading.Event) -> None:
+    """Print each cycle's reward (and evaluation) as the flow appends its metrics line: the
+    progress of a long run, also when the output goes to a file."""
+    done = 0
+    while not stop.wait(2.0):
+        lines = path.read_text().splitlines() if path.exists() else []
+        for line in lines[done:]:
+            cycle = json.loads(line)
+            evaluation = cycle.get("eval")
+            extra = f", held-out greedy {evaluation['reward_mean']:.3f}" if evaluation else ""
+            print(
+                f"cycle {cycle['cycle']}: reward {cycle['reward_mean']:.3f}, "
+                f"{cycle['wall_seconds']:.0f} s{extra}",
+                flush=True,
+            )
+        done = len(lines)
+
+
+def describe(metrics: EvalMetrics) -> str:
+    return (
+        f"greedy accuracy {metrics.reward_mean:.3f}, sampled {metrics.sampled_reward_mean:.3f}, "
+        f"pass@{metrics.k} {metrics.pass_at_k:.3f} on {metrics.prompts} held-out problems"
+    )
+
+
+def picture(curve: list[tuple[int, EvalMetrics]], rewards: list[float]) -> bytes:
+    """The held-out accuracy by cycles trained (0: the base model) beside the training reward."""
+    lines = [
+        Line(label, [(cycle + 1, getattr(metrics, name)) for cycle, metrics in curve])
+        for label, name in (("greedy", "reward_mean"), ("sampled", "sampled_reward_mean"))
+    ]
+    reward = Line("reward_mean", [(cycle + 1, value) for cycle, value in enumerate(rewards)])
+    return render_png(
+        [
+            Panel("held-out accuracy", "cycles trained", lines),
+            Panel("training reward", "cycles trained", [reward]),
+        ]
+    )
+
+
+def main() -> None:
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")  # busy CPU
+    quiet_prefect()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--config", type=Path, default=ROOT / "examples" / "smollm2-arithmetic.toml"
+    )
+    parser.add_argument("--cycles", type=int)
+    parser.add_argument("--eval-every", type=int)
+    parser.add_argument("--learning-rate", type=float)
+    parser.add_argument("--group-size", type=int)
+    parser.add_argument("--prompts-per-cycle", type=int)
+    parser.add_argument("--max-tokens", type=int)
+    parser.add_argument("--picture", type=Path, help="write the learning curves here (PNG)")
+    options = parser.parse_args()
+    overrides = {name: getattr(options, name) for name in (*OVERRIDES, "max_tokens")}
+    config = validated(RLConfig, settings_with_overrides(options.config, overrides))
+    if hf_cache.snapshot(config.base_model) is None:
+        sys.exit(
+            f"{config.base_model} is not in {hf_cache.cache_dir()}: "
+            "run `whitney-flows models pull smollm2-135m-instruct` first"
+        )
+    print(f"machine: {machine()}", flush=True)
+    print(
+        f"config: {options.config.name}, {config.cycles} cycles of {config.prompts_per_cycle} "
+        f"prompts x {config.group_size} samples x {config.max_tokens} tokens, "
+        f"lr {config.learning_rate:g}, eval every {config.eval_every}",
+        flush=True,
+    )
+    with EmbeddedWhitney(hf_cache=hf_cache.cache_dir()) as server:
+        os.environ["WHITNEY_API_KEY"] = server.api_key
+        config = config.model_copy(update={"api_url": server.url})
+        plan = check_rl_config(config).evaluation
+        assert plan is not None, "the config needs eval_every > 0"
+        started = time.perf_counter()
+        with WhitneyClient(server.url, server.api_key) as client:
+            before = evaluate_base(client, config, plan)
+        print(f"before training: {describe(before)}", flush=True)
+        with tempfile.TemporaryDirectory(prefix="whitney-bench-") as scratch:
+            metrics = Path(scratch) / "metrics.jsonl"
+            stop = threading.Event()
+            progress = threading.Thread(target=follow, args=(metrics, stop), daemon=True)
+            progress.start()
+            result = rl_flow(config.model_copy(update={"metrics_path": str(metrics)}))
+            stop.set()
+            progress.join()
+        minutes = (time.perf_counter() - started) / 60
+    print(f"machine at the end: {machine()}")
+    print("reward per cycle: " + " ".join(f"{c.reward_mean:.2f}" for c in result.cycles))
+    curve = [(-1, before)] + [(c.cycle, c.eval) for c in result.cycles if c.eval is not None]
+    for cycle, metrics in curve:
+        label = "base model" if cycle < 0 else f"after cycle {cycle}"
+        print(f"  {label:>16}: {describe(metrics)}")
+    if options.picture:
+        options.picture.write_bytes(picture(curve, [c.reward_mean for c in result.cycles]))
+        print(f"learning curves: {options.picture}")
+    after = curve[-1][1]
+    print(
+        f"held-out greedy accuracy {before.reward_mean:.3f} -> {after.reward_mean:.3f} "
+        f"({after.reward_mean - before.reward_mean:+.3f}) in {minutes:.1f} minutes "
+        f"(base evaluation, {len(result.cycles)} cycles and their evaluations), "
+        f"{config.base_model}, on {cpu_model()}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""Parity on a real checkpoint: SmolLM2-135M-Instruct as `models pull` imports it (skipped where
+it is not pulled, failed under CI: tests.hfmodels.real_model). The server's logprobs of the
+base model are transformers' float32 forward on the same tokens within 1e-3 (TOLERANCE says
+why not 1e-4); after a few SFT steps the exported adapter, loaded offline with
+AutoPeftModelForCausalLM and merged with AutoModelForCausalLM, computes them within 1e-3,
+and its greedy generation is the server's `sample` with top_k 1, token for token, on
+held-out arithmetic prompts."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from flows.core.environments.arithmetic import ArithmeticEnvironment
+from tests.export.helpers import export, new_client
+from tests.hfmodels.real_model import REPO_ID, real_model_snapshot
+from whitney import hf_cache
+from whitney.local import EmbeddedWhitney
+from whitney.renderers import get_renderer
+from whitney.tokenizers import get_tokenizer
+
+TOLERANCE = 1e-3
+"""Most absolute difference of a token's logprob, server against transformers (float32).
+Measured: 5.3e-4 on these chats, and 5.4e-4 against transformers in float64, whose float32
+forward is within 4e-5 of it: the engine's exact dot products round each operand row to a
+fixed-point grid (whitney/local/engine/exact.py), which on this 30-layer model costs more
+than float32 BLAS does. The tiny checkpoints hold 1e-5 (tests/hfmodels/test_hf_serving.py)."""
+CHATS = [
+    [
+        {"role": "user", "content": "What is 3 + 4?"},
+        {"role": "assistant", "content": "3 + 4 = 7"},
+    ],
+    [
+        {"role": "user", "content": "What is 8 + 1?"},
+        {"role": "assistant", "content": "8 + 1 = 9"},
+    ],
+]
+GREEDY_TOKENS = 8
+
+
+@pytest.fixture(scope="module")
+def snapshot() -> Path:
+    return real_model_snapshot()
+
+
+@pytest.fixture(scope="module")
+def server(snapshot: Path):
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        with EmbeddedWhitney(hf_cache=hf_cache.cache_dir()) as running:
+            yield running
+
+
+@pytest.fixture(scope="module")
+def renderer(snapshot: Path):
+    return get_renderer("chat_template", get_tokenizer(REPO_ID), REPO_ID)
+
+
+def sft_payload(renderer) -> dict:
+    data = [renderer.build_supervised(chat).datum() for chat in CHATS]
+    return {"data": data, "loss_function": "cross_entropy", "loss_config": {}}
+
+
+def server_target_logprobs(client, run_id: str, payload: dict) -> list[torch.Tensor]:
+    """The logprob of each datum's target tokens under the run's weights (`forward`)."""
+    outputs = client.run_operation(run_id, "forward", payload)["outputs"]
+    return [torch.tensor(output["logprobs"]) for output in outputs]
+
+
+def hf_target_logprobs(model: torch.nn.Module, payload: dict) -> list[torch.Tensor]:
+    """The same numbers from a transformers model's own float32 forward."""
+    rows = []
+    for datum in payload["data"]:
+        tokens = torch.tensor([datum["input"]["token_ids"]])
+        targets = torch.tensor(datum["loss_inputs"]["target_tokens"]["values"])
+        with torch.no_grad():
+            log_probs = model(tokens).logits[0].float().log_softmax(-1)
+        rows.append(log_probs.gather(1, targets[:, None])[:, 0])
+    return rows
+
+
+def max_difference(left: list[torch.Tensor], right: list[torch.Tensor]) -> float:
+    return max((a - b).abs().max().item() for a, b in zip(left, right, strict=True))
+
+
+def until_stop(tokens: list[int], stops: set[int]) -> list[int]:
+    """The tokens up to and including the first stop token."""
+    for index, token in enumerate(tokens):
+        if token in stops:
+            return tokens[: index + 1]
+    return tokens
+
+
+def test_the_base_models_logprobs_are_transformers(server, snapshot: Path, renderer):
+    from transformers import AutoModelForCausalLM
+
+    payload = sft_payload(renderer)
+    with new_client(server) as client:
+        session = client.open_session({"test": "real-parity"}).session_id
+        run_id = client.create_run(session, "local", REPO_ID, lora_rank=8).run_id
+        served = server_target_logprobs(client, run_id, payload)
+        client.close_session(session)
+    model = AutoModelForCausalLM.from_pretrained(snapshot, dtype=torch.float32).eval()
+    assert max_difference(served, hf_target_logprobs(model, payload)) <= TOLERANCE
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # PEFT calls a deprecated API
+def test_the_exported_adapter_is_the_servers_model(server, renderer, tmp_path: Path):
+    from peft import AutoPeftModelForCausalLM
+    from transformers import AutoModelForCausalLM
+
+    payload = sft_payload(renderer)
+    prompts = [
+        renderer.build_generation_prompt(prompt)
+        for prompt in ArithmeticEnvironment().eval_prompts()[:4]
+    ]
+    stops = set(renderer.stop_tokens)
+    with new_client(server) as client:
+        session = client.open_session({"test": "real-export"}).session_id
+        run_id = client.create_run(session, "local", REPO_ID, lora_rank=8, seed=1).run_id
+        for _ in range(3):
+            client.run_operation(run_id, "forward_backward", payload)
+            client.run_operation(
+                run_id, "optim_step", {"optimizer": {"type": "adamw", "learning_rate": 1e-3}}
+            )
+        served = server_target_logprobs(client, run_id, payload)
+        sampler = client.run_operation(run_id, "save_weights_for_sampler", {})["sampler_id"]
+        greedy = [
+            client.sampler_operation(
+                run_id,
+                sampler,
+                "sample",
+                {
+                    "prompt": {"token_ids": prompt},
+                    "sampling_params": {
+                        "max_tokens": GREEDY_TOKENS,
+                        "top_k": 1,
+                        "seed": 0,
+                        "stop_token_ids": sorted(stops),
+                    },
+                },
+            )["sequences"][0]["tokens"]
+            for prompt in prompts
+        ]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        for options, name in (((), "peft"), (("--merged",), "merged")):
+            code = export(run_id, tmp_path / name, *options, url=server.url, key=server.api_key)
+            assert code == 0
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)
+            peft_model = AutoPeftModelForCausalLM.from_pretrained(tmp_path / "peft").eval()
+        merged = AutoModelForCausalLM.from_pretrained(tmp_path / "merged").eval()
+    with peft_model.disable_adapter():  # the adapter moved the model
+        assert max_difference(served, hf_target_logprobs(peft_model, payload)) > 100 * TOLERANCE
+    for model in (peft_model, merged):
+        assert max_difference(served, hf_target_logprobs(model, payload)) <= TOLERANCE
+    for prompt, tokens in zip(prompts, greedy, strict=True):
+        with torch.no_grad():
+            generated = peft_model.generate(
+                input_ids=torch.tensor([prompt]),
+                attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                max_new_tokens=GREEDY_TOKENS,
+                do_sample=False,
+                eos_token_id=sorted(stops),
+                pad_token_id=sorted(stops)[0],
+            )[0, len(prompt) :].tolist()
+        assert until_stop(generated, stops) == until_stop(tokens, stops)
