@@ -1,11 +1,12 @@
 """The engine (`EngineRun` in-process) against what a user would run instead, transformers +
 PEFT (LoRA r8 on q,k,v,o,gate,up,down, the same base weights, the same tokens), side by side in
 alternating worker processes: forward, forward_backward (cross_entropy, and RL-shaped datums
-whose first half, the prompt, weighs 0), logprobs, and sample (a group of samples of one prompt,
-and several prompts, `--new-tokens` each). Prints each median, the engine/PEFT ratio, tokens per
-second and the achieved GFLOPS against the machine's float32 (and float64) matmul rate, measured
-first. Then, on local/tiny, a cycle against the engine before it was exact
-(`benchmarks/engine_cycle.py`).
+whose first half, the prompt, weighs 0), a train step (cross_entropy forward_backward then an
+AdamW step, so the engine's next forward rebuilds its merged weights), logprobs, and sample (a
+group of samples of one prompt, and several prompts, `--new-tokens` each). Prints each median,
+the engine/PEFT ratio, tokens per second and the achieved GFLOPS against the machine's float32
+(and float64) matmul rate, measured first. Then, on local/tiny, a cycle against the engine
+before it was exact (`benchmarks/engine_cycle.py`).
 
     python benchmarks/engine_vs_peft.py [--model local/SmolLM2-135M-Instruct-Q4_1]
         [--hf-cache /work/models/hf-cache] [--threads 2] [--rounds 2] [--reps 1]
@@ -36,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 STORY = "Write a long, detailed story about a lighthouse keeper and a storm, in plain prose."
-WORK = ("forward", "forward_backward", "forward_backward_rl", "logprobs")
+WORK = ("forward", "forward_backward", "forward_backward_rl", "train_step", "logprobs")
 
 
 def log(message: str) -> None:
@@ -114,6 +115,8 @@ class EngineSide:
             return
         payload = self.payload(batch, rl=kind == "forward_backward_rl")
         self.run.forward(payload, backward=kind != "forward")
+        if kind == "train_step":  # the adapter changes: the next forward rebuilds its weights
+            self.run.optim_step({"type": "adamw", "learning_rate": 1e-6})
 
     def sample(self, prompts: list[list[int]], samples: int, new_tokens: int) -> int:
         params = {"max_tokens": new_tokens, "temperature": 1.0, "seed": 1}
@@ -143,6 +146,8 @@ class PeftSide:
         self.vocab = base.config.vocab_size
         self.eos = base.config.eos_token_id
         self.torch = torch
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=1e-6, weight_decay=0.0)
 
     def logprobs_of(self, ids, targets):
         logits = self.model(input_ids=ids).logits.float()
@@ -166,6 +171,8 @@ class PeftSide:
         else:
             loss = -lp.sum()
         loss.backward()
+        if kind == "train_step":
+            self.optimizer.step()
         self.model.zero_grad(set_to_none=True)
 
     def sample(self, prompts: list[list[int]], samples: int, new_tokens: int) -> int:
@@ -273,7 +280,7 @@ def flops(cfg: dict, kind: str, batch: int, length: int) -> float:
     per_layer = h * (heads * d + 2 * kv * d) + heads * d * h + 3 * h * inter
     tokens = batch * length
     forward = 2 * tokens * (layers * per_layer + vocab * h) + 4 * batch * length**2 * heads * d
-    return forward * (2 if kind.startswith("forward_backward") else 1)
+    return forward * (1 if kind in ("forward", "logprobs") else 2)
 
 
 def model_shape(args: argparse.Namespace) -> dict:

@@ -26,7 +26,14 @@ from whitney.errors import (
 )
 from whitney.local.engine import checkpoint, exact, losses, validation
 from whitney.local.engine.lora import Lora
-from whitney.local.engine.model import CONFIGS, ExactLinear, Llama, ModelConfig, init_weights
+from whitney.local.engine.model import (
+    CONFIGS,
+    ExactLinear,
+    LayerWeights,
+    Llama,
+    ModelConfig,
+    init_weights,
+)
 from whitney.local.engine.optim import AdamW
 from whitney.local.engine.sampling import sample
 
@@ -151,6 +158,7 @@ class EngineRun:
         self.snapshot_bases: dict[int, dict[str, Tensor]] = {}  # and the base it adapts
         self.samplers: dict[str, int] = {}  # sampler_id -> weights_version
         self.sampler_models: OrderedDict[int, Llama] = OrderedDict()
+        self.trainer_layers: tuple[int, Llama, list[LayerWeights]] | None = None  # see `layers`
         self.interrupt = threading.Event()  # set to cancel the running operation (the worker's)
 
     @classmethod
@@ -253,7 +261,7 @@ class EngineRun:
         """Per-token logprobs of the targets (policy) or values (critic) [B, T]. Datums run in
         chunks of similar length, to pad less; every chunking gives the same bits."""
         order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-        layers = self.model.layer_weights()
+        layers = self.layers()
         parts = []
         for start in range(0, len(order), FORWARD_CHUNK):
             self.check_interrupt()
@@ -271,6 +279,15 @@ class EngineRun:
                 part = logp.gather(-1, targets[chunk, :width].unsqueeze(-1)).squeeze(-1)
             parts.append(F.pad(part, (0, ids.shape[1] - width)))
         return torch.cat(parts)[torch.tensor(order).argsort()]
+
+    def layers(self) -> list[LayerWeights]:
+        """The trainer's fixed-point merged weights, built once per weights version (the adapter
+        changes only with one: optim_step, load_state) and reused by every forward until then."""
+        cached = self.trainer_layers
+        if cached is None or cached[0] != self.weights_version or cached[1] is not self.model:
+            self.trainer_layers = None  # free the old ones before building the new
+            self.trainer_layers = (self.weights_version, self.model, self.model.layer_weights())
+        return self.trainer_layers[2]
 
     def optim_step(self, optimizer: dict) -> OpOutput:
         """One AdamW update from the accumulated gradients; clears them. A non-finite grad norm,
