@@ -1,11 +1,16 @@
 """Work the engine reuses or skips changes no bit it returns: the trainer's merged weights,
 reused until the adapter changes, give the numbers a fresh build gives (the sampler's, built
 from a snapshot of the same adapter), and stale ones are never used after an optim_step or a
-load_state."""
+load_state; the target logprobs computed over chunks of positions are the bits of the whole
+log-softmax gathered, and so are their gradients where the logits are kept for the backward
+(recomputed chunk by chunk, the gradients go through float32 BLAS on other shapes: close)."""
 
 from __future__ import annotations
 
-from whitney.local.engine import EngineRun
+import pytest
+import torch
+
+from whitney.local.engine import EngineRun, exact, model
 
 from .helpers import datum, make_sequences, train_a_little
 
@@ -37,3 +42,31 @@ def test_reused_trainer_weights_are_those_of_the_current_adapter(tmp_path) -> No
     assert sampler_logprobs(run, "two", sequences) == second
     run.load_state(tmp_path / "one")
     assert forward_logprobs(run, sequences) == first
+
+
+@pytest.mark.parametrize(
+    ("chunk", "saved"), [(model.LOGITS_CHUNK, model.SAVED_LOGITS), (600, 10**9), (600, 0), (1, 0)]
+)
+def test_target_logprobs_are_the_whole_log_softmax_gathered(monkeypatch, chunk, saved) -> None:
+    run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=5)
+    train_a_little(run, steps=1)
+    ids = torch.randint(0, 258, (3, 12), generator=torch.Generator().manual_seed(1))
+    targets = ids[:, 1:]
+    with torch.no_grad():
+        hidden = run.model.hidden(ids[:, :-1])
+    hidden.requires_grad_()
+    upstream = torch.randn(targets.shape, generator=torch.Generator().manual_seed(2))
+    logprobs = exact.log_softmax(run.model.logits(hidden))
+    want = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    (want_grad,) = torch.autograd.grad(want, hidden, upstream)
+    monkeypatch.setattr(model, "LOGITS_CHUNK", chunk)
+    monkeypatch.setattr(model, "SAVED_LOGITS", saved)
+    got = run.model.target_logprobs(hidden, targets)
+    (got_grad,) = torch.autograd.grad(got, hidden, upstream)
+    assert torch.equal(got, want)
+    if saved:
+        assert torch.equal(got_grad, want_grad)
+    else:
+        torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-7)
+    with torch.no_grad():
+        assert torch.equal(run.model.target_logprobs(hidden, targets), want)

@@ -42,6 +42,8 @@ GROUPS = {  # projections that read the same input run as one matmul (bitwise th
     "down": PROJECTIONS[6:],
 }
 VALUE_BITS = 21  # per part of a value on its static grid; see `value_grid`
+LOGITS_CHUNK = 1 << 22  # logits per chunk of rows in `TargetLogprobs` (elements, at least a row)
+SAVED_LOGITS = 1 << 26  # up to this many logits are kept for the backward; more are recomputed
 Check = Callable[[], None]  # called between stages of the work; raises to stop it
 
 
@@ -348,6 +350,64 @@ class LoraLinear(torch.autograd.Function):
         return grad_y @ merged, None, None, None, *grads
 
 
+class TargetLogprobs(torch.autograd.Function):
+    """log_softmax(hidden @ head.T)[target] per position, exact in value (`exact.log_softmax`,
+    row by row, so chunking changes no bit), over chunks of positions: the [positions, vocab]
+    logits never exist at once in float64. The gradient is torch's log_softmax's through the
+    float head: from all the logits at once where they fit in SAVED_LOGITS (the kernels and
+    bits of a plain gather of log_softmax), else recomputed chunk by chunk (float32 BLAS on
+    other shapes: the same bits on every run of one machine, not those of one big product)."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, fixed: Tensor, weight: Tensor, targets: Tensor):
+        rows, flat = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1)
+        keep = ctx.needs_input_grad[0] and rows.shape[0] * fixed.shape[0] <= SAVED_LOGITS
+        kept = torch.empty(rows.shape[0], fixed.shape[0]) if keep else None
+        values, start = [], 0
+        for part, target in row_chunks(fixed.shape[0], rows, flat):
+            logits = exact.linear(part, fixed)
+            values.append(exact.log_softmax(logits).gather(-1, target).squeeze(-1))
+            if kept is not None:
+                kept[start : start + len(part)] = logits
+            start += len(part)
+        if ctx.needs_input_grad[0]:
+            ctx.save_for_backward(hidden, fixed, weight, targets)
+            ctx.kept = kept
+        return torch.cat(values).view(targets.shape)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        hidden, fixed, weight, targets = ctx.saved_tensors
+        rows, flat, grads = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1), grad
+        if ctx.kept is not None:
+            grad_hidden = head_gradient(ctx.kept, flat, grads.reshape(-1, 1), weight)
+        else:
+            grad_hidden = torch.cat(
+                [
+                    head_gradient(exact.linear(part, fixed), target, g, weight)
+                    for part, target, g in row_chunks(
+                        fixed.shape[0], rows, flat, grads.reshape(-1, 1)
+                    )
+                ]
+            )
+        ctx.kept = None
+        return grad_hidden.view(hidden.shape), None, None, None
+
+
+def head_gradient(logits: Tensor, targets: Tensor, grad: Tensor, weight: Tensor) -> Tensor:
+    """The gradient to the head's input of log_softmax(logits) gathered at `targets`, as autograd
+    computes it: scattered (added into zeros), through log_softmax's backward, times the head."""
+    grad_logits = torch.zeros_like(logits).scatter_add_(-1, targets, grad)
+    soft = torch.log_softmax(logits, -1)
+    return torch._log_softmax_backward_data(grad_logits, soft, -1, logits.dtype) @ weight
+
+
+def row_chunks(vocab: int, *tensors: Tensor) -> list[tuple[Tensor, ...]]:
+    """The tensors split alike along their first dim, into chunks of at most LOGITS_CHUNK logits."""
+    size = max(1, LOGITS_CHUNK // vocab)
+    return list(zip(*(t.split(size) for t in tensors), strict=True))
+
+
 @dataclass(frozen=True)
 class LayerWeights:
     """One layer's projections on fixed-point rows (grouped), its value grid, the biases of its
@@ -524,6 +584,10 @@ class Llama:
         if cache is not None:
             cache.positions += T
         return rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_eps)
+
+    def target_logprobs(self, hidden: Tensor, targets: Tensor) -> Tensor:
+        """log p(target | position) for hidden states [..., hidden] and targets [...]."""
+        return TargetLogprobs.apply(hidden, self.head, self.w["lm_head.weight"], targets)
 
     def logits(self, hidden: Tensor) -> Tensor:
         if torch.is_grad_enabled() and hidden.requires_grad:

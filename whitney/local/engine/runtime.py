@@ -275,8 +275,7 @@ class EngineRun:
                 values = ExactLinear.apply(hidden, exact.weight(weight), weight)
                 part = (values + self.value_head["value_head.bias"]).squeeze(-1)
             else:
-                logp = exact.log_softmax(self.model.logits(hidden))
-                part = logp.gather(-1, targets[chunk, :width].unsqueeze(-1)).squeeze(-1)
+                part = self.model.target_logprobs(hidden, targets[chunk, :width])
             parts.append(F.pad(part, (0, ids.shape[1] - width)))
         return torch.cat(parts)[torch.tensor(order).argsort()]
 
@@ -392,8 +391,10 @@ class EngineRun:
                 for row, i in enumerate(chunk):
                     ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
                 hidden = model.hidden(ids, check=self.check_interrupt)
-                logp = exact.log_softmax(model.logits(hidden))[:, :-1]
-                lp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+                lengths = torch.tensor([len(sequences[i]) - 1 for i in chunk])
+                scored = torch.arange(width - 1)[None, :] < lengths[:, None]  # not padding
+                lp = torch.zeros(len(chunk), width - 1)
+                lp[scored] = model.target_logprobs(hidden[:, :-1][scored], ids[:, 1:][scored])
                 for row, i in enumerate(chunk):
                     values = lp[row, : len(sequences[i]) - 1]
                     require_finite("logprobs", values)
