@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from whitney.local.engine import EngineRun, exact, model
+from whitney.local.engine import EngineRun, exact, model, runtime
 
 from .helpers import datum, make_sequences, train_a_little
 
@@ -70,3 +70,37 @@ def test_target_logprobs_are_the_whole_log_softmax_gathered(monkeypatch, chunk, 
         torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-7)
     with torch.no_grad():
         assert torch.equal(run.model.target_logprobs(hidden, targets), want)
+
+
+def trained_outputs_and_grads(run: EngineRun, sequences: list[list[int]]):
+    for p in run.trainable_parameters().values():
+        p.grad = None
+    data = [datum(s[:-1], s[1:]) for s in sequences]
+    result = run.forward({"data": data, "loss_function": "cross_entropy"}, backward=True).result
+    grads = {n: p.grad.clone() for n, p in run.trainable_parameters().items()}
+    return result, grads
+
+
+def test_recomputed_layers_give_the_same_outputs_and_gradients(monkeypatch) -> None:
+    run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=5)
+    train_a_little(run, steps=1)
+    sequences = make_sequences(11, 6, lengths=(5, 40))
+    kept, kept_grads = trained_outputs_and_grads(run, sequences)
+    monkeypatch.setattr(runtime, "SAVED_ACTIVATIONS", 0)
+    recomputed, recomputed_grads = trained_outputs_and_grads(run, sequences)
+    assert recomputed == kept
+    assert recomputed_grads.keys() == kept_grads.keys()
+    assert all(torch.equal(recomputed_grads[n], g) for n, g in kept_grads.items())
+
+
+def test_a_token_budget_per_forward_changes_no_output(monkeypatch) -> None:
+    run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=5)
+    train_a_little(run, steps=1)
+    sequences = make_sequences(12, 7, lengths=(5, 40))
+    whole, whole_grads = trained_outputs_and_grads(run, sequences)
+    monkeypatch.setattr(runtime, "CHUNK_TOKENS", 50)  # one or two datums per forward
+    assert len(runtime.forward_chunks(list(range(7)), [len(s) - 1 for s in sequences])) > 3
+    split, split_grads = trained_outputs_and_grads(run, sequences)
+    assert split == whole
+    for name, grad in whole_grads.items():  # float32 BLAS on other shapes: close
+        torch.testing.assert_close(split_grads[name], grad, rtol=1e-3, atol=1e-5)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import Tensor
 
 from whitney.local.engine import exact
@@ -283,12 +284,12 @@ class Attention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, probs, out = ctx.saved_tensors
         heads, scale = q.shape[1], 1.0 / math.sqrt(q.shape[-1])
+        groups = heads // k.shape[1]
         k, v = repeat_heads(k, heads), repeat_heads(v, heads)
         grad_v = probs.transpose(-1, -2) @ grad_out
         grad_p = grad_out @ v.transpose(-1, -2)
         grad_s = probs * (grad_p - (grad_out * out).sum(-1, keepdim=True)) * scale
         grad_q, grad_k = grad_s @ k, grad_s.transpose(-1, -2) @ q
-        groups = heads // ctx.saved_tensors[1].shape[1]
         if groups > 1:
             grad_k = grad_k.unflatten(1, (-1, groups)).sum(2)
             grad_v = grad_v.unflatten(1, (-1, groups)).sum(2)
@@ -560,30 +561,57 @@ class Llama:
         cache: KVCache | None = None,
         layers: list[LayerWeights] | None = None,
         check: Check | None = None,
+        recompute: bool = False,
     ) -> Tensor:
         """Final-norm hidden states [B, T, hidden] of token ids [B, T]; right padding is harmless
         (causal attention never looks ahead). With a cache, continues at each row's position;
         `layers` reuses the weights of `layer_weights()` across calls. `check` is called before
         each attention and MLP, between the attention's stages and, in the backward, after each
-        layer's (it raises to stop the work)."""
+        layer's (it raises to stop the work). `recompute` keeps only each layer's input for the
+        backward and runs the layer again there (the same bits: its arithmetic is exact)."""
         B, T = ids.shape
         start = torch.zeros(B, dtype=torch.long) if cache is None else cache.positions
         positions = start[:, None] + torch.arange(T)[None, :]
         x = F.embedding(ids, self.w["model.embed_tokens.weight"])
         probe = check or no_check
         for n, layer in enumerate(layers or self.layer_weights()):
-            probe()
-            p = f"model.layers.{n}."
-            attn_in = rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_eps)
-            x = x + self.attention(attn_in, n, layer, positions, cache, probe)
-            probe()
-            mlp_in = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_eps)
-            x = x + self.mlp(mlp_in, layer)
+            if recompute and x.requires_grad:
+                x = torch.utils.checkpoint.checkpoint(
+                    self.block,
+                    x,
+                    n,
+                    layer,
+                    positions,
+                    cache,
+                    probe,
+                    use_reentrant=False,
+                    preserve_rng_state=False,
+                )
+            else:
+                x = self.block(x, n, layer, positions, cache, probe)
             if check is not None and x.requires_grad:
                 x = Checkpoint.apply(x, check)
         if cache is not None:
             cache.positions += T
         return rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_eps)
+
+    def block(
+        self,
+        x: Tensor,
+        n: int,
+        layer: LayerWeights,
+        positions: Tensor,
+        cache: KVCache | None,
+        probe: Check,
+    ) -> Tensor:
+        """Decoder layer n: x plus attention, plus the MLP."""
+        probe()
+        p = f"model.layers.{n}."
+        attn_in = rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_eps)
+        x = x + self.attention(attn_in, n, layer, positions, cache, probe)
+        probe()
+        mlp_in = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_eps)
+        return x + self.mlp(mlp_in, layer)
 
     def target_logprobs(self, hidden: Tensor, targets: Tensor) -> Tensor:
         """log p(target | position) for hidden states [..., hidden] and targets [...]."""

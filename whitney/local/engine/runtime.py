@@ -41,6 +41,8 @@ BASE_MODELS: tuple[str, ...] = ("local/nano", "local/tiny", "local/small")
 SAMPLER_MODELS_KEPT = 2  # merged sampling copies kept built; older snapshots are rebuilt on use
 LOGPROBS_CHUNK = 16  # sequences per forward in `logprobs` (any chunking gives the same bits)
 FORWARD_CHUNK = 16  # datums per forward pass in `forward` / `forward_backward`, likewise
+CHUNK_TOKENS = 4096  # and at most this many positions (padding included), unless one datum
+SAVED_ACTIVATIONS = 1 << 30  # bytes of a backward's activations above which layers recompute
 
 _bases: dict[str, tuple[ModelConfig, dict[str, Tensor]]] = {}
 _bases_lock = threading.Lock()
@@ -129,6 +131,25 @@ def collate(data: list[validation.Datum]) -> tuple[Tensor, dict[str, Tensor], li
                 inputs[name] = torch.where(valid, torch.nan, 0.0)
             inputs[name][i, :n] = torch.tensor(values, dtype=torch.float32)
     return ids, inputs, lengths
+
+
+def forward_chunks(order: list[int], lengths: list[int]) -> list[list[int]]:
+    """Datums in `order` (by length) cut into forward passes of at most FORWARD_CHUNK datums and
+    CHUNK_TOKENS padded positions (a longer datum alone)."""
+    chunks: list[list[int]] = []
+    for i in order:
+        last = chunks[-1] if chunks else []
+        fits = len(last) < FORWARD_CHUNK and (len(last) + 1) * lengths[i] <= CHUNK_TOKENS
+        if last and fits:
+            last.append(i)
+        else:
+            chunks.append([i])
+    return chunks
+
+
+def activation_bytes(cfg: ModelConfig, tokens: int) -> int:
+    """About what a backward keeps of a forward of `tokens` positions (float32 activations)."""
+    return 4 * tokens * cfg.num_layers * (10 * cfg.hidden_size + 5 * cfg.intermediate_size)
 
 
 class EngineRun:
@@ -262,13 +283,15 @@ class EngineRun:
         chunks of similar length, to pad less; every chunking gives the same bits."""
         order = sorted(range(len(lengths)), key=lambda i: lengths[i])
         layers = self.layers()
+        recompute = torch.is_grad_enabled() and activation_bytes(self.cfg, sum(lengths)) > (
+            SAVED_ACTIVATIONS
+        )
         parts = []
-        for start in range(0, len(order), FORWARD_CHUNK):
+        for chunk in forward_chunks(order, lengths):
             self.check_interrupt()
-            chunk = order[start : start + FORWARD_CHUNK]
             width = max(lengths[i] for i in chunk)
             hidden = self.model.hidden(
-                ids[chunk, :width], layers=layers, check=self.check_interrupt
+                ids[chunk, :width], layers=layers, check=self.check_interrupt, recompute=recompute
             )
             if self.role == "critic":
                 weight = self.value_head["value_head.weight"]
