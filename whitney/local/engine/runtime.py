@@ -41,7 +41,7 @@ BASE_MODELS: tuple[str, ...] = ("local/nano", "local/tiny", "local/small")
 SAMPLER_MODELS_KEPT = 2  # merged sampling copies kept built; older snapshots are rebuilt on use
 LOGPROBS_CHUNK = 16  # sequences per forward in `logprobs` (any chunking gives the same bits)
 FORWARD_CHUNK = 16  # datums per forward pass in `forward` / `forward_backward`, likewise
-CHUNK_TOKENS = 4096  # and at most this many positions (padding included), unless one datum
+CHUNK_TOKENS = 2048  # and at most this many positions (padding included), unless one datum
 SAVED_ACTIVATIONS = 1 << 30  # bytes of a backward's activations above which layers recompute
 
 _bases: dict[str, tuple[ModelConfig, dict[str, Tensor]]] = {}
