@@ -104,3 +104,22 @@ def test_a_token_budget_per_forward_changes_no_output(monkeypatch) -> None:
     assert split == whole
     for name, grad in whole_grads.items():  # float32 BLAS on other shapes: close
         torch.testing.assert_close(split_grads[name], grad, rtol=1e-3, atol=1e-5)
+
+
+def test_target_logprobs_check_between_chunks(monkeypatch) -> None:
+    """A long head (many chunks) stops at the next chunk once its check raises."""
+    run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=5)
+    ids = torch.randint(0, 258, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        hidden = run.model.hidden(ids[:, :-1])
+    monkeypatch.setattr(model, "LOGITS_CHUNK", 1)
+    calls = []
+
+    def check() -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise InterruptedError
+
+    with pytest.raises(InterruptedError), torch.no_grad():
+        run.model.target_logprobs(hidden, ids[:, 1:], check)
+    assert len(calls) == 3

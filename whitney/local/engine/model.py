@@ -357,15 +357,17 @@ class TargetLogprobs(torch.autograd.Function):
     logits never exist at once in float64. The gradient is torch's log_softmax's through the
     float head: from all the logits at once where they fit in SAVED_LOGITS (the kernels and
     bits of a plain gather of log_softmax), else recomputed chunk by chunk (float32 BLAS on
-    other shapes: the same bits on every run of one machine, not those of one big product)."""
+    other shapes: the same bits on every run of one machine, not those of one big product).
+    `check` runs before each chunk."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, fixed: Tensor, weight: Tensor, targets: Tensor):
+    def forward(ctx, hidden: Tensor, fixed: Tensor, weight: Tensor, targets: Tensor, check: Check):
         rows, flat = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1)
         keep = ctx.needs_input_grad[0] and rows.shape[0] * fixed.shape[0] <= SAVED_LOGITS
         kept = torch.empty(rows.shape[0], fixed.shape[0]) if keep else None
         values, start = [], 0
         for part, target in row_chunks(fixed.shape[0], rows, flat):
+            check()
             logits = exact.linear(part, fixed)
             values.append(exact.log_softmax(logits).gather(-1, target).squeeze(-1))
             if kept is not None:
@@ -373,7 +375,7 @@ class TargetLogprobs(torch.autograd.Function):
             start += len(part)
         if ctx.needs_input_grad[0]:
             ctx.save_for_backward(hidden, fixed, weight, targets)
-            ctx.kept = kept
+            ctx.kept, ctx.check = kept, check
         return torch.cat(values).view(targets.shape)
 
     @staticmethod
@@ -383,16 +385,13 @@ class TargetLogprobs(torch.autograd.Function):
         if ctx.kept is not None:
             grad_hidden = head_gradient(ctx.kept, flat, grads.reshape(-1, 1), weight)
         else:
-            grad_hidden = torch.cat(
-                [
-                    head_gradient(exact.linear(part, fixed), target, g, weight)
-                    for part, target, g in row_chunks(
-                        fixed.shape[0], rows, flat, grads.reshape(-1, 1)
-                    )
-                ]
-            )
+            parts = []
+            for part, target, g in row_chunks(fixed.shape[0], rows, flat, grads.reshape(-1, 1)):
+                ctx.check()
+                parts.append(head_gradient(exact.linear(part, fixed), target, g, weight))
+            grad_hidden = torch.cat(parts)
         ctx.kept = None
-        return grad_hidden.view(hidden.shape), None, None, None
+        return grad_hidden.view(hidden.shape), None, None, None, None
 
 
 def head_gradient(logits: Tensor, targets: Tensor, grad: Tensor, weight: Tensor) -> Tensor:
@@ -613,9 +612,9 @@ class Llama:
         mlp_in = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_eps)
         return x + self.mlp(mlp_in, layer)
 
-    def target_logprobs(self, hidden: Tensor, targets: Tensor) -> Tensor:
+    def target_logprobs(self, hidden: Tensor, targets: Tensor, check: Check = no_check) -> Tensor:
         """log p(target | position) for hidden states [..., hidden] and targets [...]."""
-        return TargetLogprobs.apply(hidden, self.head, self.w["lm_head.weight"], targets)
+        return TargetLogprobs.apply(hidden, self.head, self.w["lm_head.weight"], targets, check)
 
     def logits(self, hidden: Tensor) -> Tensor:
         if torch.is_grad_enabled() and hidden.requires_grad:

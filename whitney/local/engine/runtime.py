@@ -298,7 +298,9 @@ class EngineRun:
                 values = ExactLinear.apply(hidden, exact.weight(weight), weight)
                 part = (values + self.value_head["value_head.bias"]).squeeze(-1)
             else:
-                part = self.model.target_logprobs(hidden, targets[chunk, :width])
+                part = self.model.target_logprobs(
+                    hidden, targets[chunk, :width], self.check_interrupt
+                )
             parts.append(F.pad(part, (0, ids.shape[1] - width)))
         return torch.cat(parts)[torch.tensor(order).argsort()]
 
@@ -417,7 +419,9 @@ class EngineRun:
                 lengths = torch.tensor([len(sequences[i]) - 1 for i in chunk])
                 scored = torch.arange(width - 1)[None, :] < lengths[:, None]  # not padding
                 lp = torch.zeros(len(chunk), width - 1)
-                lp[scored] = model.target_logprobs(hidden[:, :-1][scored], ids[:, 1:][scored])
+                lp[scored] = model.target_logprobs(
+                    hidden[:, :-1][scored], ids[:, 1:][scored], self.check_interrupt
+                )
                 for row, i in enumerate(chunk):
                     values = lp[row, : len(sequences[i]) - 1]
                     require_finite("logprobs", values)
