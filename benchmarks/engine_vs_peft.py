@@ -16,10 +16,14 @@ before it was exact (`benchmarks/engine_cycle.py`).
 `--memory BxT` adds one engine forward_backward of that shape in a worker of its own and
 reports its peak resident memory.
 
-Measured 2026-12-03 on an Intel Xeon (Sapphire Rapids, AVX-512, KVM), 2 torch threads,
-shared with four other engineers' jobs (load average 1.5-3.5 on 2 cores), SmolLM2-135M-Instruct
-(dequantised Q4_1), --rounds 2 --reps 1: see the figures in the final section of the docstring
-of this module's commit (the lead copies them to the README's Measured table).
+Measured 2026-12-03 on an Intel Xeon (AVX-512, KVM, 2 cores, 24 GiB), torch 2.13 CPU, 2 threads,
+SmolLM2-135M-Instruct (dequantised Q4_1): no ratio yet. Four other engineers' jobs held the load
+average at 5-13 on the 2 cores for the whole session; the same PEFT forward_backward of 4 x 43
+tokens took 0.73 s and 11.9 s in consecutive calls, and the float32 matmul rate read 15-137
+GFLOPS (float64: 22-26), so the side-by-side ratios are to be taken on a quiet machine. Quiet
+(load 1.4), before this benchmark's engine changes, one engine forward_backward of 16 x 43
+tokens took 5.6 s (the first of a process 12.7 s), 42% of it float64 matmuls and most of the
+rest elementwise work around them.
 """
 
 from __future__ import annotations
