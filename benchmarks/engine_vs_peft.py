@@ -23,7 +23,11 @@ tokens took 0.73 s and 11.9 s in consecutive calls, and the float32 matmul rate 
 GFLOPS (float64: 22-26), so the side-by-side ratios are to be taken on a quiet machine. Quiet
 (load 1.4), before this benchmark's engine changes, one engine forward_backward of 16 x 43
 tokens took 5.6 s (the first of a process 12.7 s), 42% of it float64 matmuls and most of the
-rest elementwise work around them.
+rest elementwise work around them. The last run (--shapes 16x43 --samples 8 --new-tokens 32
+--rounds 1, 12:15 UTC; PEFT's worker ran at load ~6, the engine's at ~2.6, so only the engine's
+column and PEFT's logprobs are near quiet): engine forward 2.54 s, forward_backward 5.70 s (RL
+6.21 s), train step 6.90 s, logprobs 2.63 s vs PEFT's 1.05 s (2.5x), sample 1x8x32 5.26 s vs
+generate 4.23 s (1.24x per sampled token); peak RSS of the engine worker 4.59 GiB.
 """
 
 from __future__ import annotations
