@@ -116,3 +116,21 @@ def test_log_softmax_has_torchs_gradient() -> None:
     logits.grad = None
     (logits.log_softmax(-1) * weights).sum().backward()
     assert torch.equal(ours, logits.grad)
+
+
+def test_fixed_point_is_the_float64_rounding_on_the_rows_grid() -> None:
+    """fixed_point scales and rounds in float32; each row is the float64 round(x * 2**e) / 2**e
+    on its grid, also for rows of huge (below 2**127), tiny, zero and subnormal values and -0.0."""
+    x = random_rows(7, (64, 96), spread=0.25)
+    x[0] = 0.0
+    x[1, :3] = torch.tensor([1.0e38, -1.0e-38, 1.0e-45])
+    x[2] *= 2.0**-110
+    x[3, :2] = torch.tensor([-0.0, 2.0**30])
+    for bits in (12, 21, 24):
+        largest = x.abs().amax(-1, keepdim=True).double()
+        exponent = torch.frexp(largest).exponent.double().clamp(min=-98)
+        up = 2.0 ** (bits - exponent)
+        expected = torch.round(x.double() * up) / up
+        got = exact.fixed_point(x, bits)
+        assert got.dtype == torch.float64
+        assert torch.equal(got.view(torch.int64), expected.view(torch.int64))

@@ -51,8 +51,10 @@ def fixed_point(x: Tensor, bits: int) -> Tensor:
     largest = x.abs().amax(-1, keepdim=True)
     # the power of two just above the row's largest element: its float32 exponent bits, doubled
     top = (largest.view(torch.int32) & EXPONENT_BITS).view(torch.float32) * 2.0
-    up = (2.0**bits / top.clamp_(min=2.0**-99)).double()
-    return torch.round(x.double() * up) / up  # torch's float64 round is vectorized
+    up = 2.0**bits / top.clamp_(min=2.0**-99)
+    # in float32, as in float64: x * up is exact (a power of two, at most 2**24 in magnitude, or
+    # below 2**-100 where either rounds to 0), its rounding is too (torch's round is vectorized)
+    return torch.round(x * up).double() / up.double()
 
 
 def matmul(x: Tensor, w: Tensor) -> Tensor:

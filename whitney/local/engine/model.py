@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import Tensor
 
 from whitney.local.engine import exact
@@ -42,6 +43,8 @@ GROUPS = {  # projections that read the same input run as one matmul (bitwise th
     "down": PROJECTIONS[6:],
 }
 VALUE_BITS = 21  # per part of a value on its static grid; see `value_grid`
+LOGITS_CHUNK = 1 << 22  # logits per chunk of rows in `TargetLogprobs` (elements, at least a row)
+SAVED_LOGITS = 1 << 26  # up to this many logits are kept for the backward; more are recomputed
 Check = Callable[[], None]  # called between stages of the work; raises to stop it
 
 
@@ -281,12 +284,12 @@ class Attention(torch.autograd.Function):
     def backward(ctx, grad_out):
         q, k, v, probs, out = ctx.saved_tensors
         heads, scale = q.shape[1], 1.0 / math.sqrt(q.shape[-1])
+        groups = heads // k.shape[1]
         k, v = repeat_heads(k, heads), repeat_heads(v, heads)
         grad_v = probs.transpose(-1, -2) @ grad_out
         grad_p = grad_out @ v.transpose(-1, -2)
         grad_s = probs * (grad_p - (grad_out * out).sum(-1, keepdim=True)) * scale
         grad_q, grad_k = grad_s @ k, grad_s.transpose(-1, -2) @ q
-        groups = heads // ctx.saved_tensors[1].shape[1]
         if groups > 1:
             grad_k = grad_k.unflatten(1, (-1, groups)).sum(2)
             grad_v = grad_v.unflatten(1, (-1, groups)).sum(2)
@@ -346,6 +349,63 @@ class LoraLinear(torch.autograd.Function):
             start += b.shape[0]
             grads += [ctx.scale * (part @ b).t() @ x2, ctx.scale * part.t() @ (x2 @ a.t())]
         return grad_y @ merged, None, None, None, *grads
+
+
+class TargetLogprobs(torch.autograd.Function):
+    """log_softmax(hidden @ head.T)[target] per position, exact in value (`exact.log_softmax`,
+    row by row, so chunking changes no bit), over chunks of positions: the [positions, vocab]
+    logits never exist at once in float64. The gradient is torch's log_softmax's through the
+    float head: from all the logits at once where they fit in SAVED_LOGITS (the kernels and
+    bits of a plain gather of log_softmax), else recomputed chunk by chunk (float32 BLAS on
+    other shapes: the same bits on every run of one machine, not those of one big product).
+    `check` runs before each chunk."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, fixed: Tensor, weight: Tensor, targets: Tensor, check: Check):
+        rows, flat = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1)
+        keep = ctx.needs_input_grad[0] and rows.shape[0] * fixed.shape[0] <= SAVED_LOGITS
+        kept = torch.empty(rows.shape[0], fixed.shape[0]) if keep else None
+        values, start = [], 0
+        for part, target in row_chunks(fixed.shape[0], rows, flat):
+            check()
+            logits = exact.linear(part, fixed)
+            values.append(exact.log_softmax(logits).gather(-1, target).squeeze(-1))
+            if kept is not None:
+                kept[start : start + len(part)] = logits
+            start += len(part)
+        if ctx.needs_input_grad[0]:
+            ctx.save_for_backward(hidden, fixed, weight, targets)
+            ctx.kept, ctx.check = kept, check
+        return torch.cat(values).view(targets.shape)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        hidden, fixed, weight, targets = ctx.saved_tensors
+        rows, flat, grads = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1), grad
+        if ctx.kept is not None:
+            grad_hidden = head_gradient(ctx.kept, flat, grads.reshape(-1, 1), weight)
+        else:
+            parts = []
+            for part, target, g in row_chunks(fixed.shape[0], rows, flat, grads.reshape(-1, 1)):
+                ctx.check()
+                parts.append(head_gradient(exact.linear(part, fixed), target, g, weight))
+            grad_hidden = torch.cat(parts)
+        ctx.kept = None
+        return grad_hidden.view(hidden.shape), None, None, None, None
+
+
+def head_gradient(logits: Tensor, targets: Tensor, grad: Tensor, weight: Tensor) -> Tensor:
+    """The gradient to the head's input of log_softmax(logits) gathered at `targets`, as autograd
+    computes it: scattered (added into zeros), through log_softmax's backward, times the head."""
+    grad_logits = torch.zeros_like(logits).scatter_add_(-1, targets, grad)
+    soft = torch.log_softmax(logits, -1)
+    return torch._log_softmax_backward_data(grad_logits, soft, -1, logits.dtype) @ weight
+
+
+def row_chunks(vocab: int, *tensors: Tensor) -> list[tuple[Tensor, ...]]:
+    """The tensors split alike along their first dim, into chunks of at most LOGITS_CHUNK logits."""
+    size = max(1, LOGITS_CHUNK // vocab)
+    return list(zip(*(t.split(size) for t in tensors), strict=True))
 
 
 @dataclass(frozen=True)
@@ -500,30 +560,61 @@ class Llama:
         cache: KVCache | None = None,
         layers: list[LayerWeights] | None = None,
         check: Check | None = None,
+        recompute: bool = False,
     ) -> Tensor:
         """Final-norm hidden states [B, T, hidden] of token ids [B, T]; right padding is harmless
         (causal attention never looks ahead). With a cache, continues at each row's position;
         `layers` reuses the weights of `layer_weights()` across calls. `check` is called before
         each attention and MLP, between the attention's stages and, in the backward, after each
-        layer's (it raises to stop the work)."""
+        layer's (it raises to stop the work). `recompute` keeps only each layer's input for the
+        backward and runs the layer again there (the same bits: its arithmetic is exact)."""
         B, T = ids.shape
         start = torch.zeros(B, dtype=torch.long) if cache is None else cache.positions
         positions = start[:, None] + torch.arange(T)[None, :]
         x = F.embedding(ids, self.w["model.embed_tokens.weight"])
         probe = check or no_check
         for n, layer in enumerate(layers or self.layer_weights()):
-            probe()
-            p = f"model.layers.{n}."
-            attn_in = rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_eps)
-            x = x + self.attention(attn_in, n, layer, positions, cache, probe)
-            probe()
-            mlp_in = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_eps)
-            x = x + self.mlp(mlp_in, layer)
+            if recompute and x.requires_grad:
+                x = torch.utils.checkpoint.checkpoint(
+                    self.block,
+                    x,
+                    n,
+                    layer,
+                    positions,
+                    cache,
+                    probe,
+                    use_reentrant=False,
+                    preserve_rng_state=False,
+                )
+            else:
+                x = self.block(x, n, layer, positions, cache, probe)
             if check is not None and x.requires_grad:
                 x = Checkpoint.apply(x, check)
         if cache is not None:
             cache.positions += T
         return rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_eps)
+
+    def block(
+        self,
+        x: Tensor,
+        n: int,
+        layer: LayerWeights,
+        positions: Tensor,
+        cache: KVCache | None,
+        probe: Check,
+    ) -> Tensor:
+        """Decoder layer n: x plus attention, plus the MLP."""
+        probe()
+        p = f"model.layers.{n}."
+        attn_in = rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_eps)
+        x = x + self.attention(attn_in, n, layer, positions, cache, probe)
+        probe()
+        mlp_in = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_eps)
+        return x + self.mlp(mlp_in, layer)
+
+    def target_logprobs(self, hidden: Tensor, targets: Tensor, check: Check = no_check) -> Tensor:
+        """log p(target | position) for hidden states [..., hidden] and targets [...]."""
+        return TargetLogprobs.apply(hidden, self.head, self.w["lm_head.weight"], targets, check)
 
     def logits(self, hidden: Tensor) -> Tensor:
         if torch.is_grad_enabled() and hidden.requires_grad:

@@ -26,7 +26,14 @@ from whitney.errors import (
 )
 from whitney.local.engine import checkpoint, exact, losses, validation
 from whitney.local.engine.lora import Lora
-from whitney.local.engine.model import CONFIGS, ExactLinear, Llama, ModelConfig, init_weights
+from whitney.local.engine.model import (
+    CONFIGS,
+    ExactLinear,
+    LayerWeights,
+    Llama,
+    ModelConfig,
+    init_weights,
+)
 from whitney.local.engine.optim import AdamW
 from whitney.local.engine.sampling import sample
 
@@ -34,6 +41,8 @@ BASE_MODELS: tuple[str, ...] = ("local/nano", "local/tiny", "local/small")
 SAMPLER_MODELS_KEPT = 2  # merged sampling copies kept built; older snapshots are rebuilt on use
 LOGPROBS_CHUNK = 16  # sequences per forward in `logprobs` (any chunking gives the same bits)
 FORWARD_CHUNK = 16  # datums per forward pass in `forward` / `forward_backward`, likewise
+CHUNK_TOKENS = 2048  # and at most this many positions (padding included), unless one datum
+SAVED_ACTIVATIONS = 1 << 30  # bytes of a backward's activations above which layers recompute
 
 _bases: dict[str, tuple[ModelConfig, dict[str, Tensor]]] = {}
 _bases_lock = threading.Lock()
@@ -124,6 +133,25 @@ def collate(data: list[validation.Datum]) -> tuple[Tensor, dict[str, Tensor], li
     return ids, inputs, lengths
 
 
+def forward_chunks(order: list[int], lengths: list[int]) -> list[list[int]]:
+    """Datums in `order` (by length) cut into forward passes of at most FORWARD_CHUNK datums and
+    CHUNK_TOKENS padded positions (a longer datum alone)."""
+    chunks: list[list[int]] = []
+    for i in order:
+        last = chunks[-1] if chunks else []
+        fits = len(last) < FORWARD_CHUNK and (len(last) + 1) * lengths[i] <= CHUNK_TOKENS
+        if last and fits:
+            last.append(i)
+        else:
+            chunks.append([i])
+    return chunks
+
+
+def activation_bytes(cfg: ModelConfig, tokens: int) -> int:
+    """About what a backward keeps of a forward of `tokens` positions (float32 activations)."""
+    return 4 * tokens * cfg.num_layers * (10 * cfg.hidden_size + 5 * cfg.intermediate_size)
+
+
 class EngineRun:
     """A run's live state: base weights (shared), LoRA, optimizer, value head, sampler snapshots."""
 
@@ -151,6 +179,7 @@ class EngineRun:
         self.snapshot_bases: dict[int, dict[str, Tensor]] = {}  # and the base it adapts
         self.samplers: dict[str, int] = {}  # sampler_id -> weights_version
         self.sampler_models: OrderedDict[int, Llama] = OrderedDict()
+        self.trainer_layers: tuple[int, Llama, list[LayerWeights]] | None = None  # see `layers`
         self.interrupt = threading.Event()  # set to cancel the running operation (the worker's)
 
     @classmethod
@@ -253,24 +282,36 @@ class EngineRun:
         """Per-token logprobs of the targets (policy) or values (critic) [B, T]. Datums run in
         chunks of similar length, to pad less; every chunking gives the same bits."""
         order = sorted(range(len(lengths)), key=lambda i: lengths[i])
-        layers = self.model.layer_weights()
+        layers = self.layers()
+        recompute = torch.is_grad_enabled() and activation_bytes(self.cfg, sum(lengths)) > (
+            SAVED_ACTIVATIONS
+        )
         parts = []
-        for start in range(0, len(order), FORWARD_CHUNK):
+        for chunk in forward_chunks(order, lengths):
             self.check_interrupt()
-            chunk = order[start : start + FORWARD_CHUNK]
             width = max(lengths[i] for i in chunk)
             hidden = self.model.hidden(
-                ids[chunk, :width], layers=layers, check=self.check_interrupt
+                ids[chunk, :width], layers=layers, check=self.check_interrupt, recompute=recompute
             )
             if self.role == "critic":
                 weight = self.value_head["value_head.weight"]
                 values = ExactLinear.apply(hidden, exact.weight(weight), weight)
                 part = (values + self.value_head["value_head.bias"]).squeeze(-1)
             else:
-                logp = exact.log_softmax(self.model.logits(hidden))
-                part = logp.gather(-1, targets[chunk, :width].unsqueeze(-1)).squeeze(-1)
+                part = self.model.target_logprobs(
+                    hidden, targets[chunk, :width], self.check_interrupt
+                )
             parts.append(F.pad(part, (0, ids.shape[1] - width)))
         return torch.cat(parts)[torch.tensor(order).argsort()]
+
+    def layers(self) -> list[LayerWeights]:
+        """The trainer's fixed-point merged weights, built once per weights version (the adapter
+        changes only with one: optim_step, load_state) and reused by every forward until then."""
+        cached = self.trainer_layers
+        if cached is None or cached[0] != self.weights_version or cached[1] is not self.model:
+            self.trainer_layers = None  # free the old ones before building the new
+            self.trainer_layers = (self.weights_version, self.model, self.model.layer_weights())
+        return self.trainer_layers[2]
 
     def optim_step(self, optimizer: dict) -> OpOutput:
         """One AdamW update from the accumulated gradients; clears them. A non-finite grad norm,
@@ -375,8 +416,12 @@ class EngineRun:
                 for row, i in enumerate(chunk):
                     ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
                 hidden = model.hidden(ids, check=self.check_interrupt)
-                logp = exact.log_softmax(model.logits(hidden))[:, :-1]
-                lp = logp.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+                lengths = torch.tensor([len(sequences[i]) - 1 for i in chunk])
+                scored = torch.arange(width - 1)[None, :] < lengths[:, None]  # not padding
+                lp = torch.zeros(len(chunk), width - 1)
+                lp[scored] = model.target_logprobs(
+                    hidden[:, :-1][scored], ids[:, 1:][scored], self.check_interrupt
+                )
                 for row, i in enumerate(chunk):
                     values = lp[row, : len(sequences[i]) - 1]
                     require_finite("logprobs", values)

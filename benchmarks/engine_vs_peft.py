@@ -1,0 +1,395 @@
+"""The engine (`EngineRun` in-process) against what a user would run instead, transformers +
+PEFT (LoRA r8 on q,k,v,o,gate,up,down, the same base weights, the same tokens), side by side in
+alternating worker processes: forward, forward_backward (cross_entropy, and RL-shaped datums
+whose first half, the prompt, weighs 0), a train step (cross_entropy forward_backward then an
+AdamW step, so the engine's next forward rebuilds its merged weights), logprobs, and sample (a
+group of samples of one prompt, and several prompts, `--new-tokens` each). Prints each median,
+the engine/PEFT ratio, tokens per second and the achieved GFLOPS against the machine's float32
+(and float64) matmul rate, measured first. Then, on local/tiny, a cycle against the engine
+before it was exact (`benchmarks/engine_cycle.py`).
+
+    python benchmarks/engine_vs_peft.py [--model local/SmolLM2-135M-Instruct-Q4_1]
+        [--hf-cache /work/models/hf-cache] [--threads 2] [--rounds 2] [--reps 1]
+        [--shapes 16x43,4x256] [--samples 8] [--new-tokens 64] [--memory 16x1024]
+        [--tiny-cycles 5] [--tiny-rounds 2] [--skip-tiny]
+
+`--memory BxT` adds one engine forward_backward of that shape in a worker of its own and
+reports its peak resident memory.
+
+Measured 2026-12-03 on an Intel Xeon (AVX-512, KVM, 2 cores, 24 GiB), torch 2.13 CPU, 2 threads,
+SmolLM2-135M-Instruct (dequantised Q4_1): no ratio yet. Four other engineers' jobs held the load
+average at 5-13 on the 2 cores for the whole session; the same PEFT forward_backward of 4 x 43
+tokens took 0.73 s and 11.9 s in consecutive calls, and the float32 matmul rate read 15-137
+GFLOPS (float64: 22-26), so the side-by-side ratios are to be taken on a quiet machine. Quiet
+(load 1.4), before this benchmark's engine changes, one engine forward_backward of 16 x 43
+tokens took 5.6 s (the first of a process 12.7 s), 42% of it float64 matmuls and most of the
+rest elementwise work around them. The last run (--shapes 16x43 --samples 8 --new-tokens 32
+--rounds 1, 12:15 UTC; PEFT's worker ran at load ~6, the engine's at ~2.6, so only the engine's
+column and PEFT's logprobs are near quiet): engine forward 2.54 s, forward_backward 5.70 s (RL
+6.21 s), train step 6.90 s, logprobs 2.63 s vs PEFT's 1.05 s (2.5x), sample 1x8x32 5.26 s vs
+generate 4.23 s (1.24x per sampled token); peak RSS of the engine worker 4.59 GiB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+STORY = "Write a long, detailed story about a lighthouse keeper and a storm, in plain prose."
+WORK = ("forward", "forward_backward", "forward_backward_rl", "train_step", "logprobs")
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def shapes_of(text: str) -> list[tuple[int, int]]:
+    return [(int(b), int(t)) for b, t in (part.split("x") for part in text.split(",") if part)]
+
+
+def token_batch(batch: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    """`batch` sequences of `length + 1` token ids (inputs and shifted targets)."""
+    import torch
+
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(3, vocab, (batch, length + 1), generator=generator).tolist()
+
+
+def rl_weights(length: int) -> list[float]:
+    """An RL datum's weights: its first half (the prompt) weighs 0, the completion 1."""
+    return [0.0] * (length // 2) + [1.0] * (length - length // 2)
+
+
+def matmul_rates(threads: int) -> dict[str, float]:
+    """GFLOPS of a 2048^3 float32 and float64 matmul on `threads` threads (best of 5)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    rates = {}
+    for dtype in (torch.float32, torch.float64):
+        a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+        a @ b
+        best = min(timed(lambda a=a, b=b: a @ b) for _ in range(5))
+        rates[str(dtype).removeprefix("torch.")] = 2 * 2048**3 / best / 1e9
+    return rates
+
+
+def timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+# --- workers --------------------------------------------------------------------------------
+
+
+class EngineSide:
+    """The workloads on the engine: `EngineRun` in-process, a sampler of its current adapter."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from whitney.local.engine import EngineRun
+
+        cache = Path(args.hf_cache) if args.hf_cache else None
+        self.run = EngineRun.create(base_model=args.model, lora_rank=8, seed=0, hf_cache=cache)
+        self.run.save_weights_for_sampler("bench")
+        self.vocab = self.run.cfg.vocab_size
+
+    def payload(self, batch: list[list[int]], rl: bool) -> dict:
+        data = []
+        for tokens in batch:
+            n = len(tokens) - 1
+            inputs: dict = {"target_tokens": {"dtype": "int64", "shape": [n], "values": tokens[1:]}}
+            if rl:
+                weights = rl_weights(n)
+                inputs["weights"] = {"dtype": "float32", "shape": [n], "values": weights}
+                inputs["logprobs"] = {"dtype": "float32", "shape": [n], "values": [-9.0] * n}
+                inputs["advantages"] = {"dtype": "float32", "shape": [n], "values": weights}
+            data.append({"input": {"token_ids": tokens[:-1]}, "loss_inputs": inputs})
+        loss = "importance_sampling" if rl else "cross_entropy"
+        return {"data": data, "loss_function": loss}
+
+    def work(self, kind: str, batch: list[list[int]]) -> None:
+        if kind == "logprobs":
+            self.run.logprobs("bench", {"sequences": [{"token_ids": t} for t in batch]})
+            return
+        payload = self.payload(batch, rl=kind == "forward_backward_rl")
+        self.run.forward(payload, backward=kind != "forward")
+        if kind == "train_step":  # the adapter changes: the next forward rebuilds its weights
+            self.run.optim_step({"type": "adamw", "learning_rate": 1e-6})
+
+    def sample(self, prompts: list[list[int]], samples: int, new_tokens: int) -> int:
+        params = {"max_tokens": new_tokens, "temperature": 1.0, "seed": 1}
+        requests = [
+            {"prompt": {"token_ids": p}, "num_samples": samples, "sampling_params": params}
+            for p in prompts
+        ]
+        outs = self.run.sample("bench", requests, [0] * len(prompts))
+        return sum(len(s["tokens"]) for out in outs for s in out.result["sequences"])
+
+
+class PeftSide:
+    """The same workloads on transformers + PEFT, as a user would write them."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+        from peft import LoraConfig, get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        from whitney.local.engine import hf_backend
+
+        cache = Path(args.hf_cache) if args.hf_cache else None
+        directory = hf_backend.source_directory(args.model, cache)
+        base = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32)
+        config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=TARGETS)
+        self.model = get_peft_model(base, config)
+        self.vocab = base.config.vocab_size
+        self.eos = base.config.eos_token_id
+        self.torch = torch
+        trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(trainable, lr=1e-6, weight_decay=0.0)
+
+    def logprobs_of(self, ids, targets):
+        logits = self.model(input_ids=ids).logits.float()
+        return logits.log_softmax(-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+    def work(self, kind: str, batch: list[list[int]]) -> None:
+        torch = self.torch
+        tokens = torch.tensor(batch)
+        ids, targets = tokens[:, :-1], tokens[:, 1:]
+        if kind in ("forward", "logprobs"):
+            with torch.inference_mode():
+                lp = self.logprobs_of(ids, targets)
+                (-lp.mean()).item()
+            return
+        self.model.train()
+        lp = self.logprobs_of(ids, targets)
+        if kind == "forward_backward_rl":
+            weights = torch.tensor(rl_weights(ids.shape[1])).expand_as(lp)
+            ratio = torch.exp(lp - -9.0)
+            loss = -(ratio * weights * weights).sum()
+        else:
+            loss = -lp.sum()
+        loss.backward()
+        if kind == "train_step":
+            self.optimizer.step()
+        self.model.zero_grad(set_to_none=True)
+
+    def sample(self, prompts: list[list[int]], samples: int, new_tokens: int) -> int:
+        torch = self.torch
+        produced = 0
+        with torch.inference_mode():
+            for prompt in prompts:  # one generate per prompt, its group as return sequences
+                out = self.model.generate(
+                    input_ids=torch.tensor([prompt]),
+                    attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+                    do_sample=True,
+                    temperature=1.0,
+                    top_k=0,
+                    top_p=1.0,
+                    max_new_tokens=new_tokens,
+                    num_return_sequences=samples,
+                    pad_token_id=self.eos,
+                )
+                new = out[:, len(prompt) :]
+                ended = (new == self.eos).int().cumsum(-1)
+                produced += int(((ended == 0) | ((ended == 1) & (new == self.eos))).sum())
+        return produced
+
+
+def prompt_ids(args: argparse.Namespace, count: int) -> list[list[int]]:
+    """`count` chat prompts of the story request (token ids from the checkpoint's tokenizer)."""
+    from transformers import AutoTokenizer
+
+    from whitney.local.engine import hf_backend
+
+    cache = Path(args.hf_cache) if args.hf_cache else None
+    tokenizer = AutoTokenizer.from_pretrained(hf_backend.source_directory(args.model, cache))
+    return [
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": f"{STORY} Story number {i + 1}."}],
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
+        )
+        for i in range(count)
+    ]
+
+
+def worker(args: argparse.Namespace) -> dict:
+    """Time every workload on one side (after one warm-up each); report seconds and peak RSS."""
+    import torch
+
+    torch.set_num_threads(args.threads)
+    side = EngineSide(args) if args.worker == "engine" else PeftSide(args)
+    times: dict[str, list[float]] = {}
+    counts: dict[str, int] = {}
+    if args.memory_only:
+        (b, t), kind = shapes_of(args.memory)[0], "forward_backward"
+        side.work(kind, token_batch(b, t, side.vocab, seed=1))
+        return {"rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
+    for b, t in shapes_of(args.shapes):
+        batch = token_batch(b, t, side.vocab, seed=b * 1000 + t)
+        for kind in WORK:
+            key = f"{kind} {b}x{t}"
+            for rep in range(args.reps + 1):
+                seconds = timed(lambda kind=kind, batch=batch: side.work(kind, batch))
+                if rep:
+                    times.setdefault(key, []).append(seconds)
+                label = f"rep {rep}" if rep else "warm-up"
+                log(f"    {args.worker}: {key} {label} {seconds:.2f} s")
+    for name, prompts, samples in (
+        ("sample group", 1, args.samples),
+        ("sample batch", 4, max(1, args.samples // 2)),
+    ):
+        ids = prompt_ids(args, prompts)
+        key = f"{name} {prompts}x{samples}x{args.new_tokens}"
+        for rep in range(args.reps + 1):
+            t0 = time.perf_counter()
+            produced = side.sample(ids, samples, args.new_tokens)
+            seconds = time.perf_counter() - t0
+            if rep:
+                times.setdefault(key, []).append(seconds)
+                counts[key] = counts.get(key, 0) + produced
+            log(f"    {args.worker}: {key} ({produced} tokens) {seconds:.2f} s")
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    return {"times": times, "sampled": counts, "rss_gib": rss}
+
+
+# --- the side-by-side run -------------------------------------------------------------------
+
+
+def spawn(args: argparse.Namespace, side: str, extra: list[str] = ()) -> dict:
+    command = [sys.executable, __file__, "--worker", side, *extra]
+    for name in ("model", "hf_cache", "threads", "reps", "shapes", "samples", "new_tokens"):
+        value = getattr(args, name)
+        if value is not None:
+            command += [f"--{name.replace('_', '-')}", str(value)]
+    if args.memory:
+        command += ["--memory", args.memory]
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    out = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def flops(cfg: dict, kind: str, batch: int, length: int) -> float:
+    """Approximate FLOPs: 2 per weight per token, attention's two T x T products per layer;
+    a LoRA forward_backward is a forward plus the input gradients (about twice the forward)."""
+    h, layers, inter, vocab = cfg["hidden"], cfg["layers"], cfg["inter"], cfg["vocab"]
+    heads, kv, d = cfg["heads"], cfg["kv"], cfg["head_dim"]
+    per_layer = h * (heads * d + 2 * kv * d) + heads * d * h + 3 * h * inter
+    tokens = batch * length
+    forward = 2 * tokens * (layers * per_layer + vocab * h) + 4 * batch * length**2 * heads * d
+    return forward * (1 if kind in ("forward", "logprobs") else 2)
+
+
+def model_shape(args: argparse.Namespace) -> dict:
+    from whitney.local.engine.runtime import base_key, load_base
+
+    cache = Path(args.hf_cache) if args.hf_cache else None
+    cfg, _ = load_base(args.model, base_key(args.model, cache))
+    return {
+        "hidden": cfg.hidden_size,
+        "layers": cfg.num_layers,
+        "inter": cfg.intermediate_size,
+        "vocab": cfg.vocab_size,
+        "heads": cfg.num_heads,
+        "kv": cfg.kv_heads,
+        "head_dim": cfg.dim_head,
+    }
+
+
+def report(args: argparse.Namespace, found: dict, rates: dict, cfg: dict) -> None:
+    engine, peft = found["engine"], found["peft"]
+    print(f"\n  {'work':34s} {'engine s':>9s} {'PEFT s':>9s} {'ratio':>6s}   engine / PEFT")
+    for key in engine["times"]:
+        new = statistics.median(engine["times"][key])
+        old = statistics.median(peft["times"][key])
+        kind, shape = key.rsplit(" ", 1)
+        if kind.startswith("sample"):
+            made_new, made_old = engine["sampled"][key], peft["sampled"][key]
+            n = len(engine["times"][key])
+            per_new, per_old = new / (made_new / n), old / (made_old / n)
+            line = (
+                f"{per_new / per_old:5.2f}x   {made_new / n / new:.0f} / {made_old / n / old:.0f}"
+            )
+            print(f"  {key:34s} {new:9.2f} {old:9.2f} {line} sampled tokens/s (ratio per token)")
+            continue
+        b, t = (int(x) for x in shape.split("x"))
+        work = flops(cfg, kind, b, t)
+        gf_new, gf_old = work / new / 1e9, work / old / 1e9
+        print(
+            f"  {key:34s} {new:9.2f} {old:9.2f} {new / old:5.2f}x   {b * t / new:.0f} / "
+            f"{b * t / old:.0f} tokens/s, {gf_new:.0f} / {gf_old:.0f} GFLOPS "
+            f"({gf_new / rates['float32']:.0%} / {gf_old / rates['float32']:.0%} of float32)"
+        )
+    rss_new = max(engine["rss_gib"]) if isinstance(engine["rss_gib"], list) else engine["rss_gib"]
+    rss_old = max(peft["rss_gib"]) if isinstance(peft["rss_gib"], list) else peft["rss_gib"]
+    print(f"  peak resident memory of a worker: engine {rss_new:.2f} GiB, PEFT {rss_old:.2f} GiB")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="local/SmolLM2-135M-Instruct-Q4_1")
+    parser.add_argument("--hf-cache", default=os.environ.get("HF_HUB_CACHE"))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="alternating pairs of workers")
+    parser.add_argument("--reps", type=int, default=1, help="timed runs per worker and work")
+    parser.add_argument("--shapes", default="16x43,4x256", help="datums x tokens, comma-separated")
+    parser.add_argument("--samples", type=int, default=8, help="samples of the one-prompt group")
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--memory", default=None, metavar="BxT", help="peak RSS of one such fb")
+    parser.add_argument("--tiny-cycles", type=int, default=5)
+    parser.add_argument("--tiny-rounds", type=int, default=2)
+    parser.add_argument("--skip-tiny", action="store_true")
+    parser.add_argument("--worker", choices=("engine", "peft"), help=argparse.SUPPRESS)
+    parser.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args)))
+        return
+    rates = matmul_rates(args.threads)
+    print(
+        f"matmul 2048^3 on {args.threads} threads: float32 {rates['float32']:.0f} GFLOPS, "
+        f"float64 {rates['float64']:.0f} GFLOPS; load average {os.getloadavg()[0]:.2f}",
+        flush=True,
+    )
+    cfg = model_shape(args)
+    print(f"{args.model}: {cfg}; shapes {args.shapes}, {args.rounds} rounds", flush=True)
+    found: dict[str, dict] = {"engine": {}, "peft": {}}
+    for n in range(args.rounds):
+        order = ["peft", "engine"] if n % 2 == 0 else ["engine", "peft"]
+        for side in order:
+            result = spawn(args, side)
+            for key, values in result["times"].items():
+                found[side].setdefault("times", {}).setdefault(key, []).extend(values)
+            for key, value in result["sampled"].items():
+                sampled = found[side].setdefault("sampled", {})
+                sampled[key] = sampled.get(key, 0) + value
+            found[side].setdefault("rss_gib", []).append(result["rss_gib"])
+            print(
+                f"  round {n + 1}/{args.rounds}: {side} done, load {os.getloadavg()[0]:.2f}",
+                flush=True,
+            )
+    report(args, found, rates, cfg)
+    if args.memory:  # the engine only: PEFT's logits alone at 16x1024 are 3 GiB, a copy each step
+        rss = spawn(args, "engine", ["--memory-only"])["rss_gib"]
+        print(f"  forward_backward {args.memory} peak RSS, engine: {rss:.2f} GiB", flush=True)
+    if not args.skip_tiny:
+        print("\nlocal/tiny: an RL cycle against the engine before it was exact", flush=True)
+        command = [sys.executable, str(ROOT / "benchmarks" / "engine_cycle.py")]
+        command += ["--cycles", str(args.tiny_cycles), "--rounds", str(args.tiny_rounds)]
+        command += ["--threads", str(args.threads)]
+        subprocess.run(command, check=True, env=os.environ | {"PYTHONPATH": str(ROOT)})
+
+
+if __name__ == "__main__":
+    main()

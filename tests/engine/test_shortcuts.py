@@ -1,0 +1,125 @@
+"""Work the engine reuses or skips changes no bit it returns: the trainer's merged weights,
+reused until the adapter changes, give the numbers a fresh build gives (the sampler's, built
+from a snapshot of the same adapter), and stale ones are never used after an optim_step or a
+load_state; the target logprobs computed over chunks of positions are the bits of the whole
+log-softmax gathered, and so are their gradients where the logits are kept for the backward
+(recomputed chunk by chunk, the gradients go through float32 BLAS on other shapes: close)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from whitney.local.engine import EngineRun, exact, model, runtime
+
+from .helpers import datum, make_sequences, train_a_little
+
+
+def forward_logprobs(run: EngineRun, sequences: list[list[int]]) -> list[list[float]]:
+    data = [datum(s[:-1], s[1:]) for s in sequences]
+    result = run.forward({"data": data, "loss_function": "cross_entropy"}, backward=False).result
+    return [out["logprobs"] for out in result["outputs"]]
+
+
+def sampler_logprobs(run: EngineRun, sampler: str, sequences: list[list[int]]) -> list[list]:
+    body = {"sequences": [{"token_ids": s} for s in sequences]}
+    return [row[1:] for row in run.logprobs(sampler, body).result["logprobs"]]
+
+
+def test_reused_trainer_weights_are_those_of_the_current_adapter(tmp_path) -> None:
+    run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=5)
+    sequences = make_sequences(7, 5)
+    train_a_little(run, steps=1)
+    run.save_state(tmp_path / "one")
+    first = forward_logprobs(run, sequences)
+    assert forward_logprobs(run, sequences) == first  # reused
+    run.save_weights_for_sampler("one")
+    assert sampler_logprobs(run, "one", sequences) == first  # a fresh build's bits
+    train_a_little(run, steps=1)  # built at the old version during its forward_backward
+    second = forward_logprobs(run, sequences)
+    assert second != first
+    run.save_weights_for_sampler("two")
+    assert sampler_logprobs(run, "two", sequences) == second
+    run.load_state(tmp_path / "one")
+    assert forward_logprobs(run, sequences) == first
+
+
+@pytest.mark.parametrize(
+    ("chunk", "saved"), [(model.LOGITS_CHUNK, model.SAVED_LOGITS), (600, 10**9), (600, 0), (1, 0)]
+)
+def test_target_logprobs_are_the_whole_log_softmax_gathered(monkeypatch, chunk, saved) -> None:
+    run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=5)
+    train_a_little(run, steps=1)
+    ids = torch.randint(0, 258, (3, 12), generator=torch.Generator().manual_seed(1))
+    targets = ids[:, 1:]
+    with torch.no_grad():
+        hidden = run.model.hidden(ids[:, :-1])
+    hidden.requires_grad_()
+    upstream = torch.randn(targets.shape, generator=torch.Generator().manual_seed(2))
+    logprobs = exact.log_softmax(run.model.logits(hidden))
+    want = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    (want_grad,) = torch.autograd.grad(want, hidden, upstream)
+    monkeypatch.setattr(model, "LOGITS_CHUNK", chunk)
+    monkeypatch.setattr(model, "SAVED_LOGITS", saved)
+    got = run.model.target_logprobs(hidden, targets)
+    (got_grad,) = torch.autograd.grad(got, hidden, upstream)
+    assert torch.equal(got, want)
+    if saved:
+        assert torch.equal(got_grad, want_grad)
+    else:
+        torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-7)
+    with torch.no_grad():
+        assert torch.equal(run.model.target_logprobs(hidden, targets), want)
+
+
+def trained_outputs_and_grads(run: EngineRun, sequences: list[list[int]]):
+    for p in run.trainable_parameters().values():
+        p.grad = None
+    data = [datum(s[:-1], s[1:]) for s in sequences]
+    result = run.forward({"data": data, "loss_function": "cross_entropy"}, backward=True).result
+    grads = {n: p.grad.clone() for n, p in run.trainable_parameters().items()}
+    return result, grads
+
+
+def test_recomputed_layers_give_the_same_outputs_and_gradients(monkeypatch) -> None:
+    run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=5)
+    train_a_little(run, steps=1)
+    sequences = make_sequences(11, 6, lengths=(5, 40))
+    kept, kept_grads = trained_outputs_and_grads(run, sequences)
+    monkeypatch.setattr(runtime, "SAVED_ACTIVATIONS", 0)
+    recomputed, recomputed_grads = trained_outputs_and_grads(run, sequences)
+    assert recomputed == kept
+    assert recomputed_grads.keys() == kept_grads.keys()
+    assert all(torch.equal(recomputed_grads[n], g) for n, g in kept_grads.items())
+
+
+def test_a_token_budget_per_forward_changes_no_output(monkeypatch) -> None:
+    run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=5)
+    train_a_little(run, steps=1)
+    sequences = make_sequences(12, 7, lengths=(5, 40))
+    whole, whole_grads = trained_outputs_and_grads(run, sequences)
+    monkeypatch.setattr(runtime, "CHUNK_TOKENS", 50)  # one or two datums per forward
+    assert len(runtime.forward_chunks(list(range(7)), [len(s) - 1 for s in sequences])) > 3
+    split, split_grads = trained_outputs_and_grads(run, sequences)
+    assert split == whole
+    for name, grad in whole_grads.items():  # float32 BLAS on other shapes: close
+        torch.testing.assert_close(split_grads[name], grad, rtol=1e-3, atol=1e-5)
+
+
+def test_target_logprobs_check_between_chunks(monkeypatch) -> None:
+    """A long head (many chunks) stops at the next chunk once its check raises."""
+    run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=5)
+    ids = torch.randint(0, 258, (2, 9), generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():
+        hidden = run.model.hidden(ids[:, :-1])
+    monkeypatch.setattr(model, "LOGITS_CHUNK", 1)
+    calls = []
+
+    def check() -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise InterruptedError
+
+    with pytest.raises(InterruptedError), torch.no_grad():
+        run.model.target_logprobs(hidden, ids[:, 1:], check)
+    assert len(calls) == 3
