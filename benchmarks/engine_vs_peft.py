@@ -16,18 +16,7 @@ before it was exact (`benchmarks/engine_cycle.py`).
 `--memory BxT` adds one engine forward_backward of that shape in a worker of its own and
 reports its peak resident memory.
 
-Measured 2026-12-03 on an Intel Xeon (AVX-512, KVM, 2 cores, 24 GiB), torch 2.13 CPU, 2 threads,
-SmolLM2-135M-Instruct (dequantised Q4_1): no ratio yet. Four other engineers' jobs held the load
-average at 5-13 on the 2 cores for the whole session; the same PEFT forward_backward of 4 x 43
-tokens took 0.73 s and 11.9 s in consecutive calls, and the float32 matmul rate read 15-137
-GFLOPS (float64: 22-26), so the side-by-side ratios are to be taken on a quiet machine. Quiet
-(load 1.4), before this benchmark's engine changes, one engine forward_backward of 16 x 43
-tokens took 5.6 s (the first of a process 12.7 s), 42% of it float64 matmuls and most of the
-rest elementwise work around them. The last run (--shapes 16x43 --samples 8 --new-tokens 32
---rounds 1, 12:15 UTC; PEFT's worker ran at load ~6, the engine's at ~2.6, so only the engine's
-column and PEFT's logprobs are near quiet): engine forward 2.54 s, forward_backward 5.70 s (RL
-6.21 s), train step 6.90 s, logprobs 2.63 s vs PEFT's 1.05 s (2.5x), sample 1x8x32 5.26 s vs
-generate 4.23 s (1.24x per sampled token); peak RSS of the engine worker 4.59 GiB.
+What it measured, and on what machine: docs/measured.md.
 """
 
 from __future__ import annotations
