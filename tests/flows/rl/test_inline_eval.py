@@ -22,13 +22,15 @@ from flowtest_helpers import (
 from flowtest_recipe_helpers import journaled, replay_after_one_failure
 
 from flows.cli.inspection_journal import cycle_groups
-from flows.core.environments.digits import EVAL_PROMPTS
+from flows.core.environments.digits import DigitsEnvironment
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from tasks import operations
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 from whitney.tokenizers import BOS_ID, EOS_ID
+
+EVAL_PROMPTS = DigitsEnvironment.EVAL_PROMPTS
 
 
 def digits_reward(tokens: list[int]) -> float:
