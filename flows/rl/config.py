@@ -181,6 +181,11 @@ class RLConfig(FlowConfig):
         "times at the temperature (eval.reward_mean, eval.pass_at_k); 0: never. Training is "
         "the same either way",
     )
+    eval_at_start: bool = Field(
+        default=False,
+        description="Also evaluate the weights before the first cycle trains (the base model "
+        "on a fresh run), as eval_every does after a cycle: the first cycle's eval_before",
+    )
     rollout: RolloutSettings = Field(
         default_factory=RolloutSettings,
         description="Multi-turn environments: turn, token and time limits of an episode, and "
