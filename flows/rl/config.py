@@ -111,8 +111,8 @@ class RLConfig(FlowConfig):
     env: str = Field(
         default="digits",
         min_length=1,
-        description="Environment: a built-in name (digits, lowercase; quiz: multi-turn) or an "
-        "import path module:attr",
+        description="Environment: a built-in name (arithmetic, digits, lowercase; quiz: "
+        "multi-turn) or an import path module:attr",
     )
     loss: LossName = Field(
         default="importance_sampling",
