@@ -1,10 +1,10 @@
 """Does a real pretrained model learn on the embedded server? The RL flow of
 examples/smollm2-arithmetic.toml (SmolLM2-135M-Instruct, dequantised from the Q4_1 GGUF that
 `whitney-flows models pull smollm2-135m-instruct` imports, on one-digit sums) on one embedded
-Whitney server. Before the first cycle, the base model is evaluated exactly as the inline
-evaluation does (the same held-out prompts and requests, on a fresh run's sampler: a zero
-adapter). Prints the reward curve, each evaluation, the held-out greedy accuracy before and
-after, the minutes, the CPU and the load the machine was under.
+Whitney server, with eval_at_start: the flow evaluates the base model (the fresh run's zero
+adapter) before the first cycle exactly as it evaluates later cycles. Prints the reward curve,
+each evaluation, the held-out greedy accuracy before and after, the minutes, the CPU and the
+load the machine was under.
 
     python benchmarks/real_model_learning.py [--config FILE] [--cycles N] [--eval-every N]
         [--learning-rate X] [--group-size G] [--prompts-per-cycle P] [--max-tokens T]
@@ -28,13 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from served import quiet_prefect  # noqa: E402
 
 from flows.core.config import settings_with_overrides, validated  # noqa: E402
-from flows.core.evaluation.plan import EvalMetrics, EvalPlan  # noqa: E402
+from flows.core.evaluation.plan import EvalMetrics  # noqa: E402
 from flows.core.plots import Line, Panel, render_png  # noqa: E402
 from flows.rl.config import RLConfig  # noqa: E402
 from flows.rl.flow import rl_flow  # noqa: E402
-from flows.rl.plan import check_rl_config  # noqa: E402
 from whitney import hf_cache  # noqa: E402
-from whitney.client import WhitneyClient  # noqa: E402
 from whitney.local import EmbeddedWhitney  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -58,23 +56,6 @@ def machine() -> str:
     return f"{cpu_model()}, {cores} cores usable, load average {load}"
 
 
-def evaluate_base(client: WhitneyClient, config: RLConfig, plan: EvalPlan) -> EvalMetrics:
-    """The inline evaluation's requests on the base model: a fresh run's sampler."""
-    session = client.open_session({"benchmark": "real-model-learning"}).session_id
-    run_id = client.create_run(
-        session, config.provider, config.base_model, lora_rank=config.lora_rank, seed=config.seed
-    ).run_id
-    sampler = client.run_operation(run_id, "save_weights_for_sampler", {})["sampler_id"]
-    greedy, sampled = plan.requests()
-    answers = [
-        [client.sampler_operation(run_id, sampler, "sample", request) for request in requests]
-        for requests in (greedy, sampled)
-    ]
-    client.finish(run_id)
-    client.close_session(session)
-    return plan.score(answers[0], answers[1])
-
-
 def follow(path: Path, stop: threading.Event) -> None:
     """Print each cycle's reward (and evaluation) as the flow appends its metrics line: the
     progress of a long run, also when the output goes to a file."""
@@ -83,7 +64,9 @@ def follow(path: Path, stop: threading.Event) -> None:
         lines = path.read_text().splitlines() if path.exists() else []
         for line in lines[done:]:
             cycle = json.loads(line)
-            evaluation = cycle.get("eval")
+            before, evaluation = cycle.get("eval_before"), cycle.get("eval")
+            if before:
+                print(f"before training: held-out greedy {before['reward_mean']:.3f}", flush=True)
             extra = f", held-out greedy {evaluation['reward_mean']:.3f}" if evaluation else ""
             print(
                 f"cycle {cycle['cycle']}: reward {cycle['reward_mean']:.3f}, "
@@ -131,7 +114,8 @@ def main() -> None:
     parser.add_argument("--picture", type=Path, help="write the learning curves here (PNG)")
     options = parser.parse_args()
     overrides = {name: getattr(options, name) for name in (*OVERRIDES, "max_tokens")}
-    config = validated(RLConfig, settings_with_overrides(options.config, overrides))
+    settings = settings_with_overrides(options.config, overrides)
+    config = validated(RLConfig, {**settings, "eval_at_start": True})
     if hf_cache.snapshot(config.base_model) is None:
         sys.exit(
             f"{config.base_model} is not in {hf_cache.cache_dir()}: "
@@ -147,12 +131,7 @@ def main() -> None:
     with EmbeddedWhitney(hf_cache=hf_cache.cache_dir()) as server:
         os.environ["WHITNEY_API_KEY"] = server.api_key
         config = config.model_copy(update={"api_url": server.url})
-        plan = check_rl_config(config).evaluation
-        assert plan is not None, "the config needs eval_every > 0"
         started = time.perf_counter()
-        with WhitneyClient(server.url, server.api_key) as client:
-            before = evaluate_base(client, config, plan)
-        print(f"before training: {describe(before)}", flush=True)
         with tempfile.TemporaryDirectory(prefix="whitney-bench-") as scratch:
             metrics = Path(scratch) / "metrics.jsonl"
             stop = threading.Event()
@@ -164,6 +143,8 @@ def main() -> None:
         minutes = (time.perf_counter() - started) / 60
     print(f"machine at the end: {machine()}")
     print("reward per cycle: " + " ".join(f"{c.reward_mean:.2f}" for c in result.cycles))
+    before = result.cycles[0].eval_before
+    assert before is not None, "eval_at_start evaluates the base model in the first cycle"
     curve = [(-1, before)] + [(c.cycle, c.eval) for c in result.cycles if c.eval is not None]
     for cycle, metrics in curve:
         label = "base model" if cycle < 0 else f"after cycle {cycle}"

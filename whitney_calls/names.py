@@ -34,6 +34,10 @@ def cycle_name(cycle: int) -> str:
     return f"cycle-{cycle}"
 
 
+START_EVAL_SAMPLER = "eval-start"
+"""The sampler of the inline evaluation of the weights before the first cycle."""
+
+
 def eval_sampler_name(cycle: int) -> str:
     """The sampler of the inline evaluation of the weights after cycle `cycle`."""
     return f"eval-{cycle}"

@@ -37,13 +37,15 @@ def artifact_key(*parts: str) -> str:
 
 
 def metrics_row(metrics: CycleResult, rounded: bool = True) -> dict[str, float | int | str | None]:
-    """The cycle's metrics as one flat table row: an inline evaluation's as `eval.<name>`,
-    seconds per operation kind as columns; other nested values (an SFT cycle's evals) stay in
-    the metrics JSON line. Floats to 6 decimals (`rounded`), as the table shows them."""
+    """The cycle's metrics as one flat table row: an inline evaluation's as `eval.<name>`
+    (the one before the cycle trained as `eval_before.<name>`), seconds per operation kind as
+    columns; other nested values (an SFT cycle's evals) stay in the metrics JSON line. Floats
+    to 6 decimals (`rounded`), as the table shows them."""
     row = metrics.model_dump(mode="json", exclude={"op_seconds"})
-    evaluation = row.pop("eval", None) or {}
+    evaluations = {key: row.pop(key, None) or {} for key in ("eval_before", "eval")}
     row = {name: value for name, value in row.items() if not isinstance(value, list | dict)}
-    row.update((f"eval.{name}", value) for name, value in evaluation.items() if value is not None)
+    for key, evaluation in evaluations.items():
+        row.update((f"{key}.{name}", v) for name, v in evaluation.items() if v is not None)
     row.update(sorted(getattr(metrics, "recipe_metrics", {}).items()))  # e.g. value_loss
     for kind, counters in sorted((getattr(metrics, "usage", None) or {}).items()):
         row[f"tokens_{kind}"] = int(counters.get("tokens", 0))  # billed usage (flows.core.cost)

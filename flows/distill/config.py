@@ -60,7 +60,8 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
         min_length=1,
         description="Where prompts come from: corpus (the training split of data_path, or of "
         "the built-in corpus; its held-out split is the eval set), an RL environment "
-        "(digits, lowercase) or an import path module:attr with prompts(cycle, count, seed)",
+        "(arithmetic, digits, lowercase) or an import path module:attr with "
+        "prompts(cycle, count, seed)",
     )
     data_path: str | None = Field(
         default=None,

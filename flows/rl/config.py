@@ -111,8 +111,8 @@ class RLConfig(FlowConfig):
     env: str = Field(
         default="digits",
         min_length=1,
-        description="Environment: a built-in name (digits, lowercase; quiz: multi-turn) or an "
-        "import path module:attr",
+        description="Environment: a built-in name (arithmetic, digits, lowercase; quiz: "
+        "multi-turn) or an import path module:attr",
     )
     loss: LossName = Field(
         default="importance_sampling",
@@ -180,6 +180,11 @@ class RLConfig(FlowConfig):
         "a sampler of their own: the environment's held-out prompts, greedily and group_size "
         "times at the temperature (eval.reward_mean, eval.pass_at_k); 0: never. Training is "
         "the same either way",
+    )
+    eval_at_start: bool = Field(
+        default=False,
+        description="Also evaluate the weights before the first cycle trains (the base model "
+        "on a fresh run), as eval_every does after a cycle: the first cycle's eval_before",
     )
     rollout: RolloutSettings = Field(
         default_factory=RolloutSettings,

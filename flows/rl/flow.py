@@ -77,7 +77,7 @@ from flows.core.cycles import (
     run_tail,
     sampler_calls,
 )
-from flows.core.evaluation.sampler import evaluate_after_cycle
+from flows.core.evaluation.sampler import evaluate_after_cycle, evaluate_at_start
 from flows.core.off_policy_schedule import SampleBlock, Schedule
 from flows.core.records import RunRecords, run_rows
 from flows.core.sampling_ahead import CycleSamples, sample_ahead
@@ -182,9 +182,13 @@ def run_cycle(
     plays the episodes turn by turn instead.
     """
     started_at = datetime.now(UTC)
-    started = time.perf_counter()
     config = plan.config
     seq_start = client.ledger.position(run_id)
+    eval_before = None
+    if config.eval_at_start and cycle == 0 and plan.evaluation is not None:
+        eval_before = evaluate_at_start(client, run_id, plan.evaluation)
+    eval_tokens = client.log.tokens("sample", "sampled_tokens")  # not the cycle's own
+    started = time.perf_counter()
     if config.pipelined and cycle > first_cycle:
         sampler_id = cycle_name(cycle)
     else:
@@ -226,6 +230,9 @@ def run_cycle(
         tail,
         client.log,
         time.perf_counter() - started,
+    )
+    metrics = metrics.model_copy(
+        update={"tokens_sampled": metrics.tokens_sampled - eval_tokens, "eval_before": eval_before}
     )
     if kl_sample_train is not None:  # the datums carry the current weights' logprobs
         metrics = metrics.model_copy(update={"kl_sample_train": kl_sample_train})

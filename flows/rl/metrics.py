@@ -128,6 +128,11 @@ class CycleMetrics(CycleResult):
     eval: EvalMetrics | None = Field(
         default=None, description="The inline evaluation of the weights after the cycle"
     )
+    eval_before: EvalMetrics | None = Field(
+        default=None,
+        description="The inline evaluation of the weights before the cycle trained (the "
+        "first cycle, with eval_at_start)",
+    )
 
     def sections(self) -> list[str]:
         """A multi-turn cycle's turns, in its artifact."""
@@ -148,8 +153,10 @@ class RLResult(TrainingResult):
 
 
 def learning_curves(cycles: Sequence[CycleMetrics]) -> list[Panel]:
-    """The RL summary's picture: reward and loss by cycle, and the inline evaluations."""
-    evaluated = [(cycle.cycle, cycle.eval) for cycle in cycles if cycle.eval is not None]
+    """The RL summary's picture: reward and loss by cycle, and the inline evaluations (the
+    one before cycle n's training at n - 1, as after cycle n - 1)."""
+    evaluated = [(c.cycle - 1, c.eval_before) for c in cycles if c.eval_before is not None]
+    evaluated += [(cycle.cycle, cycle.eval) for cycle in cycles if cycle.eval is not None]
     panels = [
         Panel("reward", "cycle", [Line("reward_mean", [(c.cycle, c.reward_mean) for c in cycles])]),
         Panel("loss", "cycle", [Line("loss", [(c.cycle, c.loss) for c in cycles])]),

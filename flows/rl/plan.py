@@ -50,7 +50,7 @@ class RLPlan:
     environment: Environment | MultiTurnEnvironment
     renderer: Renderer
     evaluation: EvalPlan | None = None
-    """The inline evaluation's eval set (None with eval_every 0)."""
+    """The inline evaluation's eval set (None with eval_every 0 and eval_at_start false)."""
 
     @property
     def multi_turn(self) -> bool:
@@ -141,13 +141,14 @@ def load_rl_plan(config: RLConfig) -> RLPlan:
     except (ValueError, TypeError) as error:
         raise ConfigError("env", str(error)) from None
     renderer = config_renderer(config)
-    if config.eval_every and isinstance(environment, MultiTurnEnvironment):
+    evaluates = bool(config.eval_every) or config.eval_at_start
+    if evaluates and isinstance(environment, MultiTurnEnvironment):
         raise ConfigError(
             "eval_every",
             f"{config.env} is a multi-turn environment: the inline evaluation samples one "
             "completion per held-out prompt (eval_every 0: none)",
         )
-    evaluation = load_eval_plan(config.eval_settings(), renderer) if config.eval_every else None
+    evaluation = load_eval_plan(config.eval_settings(), renderer) if evaluates else None
     return RLPlan(config, recipe, environment, renderer, evaluation)
 
 

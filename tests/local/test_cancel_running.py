@@ -5,10 +5,24 @@ operation of a running sample batch too, and the run ends `cancelled`."""
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 
 import httpx
+import pytest
 
-from .helpers import datum, forward, new_run, new_session, post_op, sample_request, wait_op
+from whitney.local import EmbeddedWhitney
+from whitney.local.limits import Limits, sample_tokens
+
+from .helpers import (
+    datum,
+    forward,
+    http,
+    new_run,
+    new_session,
+    post_op,
+    sample_request,
+    wait_op,
+)
 
 CLAIM_S = 5.0  # from the cancel to the running operation's `cancelled`
 SLACK = 1.5  # the machine is shared with other test runs
@@ -71,7 +85,16 @@ def small_sampler_run(api: httpx.Client, session_id: str | None = None) -> str:
     return run_id
 
 
-def test_cancel_stops_a_running_sample_batch(api):
+@pytest.fixture
+def batching_api() -> Iterator[httpx.Client]:
+    """A client of a server whose engine calls take two LONG_SAMPLEs at once."""
+    limits = Limits(max_tokens_per_sample_batch=2 * sample_tokens(LONG_SAMPLE))
+    with EmbeddedWhitney(limits=limits, session_ttl_s=0) as server, http(server) as api:
+        yield api
+
+
+def test_cancel_stops_a_running_sample_batch(batching_api):
+    api = batching_api
     run_id = new_run(api, base_model="local/small", lora_rank=8)["run_id"]
     # both queued before seq_id 1 publishes their sampler: they run as one batch
     for seq_id in (2, 3):

@@ -12,8 +12,10 @@ if its sampler is never published, once everything before it is settled: it then
 seq order, whatever overlaps. An operation ahead of a missing seq_id that it must wait for
 fails with `seq_gap` once it has waited `gap_timeout_s` (the POST that submitted it had already
 been answered: the failure is the operation's terminal status, with `error.type ==
-"seq_gap"`). `sample` operations ready on one sampler run as one batched engine call when the
-engine declares batching bitwise batch-invariant.
+"seq_gap"`). `sample` operations ready on one sampler run as batched engine calls when the
+engine declares batching bitwise batch-invariant, each call at most `MAX_SAMPLE_BATCH`
+operations and `batch_tokens` tokens (num_samples x (prompt + max_tokens) each; a larger one
+runs alone), so the memory one call takes is bounded and the results are those of any split.
 
 Cancelling the run (or closing its session) sets the engine's `interrupt`: the engine checks it
 at every decode step, forward chunk and layer (backward too) and raises `OperationCancelled`,
@@ -36,6 +38,7 @@ from whitney.errors import (
 from whitney.local.api_errors import error_object
 from whitney.local.execution import Engine, Execution, Outcome, RunHooks, Ticket
 from whitney.local.journal import Journal
+from whitney.local.limits import sample_tokens
 
 log = logging.getLogger("whitney.local.executor")
 
@@ -56,6 +59,7 @@ class RunWorker:
         hooks: RunHooks,
         gap_timeout_s: float,
         batch_samples: bool,
+        batch_tokens: int,
         on_exit: Callable[[str], None] | None = None,
         frontier: int = 1,
     ) -> None:
@@ -73,6 +77,7 @@ class RunWorker:
         self._execution = Execution(self.run_id, self.tenant, self.run_seed, journal, hooks)
         self.gap_timeout_s = gap_timeout_s
         self.batch_samples = batch_samples
+        self.batch_tokens = batch_tokens
         self.on_exit = on_exit
         self.cond = threading.Condition()
         self.tickets: dict[int, Ticket] = {}
@@ -296,14 +301,22 @@ class RunWorker:
             self.cond.wait()
 
     def _batch_from(self, ready: list[Ticket]) -> list[Ticket]:
+        """The first ready operation, with the `sample`s ready on its sampler that fit in one
+        engine call (`MAX_SAMPLE_BATCH` operations, `batch_tokens` tokens) when batching."""
         head = ready[0]
         batch = [head]
-        if head.kind == "sample" and self.batch_samples:
-            batch += [
-                ticket
-                for ticket in ready[1:]
-                if ticket.kind == "sample" and ticket.sampler_id == head.sampler_id
-            ][: MAX_SAMPLE_BATCH - 1]
+        if head.kind != "sample" or not self.batch_samples:
+            return batch
+        tokens = sample_tokens(head.payload)
+        for ticket in ready[1:]:
+            if len(batch) == MAX_SAMPLE_BATCH:
+                break
+            if ticket.kind != "sample" or ticket.sampler_id != head.sampler_id:
+                continue
+            tokens += sample_tokens(ticket.payload)
+            if tokens > self.batch_tokens:
+                break
+            batch.append(ticket)
         return batch
 
     def _run_batch(self, batch: list[Ticket]) -> None:

@@ -25,6 +25,7 @@ class Limits:
     max_tokens: int = 1024
     max_tokens_per_datum: int = 1024
     max_tokens_per_request: int = 16384
+    max_tokens_per_sample_batch: int = 2048
     max_labels: int = 32
     max_label_chars: int = 256
     max_pending_operations: int = 1024
@@ -52,6 +53,9 @@ LIMIT_HELP: dict[str, str] = {
     "max_tokens_per_datum": "tokens in one datum or logprobs sequence",
     "max_tokens_per_request": "tokens in one operation: the datums' tokens, the logprobs "
     "sequences' tokens, or num_samples x (prompt + max_tokens)",
+    "max_tokens_per_sample_batch": "tokens one batched engine call of ready samples on a "
+    "sampler decodes, each sample num_samples x (prompt + max_tokens); more run in several "
+    "calls, with the same results (a sample larger than it runs alone)",
     "max_labels": "labels on a session or a run",
     "max_label_chars": "characters in a label's key or value",
     "max_pending_operations": "operations a run holds not yet run (ahead of a seq gap, or "
@@ -131,7 +135,13 @@ def check_payload(kind: str, payload: dict[str, Any], limits: Limits) -> None:
             "payload.sampling_params.max_tokens", "max_tokens", limits.max_tokens, max_tokens
         )
         _check_lengths("payload.prompt.token_ids", [prompt], limits, indexed=False)
-        _check_total("payload.num_samples", samples * (prompt + max_tokens), limits)
+        _check_total("payload.num_samples", sample_tokens(payload), limits)
+
+
+def sample_tokens(payload: dict[str, Any]) -> int:
+    """The tokens a `sample` payload decodes: num_samples x (prompt + max_tokens)."""
+    prompt = len(payload["prompt"]["token_ids"])
+    return payload["num_samples"] * (prompt + payload["sampling_params"]["max_tokens"])
 
 
 def _check_count(field: str, limit_name: str, limit: int, value: int) -> None:

@@ -164,6 +164,7 @@ class Runs:
             hooks=self.files,
             gap_timeout_s=self.config.gap_timeout_s,
             batch_samples=bool(getattr(load_engine(), "SAMPLE_BATCH_INVARIANT", False)),
+            batch_tokens=self.config.limits.max_tokens_per_sample_batch,
             on_exit=self.workers.exited,
             frontier=frontier,
         )

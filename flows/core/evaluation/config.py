@@ -30,8 +30,8 @@ class EvalSettings(BaseModel):
         default="digits",
         min_length=1,
         description="Environment whose held-out prompts are sampled and rewarded: a built-in "
-        "name (digits, lowercase) or an import path module:attr; empty: the held-out pairs "
-        "of `data`, rewarded by their similarity to the reference completion",
+        "name (arithmetic, digits, lowercase) or an import path module:attr; empty: the "
+        "held-out pairs of `data`, rewarded by their similarity to the reference completion",
     )
     data: str | None = Field(
         default=None,

@@ -20,7 +20,7 @@ from typing import Any
 from flows.core.cost import usage_of
 from flows.core.evaluation.plan import EvalMetrics, EvalPlan, eval_due
 from flows.core.sequenced_client import Call, SequencedClient
-from whitney_calls.names import eval_sampler_name
+from whitney_calls.names import START_EVAL_SAMPLER, eval_sampler_name
 
 
 def evaluate_weights(
@@ -59,3 +59,11 @@ def evaluate_after_cycle(
         "seq_end": client.ledger.position(run_id),
         "usage": usage_of(client.log.operations),
     }
+
+
+def evaluate_at_start(client: SequencedClient, run_id: str, plan: EvalPlan) -> EvalMetrics:
+    """The inline evaluation of the weights before the first cycle trains (on a fresh run,
+    the base model), on the sampler `eval-start`."""
+    started = time.perf_counter()
+    evaluation = evaluate_weights(client, run_id, START_EVAL_SAMPLER, plan)
+    return evaluation.model_copy(update={"seconds": time.perf_counter() - started})

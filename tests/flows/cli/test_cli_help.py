@@ -3,13 +3,16 @@ and --loss, --env and --provider list their choices from the registries."""
 
 from __future__ import annotations
 
+import re
 from typing import get_args
 
 import pytest
 from pydantic import BaseModel
 
 from flows.cli.main import main
-from flows.core.environments import ENVIRONMENTS
+from flows.core.environments import ENVIRONMENTS, load_environment
+from flows.core.environments.multiturn import MultiTurnEnvironment
+from flows.core.evaluation.config import EvalSettings
 from flows.distill.config import DistillationConfig
 from flows.rl.config import RLConfig
 from flows.sft.config import SFTConfig
@@ -71,3 +74,22 @@ def test_help_lists_the_choices_of_loss_env_and_provider(
     assert ", ".join(LOSS_FUNCTIONS) in lines["--loss"]
     assert ", ".join(ENVIRONMENTS) in lines["--env"] and "module:attr" in lines["--env"]
     assert ", ".join(sorted(get_args(Provider))) in lines["--provider"]
+
+
+def test_the_env_fields_name_every_built_in_environment() -> None:
+    """The config fields' descriptions (the config reference, `--help`) name the built-ins:
+    RL every one, the evaluation and the distillation's prompts the single-turn ones."""
+    single_turn = [
+        name
+        for name in ENVIRONMENTS
+        if not isinstance(load_environment(name), MultiTurnEnvironment)
+    ]
+    assert "arithmetic" in single_turn and len(single_turn) < len(ENVIRONMENTS)
+    descriptions = {
+        "rl": (RLConfig.model_fields["env"].description, list(ENVIRONMENTS)),
+        "eval": (EvalSettings.model_fields["env"].description, single_turn),
+        "distill": (DistillationConfig.model_fields["prompts"].description, single_turn),
+    }
+    for where, (description, names) in descriptions.items():
+        named = set(re.findall(r"\b[a-z]+\b", description or ""))
+        assert set(names) <= named, (where, description)

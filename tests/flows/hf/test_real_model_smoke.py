@@ -20,7 +20,14 @@ from whitney import hf_cache
 from whitney.local import EmbeddedWhitney
 
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "smollm2-arithmetic.toml"
-SMALL = {"cycles": 2, "prompts_per_cycle": 2, "group_size": 2, "max_tokens": 4, "eval_every": 0}
+SMALL = {
+    "cycles": 2,
+    "prompts_per_cycle": 2,
+    "group_size": 2,
+    "max_tokens": 4,
+    "eval_every": 0,
+    "eval_at_start": False,
+}
 """Two cycles of 2 prompts x 2 samples x 4 tokens: seconds, not minutes."""
 
 

@@ -23,8 +23,10 @@ from flowtest_recipe_helpers import journaled, replay_after_one_failure
 
 from flows.cli.inspection_journal import cycle_groups
 from flows.core.environments.digits import DigitsEnvironment
+from flows.core.records import metrics_row
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
+from flows.rl.plan import check_rl_config
 from tasks import operations
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
@@ -160,3 +162,52 @@ def test_inline_evaluation_off_policy_changes_nothing(small_config: RLConfig) ->
         expected = [getattr(cycle, field) for cycle in without.cycles]
         assert [getattr(cycle, field) for cycle in evaluated.cycles] == expected, field
     assert [cycle.eval is not None for cycle in evaluated.cycles] == [True, True]
+
+
+def test_evaluation_at_start_is_the_base_model_before_any_training(
+    whitney: EmbeddedWhitney, small_config: RLConfig, inspector: WhitneyClient
+) -> None:
+    """eval_at_start: the first cycle evaluates the weights before it trains (on `eval-start`,
+    ahead of its sampler); the answers are those of the base model on a fresh run of its own,
+    and training is the same as without it."""
+    config = small_config.model_copy(update={"cycles": 2})
+    without = rl_flow(config)
+    result_config = config.model_copy(update={"eval_at_start": True})
+    result = rl_flow(result_config)
+    assert result.adapter.sha256 == without.adapter.sha256
+    for field in ("reward_mean", "loss", "tokens_sampled", "tokens_trained"):
+        expected = [getattr(cycle, field) for cycle in without.cycles]
+        assert [getattr(cycle, field) for cycle in result.cycles] == expected, field
+    assert [cycle.eval for cycle in result.cycles] == [None, None]
+    assert [cycle.eval_before is not None for cycle in result.cycles] == [True, False]
+
+    operations_ = inspector.journal(result.run_id, limit=1000)
+    first = operations_[0]
+    assert (first.kind, first.result["sampler_id"]) == ("save_weights_for_sampler", "eval-start")
+    evaluated = [op for op in operations_ if op.kind == "sample" and op.sampler_id == "eval-start"]
+    assert max(op.seq_id for op in evaluated) < min(
+        op.seq_id for op in operations_ if op.sampler_id == "cycle-0"
+    )
+
+    # the same requests on the base model: a fresh run's sampler (its adapter is zero)
+    session = inspector.open_session({"test": "eval-at-start"}).session_id
+    run_id = inspector.create_run(session, config.provider, config.base_model, seed=99).run_id
+    sampler = inspector.run_operation(run_id, "save_weights_for_sampler", {})["sampler_id"]
+    greedy, sampled = check_rl_config(result_config).evaluation.requests()
+    rows = journaled(whitney, result.run_id, "sample")
+    payloads = {row["seq_id"]: row["payload"] for row in rows}
+    assert [payloads[op.seq_id] for op in evaluated] == greedy + sampled
+    base = [
+        inspector.sampler_operation(run_id, sampler, "sample", request)
+        for request in greedy + sampled
+    ]
+    inspector.close_session(session)
+    assert [answer["sequences"] for answer in base] == [op.result["sequences"] for op in evaluated]
+    measured = result.cycles[0].eval_before
+    best = base[: len(EVAL_PROMPTS)]
+    expected = statistics.fmean(digits_reward(a["sequences"][0]["tokens"]) for a in best)
+    assert measured.reward_mean == pytest.approx(expected, abs=1e-12)
+    assert (measured.k, measured.prompts) == (config.group_size, len(EVAL_PROMPTS))
+    row = metrics_row(result.cycles[0])
+    assert row["eval_before.reward_mean"] == pytest.approx(expected, abs=1e-6)
+    assert "eval_before" not in metrics_row(result.cycles[1])
