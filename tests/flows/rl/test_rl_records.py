@@ -41,6 +41,7 @@ METRIC_FIELDS = {
     "cost",
     "episodes",
     "checkpoint",
+    "eval_before",
     "eval",
     "op_seconds",
     "wall_seconds",
@@ -66,6 +67,7 @@ def test_records_of_a_flow_run(small_config: RLConfig, tmp_path: Path) -> None:
         assert 0.0 <= line["all_zero_group_share"] <= 1.0
         assert line["staleness"] == 0 and line["presampled"] == []  # on-policy by default
         assert line["sampler_id"]
+        assert line["eval_before"] is None  # eval_at_start is off by default
     assert lines[1]["seq_start"] == lines[0]["seq_end"]
     # pipelined: cycle 0 publishes its own sampler and cycle 1's; the last cycle publishes none
     publishes = ["save_weights_for_sampler" in line["op_seconds"] for line in lines]
