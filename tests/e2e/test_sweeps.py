@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from .conftest import BLOCK_NAME, Stack
 from .harness import wait_for
-from .test_deployments import assert_nothing_open, finished_run
+from .test_deployments import assert_nothing_open, finished_run, journal, whitney_runs
 
 SWEEP: dict[str, Any] = {
     "kind": "rl",
@@ -29,8 +30,10 @@ SWEEP: dict[str, Any] = {
     "concurrency_limit": "e2e-sweep",
     "metric": "reward_mean",
     "mode": "max",
+    "prices": {"trained_per_million": 1000.0},
 }
 SWEEP_TIMEOUT_S = 300
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "evaluation.md"
 TRIAL_NAME = re.compile(r"-trial-(?P<trial>\d+)-rung-(?P<rung>\d+)$")
 
 pytestmark = pytest.mark.timeout(540)
@@ -77,6 +80,21 @@ def last_metric(stack: Stack, flow_run_id: str, cycles: int) -> float:
 
     rows = wait_for(f"the cycle events of {flow_run_id}", read, 30)
     return rows[max(rows)]
+
+
+def trained_tokens(stack: Stack, flow_run_id: str) -> int:
+    """The tokens every Whitney run of the flow run trained, from the server's journal."""
+    return sum(
+        int(operation.usage.get("trained_tokens", 0))
+        for run in whitney_runs(stack, flow_run_id)
+        for operation in journal(stack, run.run_id)
+    )
+
+
+def documented_payload(event: str) -> set[str]:
+    """The payload keys docs/evaluation.md's events table lists for `event`."""
+    (row,) = [line for line in GUIDE.read_text().splitlines() if line.startswith(f"| `{event}`")]
+    return set(re.findall(r"`(\w+)`", row.split("|")[4]))
 
 
 def test_a_sweep_of_six_trials_runs_two_at_a_time_and_halves(alive: Stack) -> None:
@@ -127,6 +145,13 @@ def test_a_sweep_of_six_trials_runs_two_at_a_time_and_halves(alive: Stack) -> No
     rows = [line for line in artifact["data"].splitlines() if re.match(r"^\| \d+ \|", line)]
     assert [int(row.split("|")[1]) for row in rows] == list(range(6))
     status = {int(row.split("|")[1]): row.split("|")[-4].strip() for row in rows}
+    # each trial's cost: the tokens its runs trained, at $1,000 a million
+    for row in rows:
+        trial = int(row.split("|")[1])
+        tokens = sum(
+            trained_tokens(alive, run["id"]) for (t, _), run in trials.items() if t == trial
+        )
+        assert tokens > 0 and row.split("|")[-3].strip() == f"${tokens / 1000:,.4f}"
     assert {t for t, s in status.items() if s == "stopped at rung 0"} == set(range(6)) - set(kept)
     assert status[best] == "best"
     assert "data:image/png;base64," in artifact["data"]
@@ -139,6 +164,11 @@ def test_a_sweep_of_six_trials_runs_two_at_a_time_and_halves(alive: Stack) -> No
     ]
     best_run = finished_run(alive, trials[best, 1]["id"])
     assert event["payload"]["trial"] == best
+    assert set(event["payload"]) == documented_payload("whitney.sweep.best")
+    assert event["payload"]["params"] == {
+        "learning_rate": [0.002, 0.01, 0.05][best // 2],
+        "lora_rank": [4, 8][best % 2],
+    }
     assert event["payload"]["checkpoint"] == f"whitney://runs/{best_run.run_id}/states/cycle-3"
 
     # retried from the UI, the sweep starts none of its finished trials again
