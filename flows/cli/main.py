@@ -7,6 +7,7 @@
     whitney-flows runs [--json]
     whitney-flows export RUN_ID --out DIR [--merged]      (flows.cli.export)
     whitney-flows reap [--apply] [--json]                 (flows.cli.reap)
+    whitney-flows sweep CONFIG [--block NAME]             (flows.cli.sweep)
     whitney-flows models import FILE.gguf | pull NAME | list   (flows.cli.models)
     whitney-flows serve [--port P] [--api-key KEY] [--capture FILE] ...
     whitney-flows chat MODEL [--api-url URL] [--system TEXT]   (flows.cli.chat)
@@ -32,6 +33,7 @@ from flows.cli.models import run_models
 from flows.cli.parsers import build_parser
 from flows.cli.prefect_env import set_prefect_env_defaults
 from flows.cli.reap import run_reap
+from flows.cli.sweep import run_sweep
 from flows.core.config import ConfigError
 
 
@@ -61,6 +63,8 @@ def run_command(arguments: list[str]) -> int:
         return run_models(options)
     if options.command == "chat":
         return run_chat(options)
+    if options.command == "sweep":
+        return run_sweep(options)  # sets the Prefect defaults itself
     set_prefect_env_defaults()
     if options.command == "reap":
         return run_reap(options)

@@ -116,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_inspection_parsers(commands)
     add_export_parser(commands)
     add_reap_parser(commands)
+    add_sweep_parser(commands)
     add_models_parser(commands)
     add_chat_parser(commands)
     return parser
@@ -286,6 +287,24 @@ def add_reap_parser(commands: argparse._SubParsersAction) -> None:
         "--apply", action="store_true", help="close them (default: only list what would be)"
     )
     command.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def add_sweep_parser(commands: argparse._SubParsersAction) -> None:
+    """`sweep CONFIG [--block NAME]` (flows.cli.sweep)."""
+    command = commands.add_parser(
+        "sweep",
+        help="search a flow's config: trials on the work pool, at most K at once, halved on "
+        "a metric (needs a Prefect server: PREFECT_API_URL)",
+    )
+    command.add_argument(
+        "config", type=Path, metavar="CONFIG", help="SweepConfig as .toml or .json"
+    )
+    command.add_argument(
+        "--block",
+        metavar="NAME",
+        help="the WhitneyCredentials block of the trials and the sweep (default: each "
+        "trial deployment's own; the sweep: $WHITNEY_API_URL)",
+    )
 
 
 def add_models_parser(commands: argparse._SubParsersAction) -> None:

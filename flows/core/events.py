@@ -11,6 +11,7 @@ SFT teacher's events are its distillation's), so an automation can act on it:
     whitney.run.released       the cleanup hook released the flow run's Whitney sessions
     whitney.checkpoint.evaluated   evaluate-checkpoint's numbers for a checkpoint
     whitney.promotion.decided      promote-checkpoint's decision: approved or not, the note
+    whitney.sweep.best         a sweep's best trial: its values, metric and checkpoint
 
 A cycle's started and completed events carry the label `whitney.stall-window-s` (its window);
 the stall automation of that window starts its clock at `started` and is satisfied by
@@ -41,6 +42,7 @@ RUN_FINISHED = "whitney.run.finished"
 RUN_RELEASED = "whitney.run.released"
 CHECKPOINT_EVALUATED = "whitney.checkpoint.evaluated"
 PROMOTION_DECIDED = "whitney.promotion.decided"
+SWEEP_BEST = "whitney.sweep.best"
 EVENTS = (
     CYCLE_STARTED,
     CYCLE_COMPLETED,
@@ -49,6 +51,7 @@ EVENTS = (
     RUN_RELEASED,
     CHECKPOINT_EVALUATED,
     PROMOTION_DECIDED,
+    SWEEP_BEST,
 )
 """Every event the flows emit (docs/evaluation.md, *Events*)."""
 STALL_WINDOW_LABEL = "whitney.stall-window-s"
@@ -158,6 +161,32 @@ def promotion_decided(
             "approved": approved,
             "note": note,
             "target_dir": target_dir,
+        },
+    )
+
+
+def sweep_best(
+    trial: int,
+    params: Mapping[str, Any],
+    metric: str,
+    value: float | None,
+    checkpoint: str | None,
+    flow_run_id: str | None,
+) -> Event | None:
+    """`whitney.sweep.best`: the sweep's best trial, its last flow run and checkpoint."""
+    run_id = checkpoint_run_id(checkpoint) if checkpoint else None
+    return emit_event(
+        SWEEP_BEST,
+        resource=flow_run_resource(root_flow_run_id()),
+        related=[whitney_run(run_id)] if run_id else [],
+        payload={
+            "trial": trial,
+            "params": dict(params),
+            "metric": metric,
+            "value": value,
+            "checkpoint": checkpoint,
+            "run_id": run_id,
+            "flow_run_id": flow_run_id,
         },
     )
 

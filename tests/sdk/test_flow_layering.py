@@ -1,9 +1,9 @@
 """The arrows of `flows/`, read from the source with `ast` (imports inside functions count):
-`cli -> {rl, sft, distill} -> core -> tasks -> whitney_calls -> whitney` (and `reap -> core`,
-`checkpoints -> core`), distill -> sft and checkpoints -> sft (both read SFT data) the
-cross-flow arrows, no import cycle among the modules of flows/, and recipes, plans, configs
-and `whitney_calls` load neither Prefect nor torch. Imports under `if TYPE_CHECKING:` are
-annotations, not arrows."""
+`cli -> {rl, sft, distill, sweep} -> core -> tasks -> whitney_calls -> whitney` (and `reap ->
+core`, `checkpoints -> core`), distill -> sft, checkpoints -> sft (both read SFT data) and
+sweep -> rl, sft (its trials' configs) the cross-flow arrows, no import cycle among the
+modules of flows/, and recipes, plans, configs and `whitney_calls` load neither Prefect nor
+torch. Imports under `if TYPE_CHECKING:` are annotations, not arrows."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ ALLOWED = {
         "flows.rl",
         "flows.sft",
         "flows.distill",
+        "flows.sweep",
         "flows.core",
         "tasks",
         "whitney_calls",
@@ -29,6 +30,7 @@ ALLOWED = {
     "flows.distill": {"flows.distill", "flows.sft", "flows.core", "tasks", "whitney_calls"},
     "flows.reap": {"flows.reap", "flows.core", "tasks", "whitney_calls"},
     "flows.checkpoints": {"flows.checkpoints", "flows.sft", "flows.core", "tasks", "whitney_calls"},
+    "flows.sweep": {"flows.sweep", "flows.rl", "flows.sft", "flows.core", "tasks", "whitney_calls"},
     "flows.core": {"flows.core", "tasks", "whitney_calls"},
     "flows": set(),
     "tasks": {"tasks", "whitney_calls"},
