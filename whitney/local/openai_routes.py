@@ -94,6 +94,7 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
         admission.close()
         if not work.cancelled() and isinstance(work.exception(), OperationCancelled):
             models.cancelled_one()
+            log.info("a request's sampling stopped at a token step: its client went away")
 
     async def capture(tenant: str, plan: openai_api.Plan, answer: openai_api.Answer) -> None:
         if service.capture is None:
