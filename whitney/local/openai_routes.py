@@ -1,7 +1,7 @@
 """The OpenAI-compatible routes of the embedded server (docs/openai.md): `GET /v1/models`,
 `POST /v1/chat/completions` and `POST /v1/completions`, with the same API keys, tenant caps
-and body limit as every other route, refusals in OpenAI's error shape, and the sampling
-stopped when the client goes away before its answer."""
+and body limit as every other route, refusals in OpenAI's error shape, streams sent as the
+engine samples their tokens, and the sampling stopped when the client goes away."""
 
 from __future__ import annotations
 
@@ -128,7 +128,8 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
             if parsed.stream:
                 chunks = stream(parsed.model, made, served)
                 usage = bool((parsed.stream_options or {}).get("include_usage"))
-                events = _stream(work, cancel, pieces, chunks, usage, capture, tenant)
+                keep = functools.partial(capture, tenant, made)
+                events = _stream(work, cancel, pieces, chunks, usage, keep)
                 return StreamingResponse(events, media_type="text/event-stream")
             try:
                 answered = await _until_done_or_gone(request, work, cancel)
@@ -191,8 +192,7 @@ async def _stream(
     pieces: asyncio.Queue[list[Piece]],
     chunks: openai_api.ChatStream,
     usage: bool,
-    capture: Callable[..., Awaitable[None]],
-    tenant: str,
+    capture: Callable[[openai_api.Answer], Awaitable[None]],
 ) -> AsyncIterator[bytes]:
     """The server-sent events of a stream, each piece sent as the engine makes it; a client
     that goes away (the response cancelled) sets `cancel`, which stops the engine."""
@@ -220,7 +220,7 @@ async def _stream(
             yield _event(openai_api.openai_error(InternalError("internal server error"))[1])
             return
         answer = work.result()
-        await capture(tenant, chunks.plan, answer)
+        await capture(answer)
         for chunk in chunks.closing(answer, usage):
             yield _event(chunk)
         yield _event("[DONE]")
