@@ -129,8 +129,8 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
                 chunks = stream(parsed.model, made, served)
                 usage = bool((parsed.stream_options or {}).get("include_usage"))
                 keep = functools.partial(capture, tenant, made)
-                events = _stream(work, cancel, pieces, chunks, usage, keep)
-                return StreamingResponse(events, media_type="text/event-stream")
+                events = _stream(work, pieces, chunks, usage, keep)
+                return EventStream(events, work, cancel)
             try:
                 answered = await _until_done_or_gone(request, work, cancel)
             except OperationCancelled:
@@ -176,6 +176,24 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
         )
 
 
+class EventStream(StreamingResponse):
+    """Server-sent events whose engine work is cancelled when the response ends before it
+    (the client went away, or the send failed), however the events' generator was left."""
+
+    def __init__(
+        self, events: AsyncIterator[bytes], work: asyncio.Future[Any], cancel: threading.Event
+    ) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self.work, self.cancel = work, cancel
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            if not self.work.done():
+                self.cancel.set()
+
+
 def _threadsafe(queue: asyncio.Queue[list[Piece]]) -> Callable[[list[Piece]], None]:
     """A sink the engine's thread hands each step's pieces to, in order, on the event loop."""
     loop = asyncio.get_running_loop()
@@ -188,14 +206,12 @@ def _threadsafe(queue: asyncio.Queue[list[Piece]]) -> Callable[[list[Piece]], No
 
 async def _stream(
     work: asyncio.Future[Any],
-    cancel: threading.Event,
     pieces: asyncio.Queue[list[Piece]],
     chunks: openai_api.ChatStream,
     usage: bool,
     capture: Callable[[openai_api.Answer], Awaitable[None]],
 ) -> AsyncIterator[bytes]:
-    """The server-sent events of a stream, each piece sent as the engine makes it; a client
-    that goes away (the response cancelled) sets `cancel`, which stops the engine."""
+    """The server-sent events of a stream, each piece sent as the engine makes it."""
     waiting: asyncio.Future[list[Piece]] | None = None
     try:
         for chunk in chunks.opening():
@@ -227,5 +243,3 @@ async def _stream(
     finally:
         if waiting is not None:
             waiting.cancel()
-        if not work.done():
-            cancel.set()
