@@ -675,7 +675,8 @@ def http_client_for(client: httpx.Client) -> httpx.Client:
 
 
 def test_unknown_routes_and_methods_use_the_error_body(api):
-    assert_error(api.get("/v1/nothing-here"), 404, "not_found")
+    """Under the training API's parts of /v1/ (elsewhere under /v1/: OpenAI's shape)."""
+    assert_error(api.get("/v1/training/nothing-here"), 404, "not_found")
     assert_error(api.delete("/v1/sessions"), 405, "invalid_request")
 
 

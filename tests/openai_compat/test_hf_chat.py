@@ -1,6 +1,7 @@
 """A Hugging Face model of the server's cache (tests/hfmodels/builders.py) through
 `/v1/chat/completions`: the prompt is its chat template's (as transformers renders it), and
-the greedy answer is a Whitney `sample` with top_k 1 of that prompt on a run of the model."""
+the greedy answer is a Whitney `sample` with top_k 1 of that prompt on a run of the model; a
+stream of random draws, decoded by the model's own tokenizer, joins to the whole answer."""
 
 from __future__ import annotations
 
@@ -41,3 +42,9 @@ def test_a_cached_models_chat_is_its_template_and_whitneys_greedy_sample(
                 assert answer.usage.prompt_tokens == len(prompt)
                 content = [t for t in tokens if t not in stops]
                 assert answer.choices[0].message.content == tokenizer.decode(content)
+            request = {"model": QWEN_REPO, "messages": MESSAGES, "max_tokens": 12, "n": 2}
+            whole = c.chat.completions.create(**request, seed=3)
+            joined = ["", ""]
+            for chunk in c.chat.completions.create(**request, seed=3, stream=True):
+                joined[chunk.choices[0].index] += chunk.choices[0].delta.content or ""
+            assert joined == [choice.message.content for choice in whole.choices]

@@ -5,6 +5,7 @@ and `logprobs` operations of the same sampler, run over raw HTTP."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Iterator
 
@@ -168,6 +169,34 @@ def test_seeded_completions_with_n_are_whitneys_sample_and_a_stop_string_cuts_th
     )
     assert cut.choices[0].text == whole[: whole.index(stop)]
     assert cut.choices[0].finish_reason == "stop"
+    assert cut.usage.completion_tokens < with_logprobs.usage.completion_tokens  # ended there
+
+
+def test_several_prompts_are_one_whitney_sample_each_and_echo_repeats_them(
+    api: httpx.Client, client: openai.OpenAI, trained: dict[str, str]
+) -> None:
+    run_id = trained["run_id"]
+    texts = ["The", "ab"]
+    answer = client.completions.create(
+        model=trained["sampler"], prompt=texts, n=2, max_tokens=6, temperature=0.9, seed=2
+    )
+    expected = [
+        text_of(t)
+        for p in texts
+        for t in whitney_sample(api, run_id, [BOS, *p.encode()], 2, 6, temperature=0.9, seed=2)
+    ]
+    assert [(c.index, c.text) for c in answer.choices] == list(enumerate(expected))
+    assert answer.usage.prompt_tokens == 4 + 3
+    echoed = client.completions.create(
+        model=trained["sampler"],
+        prompt=texts,
+        n=2,
+        max_tokens=6,
+        temperature=0.9,
+        seed=2,
+        echo=True,
+    )
+    assert [c.text for c in echoed.choices] == [texts[i // 2] + t for i, t in enumerate(expected)]
 
 
 def test_streamed_chunks_join_to_the_whole_answer(
@@ -190,6 +219,79 @@ def test_streamed_chunks_join_to_the_whole_answer(
     for chunk in client.completions.create(**completion, stream=True):
         joined[chunk.choices[0].index] += chunk.choices[0].text
     assert joined == texts
+
+
+def whitney_alternatives(
+    api: httpx.Client, run_id: str, context: list[int], top: int
+) -> list[tuple[int, float]]:
+    """The `top` most likely next tokens after `context` and their logprobs, from Whitney's
+    `logprobs` operation of context + each token of the vocabulary (most likely first)."""
+    vocabulary = range(EOS + 1)
+    lps = [
+        row[-1]
+        for row in run_op(
+            api,
+            run_id,
+            next_seq(api, run_id),
+            "logprobs",
+            {"sequences": [{"token_ids": [*context, t]} for t in vocabulary]},
+            "s1",
+        )["result"]["logprobs"]
+    ]
+    return sorted(zip(vocabulary, lps, strict=True), key=lambda pair: -pair[1])[:top]
+
+
+def test_top_logprobs_are_the_most_likely_tokens_with_whitneys_logprobs(
+    api: httpx.Client, client: openai.OpenAI, trained: dict[str, str]
+) -> None:
+    run_id = trained["run_id"]
+    chat = client.chat.completions.create(
+        model=trained["sampler"],
+        messages=USER,
+        max_tokens=3,
+        temperature=0.7,
+        seed=4,
+        logprobs=True,
+        top_logprobs=3,
+    )
+    entries = chat.choices[0].logprobs.content
+    tokens = [bytes(e.bytes)[0] for e in entries]  # ASCII here: one byte, one token
+    for k, entry in enumerate(entries):
+        best = whitney_alternatives(api, run_id, PROMPT + tokens[:k], 3)
+        assert [(bytes(a.bytes)[0], a.logprob) for a in entry.top_logprobs] == best  # bit for bit
+        assert entry.logprob == dict(best).get(tokens[k], entry.logprob)
+    completion = client.completions.create(
+        model=trained["sampler"], prompt="The", max_tokens=2, temperature=0, logprobs=2
+    )
+    best = whitney_alternatives(api, run_id, [BOS, *b"The"], 2)
+    first = completion.choices[0].logprobs.top_logprobs[0]
+    assert sorted(first.values(), reverse=True) == [lp for _, lp in best]
+    assert completion.choices[0].logprobs.tokens[0] == chr(best[0][0])  # greedy: the top one
+
+
+def test_n_chat_choices_stream_per_index_with_their_logprobs(
+    client: openai.OpenAI, trained: dict[str, str]
+) -> None:
+    request = {
+        "model": trained["sampler"],
+        "messages": USER,
+        "max_tokens": 8,
+        "n": 2,
+        "seed": 7,
+        "logprobs": True,
+        "top_logprobs": 1,
+        "stop": ["e"],
+    }
+    whole = client.chat.completions.create(**request).choices
+    texts, logprobs, finish = ["", ""], [[], []], [None, None]
+    for chunk in client.chat.completions.create(**request, stream=True):
+        (choice,) = chunk.choices
+        texts[choice.index] += choice.delta.content or ""
+        logprobs[choice.index] += choice.logprobs.content if choice.logprobs else []
+        finish[choice.index] = choice.finish_reason or finish[choice.index]
+    assert texts == [c.message.content for c in whole]
+    assert logprobs == [c.logprobs.content for c in whole]
+    assert finish == [c.finish_reason for c in whole]
 
 
 def test_a_wrong_key_is_401_in_openais_shape(embedded_server: EmbeddedWhitney) -> None:
@@ -223,7 +325,13 @@ def test_another_tenants_checkpoint_is_404_naming_the_model(
         ({"max_tokens": 5000}, "max_tokens", 422, "max_tokens of 1024"),
         ({"n": 1000}, "n", 422, "max_num_samples"),
         ({"temperature": 3}, "temperature", 400, "temperature"),
-        ({"top_logprobs": 2, "logprobs": True}, "top_logprobs", 400, "top_logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs", 400, "logprobs: true"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
+            "tools",
+            400,
+            "tool and function calling",
+        ),
         ({"messages": [{"role": "robot", "content": "x"}]}, "messages[0].role", 400, "role"),
     ],
 )
@@ -237,31 +345,58 @@ def test_a_request_over_a_limit_or_invalid_is_refused_naming_the_field(
     assert needle in error["message"]
 
 
-def test_a_client_that_disconnects_cancels_the_sampling(
+def test_unknown_routes_and_methods_under_v1_answer_in_openais_shape(
+    api: httpx.Client,
+) -> None:
+    for method, path, status in (
+        ("POST", "/v1/embeddings", 404),
+        ("GET", "/v1/chat/completions", 405),
+        ("DELETE", "/v1/models", 405),
+    ):
+        response = api.request(method, path)
+        assert response.status_code == status
+        assert set(response.json()["error"]) == {"message", "type", "param", "code"}
+    whitneys = api.get("/v1/training/nope").json()["error"]  # the training API's own shape
+    assert whitneys["type"] == "not_found" and "param" not in whitneys
+
+
+def test_a_stream_the_client_leaves_stops_the_sampling(
     embedded_server: EmbeddedWhitney, client: openai.OpenAI
 ) -> None:
+    """Chunks leave as tokens are sampled: the client reads two and hangs up long before the
+    1000th token, and the engine's sample is cancelled (counted when it raises)."""
     models = embedded_server.service.models
-    before = models.cancelled
     client.chat.completions.create(model="local/tiny", messages=USER, max_tokens=1)  # built
-    started = time.monotonic()
-
-    body = {  # greedy: a random draw could end it at once, with EOS
-        "model": "local/tiny",
-        "messages": USER,
-        "max_tokens": 1000,
-        "temperature": 0,
-        "stream": True,
-    }
-    with http(embedded_server) as raw, contextlib.suppress(httpx.TimeoutException):
-        raw.post("/v1/chat/completions", json=body, timeout=1.0)  # gives up, hangs up
-        pytest.fail("answered within the client's second: nothing to cancel")
+    before = models.cancelled
+    stream = client.chat.completions.create(  # greedy: a random draw could end it with EOS
+        model="local/tiny", messages=USER, max_tokens=1000, temperature=0, stream=True
+    )
+    assert [c.choices[0].delta.content is not None for c in itertools.islice(stream, 2)] == [
+        True,
+        True,
+    ]
+    stream.close()
     deadline = time.monotonic() + 30
     while models.cancelled == before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert models.cancelled == before + 1
     answer = client.chat.completions.create(model="local/tiny", messages=USER, max_tokens=2)
     assert answer.choices[0].finish_reason in ("stop", "length")
-    assert time.monotonic() - started < 30
+
+
+def test_a_client_that_disconnects_before_a_whole_answer_stops_the_sampling(
+    embedded_server: EmbeddedWhitney,
+) -> None:
+    models = embedded_server.service.models
+    before = models.cancelled
+    body = {"model": "local/tiny", "messages": USER, "max_tokens": 1000, "temperature": 0}
+    with http(embedded_server) as raw, contextlib.suppress(httpx.TimeoutException):
+        raw.post("/v1/chat/completions", json=body, timeout=0.5)  # gives up, hangs up
+        pytest.fail("answered within the client's half second: nothing to cancel")
+    deadline = time.monotonic() + 30
+    while models.cancelled == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert models.cancelled == before + 1
 
 
 def test_a_critics_checkpoint_is_400_it_has_no_sampler(

@@ -172,7 +172,9 @@ def create_app(service: WhitneyService) -> FastAPI:
         return error_response(InvalidRequest(f"{field}: {message}", details=details))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+        if openai_routes.is_openai_path(request.url.path):
+            return openai_routes.route_error(request.method, request.url.path, exc.status_code)
         if exc.status_code == 404:
             return error_response(NotFound("no such route"))
         if exc.status_code == 405:

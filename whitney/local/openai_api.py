@@ -1,6 +1,7 @@
 """The OpenAI-compatible requests (`/v1/chat/completions`, `/v1/completions`): parsed, turned
-into one Whitney `sample` of the model's frozen engine, and answered in OpenAI's shapes (a
-whole answer, or the chunks of a stream that join to it). docs/openai.md is the contract."""
+into one engine `sample` of the model's frozen engine (a Whitney `sample` per prompt), and
+answered in OpenAI's shapes: a whole answer, or the chunks of a stream sent as the tokens are
+sampled, which join to it. docs/openai.md is the contract."""
 
 from __future__ import annotations
 
@@ -8,14 +9,16 @@ import secrets
 import threading
 import time
 import uuid
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from whitney.errors import InvalidRequest, WhitneyError
 from whitney.local.api_errors import from_validation_error
 from whitney.local.limits import Limits, exceeded
+from whitney.local.openai_decode import ChoiceText, Piece, Top
 from whitney.local.served_models import ServedModel
 from whitney.renderers import check_messages
 
@@ -31,6 +34,7 @@ OPENAI_TYPES = {
     429: "rate_limit_error",
 }
 ENGINE_FIELDS = {"num_samples": "n", "prompt.token_ids": "prompt"}
+TOOL_FIELDS = ("tools", "tool_choice", "functions", "function_call")
 
 
 class SamplingRequest(BaseModel):
@@ -55,11 +59,16 @@ class ChatRequest(SamplingRequest):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool = False
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    tools: Any = None
+    tool_choice: Any = None
+    functions: Any = None
+    function_call: Any = None
 
 
 class CompletionRequest(SamplingRequest):
     prompt: str | list[int] | list[str] | list[list[int]]
     logprobs: int | None = Field(default=None, ge=0, le=5)
+    echo: bool = False
 
 
 def openai_error(exc: WhitneyError) -> tuple[int, dict[str, Any]]:
@@ -105,20 +114,27 @@ def _fail(field: str, message: str) -> InvalidRequest:
 
 @dataclass(frozen=True)
 class Plan:
-    """One request made concrete: the prompt's tokens and the Whitney `sample` of it."""
+    """One request made concrete: its prompts' tokens and the Whitney `sample` of each (a
+    chat has one prompt), the choices' stops, and what the answer shows."""
 
-    prompt: list[int]
-    payload: dict[str, Any]
-    seed: int
+    prompts: list[list[int]]
+    payloads: list[dict[str, Any]]
+    seeds: list[int]
+    n: int
     stops: tuple[str, ...]
     stop_ids: frozenset[int]
     logprobs: bool
-    exchange: dict[str, Any] | None  # what `serve --capture` keeps of the request
+    top: int  # alternatives per token
+    echoes: list[str] | None  # the prompts' texts, ahead of their choices' (completions' echo)
+    exchanges: list[dict[str, Any] | None]  # what `serve --capture` keeps of each prompt
 
 
 def plan_chat(request: ChatRequest, served: ServedModel, limits: Limits) -> Plan:
-    if request.top_logprobs:
-        raise _fail("top_logprobs", "alternatives are not served yet; use 0 or omit it")
+    for name in TOOL_FIELDS:
+        if getattr(request, name) is not None:
+            raise _fail(name, "tool and function calling are not served; send text messages")
+    if request.top_logprobs and not request.logprobs:
+        raise _fail("top_logprobs", "needs logprobs: true")
     messages = [_message_text(m, i) for i, m in enumerate(request.messages)]
     try:
         checked = check_messages(messages)
@@ -126,58 +142,76 @@ def plan_chat(request: ChatRequest, served: ServedModel, limits: Limits) -> Plan
         field = str(exc).split(" ", 1)[0]
         raise InvalidRequest(str(exc), details={"field": field}) from None
     prompt = served.renderer.build_generation_prompt(checked)
-    stop_ids = tuple(served.renderer.stop_tokens)
     max_tokens = request.max_completion_tokens or request.max_tokens
     field = "max_completion_tokens" if request.max_completion_tokens else "max_tokens"
-    fields = ("messages", field)
-    made = _plan(request, served, limits, prompt, stop_ids, max_tokens, fields, request.logprobs)
-    return replace(made, exchange={"messages": checked})
+    return _plan(
+        request,
+        served,
+        limits,
+        [prompt],
+        tuple(served.renderer.stop_tokens),
+        max_tokens,
+        ("messages", field),
+        logprobs=(request.logprobs, request.top_logprobs or 0),
+        echoes=None,
+        exchanges=[{"messages": checked}],
+    )
 
 
 def plan_completion(request: CompletionRequest, served: ServedModel, limits: Limits) -> Plan:
-    if request.logprobs:
-        raise _fail("logprobs", "alternatives are not served yet; use 0 for the tokens' logprobs")
-    prompt_in: Any = request.prompt
-    if isinstance(prompt_in, list) and prompt_in and isinstance(prompt_in[0], (str, list)):
-        if len(prompt_in) != 1:
-            raise _fail("prompt", "one prompt per request (send one request each)")
-        prompt_in = prompt_in[0]
-    if isinstance(prompt_in, str):
-        bos = served.tokenizer.bos_id
-        prompt = ([] if bos is None else [bos]) + served.tokenizer.encode(prompt_in)
-    else:
-        prompt = list(prompt_in)
-    if not prompt:
-        raise _fail("prompt", "must not be empty")
-    max_tokens = request.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS
-    stop_ids = (served.tokenizer.eos_id,)
-    wants = request.logprobs is not None
-    fields = ("prompt", "max_tokens")
-    made = _plan(request, served, limits, prompt, stop_ids, max_tokens, fields, wants)
-    return replace(made, exchange={"prompt": prompt_in} if isinstance(prompt_in, str) else None)
+    if request.echo and request.logprobs is not None:
+        raise _fail("echo", "not served with logprobs (the prompt's logprobs are not computed)")
+    given: Any = request.prompt
+    many = isinstance(given, list) and bool(given) and isinstance(given[0], (str, list))
+    texts = given if many else [given]
+    prompts = []
+    for number, text in enumerate(texts):
+        if isinstance(text, str):
+            bos = served.tokenizer.bos_id
+            prompts.append(([] if bos is None else [bos]) + served.tokenizer.encode(text))
+        else:
+            prompts.append(list(text))
+        if not prompts[-1]:
+            raise _fail(f"prompt[{number}]" if many else "prompt", "must not be empty")
+    return _plan(
+        request,
+        served,
+        limits,
+        prompts,
+        (served.tokenizer.eos_id,),
+        request.max_tokens or COMPLETIONS_DEFAULT_MAX_TOKENS,
+        ("prompt", "max_tokens"),
+        logprobs=(request.logprobs is not None, request.logprobs or 0),
+        echoes=[t if isinstance(t, str) else served.tokenizer.decode(t) for t in texts]
+        if request.echo
+        else None,
+        exchanges=[{"prompt": t} if isinstance(t, str) else None for t in texts],
+    )
 
 
 def _plan(
     request: SamplingRequest,
     served: ServedModel,
     limits: Limits,
-    prompt: list[int],
+    prompts: list[list[int]],
     stop_ids: tuple[int, ...],
     max_tokens: int | None,
     fields: tuple[str, str],
-    logprobs: bool,
+    *,
+    logprobs: tuple[bool, int],
+    echoes: list[str] | None,
+    exchanges: list[dict[str, Any] | None],
 ) -> Plan:
-    """The `sample` of `prompt`; `fields` name the prompt and max_tokens in refusals."""
+    """The `sample` of each prompt; `fields` name the prompt and max_tokens in refusals."""
     prompt_field, max_field = fields
-    if len(prompt) > limits.max_tokens_per_datum:
-        raise exceeded(
-            prompt_field, "max_tokens_per_datum", limits.max_tokens_per_datum, len(prompt)
-        )
-    room = served.max_positions - len(prompt)
+    longest = max(len(p) for p in prompts)
+    if longest > limits.max_tokens_per_datum:
+        raise exceeded(prompt_field, "max_tokens_per_datum", limits.max_tokens_per_datum, longest)
+    room = served.max_positions - longest
     if room < 1:
         raise _fail(
             prompt_field,
-            f"its {len(prompt)} tokens fill the model's {served.max_positions} positions",
+            f"its {longest} tokens fill the model's {served.max_positions} positions",
         )
     if max_tokens is None:
         max_tokens = min(room, limits.max_tokens)
@@ -186,14 +220,15 @@ def _plan(
     if max_tokens > room:
         raise _fail(
             max_field,
-            f"{max_tokens} + the prompt's {len(prompt)} tokens exceed the model's "
+            f"{max_tokens} + the prompt's {longest} tokens exceed the model's "
             f"{served.max_positions} positions",
         )
     if request.n > limits.max_num_samples:
         raise exceeded("n", "max_num_samples", limits.max_num_samples, request.n)
-    total = request.n * (len(prompt) + max_tokens)
+    total = sum(request.n * (len(p) + max_tokens) for p in prompts)
     if total > limits.max_tokens_per_request:
-        raise exceeded("n", "max_tokens_per_request", limits.max_tokens_per_request, total)
+        field = "n" if len(prompts) == 1 else prompt_field
+        raise exceeded(field, "max_tokens_per_request", limits.max_tokens_per_request, total)
     stops = (request.stop,) if isinstance(request.stop, str) else tuple(request.stop or ())
     if len(stops) > 4 or any(not s for s in stops):
         raise _fail("stop", "at most 4 non-empty strings")
@@ -209,45 +244,76 @@ def _plan(
         params["top_p"] = request.top_p
     if request.seed is not None:
         params["seed"] = request.seed
-    payload = {"prompt": {"token_ids": prompt}, "num_samples": request.n, "sampling_params": params}
-    all_stop_ids = frozenset(stop_ids) | frozenset(served.eos_token_ids)
-    return Plan(prompt, payload, secrets.randbits(63), stops, all_stop_ids, logprobs, None)
+    payloads = [
+        {"prompt": {"token_ids": p}, "num_samples": request.n, "sampling_params": params}
+        for p in prompts
+    ]
+    return Plan(
+        prompts=prompts,
+        payloads=payloads,
+        seeds=[secrets.randbits(63) for _ in prompts],
+        n=request.n,
+        stops=stops,
+        stop_ids=frozenset(stop_ids) | frozenset(served.eos_token_ids),
+        logprobs=logprobs[0],
+        top=logprobs[1],
+        echoes=echoes,
+        exchanges=exchanges,
+    )
 
 
 @dataclass(frozen=True)
-class Choice:
-    """One sampled sequence as the answer shows it: its text, the tokens that make it (a stop
-    token or what follows a stop string left out), their logprobs and why it ended."""
+class Answer:
+    """The choices of a plan (choice `p * n + r` is sample r of prompt p) and how many tokens
+    were sampled."""
 
-    text: str
-    tokens: list[int]
-    logprobs: list[float]
-    finish_reason: Literal["stop", "length"]
+    choices: list[ChoiceText]
+    sampled: int
+
+    def texts(self, prompt: int, n: int) -> list[str]:
+        return [c.text for c in self.choices[prompt * n : (prompt + 1) * n]]
 
 
-def generate(served: ServedModel, plan: Plan, cancel: threading.Event) -> tuple[list[Choice], int]:
-    """The choices of `plan` (one engine `sample`) and how many tokens were sampled."""
+def generate(
+    served: ServedModel,
+    plan: Plan,
+    cancel: threading.Event,
+    sink: Callable[[list[Piece]], None] | None = None,
+) -> Answer:
+    """The plan's choices, decoded as the engine samples them (one engine `sample` of every
+    prompt); `sink` gets each step's pieces as they are made. A choice a stop string ends
+    stops sampling there. `cancel` set stops the engine at its next token step."""
+    choices = [
+        ChoiceText(i, served.tokenizer, plan.stops, plan.stop_ids)
+        for i in range(len(plan.prompts) * plan.n)
+    ]
+
+    def on_step(
+        rows: list[int],
+        tokens: list[int],
+        logprobs: list[float],
+        top: list[Top],
+        ends: list[str | None],
+    ) -> list[int]:
+        pieces, ended = [], []
+        for row, token, logprob, alternatives, end in zip(
+            rows, tokens, logprobs, top, ends, strict=True
+        ):
+            piece = choices[row].add(token, logprob, alternatives, end)
+            if piece is not None:
+                pieces.append(piece)
+            if end is None and choices[row].finish_reason is not None:
+                ended.append(row)
+        if sink is not None and pieces:
+            sink(pieces)
+        return ended
+
     try:
-        output = served.sample(plan.payload, plan.seed, cancel)
-        choices = [_choice(served, plan, seq) for seq in output.result["sequences"]]
-        if plan.logprobs:
-            choices = _with_logprobs(served, plan, choices, cancel)
+        outputs = served.sample(plan.payloads, plan.seeds, cancel, on_step, plan.top)
     except WhitneyError as exc:
         raise _openai_fields(exc) from None
-    return choices, int(output.usage.get("sampled_tokens", 0))
-
-
-def _with_logprobs(
-    served: ServedModel, plan: Plan, choices: list[Choice], cancel: threading.Event
-) -> list[Choice]:
-    """The choices with each token's logprob at temperature 1, from the engine's `logprobs`
-    of prompt + tokens (Whitney's `logprobs` operation, whatever the sampling parameters)."""
-    start = len(plan.prompt)
-    rows = served.logprobs([plan.prompt + c.tokens for c in choices], cancel)
-    return [
-        replace(c, logprobs=[float(v) for v in row[start : start + len(c.tokens)]])
-        for c, row in zip(choices, rows, strict=True)
-    ]
+    sampled = sum(int(output.usage.get("sampled_tokens", 0)) for output in outputs)
+    return Answer(choices, sampled)
 
 
 def _openai_fields(exc: WhitneyError) -> WhitneyError:
@@ -259,45 +325,52 @@ def _openai_fields(exc: WhitneyError) -> WhitneyError:
     return exc
 
 
-def _choice(served: ServedModel, plan: Plan, seq: dict[str, Any]) -> Choice:
-    tokens, logprobs = list(seq["tokens"]), list(seq["logprobs"])
-    stopped = seq["stop_reason"] == "stop"
-    if stopped and tokens and tokens[-1] in plan.stop_ids:
-        tokens, logprobs = tokens[:-1], logprobs[:-1]
-    decode = served.tokenizer.decode
-    text = decode(tokens)
-    cut = min((i for i in (text.find(s) for s in plan.stops) if i >= 0), default=-1)
-    if cut >= 0:
-        text, stopped = text[:cut], True
-        keep = next(k for k in range(len(tokens) + 1) if len(decode(tokens[:k])) >= cut)
-        tokens, logprobs = tokens[:keep], logprobs[:keep]
-    return Choice(text, tokens, logprobs, "stop" if stopped else "length")
-
-
 def _usage(plan: Plan, sampled: int) -> dict[str, int]:
-    prompt = len(plan.prompt)
+    prompt = sum(len(p) for p in plan.prompts)
     return {"prompt_tokens": prompt, "completion_tokens": sampled, "total_tokens": prompt + sampled}
 
 
-def _token_entry(served: ServedModel, token: int, logprob: float) -> dict[str, Any]:
+def _token(served: ServedModel, token: int, logprob: float) -> dict[str, Any]:
     text = served.tokenizer.decode([token])
-    return {"token": text, "logprob": logprob, "bytes": list(text.encode()), "top_logprobs": []}
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode())}
+
+
+def _chat_logprobs(served: ServedModel, piece: Piece | ChoiceText) -> dict[str, Any]:
+    return {
+        "content": [
+            _token(served, t, lp)
+            | {"top_logprobs": [_token(served, alt, alt_lp) for alt, alt_lp in top]}
+            for t, lp, top in zip(piece.tokens, piece.logprobs, piece.top, strict=True)
+        ]
+    }
 
 
 def _completion_logprobs(
-    served: ServedModel, tokens: list[int], lps: list[float], start: int
+    served: ServedModel, piece: Piece | ChoiceText, start: int, top: int
 ) -> dict[str, Any]:
-    texts = [served.tokenizer.decode([t]) for t in tokens]
+    texts = [served.tokenizer.decode([t]) for t in piece.tokens]
     offsets, at = [], start
     for text in texts:
         offsets.append(at)
         at += len(text)
-    return {"tokens": texts, "token_logprobs": lps, "top_logprobs": None, "text_offset": offsets}
+    alternatives = (
+        [{served.tokenizer.decode([t]): lp for t, lp in position} for position in piece.top]
+        if top
+        else None
+    )
+    return {
+        "tokens": texts,
+        "token_logprobs": piece.logprobs,
+        "top_logprobs": alternatives,
+        "text_offset": offsets,
+    }
 
 
-def chat_answer(
-    model: str, plan: Plan, served: ServedModel, choices: list[Choice], sampled: int
-) -> dict[str, Any]:
+def _echo(plan: Plan, index: int) -> str:
+    return plan.echoes[index // plan.n] if plan.echoes is not None else ""
+
+
+def chat_answer(model: str, plan: Plan, served: ServedModel, answer: Answer) -> dict[str, Any]:
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -305,26 +378,19 @@ def chat_answer(
         "model": model,
         "choices": [
             {
-                "index": i,
+                "index": c.index,
                 "message": {"role": "assistant", "content": c.text},
-                "logprobs": {
-                    "content": [
-                        _token_entry(served, t, lp)
-                        for t, lp in zip(c.tokens, c.logprobs, strict=True)
-                    ]
-                }
-                if plan.logprobs
-                else None,
+                "logprobs": _chat_logprobs(served, c) if plan.logprobs else None,
                 "finish_reason": c.finish_reason,
             }
-            for i, c in enumerate(choices)
+            for c in answer.choices
         ],
-        "usage": _usage(plan, sampled),
+        "usage": _usage(plan, answer.sampled),
     }
 
 
 def completion_answer(
-    model: str, plan: Plan, served: ServedModel, choices: list[Choice], sampled: int
+    model: str, plan: Plan, served: ServedModel, answer: Answer
 ) -> dict[str, Any]:
     return {
         "id": f"cmpl-{uuid.uuid4().hex}",
@@ -333,113 +399,94 @@ def completion_answer(
         "model": model,
         "choices": [
             {
-                "index": i,
-                "text": c.text,
-                "logprobs": _completion_logprobs(served, c.tokens, c.logprobs, 0)
-                if plan.logprobs
-                else None,
+                "index": c.index,
+                "text": _echo(plan, c.index) + c.text,
+                "logprobs": _completion_logprobs(served, c, 0, plan.top) if plan.logprobs else None,
                 "finish_reason": c.finish_reason,
             }
-            for i, c in enumerate(choices)
+            for c in answer.choices
         ],
-        "usage": _usage(plan, sampled),
+        "usage": _usage(plan, answer.sampled),
     }
 
 
-def deltas(served: ServedModel, choice: Choice) -> list[tuple[str, list[int], list[float]]]:
-    """The choice's text in pieces, token by token, with the tokens and logprobs of each:
-    a piece is emitted once the decoded tokens so far are a prefix of the whole text, so
-    the pieces join to exactly `choice.text` (a character split over tokens comes whole)."""
-    pieces: list[tuple[str, list[int], list[float]]] = []
-    sent, start = 0, 0
-    for k in range(1, len(choice.tokens) + 1):
-        text = served.tokenizer.decode(choice.tokens[:k])
-        if len(text) > sent and choice.text.startswith(text):
-            pieces.append((text[sent:], choice.tokens[start:k], choice.logprobs[start:k]))
-            sent, start = len(text), k
-    if sent < len(choice.text) or start < len(choice.tokens):
-        pieces.append((choice.text[sent:], choice.tokens[start:], choice.logprobs[start:]))
-    return pieces
+class ChatStream:
+    """The chunks of a streamed chat answer: the choices' roles, then each piece as it comes,
+    then (if asked) the usage."""
 
+    object = "chat.completion.chunk"
 
-def chat_chunks(
-    model: str, plan: Plan, served: ServedModel, choices: list[Choice], sampled: int, usage: bool
-) -> list[dict[str, Any]]:
-    """The chunks of a streamed chat answer, in order (the usage chunk if asked)."""
-    ident, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+    def __init__(self, model: str, plan: Plan, served: ServedModel) -> None:
+        self.model, self.plan, self.served = model, plan, served
+        self.ident, self.created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
 
-    def chunk(
-        index: int, delta: dict[str, Any], logprobs: Any = None, finish: str | None = None
-    ) -> dict[str, Any]:
-        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> dict[str, Any]:
         return {
-            "id": ident,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [choice],
+            "id": self.ident,
+            "object": self.object,
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            **extra,
         }
 
-    out = []
-    for i, c in enumerate(choices):
-        out.append(chunk(i, {"role": "assistant", "content": ""}))
-        for text, tokens, lps in deltas(served, c):
-            lp = (
-                {"content": [_token_entry(served, t, v) for t, v in zip(tokens, lps, strict=True)]}
-                if plan.logprobs
-                else None
-            )
-            out.append(chunk(i, {"content": text}, lp))
-        out.append(chunk(i, {}, None, c.finish_reason))
-    if usage:
-        out.append(
-            {
-                "id": ident,
-                "object": "chat.completion.chunk",
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": _usage(plan, sampled),
-            }
-        )
-    return out
+    def opening(self) -> list[dict[str, Any]]:
+        delta = {"role": "assistant", "content": ""}
+        count = len(self.plan.prompts) * self.plan.n
+        return [
+            self._chunk([{"index": i, "delta": delta, "logprobs": None, "finish_reason": None}])
+            for i in range(count)
+        ]
+
+    def pieces(self, pieces: list[Piece]) -> list[dict[str, Any]]:
+        out = []
+        for piece in pieces:
+            if piece.text or piece.tokens:
+                lp = _chat_logprobs(self.served, piece) if self.plan.logprobs else None
+                choice = {"index": piece.index, "delta": {"content": piece.text}, "logprobs": lp}
+                out.append(self._chunk([choice | {"finish_reason": None}]))
+            if piece.finish_reason is not None:
+                choice = {"index": piece.index, "delta": {}, "logprobs": None}
+                out.append(self._chunk([choice | {"finish_reason": piece.finish_reason}]))
+        return out
+
+    def closing(self, answer: Answer, usage: bool) -> list[dict[str, Any]]:
+        return [self._chunk([], usage=_usage(self.plan, answer.sampled))] if usage else []
 
 
-def completion_chunks(
-    model: str, plan: Plan, served: ServedModel, choices: list[Choice], sampled: int, usage: bool
-) -> list[dict[str, Any]]:
-    """The chunks of a streamed completion, in order (the usage chunk if asked)."""
-    ident, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+class CompletionStream(ChatStream):
+    """The chunks of a streamed completion: each piece as it comes (after the prompt, with
+    `echo`), then (if asked) the usage."""
 
-    def chunk(
-        index: int, text: str, logprobs: Any = None, finish: str | None = None
-    ) -> dict[str, Any]:
+    object = "text_completion"
+
+    def __init__(self, model: str, plan: Plan, served: ServedModel) -> None:
+        super().__init__(model, plan, served)
+        self.ident = f"cmpl-{uuid.uuid4().hex}"
+        self.offsets: dict[int, int] = {}
+
+    def opening(self) -> list[dict[str, Any]]:
+        if self.plan.echoes is None:
+            return []
+        count = len(self.plan.prompts) * self.plan.n
+        return [self._text(i, _echo(self.plan, i), None, None) for i in range(count)]
+
+    def _text(self, index: int, text: str, logprobs: Any, finish: str | None) -> dict[str, Any]:
         choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
-        return {
-            "id": ident,
-            "object": "text_completion",
-            "created": created,
-            "model": model,
-            "choices": [choice],
-        }
+        return self._chunk([choice])
 
-    out = []
-    for i, c in enumerate(choices):
-        offset = 0
-        for text, tokens, lps in deltas(served, c):
-            lp = _completion_logprobs(served, tokens, lps, offset) if plan.logprobs else None
-            out.append(chunk(i, text, lp))
-            offset += len(text)
-        out.append(chunk(i, "", None, c.finish_reason))
-    if usage:
-        out.append(
-            {
-                "id": ident,
-                "object": "text_completion",
-                "created": created,
-                "model": model,
-                "choices": [],
-                "usage": _usage(plan, sampled),
-            }
-        )
-    return out
+    def pieces(self, pieces: list[Piece]) -> list[dict[str, Any]]:
+        out = []
+        for piece in pieces:
+            if piece.text or piece.tokens:
+                offset = self.offsets.get(piece.index, 0)
+                lp = (
+                    _completion_logprobs(self.served, piece, offset, self.plan.top)
+                    if self.plan.logprobs
+                    else None
+                )
+                out.append(self._text(piece.index, piece.text, lp, None))
+                self.offsets[piece.index] = offset + len(piece.text)
+            if piece.finish_reason is not None:
+                out.append(self._text(piece.index, "", None, piece.finish_reason))
+        return out

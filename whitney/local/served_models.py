@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -57,20 +57,26 @@ class ServedModel:
     def eos_token_ids(self) -> tuple[int, ...]:
         return tuple(self.engine.cfg.eos_token_ids)
 
-    def sample(self, payload: dict[str, Any], seed: int, cancel: threading.Event) -> Any:
-        """The engine's `sample` of `payload` (one SampleResult's OpOutput); `cancel` set
-        stops it (OperationCancelled)."""
-        (output,) = self._run(cancel, lambda: self.engine.sample(SNAPSHOT, [payload], [seed]))
-        if isinstance(output, WhitneyError):
-            raise output
-        return output
-
-    def logprobs(self, sequences: list[list[int]], cancel: threading.Event) -> list[list[Any]]:
-        """The engine's `logprobs` of `sequences` (what a Whitney `logprobs` operation of the
-        same snapshot answers, bit for bit)."""
-        request = {"sequences": [{"token_ids": s} for s in sequences]}
-        output = self._run(cancel, lambda: self.engine.logprobs(SNAPSHOT, request))
-        return output.result["logprobs"]
+    def sample(
+        self,
+        payloads: list[dict[str, Any]],
+        seeds: list[int],
+        cancel: threading.Event,
+        on_step: Callable[..., Collection[int]],
+        top: int,
+    ) -> list[Any]:
+        """The engine's `sample` of `payloads` (one SampleResult's OpOutput each, decoded
+        together), `on_step(rows, tokens, logprobs, top, ends)` called at each token step
+        (the engine's `Watch`: it returns the rows to end); `cancel` set stops it
+        (OperationCancelled)."""
+        watch = load_engine().Watch(
+            lambda s: on_step(s.rows, s.tokens, s.logprobs, s.top, s.ends), top
+        )
+        outputs = self._run(cancel, lambda: self.engine.sample(SNAPSHOT, payloads, seeds, watch))
+        for output in outputs:
+            if isinstance(output, WhitneyError):
+                raise output
+        return outputs
 
     def _run(self, cancel: threading.Event, call: Callable[[], Any]) -> Any:
         with self.lock:

@@ -35,7 +35,7 @@ from whitney.local.engine.model import (
     init_weights,
 )
 from whitney.local.engine.optim import AdamW
-from whitney.local.engine.sampling import sample
+from whitney.local.engine.sampling import Watch, sample
 
 BASE_MODELS: tuple[str, ...] = ("local/nano", "local/tiny", "local/small")
 SAMPLER_MODELS_KEPT = 2  # merged sampling copies kept built; older snapshots are rebuilt on use
@@ -371,18 +371,22 @@ class EngineRun:
         return self.sampler_models[version]
 
     def sample(
-        self, sampler_id: str, requests: list[dict], default_seeds: list[int]
+        self,
+        sampler_id: str,
+        requests: list[dict],
+        default_seeds: list[int],
+        watch: Watch | None = None,
     ) -> list[OpOutput | WhitneyError]:
         """One SampleResult per request, all decoded together (each result is bitwise the same
         whatever else is in `requests`); a `NonFiniteResult` in place of a request whose
-        sequences hold a non-finite logprob."""
+        sequences hold a non-finite logprob. `watch` is shown each token step as it is drawn."""
         model = self.sampler_model(sampler_id)
         specs = [
             validation.sample_spec(request, seed, self.cfg)
             for request, seed in zip(requests, default_seeds, strict=True)
         ]
         with torch.inference_mode():
-            results = sample(model, specs, check=self.check_interrupt)
+            results = sample(model, specs, check=self.check_interrupt, watch=watch)
         outputs: list[OpOutput | WhitneyError] = []
         for spec, sequences in zip(specs, results, strict=True):
             if not all(all_finite(s["logprobs"]) for s in sequences):

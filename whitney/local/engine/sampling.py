@@ -1,10 +1,12 @@
 """Batched decoding of sample requests with a pre-allocated KV cache: temperature, top_k, top_p,
-stop tokens; every draw by inverse CDF from a per-row generator."""
+stop tokens; every draw by inverse CDF from a per-row generator. A `Watch` is shown each token
+step as it is drawn (the OpenAI-compatible routes stream from it)."""
 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import replace
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
 
 import torch
 from torch import Tensor
@@ -62,13 +64,61 @@ def uniforms(spec: SampleSpec, steps: int) -> Tensor:
     return torch.nn.functional.pad(torch.stack(rows), (0, steps - spec.params.max_tokens))
 
 
-def sample(model: Llama, specs: list[SampleSpec], check: Check = no_check) -> list[list[dict]]:
+@dataclass(frozen=True)
+class Step:
+    """The tokens one decode step drew, for the rows still sampling before it (rows numbered
+    over the requests in order, a request's samples together): each token, its logprob at
+    temperature 1 (the `logprobs` operation's value for it, bit for bit), the `Watch.top` most
+    likely tokens at temperature 1 with theirs (most likely first, ties by token id), and how
+    the row ended at this step ("stop", "length") or None."""
+
+    rows: list[int]
+    tokens: list[int]
+    logprobs: list[float]
+    top: list[list[tuple[int, float]]]
+    ends: list[str | None]
+
+
+@dataclass(frozen=True)
+class Watch:
+    """Who `sample` shows each token step as it is drawn. `on_step` returns the rows to end
+    now, as a stop token would (their sequences end with this step's token, "stop")."""
+
+    on_step: Callable[[Step], Collection[int]]
+    top: int = 0
+
+
+def watched_step(
+    logits: Tensor, tokens: Tensor, active: Tensor, stopped: Tensor, done: Tensor, top: int
+) -> Step:
+    """The `Step` of the `active` rows, drawn from `logits` (what a `Watch` is shown)."""
+    rows = active.nonzero().squeeze(-1)
+    base = exact.log_softmax(logits[rows])
+    drawn = tokens[rows]
+    chosen = base.gather(-1, drawn[:, None]).squeeze(-1)
+    best: list[list[tuple[int, float]]] = [[] for _ in rows.tolist()]
+    if top:
+        values, order = base.sort(dim=-1, descending=True, stable=True)
+        best = [
+            list(zip(ids, lps, strict=True))
+            for ids, lps in zip(order[:, :top].tolist(), values[:, :top].tolist(), strict=True)
+        ]
+    ends = [
+        ("stop" if bool(stopped[r]) else "length") if bool(done[r]) else None for r in rows.tolist()
+    ]
+    return Step(rows.tolist(), drawn.tolist(), chosen.tolist(), best, ends)
+
+
+def sample(
+    model: Llama, specs: list[SampleSpec], check: Check = no_check, watch: Watch | None = None
+) -> list[list[dict]]:
     """SampleResult sequences for each request, all decoded together: each prompt is prefilled
     once and shared by its samples; row r of a request draws from its own generator seeded by
     (seed, r). The engine's arithmetic is batch-invariant, so a request's result is bitwise the
     same alone or beside others, and each sampled token's logprob at temperature 1 equals the
     one a forward of the whole sequence computes. `check` is called before every token step
-    (and each prefill layer); it raises to stop the decode."""
+    (and each prefill layer); it raises to stop the decode. A `watch` sees each step as it is
+    drawn and may end rows; the other rows' numbers do not change."""
     cfg, steps = model.cfg, max(s.params.max_tokens for s in specs)
     prompt_lengths = torch.tensor([len(s.prompt) for s in specs])
     prompts = torch.zeros(len(specs), int(prompt_lengths.max()), dtype=torch.long)
@@ -109,10 +159,18 @@ def sample(model: Llama, specs: list[SampleSpec], check: Check = no_check) -> li
             tok = draw(lp, u[index, t])
             tokens[index, t] = tok
             logprobs[index, t] = lp.gather(-1, tok[:, None]).squeeze(-1)
-        ends = ~done & stop[everyone, tokens[:, t]]
+        active = ~done
+        ends = active & stop[everyone, tokens[:, t]]
         lengths[ends] = t + 1
         stopped |= ends
         done |= ends | (t + 1 >= limit)
+        if watch is not None:
+            step = watched_step(logits, tokens[:, t], active, stopped, done, watch.top)
+            ended = torch.tensor(sorted(set(watch.on_step(step))), dtype=torch.long)
+            ended = ended[~done[ended]]
+            lengths[ended] = t + 1
+            stopped[ended] = True
+            done[ended] = True
         if bool(done.all()):
             break
         cache.positions = torch.minimum(cache.positions, last_position)  # finished rows idle
