@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from flows.core.cost import Budget, PriceTable
 from flows.core.evaluation.config import EvalSettings
 from flows.core.stall_windows import StallSettings
+from flows.core.tracking.config import TrackingSettings
 from whitney.renderers import RendererName
 from whitney_calls.names import CYCLE_CHECKPOINT_PATTERN, checkpoint_cycle
 from whitney_calls.retry import TaskRetrySettings
@@ -157,6 +158,11 @@ class FlowConfig(BaseModel):
         default_factory=StallSettings,
         description="The stall automations (deployments/automations.yaml) cancel the flow run "
         "when a cycle runs `multiple` times the recent cycle time without completing",
+    )
+    tracking: TrackingSettings = Field(
+        default_factory=TrackingSettings,
+        description="Experiment trackers (MLflow, TensorBoard, Weights & Biases) the run's "
+        "params, per-cycle metrics, evaluations, learning curves and exported adapter go to",
     )
 
     def eval_settings(self) -> EvalSettings | None:
