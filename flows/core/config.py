@@ -221,9 +221,14 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 def settings_with_overrides(path: Path | None, overrides: dict[str, Any]) -> dict[str, Any]:
     """The config file's settings (none without a file), with the overrides that are set
-    (not None) on top: the command line's options over the file."""
+    (not None) on top: the command line's options over the file; an override that is a table
+    goes over the file's table of the same name, setting by setting."""
     data = read_config_file(path) if path else {}
-    data.update({name: value for name, value in overrides.items() if value is not None})
+    for name, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(name), dict):
+            data[name] = {**data[name], **value}
+        elif value is not None:
+            data[name] = value
     return data
 
 
