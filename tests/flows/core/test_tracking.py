@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -46,10 +47,34 @@ def free_port() -> int:
         return listener.getsockname()[1]
 
 
+@dataclass
+class MlflowServer:
+    """An `mlflow server` process (its own process group) and its URL."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def ready(self) -> str:
+        """The URL, once /health answers (polled; fails if the server exits or is late)."""
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return self.url
+            except httpx.TransportError:
+                pass
+            assert self.process.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, "mlflow server did not answer /health"
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=0.25)  # returns at once if it dies
+
+
 @pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """`mlflow server` on a free loopback port with a SQLite store in a temporary directory,
-    in its own process group (stopped by its PID), ready once /health answers; its URL."""
+def booting_mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """`mlflow server` started on a free loopback port with a SQLite store in a temporary
+    directory (it boots while the tests before the one that waits for it run), stopped by its
+    PID (its process group)."""
     directory = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
     command = [
@@ -59,32 +84,24 @@ def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     ]
     environment = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
     environment.pop("WHITNEY_API_KEY", None)
-    log = (directory / "server.log").open("wb")
-    server = subprocess.Popen(
-        command, stdout=log, stderr=subprocess.STDOUT, env=environment, start_new_session=True
-    )
-    url = f"http://127.0.0.1:{port}"
+    log = directory / "server.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            command,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            start_new_session=True,
+        )
     try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2.0).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert server.poll() is None, (directory / "server.log").read_text()
-            assert time.monotonic() < deadline, "mlflow server did not answer /health"
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                server.wait(timeout=0.25)  # returns at once if it dies
-        yield url
+        yield MlflowServer(process, f"http://127.0.0.1:{port}", log)
     finally:
-        os.killpg(server.pid, signal.SIGTERM)
+        os.killpg(process.pid, signal.SIGTERM)
         try:
-            server.wait(timeout=30)
+            process.wait(timeout=30)
         except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
-        log.close()
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
 
 
 def tracked_config(api_url: str, tmp_path: Path, **tracking: Any) -> RLConfig:
@@ -109,58 +126,6 @@ def exported_sha256(inspector: WhitneyClient, run_id: str) -> str:
     """The sha256 the server's journal holds for the run's export_lora."""
     (export,) = [op for op in inspector.journal(run_id, limit=1000) if op.kind == "export_lora"]
     return export.result["sha256"]
-
-
-def test_mlflow_server_gets_the_run_and_a_resumed_run_continues_it(
-    mlflow_server: str, whitney: EmbeddedWhitney, inspector: WhitneyClient, tmp_path: Path
-) -> None:
-    config = tracked_config(
-        whitney.url,
-        tmp_path,
-        backends=["mlflow"],
-        tracking_uri=mlflow_server,
-        experiment="e2e-tracking",
-    )
-    first = rl_flow(config)
-    resumed_config = config.model_copy(update={"cycles": 3, "resume_from": first.checkpoint})
-    resumed = rl_flow(resumed_config)
-
-    client = MlflowClient(tracking_uri=mlflow_server)
-    experiment = client.get_experiment_by_name("e2e-tracking")
-    (run,) = client.search_runs([experiment.experiment_id])  # one tracked run for both
-    run_id = run.info.run_id
-    assert run.info.status == "FINISHED"
-    params = run.data.params
-    assert params["learning_rate"] == "0.002" and params["base_model"] == "local/tiny"
-    assert params["cycles"] == "2" and params["group_size"] == "4"
-    assert params["tracking.tracking_uri"] == mlflow_server
-    tags = run.data.tags
-    assert tags["whitney_flows.changed.cycles"] == "3"  # the resumed run's change, beside
-    assert tags["whitney.resumed_from"] == first.checkpoint
-    assert tags["whitney.run_id"] == resumed.run_id
-
-    cycles = [*first.cycles, *resumed.cycles]
-    history = client.get_metric_history(run_id, "reward_mean")
-    assert [(m.step, m.value) for m in history] == [(c.cycle, c.reward_mean) for c in cycles]
-    evaluations = client.get_metric_history(run_id, "eval.reward_mean")
-    assert [(m.step, m.value) for m in evaluations] == [
-        (c.cycle, c.eval.reward_mean) for c in cycles
-    ]
-
-    artifacts = Path(client.download_artifacts(run_id, "", str(tmp_path / "artifacts")))
-    picture = artifacts / "learning_curves.png"
-    assert picture.read_bytes() == picture_beside(Path(config.metrics_path)).read_bytes()
-    assert picture.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
-    adapter = json.loads((artifacts / "adapter.json").read_text())
-    assert adapter["adapter"]["sha256"] == exported_sha256(inspector, resumed.run_id)
-    assert adapter["checkpoint"] == resumed.checkpoint
-    assert "Whitney run" in (artifacts / "summary.md").read_text()
-
-    key = whitney.api_key  # WHITNEY_API_KEY of the flow runs
-    assert os.environ["WHITNEY_API_KEY"] == key
-    texts = [*params.values(), *params, *tags.values(), *tags]
-    texts += [path.read_text(errors="replace") for path in artifacts.rglob("*") if path.is_file()]
-    assert not [text for text in texts if key in text]
 
 
 def wandb_history(run_file: Path) -> list[tuple[int, dict[str, float]]]:
@@ -189,6 +154,7 @@ def wandb_history(run_file: Path) -> list[tuple[int, dict[str, float]]]:
     return history
 
 
+@pytest.mark.usefixtures("booting_mlflow_server")  # boots meanwhile, for the last test
 def test_tensorboard_wandb_and_a_local_mlflow_store_through_a_retry(
     whitney: EmbeddedWhitney, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -200,7 +166,9 @@ def test_tensorboard_wandb_and_a_local_mlflow_store_through_a_retry(
     directory = tmp_path / "tracking"
     config = tracked_config(
         whitney.url, tmp_path, backends=["mlflow", "tensorboard", "wandb"], dir=str(directory)
-    ).model_copy(update={"cycles": 3, "env": "flowtest_resume_plugins:FailOnceAtCycle"})
+    ).model_copy(
+        update={"cycles": 3, "eval_every": 0, "env": "flowtest_resume_plugins:FailOnceAtCycle"}
+    )
     failed_once = fail_once_at_cycle(monkeypatch, 2, tmp_path)
     state = rl_flow.with_options(retries=1)(config, return_state=True)
     assert state.is_completed(), state.message
@@ -289,3 +257,60 @@ def test_tracking_on_the_command_line_goes_over_the_config_file(tmp_path: Path) 
         RLConfig, settings_with_overrides(path, {"tracking": None})
     ).tracking.backends == ["wandb"]
     assert main(["run", "rl", "--tracking", "mlflow,mlflow", "--api-url", "http://x"]) == 2
+
+
+def test_mlflow_server_gets_the_run_and_a_resumed_run_continues_it(
+    booting_mlflow_server: MlflowServer,
+    whitney: EmbeddedWhitney,
+    inspector: WhitneyClient,
+    tmp_path: Path,
+) -> None:
+    """Last in this module: the server has booted meanwhile."""
+    mlflow_server = booting_mlflow_server.ready()
+    config = tracked_config(
+        whitney.url,
+        tmp_path,
+        backends=["mlflow"],
+        tracking_uri=mlflow_server,
+        experiment="e2e-tracking",
+    )
+    first = rl_flow(config)
+    resumed_config = config.model_copy(update={"cycles": 3, "resume_from": first.checkpoint})
+    resumed = rl_flow(resumed_config)
+
+    client = MlflowClient(tracking_uri=mlflow_server)
+    experiment = client.get_experiment_by_name("e2e-tracking")
+    (run,) = client.search_runs([experiment.experiment_id])  # one tracked run for both
+    run_id = run.info.run_id
+    assert run.info.status == "FINISHED"
+    params = run.data.params
+    assert params["learning_rate"] == "0.002" and params["base_model"] == "local/tiny"
+    assert params["cycles"] == "2" and params["group_size"] == "4"
+    assert params["tracking.tracking_uri"] == mlflow_server
+    tags = run.data.tags
+    assert tags["whitney_flows.changed.cycles"] == "3"  # the resumed run's change, beside
+    assert tags["whitney.resumed_from"] == first.checkpoint
+    assert tags["whitney.run_id"] == resumed.run_id
+
+    cycles = [*first.cycles, *resumed.cycles]
+    history = client.get_metric_history(run_id, "reward_mean")
+    assert [(m.step, m.value) for m in history] == [(c.cycle, c.reward_mean) for c in cycles]
+    evaluations = client.get_metric_history(run_id, "eval.reward_mean")
+    assert [(m.step, m.value) for m in evaluations] == [
+        (c.cycle, c.eval.reward_mean) for c in cycles
+    ]
+
+    artifacts = Path(client.download_artifacts(run_id, "", str(tmp_path / "artifacts")))
+    picture = artifacts / "learning_curves.png"
+    assert picture.read_bytes() == picture_beside(Path(config.metrics_path)).read_bytes()
+    assert picture.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    adapter = json.loads((artifacts / "adapter.json").read_text())
+    assert adapter["adapter"]["sha256"] == exported_sha256(inspector, resumed.run_id)
+    assert adapter["checkpoint"] == resumed.checkpoint
+    assert "Whitney run" in (artifacts / "summary.md").read_text()
+
+    key = whitney.api_key  # WHITNEY_API_KEY of the flow runs
+    assert os.environ["WHITNEY_API_KEY"] == key
+    texts = [*params.values(), *params, *tags.values(), *tags]
+    texts += [path.read_text(errors="replace") for path in artifacts.rglob("*") if path.is_file()]
+    assert not [text for text in texts if key in text]
