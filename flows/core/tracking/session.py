@@ -144,8 +144,13 @@ def open_tracking(config: FlowConfig, whitney_block: str | None) -> Tracking:
     connection = resolve_connection(config.api_url, whitney_block) if config.resume_from else None
     key = lineage_key(flow_run, config.resume_from, connection)
     spec = TrackedRunSpec(key=key, name=f"{context.flow.name}-{flow_run.name}", settings=settings)
-    trackers = {backend: start_backend(backend, spec) for backend in settings.backends}
-    tracking = Tracking(trackers, logger)
+    tracking = Tracking({}, logger)
+    for backend in settings.backends:
+        try:
+            tracking.trackers[backend] = start_backend(backend, spec)
+        except Exception:
+            tracking.finish("FAILED")  # those already started
+            raise
     OPEN[flow_run.id] = tracking
     tracking.each("params", lambda tracker: tracker.log_params(config_params(config)))
     tags = {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": flow_run.name}

@@ -253,10 +253,31 @@ def test_tracking_on_the_command_line_goes_over_the_config_file(tmp_path: Path) 
     config = validated(RLConfig, settings_with_overrides(path, overrides))
     assert config.tracking.backends == ["mlflow", "tensorboard"]
     assert config.tracking.dir == "runs/tracking"
-    assert validated(
-        RLConfig, settings_with_overrides(path, {"tracking": None})
-    ).tracking.backends == ["wandb"]
-    assert main(["run", "rl", "--tracking", "mlflow,mlflow", "--api-url", "http://x"]) == 2
+    unchanged = validated(RLConfig, settings_with_overrides(path, {"tracking": None}))
+    assert unchanged.tracking.backends == ["wandb"]
+
+
+def test_run_with_tracking_writes_tensorboard_files_in_the_working_directory(
+    whitney: EmbeddedWhitney,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    metrics = tmp_path / "metrics.jsonl"
+    arguments = ["--api-url", whitney.url, "--base-model", "local/tiny", "--cycles", "2"]
+    arguments += ["--metrics-out", str(metrics), "--tracking", "tensorboard"]
+    assert main(["run", "rl", *arguments]) == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    (run_directory,) = (tmp_path / "tracking" / "tensorboard").iterdir()
+    events = EventAccumulator(str(run_directory))
+    events.Reload()
+    scalars = events.Scalars("loss")
+    assert [(event.step, event.value) for event in scalars] == [
+        (row["cycle"], pytest.approx(row["loss"])) for row in rows
+    ]
+    assert main(["run", "rl", *arguments, "--tracking", "mlflow,mlflow"]) == 2
+    assert "each tracker at most once" in capsys.readouterr().err
 
 
 def test_mlflow_server_gets_the_run_and_a_resumed_run_continues_it(
@@ -264,6 +285,7 @@ def test_mlflow_server_gets_the_run_and_a_resumed_run_continues_it(
     whitney: EmbeddedWhitney,
     inspector: WhitneyClient,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Last in this module: the server has booted meanwhile."""
     mlflow_server = booting_mlflow_server.ready()
@@ -275,8 +297,10 @@ def test_mlflow_server_gets_the_run_and_a_resumed_run_continues_it(
         experiment="e2e-tracking",
     )
     first = rl_flow(config)
-    resumed_config = config.model_copy(update={"cycles": 3, "resume_from": first.checkpoint})
-    resumed = rl_flow(resumed_config)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)  # the resumed run's, from MLflow's
+    tracking = config.tracking.model_copy(update={"tracking_uri": None})  # own variable
+    update = {"cycles": 3, "resume_from": first.checkpoint, "tracking": tracking}
+    resumed = rl_flow(config.model_copy(update=update))
 
     client = MlflowClient(tracking_uri=mlflow_server)
     experiment = client.get_experiment_by_name("e2e-tracking")
@@ -288,7 +312,8 @@ def test_mlflow_server_gets_the_run_and_a_resumed_run_continues_it(
     assert params["cycles"] == "2" and params["group_size"] == "4"
     assert params["tracking.tracking_uri"] == mlflow_server
     tags = run.data.tags
-    assert tags["whitney_flows.changed.cycles"] == "3"  # the resumed run's change, beside
+    assert tags["whitney_flows.changed.cycles"] == "3"  # the resumed run's changes, beside
+    assert tags["whitney_flows.changed.tracking.tracking_uri"] == "null"
     assert tags["whitney.resumed_from"] == first.checkpoint
     assert tags["whitney.run_id"] == resumed.run_id
 
