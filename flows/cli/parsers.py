@@ -139,6 +139,13 @@ def add_output_options(command: argparse.ArgumentParser) -> None:
     )
     command.add_argument("--metrics-out", type=Path, metavar="FILE", help="metrics JSON lines")
     command.add_argument(
+        "--tracking",
+        type=tracker_names,
+        metavar="T,...",
+        help="experiment trackers to send the run to: mlflow, tensorboard, wandb (each the extra "
+        "of its name; docs/tracking.md)",
+    )
+    command.add_argument(
         "--adapter-dir",
         type=Path,
         default=Path("adapters"),
@@ -147,11 +154,19 @@ def add_output_options(command: argparse.ArgumentParser) -> None:
     )
 
 
+def tracker_names(text: str) -> list[str]:
+    """`--tracking mlflow,tensorboard`: the names, in order (the config checks them)."""
+    return [name.strip() for name in text.split(",") if name.strip()]
+
+
 def shared_overrides(options: argparse.Namespace) -> dict[str, Any]:
     """The config overrides every `run FLOW` has: --provider, --base-model, --tokenizer,
-    --renderer, --seed, --api-url and --metrics-out (None: not given, the config file's value
-    stands)."""
+    --renderer, --seed, --api-url, --metrics-out and --tracking (None: not given, the config
+    file's value stands; --tracking sets `tracking.backends`, the file's other tracking
+    settings stand)."""
+    tracking = None if options.tracking is None else {"backends": options.tracking}
     return {
+        "tracking": tracking,
         "provider": options.provider,
         "base_model": options.base_model,
         "tokenizer": options.tokenizer,

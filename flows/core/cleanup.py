@@ -23,6 +23,7 @@ from prefect.states import State
 
 from flows.core.connection import resolve_connection
 from flows.core.events import run_released
+from flows.core.tracking.session import end_tracking
 from whitney_calls.names import FLOW_RUN_LABEL, PARENT_FLOW_RUN_LABEL
 from whitney_calls.release import release_sessions
 
@@ -83,8 +84,10 @@ def release_whitney(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) 
 
 
 CLEANUP_HOOKS: dict[str, list[Any]] = {
-    "on_failure": [release_whitney],
-    "on_crashed": [release_whitney],
-    "on_cancellation": [release_whitney],
+    "on_completion": [end_tracking],
+    "on_failure": [release_whitney, end_tracking],
+    "on_crashed": [release_whitney, end_tracking],
+    "on_cancellation": [release_whitney, end_tracking],
 }
-"""Keyword arguments for `@flow`: the same idempotent cleanup on every bad ending."""
+"""Keyword arguments for `@flow`: the same idempotent cleanup on every bad ending, and the
+end of the flow run's tracked run on every ending (flows.core.tracking)."""

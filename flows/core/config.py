@@ -18,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from flows.core.cost import Budget, PriceTable
 from flows.core.evaluation.config import EvalSettings
 from flows.core.stall_windows import StallSettings
+from flows.core.tracking.config import TrackingSettings
 from whitney.renderers import RendererName
 from whitney_calls.names import CYCLE_CHECKPOINT_PATTERN, checkpoint_cycle
 from whitney_calls.retry import TaskRetrySettings
@@ -158,6 +159,11 @@ class FlowConfig(BaseModel):
         description="The stall automations (deployments/automations.yaml) cancel the flow run "
         "when a cycle runs `multiple` times the recent cycle time without completing",
     )
+    tracking: TrackingSettings = Field(
+        default_factory=TrackingSettings,
+        description="Experiment trackers (MLflow, TensorBoard, Weights & Biases) the run's "
+        "params, per-cycle metrics, evaluations, learning curves and exported adapter go to",
+    )
 
     def eval_settings(self) -> EvalSettings | None:
         """What an evaluation of this flow's checkpoints samples (None: nothing to evaluate);
@@ -215,9 +221,14 @@ def read_config_file(path: Path) -> dict[str, Any]:
 
 def settings_with_overrides(path: Path | None, overrides: dict[str, Any]) -> dict[str, Any]:
     """The config file's settings (none without a file), with the overrides that are set
-    (not None) on top: the command line's options over the file."""
+    (not None) on top: the command line's options over the file; an override that is a table
+    goes over the file's table of the same name, setting by setting."""
     data = read_config_file(path) if path else {}
-    data.update({name: value for name, value in overrides.items() if value is not None})
+    for name, value in overrides.items():
+        if isinstance(value, dict) and isinstance(data.get(name), dict):
+            data[name] = {**data[name], **value}
+        elif value is not None:
+            data[name] = value
     return data
 
 

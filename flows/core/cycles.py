@@ -15,7 +15,7 @@ whitney_block, **arguments)`, where `start` (a `CycleStart`) holds every run's n
 Around each cycle the loop does what every flow needs: between cycles it stops if the flow run
 was asked to cancel or the budget says the next cycle would go over; after each, it adds the
 cycle's cost and writes its records (flows.core.records: the metrics line, the progress
-artifact).
+artifact, and the experiment trackers the config names: flows.core.tracking).
 
 The calls around a cycle's middle:
 
@@ -61,6 +61,7 @@ from flows.core.records import RunRecords, by_run, metrics_row, record_cycle
 from flows.core.sequenced_client import Call, SequencedClient
 from flows.core.task_runner_settings import TaskRunnerSettings
 from flows.core.task_runners import cycle_task_runners
+from flows.core.tracking.session import open_tracking
 from whitney import wire
 from whitney_calls.names import cycle_name
 
@@ -147,7 +148,8 @@ def run_cycles(
     `rl-cycle`) and the flow run's."""
     flow_run: FlowRun = FlowRunContext.get().flow_run
     flow_name = cycle.name.removesuffix("-cycle")
-    records = RunRecords(f"{flow_name}-{flow_run.name}", len(cycles), config.metrics_path)
+    tracking = open_tracking(config, whitney_block)
+    records = RunRecords(f"{flow_name}-{flow_run.name}", len(cycles), config.metrics_path, tracking)
     runner_settings = config if isinstance(config, TaskRunnerSettings) else THREADS
     events = CycleEvents(config.stall)
     start = CycleStart(first_cycle=cycles.start, seq_ids=dict(seq_ids))

@@ -1,8 +1,9 @@
 """The records a training flow run leaves for people: per cycle one markdown artifact on its
 subflow run (its metrics and its operations per run, as `whitney-flows inspect RUN --cycle N`
 shows them) and a metrics JSON line; a progress artifact; and a final markdown summary, which
-names the command that exports the adapter. Never the API key: only the Whitney URL goes into
-a summary.
+names the command that exports the adapter. The metrics, the summary and its learning curves
+also go to the experiment trackers the config names (flows.core.tracking). Never the API key:
+only the Whitney URL goes into a summary.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from whitney import wire
 
 if TYPE_CHECKING:
     from flows.core.cycles import CycleResult
+    from flows.core.tracking.session import Tracking
 
 
 def artifact_key(*parts: str) -> str:
@@ -86,10 +88,18 @@ def record_cycle(
 
 class RunRecords:
     """A flow run's progress artifact, metrics file and summary (keys start with `key_prefix`),
-    with its learning curves (a PNG in the summary, and beside the metrics file)."""
+    with its learning curves (a PNG in the summary, and beside the metrics file), each also
+    sent to `tracking`."""
 
-    def __init__(self, key_prefix: str, total_cycles: int, metrics_path: str | None) -> None:
+    def __init__(
+        self,
+        key_prefix: str,
+        total_cycles: int,
+        metrics_path: str | None,
+        tracking: Tracking | None = None,
+    ) -> None:
         self.key_prefix = artifact_key(key_prefix)
+        self.tracking = tracking
         self.total_cycles = total_cycles
         self.metrics_path = Path(metrics_path) if metrics_path else None
         self.cycles: list[Any] = []  # the flow's cycle metrics, in order
@@ -102,8 +112,10 @@ class RunRecords:
         )
 
     def add_cycle(self, metrics: CycleResult) -> None:
-        """Append the metrics JSON line and move the progress artifact."""
+        """Append the metrics JSON line, move the progress artifact, send the metrics row."""
         self.cycles.append(metrics)
+        if self.tracking is not None:
+            self.tracking.log_cycle(metrics.cycle, metrics_row(metrics, rounded=False))
         if self.metrics_path is not None:
             with self.metrics_path.open("a", encoding="utf-8") as stream:
                 stream.write(metrics.model_dump_json() + "\n")
@@ -123,8 +135,10 @@ class RunRecords:
         bytes as the picture written beside the metrics file (`picture_path`)."""
         lines = [f"# {title}", "", "| | |", "| --- | --- |"]
         lines += [f"| {name} | {value} |" for name, value in rows]
-        if curves:
-            png = render_png(curves)
+        png = render_png(curves) if curves else None
+        if self.tracking is not None:
+            self.tracking.log_summary("\n".join(lines), png)
+        if png is not None:
             if self.metrics_path is not None:
                 self.picture_path = picture_beside(self.metrics_path)
                 self.picture_path.write_bytes(png)

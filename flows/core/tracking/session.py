@@ -1,0 +1,178 @@
+"""The interface the cycle kit calls: a flow run's tracked run on every backend its config
+names, fed by the records (flows.core.records) and ended by the flows' hooks.
+
+    tracking = open_tracking(config, whitney_block)    in run_cycles, before the first cycle
+    tracking.log_cycle(cycle, row)                     each cycle's metrics, the cycle as step
+    tracking.log_summary(markdown, png)                the summary and the learning curves
+    end_tracking(flow, flow_run, state)                on_completion / failure / crash /
+                                                       cancellation: the exported adapter's
+                                                       metadata and results, then the status
+
+A flow run's tracking stays open from its first cycle to its end (a retry in the same process
+finds it open); the hooks find it by flow run id. A tracker that cannot be reached when the
+run starts fails the flow run (before any cycle trains); one that fails later is logged as a
+warning and the training goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+from uuid import UUID
+
+from prefect import Flow, get_run_logger
+from prefect.client.schemas.objects import FlowRun
+from prefect.context import FlowRunContext
+from prefect.logging.loggers import flow_run_logger
+from prefect.states import State
+from pydantic import BaseModel
+
+from flows.core.config import FlowConfig
+from flows.core.connection import resolve_connection
+from flows.core.tracking.backend import RunStatus, TrackedRunSpec, Tracker
+from flows.core.tracking.config import Backend
+from flows.core.tracking.lineage import lineage_key
+from flows.core.tracking.params import config_params, text
+
+ADAPTER_FIELDS = ("session_id", "run_id", "checkpoint", "resumed_from", "adapter")
+"""What every training flow's result says about its exported adapter (TrainingResult)."""
+OPEN: dict[UUID, Tracking] = {}
+"""The open tracking of each flow run of this process."""
+
+
+def start_backend(backend: Backend, spec: TrackedRunSpec) -> Tracker:
+    """The tracker of `backend`, started or continued (its package imported now)."""
+    if backend == "mlflow":
+        from flows.core.tracking.mlflow_tracker import MlflowTracker
+
+        return MlflowTracker(spec)
+    if backend == "tensorboard":
+        from flows.core.tracking.tensorboard_tracker import TensorBoardTracker
+
+        return TensorBoardTracker(spec)
+    from flows.core.tracking.wandb_tracker import WandbTracker
+
+    return WandbTracker(spec)
+
+
+def numbers(row: Mapping[str, Any]) -> dict[str, float]:
+    """The finite numbers of a row (not booleans, not the cycle's bookkeeping)."""
+    skip = {"cycle", "seq_start", "seq_end"}
+    return {
+        name: float(value)
+        for name, value in row.items()
+        if name not in skip
+        and isinstance(value, int | float)
+        and not isinstance(value, bool)
+        and math.isfinite(value)
+    }
+
+
+class Tracking:
+    """One tracked run on each chosen backend; every call goes to each of them."""
+
+    def __init__(self, trackers: Mapping[Backend, Tracker], logger: logging.LoggerAdapter) -> None:
+        self.trackers = dict(trackers)
+        self.logger = logger
+        self.step = 0
+        """The last cycle logged: the step of the results logged at the end."""
+
+    def each(self, what: str, call: Callable[[Tracker], None]) -> None:
+        """`call` on every tracker; a failure is a warning, not the training's end."""
+        for backend, tracker in self.trackers.items():
+            try:
+                call(tracker)
+            except Exception as error:
+                self.logger.warning("%s: could not log the %s: %r", backend, what, error)
+
+    def log_cycle(self, cycle: int, row: Mapping[str, Any]) -> None:
+        """A cycle's metrics row (flows.core.records.metrics_row), the cycle as step."""
+        self.step = max(self.step, cycle)
+        metrics = numbers(row)
+        self.each("metrics", lambda tracker: tracker.log_metrics(metrics, cycle))
+
+    def log_summary(self, markdown: str, png: bytes | None) -> None:
+        """The flow's summary table and its learning curves."""
+        self.each("summary", lambda tracker: tracker.log_file("summary.md", markdown.encode()))
+        if png is not None:
+            self.each("picture", lambda tracker: tracker.log_file("learning_curves.png", png))
+
+    def log_result(self, result: Any) -> None:
+        """What the flow returned: the exported adapter's metadata (a file and tags) and the
+        final results (the top-level numbers and those one level down, e.g. eval losses)."""
+        if not isinstance(result, BaseModel):
+            return
+        dumped = result.model_dump(mode="json")
+        adapter = {name: dumped[name] for name in ADAPTER_FIELDS if name in dumped}
+        if "adapter" in adapter:
+            content = json.dumps(adapter, indent=2, sort_keys=True).encode()
+            self.each("adapter", lambda tracker: tracker.log_file("adapter.json", content))
+        tags = {
+            f"whitney.{name}": text(value)
+            for name, value in adapter.items()
+            if isinstance(value, str)
+        }
+        exported = adapter.get("adapter") or {}
+        tags.update((f"whitney.adapter.{name}", text(value)) for name, value in exported.items())
+        self.each("tags", lambda tracker: tracker.set_tags(tags))
+        finals = numbers({f"final.{name}": value for name, value in dumped.items()})
+        for name, value in dumped.items():
+            if isinstance(value, dict) and name not in ADAPTER_FIELDS:
+                finals.update(numbers({f"final.{name}.{k}": v for k, v in value.items()}))
+        if finals:
+            self.each("results", lambda tracker: tracker.log_metrics(finals, self.step))
+
+    def finish(self, status: RunStatus) -> None:
+        self.each("end", lambda tracker: tracker.finish(status))
+
+
+def open_tracking(config: FlowConfig, whitney_block: str | None) -> Tracking:
+    """The running flow run's tracking: the one already open (a retry in this process), or
+    the tracked run of its lineage started or continued on every backend `config.tracking`
+    names, with the config as params. No backend: a Tracking that sends nothing."""
+    context = FlowRunContext.get()
+    flow_run = context.flow_run
+    if flow_run.id in OPEN:
+        return OPEN[flow_run.id]
+    logger = get_run_logger()
+    settings = config.tracking
+    if not settings.backends:
+        return Tracking({}, logger)
+    connection = resolve_connection(config.api_url, whitney_block) if config.resume_from else None
+    key = lineage_key(flow_run, config.resume_from, connection)
+    spec = TrackedRunSpec(key=key, name=f"{context.flow.name}-{flow_run.name}", settings=settings)
+    tracking = Tracking({}, logger)
+    for backend in settings.backends:
+        try:
+            tracking.trackers[backend] = start_backend(backend, spec)
+        except Exception:
+            tracking.finish("FAILED")  # those already started
+            raise
+    OPEN[flow_run.id] = tracking
+    tracking.each("params", lambda tracker: tracker.log_params(config_params(config)))
+    tags = {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": flow_run.name}
+    tracking.each("tags", lambda tracker: tracker.set_tags(tags))
+    logger.info("Tracking to %s (lineage %s)", ", ".join(settings.backends), key)
+    return tracking
+
+
+def end_tracking(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:
+    """The flows' hook on every ending: a completed flow run's result is logged, then every
+    tracker ends with the status (FINISHED, KILLED when cancelled, else FAILED). Nothing to do
+    for a flow run with no tracking open here; never raises past Prefect."""
+    tracking = OPEN.pop(flow_run.id, None)
+    if tracking is None:
+        return
+    tracking.logger = flow_run_logger(flow_run, flow)
+    try:
+        if state.is_completed():
+            tracking.log_result(state.result(raise_on_failure=False))
+            status: RunStatus = "FINISHED"
+        else:
+            status = "KILLED" if state.is_cancelled() else "FAILED"
+        tracking.finish(status)
+    except Exception as error:
+        tracking.logger.error("Ending the tracked run failed: %r", error)

@@ -1,0 +1,339 @@
+"""Experiment trackers, read back with their own readers: a real `mlflow server` (started and
+stopped here) read through MLflow's client, TensorBoard's event files through TensorBoard's
+EventAccumulator, a W&B offline run's file through W&B's record protos. A resumed flow run and
+a retried one continue their tracked run; no API key reaches a tracker; a tracker whose extra
+is missing is refused in one line."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from flowtest_resume_plugins import fail_once_at_cycle
+from mlflow.tracking import MlflowClient
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from wandb.proto import wandb_internal_pb2
+
+from flows.cli.main import main
+from flows.core.config import ConfigError, settings_with_overrides, validated
+from flows.core.plots import picture_beside
+from flows.core.tracking.backend import LINEAGE_TAG
+from flows.core.tracking.params import config_params
+from flows.rl.config import RLConfig
+from flows.rl.flow import rl_flow
+from flows.rl.metrics import RLResult
+from whitney.client import WhitneyClient
+from whitney.local import EmbeddedWhitney
+
+SERVER_START_S = 120.0
+
+
+def free_port() -> int:
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        return listener.getsockname()[1]
+
+
+@dataclass
+class MlflowServer:
+    """An `mlflow server` process (its own process group) and its URL."""
+
+    process: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def ready(self) -> str:
+        """The URL, once /health answers (polled; fails if the server exits or is late)."""
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            try:
+                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
+                    return self.url
+            except httpx.TransportError:
+                pass
+            assert self.process.poll() is None, self.log.read_text()
+            assert time.monotonic() < deadline, "mlflow server did not answer /health"
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=0.25)  # returns at once if it dies
+
+
+@pytest.fixture(scope="module")
+def booting_mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
+    """`mlflow server` started on a free loopback port with a SQLite store in a temporary
+    directory (it boots while the tests before the one that waits for it run), stopped by its
+    PID (its process group)."""
+    directory = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    command = [
+        *(sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port)),
+        *("--backend-store-uri", f"sqlite:///{directory / 'mlflow.db'}"),
+        *("--artifacts-destination", str(directory / "artifacts"), "--workers", "1"),
+    ]
+    environment = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    environment.pop("WHITNEY_API_KEY", None)
+    log = directory / "server.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            command,
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env=environment,
+            start_new_session=True,
+        )
+    try:
+        yield MlflowServer(process, f"http://127.0.0.1:{port}", log)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+
+
+def tracked_config(api_url: str, tmp_path: Path, **tracking: Any) -> RLConfig:
+    """A short RL run on local/tiny, checkpointed and evaluated after each cycle."""
+    return RLConfig(
+        api_url=api_url,
+        base_model="local/tiny",
+        cycles=2,
+        prompts_per_cycle=3,
+        group_size=4,
+        max_tokens=8,
+        seed=5,
+        checkpoint_every=1,
+        eval_every=1,
+        cycle_retries=0,
+        metrics_path=str(tmp_path / "metrics.jsonl"),
+        tracking=tracking,
+    )
+
+
+def exported_sha256(inspector: WhitneyClient, run_id: str) -> str:
+    """The sha256 the server's journal holds for the run's export_lora."""
+    (export,) = [op for op in inspector.journal(run_id, limit=1000) if op.kind == "export_lora"]
+    return export.result["sha256"]
+
+
+def wandb_history(run_file: Path) -> list[tuple[int, dict[str, float]]]:
+    """(step, metrics) of every history record of a W&B run file: a LevelDB-style log of
+    32 KiB blocks of chunks (crc32, length, type) after a 7-byte header, each record a
+    `wandb_internal_pb2.Record`."""
+    data, block, position = run_file.read_bytes(), 32768, 7
+    history, pending = [], b""
+    while position + 7 <= len(data):
+        if block - position % block < 7:
+            position += block - position % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[position : position + 7])
+        pending += data[position + 7 : position + 7 + length]
+        position += 7 + length
+        if kind in (1, 4):  # a full record, or the last chunk of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            pending = b""
+            if record.WhichOneof("record_type") == "history":
+                items = {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in record.history.item
+                }
+                history.append((record.history.step.num, items))
+    return history
+
+
+@pytest.mark.usefixtures("booting_mlflow_server")  # boots meanwhile, for the last test
+def test_tensorboard_wandb_and_a_local_mlflow_store_through_a_retry(
+    whitney: EmbeddedWhitney, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flow run whose cycle 1 fails once and which Prefect retries: one tracked run on each
+    backend, with every cycle once, in the local store (no tracking URI anywhere)."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_DIR", "WANDB_PROJECT"):
+        monkeypatch.delenv(name, raising=False)
+    directory = tmp_path / "tracking"
+    config = tracked_config(
+        whitney.url, tmp_path, backends=["mlflow", "tensorboard", "wandb"], dir=str(directory)
+    ).model_copy(update={"eval_every": 0, "env": "flowtest_resume_plugins:FailOnceAtCycle"})
+    failed_once = fail_once_at_cycle(monkeypatch, 1, tmp_path)
+    state = rl_flow.with_options(retries=1)(config, return_state=True)
+    assert state.is_completed(), state.message
+    assert failed_once.exists()
+    result: RLResult = state.result()
+    assert result.resumed_from is not None  # the retry resumed from cycle-0
+    metrics = [json.loads(line) for line in Path(config.metrics_path).read_text().splitlines()]
+    rewards = {row["cycle"]: row["reward_mean"] for row in metrics}  # both attempts' cycles
+    assert sorted(rewards) == [0, 1]
+    picture = picture_beside(Path(config.metrics_path)).read_bytes()
+    key = str(state.state_details.flow_run_id)  # the lineage of a flow run from the base model
+
+    (run_directory,) = (directory / "tensorboard").iterdir()
+    assert run_directory.name.endswith(key)
+    events = EventAccumulator(str(run_directory), size_guidance={"images": 0, "tensors": 0})
+    events.Reload()
+    scalars = events.Scalars("reward_mean")
+    assert [event.step for event in scalars] == [0, 1]
+    assert [event.value for event in scalars] == pytest.approx([rewards[n] for n in range(2)])
+    (image,) = events.Images("learning_curves")
+    assert image.encoded_image_string == picture
+    assert {"params", "summary", "adapter", "status"} <= set(events.Tags()["tensors"])
+    (status,) = events.Tensors("status")
+    assert status.tensor_proto.string_val == [b"FINISHED"]
+
+    (wandb_run,) = (directory / "wandb").glob(f"offline-run-*-{key}")
+    history = wandb_history(wandb_run / f"run-{key}.wandb")
+    per_cycle = [(step, row["reward_mean"]) for step, row in history if "reward_mean" in row]
+    assert per_cycle == [(n, rewards[n]) for n in range(2)]
+    assert (wandb_run / "files" / "learning_curves.png").read_bytes() == picture
+    adapter = json.loads((wandb_run / "files" / "adapter.json").read_text())
+    assert adapter["adapter"]["sha256"] == result.adapter.sha256
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{directory / 'mlflow.db'}")
+    (run,) = client.search_runs([client.get_experiment_by_name("whitney-flows").experiment_id])
+    assert run.data.tags[LINEAGE_TAG] == key and run.info.status == "FINISHED"
+    history = client.get_metric_history(run.info.run_id, "reward_mean")
+    assert [(m.step, m.value) for m in history] == [(n, rewards[n]) for n in range(2)]
+    assert run.info.artifact_uri.startswith((directory / "mlartifacts").resolve().as_uri())
+
+    secret = whitney.api_key.encode()
+    leaks = [
+        path for path in directory.rglob("*") if path.is_file() and secret in path.read_bytes()
+    ]
+    assert leaks == []
+
+
+def test_params_are_the_config_flattened_with_nothing_secret() -> None:
+    config = RLConfig(
+        api_url="https://alice:hunter2@whitney.example:8443/v1",
+        tracking={"backends": [], "tracking_uri": "http://bob:pw@mlflow.example"},
+        loss_config={"clip_low": 0.2},
+    )
+    params = config_params(config)
+    assert params["api_url"] == "https://whitney.example:8443/v1"
+    assert params["tracking.tracking_uri"] == "http://mlflow.example"
+    assert params["task_retry.retries"] == "3" and params["loss_config.clip_low"] == "0.2"
+    assert params["budget.max_tokens"] == "null" and params["max_tokens"] == "12"
+    assert not [value for value in params.values() if "hunter2" in value or ":pw@" in value]
+
+
+@pytest.mark.parametrize("backend", ["mlflow", "tensorboard", "wandb"])
+def test_a_missing_tracker_is_refused_naming_its_extra(
+    backend: str,
+    monkeypatch: pytest.MonkeyPatch,
+    refused: Any,
+) -> None:
+    monkeypatch.setitem(sys.modules, backend, None)  # `import backend` raises ImportError
+    with pytest.raises(ConfigError) as error:
+        validated(RLConfig, {"tracking": {"backends": [backend]}})
+    assert error.value.field == "tracking.backends"
+    assert error.value.message == (
+        f"{backend} is not installed: pip install 'whitney-flows[{backend}]'"
+    )
+    refused("rl", ["--tracking", backend], "tracking.backends", error.value.message)
+
+
+def test_tracking_on_the_command_line_goes_over_the_config_file(tmp_path: Path) -> None:
+    path = tmp_path / "rl.toml"
+    path.write_text('[tracking]\nbackends = ["wandb"]\ndir = "runs/tracking"\n')
+    overrides = {"tracking": {"backends": ["mlflow", "tensorboard"]}, "cycles": None}
+    config = validated(RLConfig, settings_with_overrides(path, overrides))
+    assert config.tracking.backends == ["mlflow", "tensorboard"]
+    assert config.tracking.dir == "runs/tracking"
+    unchanged = validated(RLConfig, settings_with_overrides(path, {"tracking": None}))
+    assert unchanged.tracking.backends == ["wandb"]
+
+
+def test_run_with_tracking_writes_tensorboard_files_in_the_working_directory(
+    whitney: EmbeddedWhitney,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    metrics = tmp_path / "metrics.jsonl"
+    arguments = ["--api-url", whitney.url, "--base-model", "local/tiny", "--cycles", "2"]
+    arguments += ["--metrics-out", str(metrics), "--tracking", "tensorboard"]
+    assert main(["run", "rl", *arguments]) == 0, capsys.readouterr().err
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+    (run_directory,) = (tmp_path / "tracking" / "tensorboard").iterdir()
+    events = EventAccumulator(str(run_directory))
+    events.Reload()
+    scalars = events.Scalars("loss")
+    assert [(event.step, event.value) for event in scalars] == [
+        (row["cycle"], pytest.approx(row["loss"])) for row in rows
+    ]
+    assert main(["run", "rl", *arguments, "--tracking", "mlflow,mlflow"]) == 2
+    assert "each tracker at most once" in capsys.readouterr().err
+
+
+def test_mlflow_server_gets_the_run_and_a_resumed_run_continues_it(
+    booting_mlflow_server: MlflowServer,
+    whitney: EmbeddedWhitney,
+    inspector: WhitneyClient,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Last in this module: the server has booted meanwhile."""
+    mlflow_server = booting_mlflow_server.ready()
+    config = tracked_config(
+        whitney.url,
+        tmp_path,
+        backends=["mlflow"],
+        tracking_uri=mlflow_server,
+        experiment="e2e-tracking",
+    )
+    first = rl_flow(config)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", mlflow_server)  # the resumed run's, from MLflow's
+    tracking = config.tracking.model_copy(update={"tracking_uri": None})  # own variable
+    update = {"cycles": 3, "resume_from": first.checkpoint, "tracking": tracking}
+    resumed = rl_flow(config.model_copy(update=update))
+
+    client = MlflowClient(tracking_uri=mlflow_server)
+    experiment = client.get_experiment_by_name("e2e-tracking")
+    (run,) = client.search_runs([experiment.experiment_id])  # one tracked run for both
+    run_id = run.info.run_id
+    assert run.info.status == "FINISHED"
+    params = run.data.params
+    assert params["learning_rate"] == "0.002" and params["base_model"] == "local/tiny"
+    assert params["cycles"] == "2" and params["group_size"] == "4"
+    assert params["tracking.tracking_uri"] == mlflow_server
+    tags = run.data.tags
+    assert tags["whitney_flows.changed.cycles"] == "3"  # the resumed run's changes, beside
+    assert tags["whitney_flows.changed.tracking.tracking_uri"] == "null"
+    assert tags["whitney.resumed_from"] == first.checkpoint
+    assert tags["whitney.run_id"] == resumed.run_id
+
+    cycles = [*first.cycles, *resumed.cycles]
+    history = client.get_metric_history(run_id, "reward_mean")
+    assert [(m.step, m.value) for m in history] == [(c.cycle, c.reward_mean) for c in cycles]
+    evaluations = client.get_metric_history(run_id, "eval.reward_mean")
+    assert [(m.step, m.value) for m in evaluations] == [
+        (c.cycle, c.eval.reward_mean) for c in cycles
+    ]
+
+    artifacts = Path(client.download_artifacts(run_id, "", str(tmp_path / "artifacts")))
+    picture = artifacts / "learning_curves.png"
+    assert picture.read_bytes() == picture_beside(Path(config.metrics_path)).read_bytes()
+    assert picture.read_bytes().startswith(b"\x89PNG\r\n\x1a\n")
+    adapter = json.loads((artifacts / "adapter.json").read_text())
+    assert adapter["adapter"]["sha256"] == exported_sha256(inspector, resumed.run_id)
+    assert adapter["checkpoint"] == resumed.checkpoint
+    assert "Whitney run" in (artifacts / "summary.md").read_text()
+
+    key = whitney.api_key  # WHITNEY_API_KEY of the flow runs
+    assert os.environ["WHITNEY_API_KEY"] == key
+    texts = [*params.values(), *params, *tags.values(), *tags]
+    texts += [path.read_text(errors="replace") for path in artifacts.rglob("*") if path.is_file()]
+    assert not [text for text in texts if key in text]
