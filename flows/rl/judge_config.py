@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from whitney.renderers import RendererName
 
@@ -108,14 +108,15 @@ class JudgeSettings(BaseModel):
             raise ValueError("an answer label is empty")
         return value
 
-    @model_validator(mode="after")
-    def _template_has_its_fields(self) -> JudgeSettings:
-        if self.template is not None:
-            needed = ("{completions}",) if self.mode == "group" else ("{completion}",)
-            for field in ("{prompt}", *needed):
-                if field not in self.template:
-                    raise ValueError(f"template: a {self.mode} template needs {field}")
-        return self
+    @field_validator("template")
+    @classmethod
+    def _template_has_its_fields(cls, value: str | None, info: ValidationInfo) -> str | None:
+        mode = info.data.get("mode", "logprobs")
+        needed = ("{prompt}", "{completions}" if mode == "group" else "{completion}")
+        for field in needed if value is not None else ():
+            if field not in value:
+                raise ValueError(f"a {mode} template needs {field}")
+        return value
 
     @property
     def enabled(self) -> bool:
