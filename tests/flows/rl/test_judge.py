@@ -18,6 +18,7 @@ from flowtest_cli import Refusal
 from flowtest_helpers import assert_executed_once_in_order
 from flowtest_recipe_helpers import journaled, replay_after_one_failure
 
+from flows.core.config import read_config_file, validated
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from flows.rl.judge_config import JudgeSettings
@@ -28,6 +29,7 @@ from whitney.local import EmbeddedWhitney
 from whitney.tokenizers import BOS_ID
 
 EOS = 257
+EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "judge-rubric.toml"
 JUDGE = "local/tiny"
 
 
@@ -220,6 +222,13 @@ def test_a_retried_cycle_replays_and_asks_the_judge_nothing_twice(
     assert len(calls) == sum(run_id == undisturbed_judge for run_id, _ in sent)
     # the retried cycle's record counts its judge answers once, as the undisturbed one does
     assert [cycle.usage for cycle in result.cycles] == [cycle.usage for cycle in undisturbed.cycles]
+
+
+def test_the_judge_example_is_a_config_with_a_judge() -> None:
+    data = read_config_file(EXAMPLE)
+    config = validated(RLConfig, data)
+    assert config.model_dump(exclude_unset=True).keys() == data.keys()
+    assert config.judge.enabled and config.judge.mode == "logprobs"
 
 
 JUDGE_TABLE = '[judge]\nmodel = "local/tiny"\n'
