@@ -130,7 +130,7 @@ def main() -> None:
         (cache,) = (Path(scratch) / "judge").iterdir()
         asked = len(cache.read_text().splitlines())
     rewards = [cycle.reward_mean for cycle in result.cycles]
-    window = min(WINDOW, len(rewards))
+    window = max(1, min(WINDOW, len(rewards) // 2))
     first, last = statistics.fmean(rewards[:window]), statistics.fmean(rewards[-window:])
     completions = len(rewards) * config.prompts_per_cycle * config.group_size
     print(f"machine at the end: {machine()}")

@@ -368,7 +368,7 @@ def rl_flow(config: RLConfig, whitney_block: str | None = None) -> RLResult:
     opened = open_auxiliary_runs(training, plan.recipe, start.checkpoints)
     judge, judge_starts = None, {}
     if plan.rubric is not None:
-        judge, judge_seq = open_judge_run(training, config.judge)
+        judge, judge_seq = open_judge_run(training, plan.rubric.model, config.judge.cache_dir)
         judge_starts = {judge.run_id: judge_seq}
     ran = run_cycles(
         rl_cycle,

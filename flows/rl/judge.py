@@ -38,7 +38,6 @@ from pydantic import BaseModel
 from flows.core.environments import Completion
 from flows.core.sequenced_client import SequencedClient, task_payload
 from flows.core.training import TrainingRun
-from flows.rl.judge_config import JudgeSettings
 from flows.rl.judge_rubric import Question, Rubric
 from tasks.operations import SAMPLER_OPERATION_TASKS
 from whitney import wire
@@ -66,21 +65,21 @@ def default_cache_dir() -> Path:
     return Path(base) / "whitney-flows" / "judge"
 
 
-def open_judge_run(training: TrainingRun, settings: JudgeSettings) -> tuple[JudgeHandle, int]:
-    """Create the frozen judge run in the training run's session (idempotent per flow run
-    attempt) and publish its sampler once; the handle and the judge run's next seq id."""
-    assert settings.model is not None
-    run = training.add_run(
-        "judge", base_model=settings.model, trainable=False, labels={ROLE_LABEL: "judge"}
-    )
+def open_judge_run(
+    training: TrainingRun, model: str, cache_dir: str | None
+) -> tuple[JudgeHandle, int]:
+    """Create the frozen judge run of `model` in the training run's session (idempotent per
+    flow run attempt) and publish its sampler once; the handle (its answers cached under
+    `cache_dir`, else `default_cache_dir`) and the judge run's next seq id."""
+    run = training.add_run("judge", base_model=model, trainable=False, labels={ROLE_LABEL: "judge"})
     client = training.client({run.run_id: run.next_seq_id})
     published = client.execute(run.run_id, "save_weights_for_sampler", {"name": JUDGE_SAMPLER})
-    directory = Path(settings.cache_dir) if settings.cache_dir else default_cache_dir()
+    directory = Path(cache_dir) if cache_dir else default_cache_dir()
     directory.mkdir(parents=True, exist_ok=True)
     handle = JudgeHandle(
         run_id=run.run_id,
         sampler_id=published.result_as(wire.SamplerResult).sampler_id,
-        model=settings.model,
+        model=model,
         cache_file=str(directory / f"{run.run_id}.jsonl"),
     )
     return handle, client.ledger.position(run.run_id)
@@ -155,7 +154,7 @@ class Judge:
         found: dict[str, dict[str, Any]] = {}
         pending: list[tuple[str, Question, int]] = []
         for key, question in zip(keys, questions, strict=True):
-            if key in found or any(key == waiting for waiting, _, _ in pending):
+            if key in found or key in {waiting for waiting, _, _ in pending}:
                 continue
             cached = self.cache.get(key)
             if cached is not None and cached.seq_id < self.start:  # an earlier cycle's

@@ -66,7 +66,8 @@ def question_seed(seed: int, tokens: Sequence[int]) -> int:
 class Rubric:
     """The judge's questions for one setting, rendered by the judge's renderer."""
 
-    def __init__(self, settings: JudgeSettings, renderer: Renderer, seed: int) -> None:
+    def __init__(self, model: str, settings: JudgeSettings, renderer: Renderer, seed: int) -> None:
+        self.model = model
         self.settings = settings
         self.renderer = renderer
         self.seed = seed

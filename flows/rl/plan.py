@@ -169,7 +169,7 @@ def load_rubric(config: RLConfig, multi_turn: bool) -> Rubric | None:
         )
     fields = ("judge.model", "judge.tokenizer", "judge.renderer")
     renderer = load_renderer(settings.model, settings.tokenizer, settings.renderer, fields)
-    rubric = Rubric(settings, renderer, config.seed)
+    rubric = Rubric(settings.model, settings, renderer, config.seed)
     try:
         if settings.mode == "group":
             rubric.group_question("probe", ["a", "b"])

@@ -24,9 +24,11 @@ from flows.rl.flow import rl_flow
 from flows.rl.judge_config import JudgeSettings
 from flows.rl.plan import check_rl_config
 from tasks import operations
+from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 from whitney.tokenizers import BOS_ID
+from whitney_calls.connection import WhitneyConnection
 
 EOS = 257
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "judge-rubric.toml"
@@ -196,7 +198,14 @@ def test_a_retried_cycle_replays_and_asks_the_judge_nothing_twice(
     execute = operations.execute_operation
 
     @functools.wraps(execute)
-    def counting(connection, run_id, kind, seq_id, payload, sampler_id=None):  # type: ignore[no-untyped-def]
+    def counting(
+        connection: WhitneyConnection,
+        run_id: str,
+        kind: str,
+        seq_id: int,
+        payload: dict,
+        sampler_id: str | None = None,
+    ) -> wire.Operation:
         if kind == "logprobs":  # the policy's calls here are sample and training only
             sent.append((run_id, seq_id))
         return execute(connection, run_id, kind, seq_id, payload, sampler_id)
