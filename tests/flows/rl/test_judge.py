@@ -15,19 +15,22 @@ from typing import Any
 
 import pytest
 from flowtest_cli import Refusal
-from flowtest_helpers import assert_executed_once_in_order
+from flowtest_helpers import assert_executed_once_in_order, subflow_runs, task_runs_of
 from flowtest_recipe_helpers import journaled, replay_after_one_failure
 
 from flows.core.config import read_config_file, validated
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
+from flows.rl.judge import JUDGE_TAG
 from flows.rl.judge_config import JudgeSettings
+from flows.rl.judge_rubric import Rubric
 from flows.rl.plan import check_rl_config
 from tasks import operations
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
-from whitney.tokenizers import BOS_ID
+from whitney.renderers import get_renderer
+from whitney.tokenizers import BOS_ID, ByteTokenizer
 from whitney_calls.connection import WhitneyConnection
 
 EOS = 257
@@ -71,7 +74,8 @@ def test_logprobs_score_is_the_judges_odds_of_yes(
     tmp_path: Path,
 ) -> None:
     config = judged(small_config.model_copy(update={"cycles": 1}), tmp_path)
-    result = rl_flow(config)
+    state = rl_flow(config, return_state=True)
+    result = state.result()
     prompts = check_rl_config(config).sample_requests(0)[0]  # the environment's, digits
     groups = completion_texts_of(
         journaled(whitney, result.run_id, "sample")[: config.prompts_per_cycle]
@@ -100,6 +104,13 @@ def test_logprobs_score_is_the_judges_odds_of_yes(
     inspector.close_session(session.session_id)
     assert len(set(rewards)) > 1  # the judge tells the completions apart
     assert result.cycles[0].reward_mean == pytest.approx(statistics.fmean(rewards), abs=1e-6)
+    # every judge call is a task run tagged for a Prefect tag concurrency limit
+    (cycle,) = subflow_runs(state.state_details.flow_run_id)
+    asked = len(journaled(whitney, judge_run_id(inspector, result.session_id, result.run_id)))
+    tasks = task_runs_of(cycle.id, expected=asked - 1 + config.prompts_per_cycle + 2)
+    judge_tasks = [task for task in tasks if JUDGE_TAG in task.tags]
+    assert len(judge_tasks) == asked - 1  # all but the publication, outside the cycle
+    assert {task.name.split("[")[0] for task in judge_tasks} == {"logprobs"}
 
 
 def judge_answers(server: EmbeddedWhitney, judge_run: str) -> dict[str, str]:
@@ -270,3 +281,28 @@ def test_a_bad_judge_setting_exits_2_naming_the_field(
 ) -> None:
     (tmp_path / "rl.toml").write_text(config)
     refused("rl", [*arguments, "--config", str(tmp_path / "rl.toml")], field, needle)
+
+
+def answered(text: str) -> dict:
+    """A sample result whose one sequence is `text`'s bytes and EOS."""
+    return {"sequences": [{"tokens": [*text.encode(), EOS], "stop_reason": "stop"}]}
+
+
+def test_answers_become_rewards_as_the_docs_say() -> None:
+    renderer = get_renderer("raw", ByteTokenizer(), JUDGE)
+    settings = JudgeSettings(
+        model=JUDGE, mode="verdict", choices={"Yes": 1.0, "Yes!": 0.5, "No": 0.0}
+    )
+    rubric = Rubric(JUDGE, settings, renderer, seed=0)
+    assert rubric.verdict_reward("Well... No, Yes") == 0.0  # the label found first
+    assert rubric.verdict_reward("Yes! indeed") == 0.5  # the longer at a tie
+    assert rubric.verdict_reward("maybe") == 0.0  # unparsed_reward
+    group = Rubric(JUDGE, JudgeSettings(model=JUDGE, mode="group", scale=10), renderer, 0)
+    answer = answered("1: 7\n2 = 12\n3) 4.5\n1: 2")
+    assert group.group_rewards(answer, 4) == [0.7, 1.0, 0.45, 0.0]
+    logprobs = Rubric(JUDGE, JudgeSettings(model=JUDGE, choices={"A": 1.0, "B": 0.25}), renderer, 0)
+    question = logprobs.item_question("2+2?", "4")
+    before = [None] + [-3.0] * (question.question_tokens - 1)  # the question: left out
+    rows = {"logprobs": [before + [-1.0], before + [-2.0]]}  # "A", "B": one byte each
+    odds = math.exp(-1.0) / (math.exp(-1.0) + math.exp(-2.0))
+    assert logprobs.item_reward(question, rows) == pytest.approx(odds + 0.25 * (1 - odds))
