@@ -123,8 +123,6 @@ class Judge:
         self.concurrency = concurrency
         self.start = client.ledger.position(handle.run_id)
         self.cache = JudgeCache(Path(handle.cache_file))
-        self.sent = 0
-        """Calls this cycle's judge sent to Whitney (not answered from the cache)."""
 
     def rewards(self, groups: Sequence[tuple[Prompt, Sequence[Completion]]]) -> list[list[float]]:
         """Each group's rewards, in the order of its completions."""
@@ -183,7 +181,6 @@ class Judge:
                 operation = futures[index].result()
             self.cache.add(key, operation)
             self.client.log.record(operation)
-            self.sent += 1
             answered.append((key, operation))
         return answered
 
