@@ -61,6 +61,17 @@ class GroupScore:
         return max(self.rewards) == min(self.rewards)
 
 
+def completions_of(renderer: Renderer, sample: dict[str, Any]) -> list[Completion]:
+    """Each sequence of a sample as the renderer parses it (its text before the stop token)."""
+    return [
+        Completion(
+            renderer.parse_response(sequence["tokens"])["content"],
+            sequence["stop_reason"] == "stop",
+        )
+        for sequence in sample["sequences"]
+    ]
+
+
 def score_group(
     environment: Environment,
     renderer: Renderer,
@@ -71,18 +82,15 @@ def score_group(
     """Parse each sequence (its text before the stop token), reward it, and turn the rewards
     into advantages."""
     rewards = [
-        float(
-            environment.reward(
-                prompt,
-                Completion(
-                    renderer.parse_response(sequence["tokens"])["content"],
-                    sequence["stop_reason"] == "stop",
-                ),
-            )
-        )
-        for sequence in sample["sequences"]
+        float(environment.reward(prompt, completion))
+        for completion in completions_of(renderer, sample)
     ]
     return GroupScore(rewards, ADVANTAGE_ESTIMATORS[estimator](rewards))
+
+
+GroupRewards = Callable[[Sequence[tuple[Prompt, Sequence[Completion]]]], list[list[float]]]
+"""The rewards of several groups at once, each a prompt and its completions (a judge's:
+flows.rl.judge)."""
 
 
 SampleGroups = Callable[[list[dict[str, Any]]], list[dict[str, Any]]]
@@ -202,21 +210,39 @@ def build_training_batch(
     samples: Sequence[dict[str, Any]],
     sample_groups: SampleGroups,
     auxiliary: Sequence[AuxiliaryHandle] = (),
+    rewards: GroupRewards | None = None,
 ) -> TrainingBatch:
     """Score, resample, build every kept group's payload and finish the recipe's cycle
-    (`recipe_payload`).
+    (`recipe_payload`). `rewards`: the groups' rewards from elsewhere than the environment
+    (a judge), the first draw's all at once.
 
     If every group is dropped, the first group's payload goes with all weights 0, so the
     cycle keeps its shape (forward_backward, optim_step) and trains nothing."""
     config = plan.config
 
+    def scores(pairs: Sequence[tuple[Prompt, dict[str, Any]]]) -> list[GroupScore]:
+        if rewards is None:
+            return [
+                score_group(plan.environment, plan.renderer, prompt, sample, config.advantages)
+                for prompt, sample in pairs
+            ]
+        groups = [(prompt, completions_of(plan.renderer, sample)) for prompt, sample in pairs]
+        estimator = ADVANTAGE_ESTIMATORS[config.advantages]
+        return [GroupScore(values, estimator(values)) for values in rewards(groups)]
+
     def score(prompt: Prompt, sample: dict[str, Any]) -> GroupScore:
-        return score_group(plan.environment, plan.renderer, prompt, sample, config.advantages)
+        return scores([(prompt, sample)])[0]
 
     first = [
-        Group(index, prompt, request, sample, score(prompt, sample))
-        for index, (prompt, request, sample) in enumerate(
-            zip(prompts, requests, samples, strict=True)
+        Group(index, prompt, request, sample, group_score)
+        for index, (prompt, request, sample, group_score) in enumerate(
+            zip(
+                prompts,
+                requests,
+                samples,
+                scores(list(zip(prompts, samples, strict=True))),
+                strict=True,
+            )
         )
     ]
     groups = resample_uniform_groups(

@@ -9,6 +9,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flows.core.config import BudgetField, FlowConfig, MaxStalenessField, PricesField
 from flows.core.evaluation.config import EvalSettings
+from flows.rl.judge_config import JudgeSettings
 from whitney.losses import LOSS_FUNCTIONS
 
 LossName = Literal[LOSS_FUNCTIONS]  # type: ignore[valid-type]
@@ -191,8 +192,21 @@ class RLConfig(FlowConfig):
         description="Multi-turn environments: turn, token and time limits of an episode, and "
         "the failure policy; unused by single-turn environments",
     )
+    judge: JudgeSettings = Field(
+        default_factory=JudgeSettings,
+        description="Judged rewards (docs/judge.md): a judge model on a frozen run grades each "
+        "completion (or each group) by a rubric, instead of the environment's reward; the "
+        "environment still gives the prompts and the evaluation's reward",
+    )
     budget: BudgetField
     prices: PricesField
+
+    def served_models(self) -> dict[str, str]:
+        """The policy's base model, and the judge's when there is one."""
+        served = super().served_models()
+        if self.judge.model is not None:
+            served["judge.model"] = self.judge.model
+        return served
 
     def eval_settings(self) -> EvalSettings:
         """The environment's held-out prompts, k = group_size samples at the temperature."""

@@ -91,8 +91,9 @@ from flows.rl.auxiliary import (
     save_auxiliary_checkpoints,
     seq_ends,
 )
-from flows.rl.batch import GroupScore, TrainingBatch, build_training_batch
+from flows.rl.batch import GroupRewards, GroupScore, TrainingBatch, build_training_batch
 from flows.rl.config import RLConfig
+from flows.rl.judge import Judge, JudgeHandle, open_judge_run
 from flows.rl.metrics import CycleMetrics, RLResult, learning_curves
 from flows.rl.multi_turn_batch import build_episode_batch
 from flows.rl.off_policy import decouple, decouples, logprobs_requests
@@ -169,6 +170,7 @@ def run_cycle(
     auxiliary: Sequence[AuxiliaryHandle] = (),
     first_cycle: int = 0,
     presampled: Sequence[SampleBlock] = (),
+    judge: JudgeHandle | None = None,
 ) -> CycleMetrics:
     """The loop body of one cycle, every call through `client` (the cycle's ledger).
 
@@ -179,7 +181,8 @@ def run_cycle(
     `auxiliary`: the runs the recipe declared (their seq ids are in the ledger too). The
     middle of the cycle (scores, resampling, build_loss, the recipe's finish_cycle) is
     `flows.rl.batch`; with a multi-turn environment (on-policy only), `flows.rl.multi_turn_batch`
-    plays the episodes turn by turn instead.
+    plays the episodes turn by turn instead. `judge`: the judge run that rewards the
+    completions (flows.rl.judge), if any.
     """
     started_at = datetime.now(UTC)
     config = plan.config
@@ -199,7 +202,7 @@ def run_cycle(
         batch = build_episode_batch(plan, client, cycle, run_id, sampler_id, auxiliary)
     else:
         sampling = sample_cycle(plan, client, cycle, run_id, sampler_id, schedule, presampled)
-        batch = single_turn_batch(plan, client, cycle, run_id, sampling, auxiliary)
+        batch = single_turn_batch(plan, client, cycle, run_id, sampling, auxiliary, judge)
     staleness = schedule.staleness_of(cycle)
     payload, kl_sample_train = batch.payload, None
     if decouples(payload["loss_function"], staleness, config.proximal_clip):
@@ -262,9 +265,10 @@ def single_turn_batch(
     run_id: str,
     sampling: CycleSamples,
     auxiliary: Sequence[AuxiliaryHandle],
+    judge: JudgeHandle | None = None,
 ) -> TrainingBatch:
     """The cycle's training batch from its samples (`sample_cycle`); resampling samples on
-    the same sampler."""
+    the same sampler; the judge's rewards when there is one."""
     prompts, requests = plan.sample_requests(cycle)
     sample = functools.partial(  # on the next seq ids, together or one by one: the same ids
         sampler_calls,
@@ -285,7 +289,17 @@ def single_turn_batch(
         sampling.samples,
         sample,
         auxiliary,
+        rewards=judge_rewards(plan, client, judge),
     )
+
+
+def judge_rewards(
+    plan: RLPlan, client: SequencedClient, judge: JudgeHandle | None
+) -> GroupRewards | None:
+    """The rewards of the cycle's judge (flows.rl.judge); None: the environment's."""
+    if judge is None or plan.rubric is None:
+        return None
+    return Judge(judge, plan.rubric, client, plan.config.judge.concurrency).rewards
 
 
 def add_summary(records: RunRecords, result: RLResult) -> UUID:
@@ -316,11 +330,14 @@ def rl_cycle(
     whitney_block: str | None = None,
     run_id: str = "",
     auxiliary: list[AuxiliaryHandle] | None = None,
+    judge: JudgeHandle | None = None,
 ) -> CycleMetrics:
-    """One RL cycle of the policy run `run_id` (and the recipe's `auxiliary` runs) from
-    `start`; returns its metrics, with where the next cycle starts."""
+    """One RL cycle of the policy run `run_id` (and the recipe's `auxiliary` runs, and the
+    `judge` run) from `start`; returns its metrics, with where the next cycle starts."""
     handles = auxiliary or []
     names = {run_id: "policy", **{handle.run_id: handle.name for handle in handles}}
+    if judge is not None:
+        names[judge.run_id] = "judge"
     plan = check_rl_config(config)  # built once per process (flows.core.plans)
     return run_cycle_subflow(
         config,
@@ -328,7 +345,7 @@ def rl_cycle(
         whitney_block,
         names,
         lambda client: run_cycle(
-            plan, client, cycle, run_id, handles, start.first_cycle, start.presampled
+            plan, client, cycle, run_id, handles, start.first_cycle, start.presampled, judge
         ),
     )
 
@@ -349,20 +366,25 @@ def rl_flow(config: RLConfig, whitney_block: str | None = None) -> RLResult:
     training = start_training_run(config, connection)
     start, run_id = training.start, training.run_id
     opened = open_auxiliary_runs(training, plan.recipe, start.checkpoints)
+    judge, judge_starts = None, {}
+    if plan.rubric is not None:
+        judge, judge_seq = open_judge_run(training, plan.rubric.model, config.judge.cache_dir)
+        judge_starts = {judge.run_id: judge_seq}
     ran = run_cycles(
         rl_cycle,
         config,
         range(start.first_cycle, config.cycles),
-        {run_id: training.next_seq_id, **ledger_starts(opened)},
+        {run_id: training.next_seq_id, **ledger_starts(opened), **judge_starts},
         whitney_block,
         guard=guard,
         run_id=run_id,
         auxiliary=opened,
+        judge=judge,
     )
     last_cycle = ran.last.cycle if ran.last is not None else start.first_cycle - 1
     client = training.client(ran.seq_ids)
     save_auxiliary_checkpoints(client, opened, last_cycle)  # a critic's, beside the policy's
-    others = [handle.run_id for handle in opened]
+    others = [handle.run_id for handle in opened] + list(judge_starts)
     final = end_training_run(training, client, cycle_name(last_cycle), others)  # a resume point
     result = RLResult(
         **dict(final),

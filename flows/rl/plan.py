@@ -23,9 +23,10 @@ from flows.core.environments.multiturn import (
 )
 from flows.core.evaluation.plan import EvalPlan, load_eval_plan
 from flows.core.plans import once_per_process
-from flows.core.rendering import config_renderer
+from flows.core.rendering import config_renderer, load_renderer
 from flows.core.seeds import derive_seed
 from flows.rl.config import RLConfig
+from flows.rl.judge_rubric import Rubric
 from flows.rl.recipes import (
     CRITIC_PROVIDERS,
     AuxiliaryRun,
@@ -51,6 +52,8 @@ class RLPlan:
     renderer: Renderer
     evaluation: EvalPlan | None = None
     """The inline evaluation's eval set (None with eval_every 0 and eval_at_start false)."""
+    rubric: Rubric | None = None
+    """The judge's questions (flows.rl.judge_rubric), when a judge rewards (`judge.model`)."""
 
     @property
     def multi_turn(self) -> bool:
@@ -149,7 +152,37 @@ def load_rl_plan(config: RLConfig) -> RLPlan:
             "completion per held-out prompt (eval_every 0: none)",
         )
     evaluation = load_eval_plan(config.eval_settings(), renderer) if evaluates else None
-    return RLPlan(config, recipe, environment, renderer, evaluation)
+    rubric = load_rubric(config, isinstance(environment, MultiTurnEnvironment))
+    return RLPlan(config, recipe, environment, renderer, evaluation, rubric)
+
+
+def load_rubric(config: RLConfig, multi_turn: bool) -> Rubric | None:
+    """The judge's questions on its renderer; ConfigError naming the `judge.*` field that is
+    at fault (a judge rewards single-turn environments only)."""
+    settings = config.judge
+    if settings.model is None:
+        return None
+    if multi_turn:
+        raise ConfigError(
+            "judge.model",
+            f"{config.env} is a multi-turn environment: a judge grades single-turn completions",
+        )
+    fields = ("judge.model", "judge.tokenizer", "judge.renderer")
+    renderer = load_renderer(settings.model, settings.tokenizer, settings.renderer, fields)
+    rubric = Rubric(settings.model, settings, renderer, config.seed)
+    try:
+        if settings.mode == "group":
+            rubric.group_question("probe", ["a", "b"])
+        else:
+            rubric.item_question("probe", "a")
+    except (KeyError, IndexError, ValueError) as error:
+        raise ConfigError(
+            "judge.template",
+            f"cannot fill it ({type(error).__name__}: {error}); its fields are {{rubric}}, "
+            "{prompt}, {completion} and {choices} (group: {completions} and {scale}); "
+            "double a literal brace",
+        ) from None
+    return rubric
 
 
 @dataclass(frozen=True)
