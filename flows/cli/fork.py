@@ -26,7 +26,7 @@ from flows.cli.commands import journal_source
 from flows.cli.exit_codes import EXIT_BAD_CONFIG
 from flows.core.config import ConfigError
 from flows.core.manifest import manifest_path, read_manifest
-from whitney_calls.names import cycle_name
+from whitney_calls.names import CYCLE_CHECKPOINT
 
 PROG = "whitney-flows fork"
 CLI_FLOWS = {"rl": "rl", "sft": "sft", "distillation": "distill"}
@@ -90,27 +90,29 @@ def parent_checkpoint(options: argparse.Namespace, run_id: str, cycle: int) -> s
     source_options = argparse.Namespace(api_url=options.api_url, data_dir=options.data_dir)
     try:
         source = journal_source(source_options)
-        operations = source.operations(run_id)
     except ValueError as error:
         raise ConfigError("--api-url", str(error)) from None
+    try:
+        operations = source.operations(run_id)
     except (RunNotFound, WhitneyError) as error:
         raise ConfigError("PARENT", f"run {run_id}: {error}") from None
+    finally:
+        if (client := getattr(source, "client", None)) is not None:
+            client.close()
     saved = {
-        (operation.result or {}).get("checkpoint")
+        int(match["cycle"]): match[0]
         for operation in operations
         if operation.kind == "save_state" and operation.status == "succeeded"
+        if (match := CYCLE_CHECKPOINT.match(str((operation.result or {}).get("checkpoint"))))
     }
-    wanted = f"whitney://runs/{run_id}/states/{cycle_name(cycle)}"
-    if wanted not in saved:
-        have = sorted(
-            int(uri.rsplit("-", 1)[1]) for uri in saved if isinstance(uri, str) and "/cycle-" in uri
-        )
+    if cycle not in saved:
+        have = sorted(saved)
         raise ConfigError(
             "--cycle",
             f"run {run_id} saved no checkpoint after cycle {cycle} (it has cycles "
             f"{', '.join(map(str, have)) or 'none'}; checkpoint_every sets them)",
         )
-    return wanted
+    return saved[cycle]
 
 
 def fork_config(parent: dict[str, Any], settings: list[str], checkpoint: str) -> dict[str, Any]:

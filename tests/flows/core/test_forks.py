@@ -6,6 +6,7 @@ fork cannot change. One parent RL run on local/tiny (flowtest_parent) serves eve
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -127,9 +128,16 @@ def test_the_fork_command_runs_a_fork_of_the_manifest(
     assert [json.loads(line)["cycle"] for line in lines] == [3]
     manifests = adapters.glob("*-manifest.json")
     (manifest,) = [path for path in manifests if parent.result.run_id not in path.name]
-    lineage = json.loads(manifest.read_text())["lineage"]
-    assert lineage["parent_checkpoint"] == checkpoint(parent, 2)
-    assert lineage["changes"] == {"learning_rate": {"parent": 2e-3, "fork": 0.01}}
+    written = json.loads(manifest.read_text())
+    assert written["lineage"]["parent_checkpoint"] == checkpoint(parent, 2)
+    assert written["lineage"]["changes"] == {"learning_rate": {"parent": 2e-3, "fork": 0.01}}
+    (archive,) = written["files"]  # the downloaded archive, beside the manifest
+    assert (
+        written["files"][archive] == hashlib.sha256((adapters / archive).read_bytes()).hexdigest()
+    )
+    capsys.readouterr()
+    assert main(["export", "--verify", str(manifest)]) == 0
+    assert capsys.readouterr().out.startswith(f"ok            file {archive}: ")
 
 
 @pytest.mark.parametrize(
