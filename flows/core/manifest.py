@@ -23,6 +23,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
+from whitney import hf_cache
+from whitney.tokenizers import HF_PREFIX, LOCAL_PREFIX
+
 MANIFEST_NAME = "manifest.json"
 """The manifest's name in an exported directory."""
 MANIFEST_VERSION = 1
@@ -102,6 +105,33 @@ def flat_settings(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]
     return flat
 
 
+def base_weights(name: str) -> dict[str, Any]:
+    """The sha256 of a base model's weights where they are on this machine: the `*.safetensors`
+    of a Hugging Face repo id's snapshot in the local cache or of an `hf:<dir>` directory (by
+    path; `sha256` over their digests in name order), with `sha256_of` saying what was hashed."""
+    if name.startswith(LOCAL_PREFIX):
+        return {
+            "sha256": None,
+            "sha256_of": "none: a local/* model's base weights are built by the engine, no "
+            "file; an export carries them (base_model/model.safetensors)",
+        }
+    bare = name.removeprefix(HF_PREFIX)
+    directory = Path(bare).expanduser()
+    if not directory.is_dir():
+        directory = (hf_cache.snapshot(bare) if hf_cache.is_repo_id(bare) else None) or directory
+    weights = sorted(directory.glob("*.safetensors")) if directory.is_dir() else []
+    if not weights:
+        return {"sha256": None, "sha256_of": f"none: no weights of {name} on this machine"}
+    files = {str(path.resolve()): file_sha256(path) for path in weights}
+    combined = hashlib.sha256("\n".join(files.values()).encode("ascii")).hexdigest()
+    return {
+        "sha256": files[str(weights[0].resolve())] if len(files) == 1 else combined,
+        "sha256_of": f"the *.safetensors of {directory}"
+        + ("" if len(files) == 1 else " (sha256 of their sha256s, one a line, in name order)"),
+        "files": files,
+    }
+
+
 def evaluations(cycles: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Every evaluation the cycles recorded (`eval`, `eval_before`, SFT's `evals`), by cycle."""
     found = []
@@ -140,6 +170,7 @@ def flow_manifest(
             "name": config.get("base_model"),
             "provider": config.get("provider"),
             "lora_rank": config.get("lora_rank"),
+            **base_weights(str(config.get("base_model"))),
         },
         "config": settings,
         "data_files": data_files(settings),
@@ -180,15 +211,15 @@ def with_files(manifest: Mapping[str, Any], directory: Path) -> dict[str, Any]:
         if path.is_file() and path.name != MANIFEST_NAME
     }
     base = dict(manifest.get("base_model") or {})
-    base_weights = "base_model/model.safetensors"
-    if base_weights in files:
-        base.update(
-            weights=base_weights,
-            sha256=files[base_weights],
-            sha256_of="the base weights the export carries (base_model/model.safetensors)",
-        )
+    carried = "base_model/model.safetensors"
+    if carried in files:
+        base["exported_sha256"] = files[carried]
+        if not base.get("sha256"):
+            base.update(
+                sha256=files[carried], sha256_of=f"the base weights the export carries ({carried})"
+            )
     elif (directory / "model.safetensors").is_file():
-        base.update(sha256=None, sha256_of="none: the base weights are merged with the adapter")
+        base["exported_sha256"] = None  # the merged model: base and adapter in one
     return {**manifest, "base_model": base, "files": files}
 
 
@@ -231,6 +262,8 @@ def verify(path: Path) -> list[tuple[str, Status, str]]:
     for field, entry in (manifest.get("data_files") or {}).items():
         checks.append(check_file(f"data {field}", Path(entry["path"]), entry["sha256"]))
     base = manifest.get("base_model") or {}
+    for weights, sha in (base.get("files") or {}).items():
+        checks.append(check_file(f"base model {base.get('name')}", Path(weights), sha))
     if not base.get("sha256"):
         reason = base.get("sha256_of") or "no base weights were hashed"
         checks.append((f"base model {base.get('name')}", "not checkable", reason))

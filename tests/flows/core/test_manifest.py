@@ -14,7 +14,7 @@ import pytest
 from flowtest_parent import Parent, parent_run
 
 from flows.cli.main import main
-from flows.core.manifest import add_promotion, data_files, write_manifest
+from flows.core.manifest import add_promotion, base_weights, data_files, verify, write_manifest
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 
@@ -42,7 +42,9 @@ def test_the_flow_records_what_made_its_adapter(parent: Parent, inspector: Whitn
     expected = parent.config.model_dump(mode="json")
     del expected["api_url"], expected["metrics_path"]
     assert manifest["config"] == expected
-    assert manifest["base_model"] == {"name": "local/tiny", "provider": "local", "lora_rank": 8}
+    base = manifest["base_model"]
+    assert (base["name"], base["provider"], base["lora_rank"]) == ("local/tiny", "local", 8)
+    assert base["sha256"] is None and "built by the engine" in base["sha256_of"]
     journal = list(inspector.iter_journal(result.run_id))
     exported = [op for op in journal if op.kind == "export_lora"][-1]
     assert manifest["adapter"]["sha256"] == exported.result["sha256"] == result.adapter.sha256
@@ -68,6 +70,26 @@ def test_the_data_files_a_config_names_are_hashed(tmp_path: Path) -> None:
     }
 
 
+def test_the_base_weights_on_this_machine_are_hashed_and_verified(tmp_path: Path) -> None:
+    model = tmp_path / "model"
+    model.mkdir()
+    shards = [model / "model-00001.safetensors", model / "model-00002.safetensors"]
+    for index, shard in enumerate(shards):
+        shard.write_bytes(bytes([index]) * 1000)
+    base = base_weights(f"hf:{model}")
+    digests = [sha256(shard) for shard in shards]
+    assert base["files"] == {
+        str(shard.resolve()): digest for shard, digest in zip(shards, digests, strict=True)
+    }
+    assert base["sha256"] == hashlib.sha256("\n".join(digests).encode()).hexdigest()
+    assert base_weights("nobody/nothing-here")["sha256"] is None
+    manifest = tmp_path / "run-manifest.json"
+    write_manifest({"manifest_version": 1, "files": {}, "base_model": base}, manifest)
+    assert [status for _, status, _ in verify(manifest)] == ["ok", "ok"]
+    shards[1].write_bytes(b"other weights")
+    assert [status for _, status, _ in verify(manifest)] == ["ok", "changed"]
+
+
 def test_export_writes_the_manifest_and_verify_finds_a_changed_byte(
     parent: Parent,
     whitney: EmbeddedWhitney,
@@ -86,7 +108,8 @@ def test_export_writes_the_manifest_and_verify_finds_a_changed_byte(
     written = sorted(p for p in out.rglob("*") if p.is_file() and p.name != "manifest.json")
     assert manifest["files"] == {p.relative_to(out).as_posix(): sha256(p) for p in written}
     assert {"adapter_model.safetensors", "base_model/model.safetensors"} <= set(manifest["files"])
-    assert manifest["base_model"]["sha256"] == sha256(out / "base_model" / "model.safetensors")
+    carried = sha256(out / "base_model" / "model.safetensors")
+    assert manifest["base_model"]["sha256"] == manifest["base_model"]["exported_sha256"] == carried
     assert manifest["config"] == parent.result.manifest["config"]
     assert manifest["flow_manifest"] == str(flow_manifest.resolve())
     capsys.readouterr()
