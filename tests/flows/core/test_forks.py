@@ -18,7 +18,7 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
 from flows.cli.main import main
 from flows.core import events
-from flows.core.lineage import Change
+from flows.core.lineage import Change, Lineage, config_changes, lineage_markdown
 from flows.core.manifest import write_manifest
 from flows.core.records import artifact_key
 from flows.rl.flow import rl_flow
@@ -177,3 +177,26 @@ def test_a_changed_field_that_cannot_change_is_refused_by_the_flow_too(
     with pytest.raises(ConfigError, match="lora_rank: cannot change in a fork"):
         rl_flow(config)
     assert len(inspector.list_sessions()) == sessions  # refused before anything is allocated
+
+
+def test_the_changes_are_the_differing_settings_dotted_not_where_a_run_ran() -> None:
+    parent = {"learning_rate": 0.002, "budget": {"max_cost": 1.0, "max_tokens": None}}
+    fork = {"learning_rate": 0.002, "budget": {"max_cost": 2.5, "max_tokens": None}}
+    parent |= {"api_url": "http://a", "metrics_path": "a.jsonl", "resume_from": None}
+    fork |= {"api_url": "http://b", "metrics_path": None, "resume_from": "whitney://x"}
+    assert config_changes(parent, fork) == {"budget.max_cost": Change(parent=1.0, fork=2.5)}
+    assert config_changes(parent, {**parent, "seed": 3}) == {"seed": Change(parent=None, fork=3)}
+
+
+def test_a_fork_whose_parent_config_is_unknown_still_names_its_parent() -> None:
+    lineage = Lineage(
+        kind="fork",
+        parent_run_id="run-p",
+        parent_checkpoint="whitney://runs/run-p/states/cycle-4",
+        cycle=4,
+        parent_flow_run_id=None,
+        changes=None,
+    )
+    markdown = lineage_markdown(lineage, "run-f")
+    assert markdown.startswith("# Fork of run `run-p` after cycle 4")
+    assert "changes unknown" in markdown
