@@ -12,9 +12,11 @@ from pathlib import Path
 
 import pytest
 from flowtest_parent import Parent, parent_run
+from flowtest_sft import small_sft_config
 
 from flows.cli.main import main
 from flows.core.manifest import add_promotion, base_weights, data_files, verify, write_manifest
+from flows.sft.flow import sft_flow
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 
@@ -148,3 +150,16 @@ def test_verify_refuses_a_directory_without_a_manifest(
     assert main(["export", "--verify", str(tmp_path)]) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and "--verify: cannot read" in error
+
+
+def test_an_sft_manifest_hashes_its_data_file(whitney: EmbeddedWhitney, tmp_path: Path) -> None:
+    data = tmp_path / "pairs.jsonl"
+    pairs = [{"prompt": f"{n} + 1 =", "completion": f" {n + 1}"} for n in range(24)]
+    data.write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
+    config = small_sft_config(whitney.url, data_path=str(data), steps=2, steps_per_cycle=2)
+    manifest = sft_flow(config).manifest
+    assert manifest["flow"] == "sft"
+    assert manifest["data_files"] == {
+        "data_path": {"path": str(data.resolve()), "sha256": sha256(data)}
+    }
+    assert manifest["evaluations"] and manifest["evaluations"][0]["evals"]
