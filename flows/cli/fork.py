@@ -82,12 +82,13 @@ def parent_manifest(parent: str, adapter_dir: Path) -> dict[str, Any]:
 
 
 def parent_checkpoint(options: argparse.Namespace, run_id: str, cycle: int) -> str:
-    """The parent run's checkpoint after `cycle`, from its journal; ConfigError naming
-    --cycle, with the cycles it has, if it saved none then."""
+    """The parent run's checkpoint after `cycle`, from its journal (at --api-url, else
+    WHITNEY_API_URL, else in the data directory of the embedded server the fork will start);
+    ConfigError naming --cycle, with the cycles it has, if it saved none then."""
     from flows.cli.inspection_sources import RunNotFound
     from whitney.errors import WhitneyError
 
-    source_options = argparse.Namespace(api_url=options.api_url, data_dir=options.data_dir)
+    source_options = argparse.Namespace(api_url=options.api_url, data_dir=None)
     try:
         source = journal_source(source_options)
     except ValueError as error:

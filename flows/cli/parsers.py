@@ -306,13 +306,6 @@ def add_fork_parser(commands: argparse._SubParsersAction) -> None:
         metavar="FIELD=VALUE",
         help="a changed setting (VALUE as JSON, else a string; FIELD may be dotted); repeatable",
     )
-    command.add_argument(
-        "--data-dir",
-        type=Path,
-        metavar="DIR",
-        help="an embedded server's data directory to find the parent's checkpoints in "
-        "(default, with no URL: the one `whitney-flows run` uses)",
-    )
     add_output_options(command)
 
 
