@@ -12,7 +12,8 @@ person in the loop.
       approved: a trainable run created from the checkpoint, export_lora, finish, close; then
         `whitney-flows export RUN --out target_dir/merged --merged` and
         `whitney-flows export RUN --out target_dir/adapter` (issue 8's export, as a user runs
-        it); a link artifact to target_dir
+        it), the approval added to each directory's manifest.json (flows.core.manifest); a
+        link artifact to target_dir
       rejected: ends there, nothing exported; no decision within approval_timeout_s: the
         same, recorded, and the run fails (Prefect fails a pause that times out)
 
@@ -33,6 +34,7 @@ from prefect.artifacts import create_link_artifact, create_markdown_artifact
 from prefect.exceptions import FlowPauseTimeout
 from prefect.flow_runs import pause_flow_run
 from prefect.input import RunInput
+from prefect.runtime import flow_run as current_flow_run
 from pydantic import BaseModel, Field
 
 from flows.checkpoints.comparison import (
@@ -46,6 +48,7 @@ from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import ConfigError
 from flows.core.connection import resolve_connection
 from flows.core.events import promotion_decided
+from flows.core.manifest import add_promotion
 from tasks.checkpoints import list_checkpoints, read_run
 from whitney import wire
 from whitney.client import API_KEY_ENV
@@ -216,8 +219,17 @@ def promote_checkpoint(config: PromoteConfig, whitney_block: str | None = None) 
         return result
     exported = export_checkpoint(config, connection, chosen.checkpoint)
     adapter = exported.result_as(wire.ExportLoraResult)
+    approval = {
+        "approved": True,
+        "note": decision.note,
+        "checkpoint": chosen.checkpoint,
+        "metric": config.metric,
+        "evaluation": chosen.model_dump(mode="json"),
+        "flow_run_id": str(current_flow_run.id),
+    }
     for name, options in EXPORTS:
         logger.info(run_export_command(connection, exported.run_id, target_dir / name, options))
+        add_promotion(target_dir / name, approval)  # in the manifest the export wrote
     create_link_artifact(
         link=target_dir.as_uri(),
         link_text=str(target_dir),

@@ -5,6 +5,8 @@ EXIT_FLOW_FAILED = 1
 """The flow run failed, crashed or was cancelled."""
 EXIT_NOT_FOUND = 1
 """`inspect` / `export`: no such run."""
+EXIT_CHANGED = 1
+"""`export --verify`: a file the manifest lists changed."""
 EXIT_REAP_FAILED = 1
 """`reap --apply`: a session could not be closed."""
 EXIT_CLOSED_PIPE = 1

@@ -1,6 +1,15 @@
-"""The `export` command of `whitney-flows`: a run's adapter as Hugging Face model directories.
+"""The `export` command of `whitney-flows`: a run's adapter as Hugging Face model directories,
+with the manifest of what made it (flows.core.manifest), and the check of that manifest.
 
-    whitney-flows export RUN_ID --out DIR [--merged] [--api-url URL | --data-dir DIR]
+    whitney-flows export RUN_ID --out DIR [--merged] [--manifest FILE]
+                         [--api-url URL | --data-dir DIR]
+    whitney-flows export --verify DIR
+
+DIR/manifest.json is the flow's manifest of the run (`--manifest`, else the one `whitney-flows
+run` wrote as adapters/RUN_ID-manifest.json, if there is one) with the sha256 of every file
+written and of the base weights in DIR/base_model; without a flow manifest it says so and
+holds what the run alone tells. `--verify` re-hashes what the manifest lists and prints one
+line per item: ok, changed or not checkable; exit 1 if something changed.
 
 The endpoint resolves as for `inspect` (flows.cli.commands): `--api-url`, else WHITNEY_API_URL with
 the key from WHITNEY_API_KEY, else an embedded server's data directory. The archive is the run's
@@ -23,7 +32,16 @@ from pathlib import Path
 from typing import Any
 
 from flows.cli.commands import journal_source
-from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_OK
+from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_CHANGED, EXIT_OK
+from flows.core.manifest import (
+    MANIFEST_NAME,
+    export_manifest,
+    manifest_path,
+    read_manifest,
+    verify,
+    with_files,
+    write_manifest,
+)
 
 HF_EXTRA = 'the export needs the hf extra: pip install -e ".[hf]"'
 WEIGHT_KINDS = frozenset({"optim_step", "load_state"})
@@ -35,19 +53,53 @@ class ExportError(Exception):
 
 
 def run_export(options: argparse.Namespace) -> int:
-    """`export`; the exit code."""
+    """`export`, or `export --verify`; the exit code."""
+    if options.verify is not None:
+        return run_verify(options.verify)
     try:
+        if options.run_id is None:
+            raise ExportError("RUN_ID: give the run to export (or --verify DIR)")
         check_out_dir(options.out)
+        manifest = flow_manifest(options.run_id, options.manifest)
         hf_export = import_hf_export()
         source = open_source(options)
         with quiet_client(source), tempfile.TemporaryDirectory(prefix="whitney-") as scratch:
             archive = fetch_archive(source, options.run_id, Path(scratch))
-            write_atomically(options.out, options.merged, archive, hf_export)
+            write_atomically(options.out, options.merged, archive, hf_export, manifest)
     except ExportError as error:
         print(f"whitney-flows export: {error}", file=sys.stderr)
         return EXIT_BAD_CONFIG
     print(loaded_by(options.run_id, options.out, options.merged))
     return EXIT_OK
+
+
+def run_verify(path: Path) -> int:
+    """`export --verify`: one line per item of the manifest; 1 if something changed."""
+    try:
+        checks = verify(path)
+    except ValueError as error:
+        print(f"whitney-flows export: --verify: {error}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
+    for item, status, detail in checks:
+        print(f"{status:<13} {item}: {detail}")
+    changed = sum(status == "changed" for _, status, _ in checks)
+    print(f"{len(checks)} items, {changed} changed")
+    return EXIT_CHANGED if changed else EXIT_OK
+
+
+def flow_manifest(run_id: str, given: Path | None) -> dict[str, Any]:
+    """The export's manifest, from the flow's (`given`, else adapters/RUN_ID-manifest.json
+    if it is there); ExportError if a given one cannot be read or is of another run."""
+    path = given or manifest_path(run_id, Path("adapters"))
+    if given is None and not path.is_file():
+        return export_manifest(run_id, None, f"none found (looked for {path})")
+    try:
+        manifest = read_manifest(path)
+    except ValueError as error:
+        raise ExportError(f"--manifest: {error}") from None
+    if manifest.get("run_id") != run_id:
+        raise ExportError(f"--manifest {path} is of run {manifest.get('run_id')}, not {run_id}")
+    return export_manifest(run_id, manifest, str(path.resolve()))
 
 
 def check_out_dir(out: Path) -> None:
@@ -159,9 +211,11 @@ def export_now(client: Any, run: Any) -> str:
     return client.run_operation(run.run_id, "export_lora", {})["artifact_id"]
 
 
-def write_atomically(out: Path, merged: bool, archive: Path, hf_export: Any) -> None:
-    """Write the directory beside `out`, then move it there: `out` appears complete or not
-    at all."""
+def write_atomically(
+    out: Path, merged: bool, archive: Path, hf_export: Any, manifest: dict[str, Any]
+) -> None:
+    """Write the directory beside `out`, with `manifest` and the sha256 of every file in it,
+    then move it there: `out` appears complete or not at all."""
     out = out.absolute()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -173,6 +227,7 @@ def write_atomically(out: Path, merged: bool, archive: Path, hf_export: Any) -> 
             hf_export.write_merged_dir(archive, staging)
         else:
             hf_export.write_peft_dir(archive, staging, home=out)
+        write_manifest(with_files(manifest, staging), staging / MANIFEST_NAME)
         os.chmod(staging, 0o755)
         os.replace(staging, out)
     except hf_export.ArchiveError as error:

@@ -1,9 +1,10 @@
 """What every `whitney-flows run FLOW` does once its config is checked: reach Whitney (a URL
 that does not answer, or refuses the key, exits 2 before any flow run starts) or start the
 embedded server, run the flow with progress fed by its metrics JSON lines, download the
-exported adapter and print a summary table, then where the learning curves are (the summary
-artifact's picture, as a PNG beside the metrics file: `--metrics-out`'s, else in the adapter
-directory) and the command that exports the adapter. Exit codes as in `flows.cli.main`."""
+exported adapter and write its manifest beside it (`RUN-manifest.json`, flows.core.manifest),
+print a summary table, then where the learning curves are (the summary artifact's picture, as
+a PNG beside the metrics file: `--metrics-out`'s, else in the adapter directory) and the
+command that exports the adapter. Exit codes as in `flows.cli.main`."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from flows.cli.watchdog import watch
 from flows.core.config import ConfigError, FlowConfig
 from flows.core.connection import EMBEDDED_URL_ENV, check_whitney
 from flows.core.endpoint import resolve_endpoint
+from flows.core.manifest import file_sha256, manifest_path, write_manifest
 from flows.core.plots import picture_beside
 from flows.core.served import check_served
 from flows.core.summary_parts import export_command
@@ -103,7 +105,12 @@ def launch_flow(
             adapter_path = client.download_artifact(
                 result.adapter.artifact_id, adapter_dir / f"{result.run_id}-adapter.tar"
             )
+        manifest = write_manifest(
+            {**result.manifest, "files": {adapter_path.name: file_sha256(adapter_path)}},
+            manifest_path(result.run_id, adapter_dir),
+        )
         console.print(summarize(result, adapter_path.resolve(), wall_seconds))
+        console.print(f"Manifest: {manifest.resolve()}", soft_wrap=True, markup=False)
         picture = picture_beside(metrics_path)
         if picture.is_file():
             if temporary:

@@ -6,6 +6,8 @@
     whitney-flows inspect RUN_ID [--cycle N] [--json]     (flows.cli.commands)
     whitney-flows runs [--json]
     whitney-flows export RUN_ID --out DIR [--merged]      (flows.cli.export)
+    whitney-flows export --verify DIR                     (flows.core.manifest)
+    whitney-flows fork PARENT --cycle K [--set F=V ...]   (flows.cli.fork)
     whitney-flows reap [--apply] [--json]                 (flows.cli.reap)
     whitney-flows sweep CONFIG [--block NAME]             (flows.cli.sweep)
     whitney-flows models import FILE.gguf | pull NAME | list   (flows.cli.models)
@@ -29,6 +31,7 @@ from flows.cli.chat import run_chat
 from flows.cli.commands import run_inspection
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_CLOSED_PIPE
 from flows.cli.export import run_export
+from flows.cli.fork import run_fork
 from flows.cli.models import run_models
 from flows.cli.parsers import build_parser
 from flows.cli.prefect_env import set_prefect_env_defaults
@@ -68,6 +71,8 @@ def run_command(arguments: list[str]) -> int:
     set_prefect_env_defaults()
     if options.command == "reap":
         return run_reap(options)
+    if options.command == "fork":
+        return run_fork(options)
     return run_flow(options)
 
 

@@ -115,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_output_options(add_distill_parser(flows))
     add_inspection_parsers(commands)
     add_export_parser(commands)
+    add_fork_parser(commands)
     add_reap_parser(commands)
     add_sweep_parser(commands)
     add_models_parser(commands)
@@ -269,13 +270,28 @@ def add_inspection_parsers(commands: argparse._SubParsersAction) -> None:
 
 
 def add_export_parser(commands: argparse._SubParsersAction) -> None:
-    """`export RUN_ID --out DIR [--merged]` and where to find the run."""
+    """`export RUN_ID --out DIR [--merged] [--manifest FILE]` and where to find the run, or
+    `export --verify DIR`."""
     command = commands.add_parser(
-        "export", help="a run's adapter as a Hugging Face directory: PEFT, or merged"
+        "export",
+        help="a run's adapter as a Hugging Face directory: PEFT, or merged, with its manifest",
     )
-    command.add_argument("run_id", metavar="RUN_ID", help="the Whitney run")
+    command.add_argument("run_id", nargs="?", metavar="RUN_ID", help="the Whitney run")
+    target = command.add_mutually_exclusive_group(required=True)
+    target.add_argument("--out", type=Path, metavar="DIR", help="where to write (new or empty)")
+    target.add_argument(
+        "--verify",
+        type=Path,
+        metavar="DIR",
+        help="re-check the sha256 of what DIR's manifest (or a manifest file) lists; exit 1 "
+        "if something changed",
+    )
     command.add_argument(
-        "--out", type=Path, required=True, metavar="DIR", help="where to write (new or empty)"
+        "--manifest",
+        type=Path,
+        metavar="FILE",
+        help="the flow's manifest of the run (default: adapters/RUN_ID-manifest.json, where "
+        "`whitney-flows run` writes it, if it is there)",
     )
     command.add_argument(
         "--merged",
@@ -284,6 +300,29 @@ def add_export_parser(commands: argparse._SubParsersAction) -> None:
         "directory with its base model in DIR/base_model)",
     )
     add_source_options(command)
+
+
+def add_fork_parser(commands: argparse._SubParsersAction) -> None:
+    """`fork PARENT --cycle K [--set FIELD=VALUE ...]`, with `run`'s output options."""
+    command = commands.add_parser(
+        "fork", help="a new run from a run's checkpoint after cycle K, with changed settings"
+    )
+    command.add_argument(
+        "parent",
+        metavar="PARENT",
+        help="the parent's manifest: a file, an export directory, or a run id (its manifest "
+        "in --adapter-dir)",
+    )
+    command.add_argument(
+        "--cycle", type=int, required=True, metavar="K", help="fork from the checkpoint after K"
+    )
+    command.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help="a changed setting (VALUE as JSON, else a string; FIELD may be dotted); repeatable",
+    )
+    add_output_options(command)
 
 
 def add_reap_parser(commands: argparse._SubParsersAction) -> None:

@@ -152,7 +152,9 @@ class FlowConfig(BaseModel):
         default=None,
         pattern=CYCLE_CHECKPOINT_PATTERN,
         description="Continue from this checkpoint (whitney://runs/<run>/states/cycle-<n>, "
-        "from any earlier flow run) on a new run, at cycle n+1",
+        "from any earlier flow run) on a new run, at cycle n+1: a fork, with the settings "
+        "changed here recorded as its lineage (provider, base_model, lora_rank and tokenizer "
+        "cannot change)",
     )
     stall: StallSettings = Field(
         default_factory=StallSettings,

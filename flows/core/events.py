@@ -8,6 +8,8 @@ SFT teacher's events are its distillation's), so an automation can act on it:
     whitney.checkpoint.saved   a `save_state` checkpoint: URI, run, cycle, and the eval
                                settings of the flow (what evaluate-checkpoint samples)
     whitney.run.finished       the run's normal end: adapter sha256, the export command
+    whitney.run.forked         a run created from another run's checkpoint (`resume_from`):
+                               its parent, the cycle, what changed (flows.core.lineage)
     whitney.run.released       the cleanup hook released the flow run's Whitney sessions
     whitney.checkpoint.evaluated   evaluate-checkpoint's numbers for a checkpoint
     whitney.promotion.decided      promote-checkpoint's decision: approved or not, the note
@@ -40,6 +42,7 @@ CYCLE_COMPLETED = "whitney.cycle.completed"
 CHECKPOINT_SAVED = "whitney.checkpoint.saved"
 RUN_FINISHED = "whitney.run.finished"
 RUN_RELEASED = "whitney.run.released"
+RUN_FORKED = "whitney.run.forked"
 CHECKPOINT_EVALUATED = "whitney.checkpoint.evaluated"
 PROMOTION_DECIDED = "whitney.promotion.decided"
 SWEEP_BEST = "whitney.sweep.best"
@@ -49,6 +52,7 @@ EVENTS = (
     CHECKPOINT_SAVED,
     RUN_FINISHED,
     RUN_RELEASED,
+    RUN_FORKED,
     CHECKPOINT_EVALUATED,
     PROMOTION_DECIDED,
     SWEEP_BEST,
@@ -112,6 +116,18 @@ def run_finished(
             "export_command": export,
             "flow_run_id": str(current_flow_run.id),
         },
+    )
+
+
+def run_forked(run_id: str, lineage: Mapping[str, Any]) -> Event | None:
+    """`whitney.run.forked`: the run was created from another run's checkpoint; `lineage`:
+    its parent, cycle and changes (flows.core.lineage.Lineage, as JSON)."""
+    parent = whitney_run(lineage["parent_run_id"]) | {"prefect.resource.role": "parent-run"}
+    return emit_event(
+        RUN_FORKED,
+        resource=flow_run_resource(root_flow_run_id()),
+        related=[whitney_run(run_id), parent],
+        payload={"run_id": run_id, "flow_run_id": str(current_flow_run.id), **lineage},
     )
 
 

@@ -171,7 +171,17 @@ def run_rows(result: Any) -> list[tuple[str, str]]:
         ),
         ("adapter sha256", f"`{adapter.sha256}`"),
         ("export", f"`{export_command(result.run_id, flow_run_api_url())}`"),
+        *lineage_rows(getattr(result, "lineage", None)),
     ]
+
+
+def lineage_rows(lineage: Any) -> list[tuple[str, str]]:
+    """A forked run's summary row (`lineage`: flows.core.lineage.Lineage, or None)."""
+    if lineage is None:
+        return []
+    changes = lineage.changes
+    changed = "changes unknown" if changes is None else ", ".join(changes) or "nothing changed"
+    return [(lineage.kind, f"`{lineage.parent_checkpoint}` ({changed})")]
 
 
 def operations_markdown(title: str, runs: Mapping[str, Sequence[wire.Operation]]) -> str:

@@ -5,7 +5,11 @@
                           the flow run id, create_run (from the resume checkpoint, if any)
     TrainingRun.add_run   create_run of another run in the session (critic, reference, teacher)
     end_training_run      save_state (named: a resume point too), export_lora, finish_run
-                          (the trained run, then any other), close_session
+                          (the trained run, then any other), close_session; the adapter's
+                          manifest (flows.core.manifest) and a fork's lineage artifact
+
+A run started from `resume_from` is a fork (flows.core.lineage): its lineage is found before
+anything is allocated, and `whitney.run.forked` is emitted once its run exists.
 
 All are made of retried tasks with idempotency keys per flow run attempt, so a retried task
 never opens a second session or run. A bad ending is the cleanup hooks' business
@@ -14,7 +18,7 @@ never opens a second session or run. A bad ending is the cleanup hooks' business
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +28,10 @@ from pydantic import BaseModel, Field
 from flows.core.cleanup import session_labels
 from flows.core.config import FlowConfig
 from flows.core.connection import flow_run_api_url
-from flows.core.events import checkpoint_saved, run_finished
+from flows.core.events import checkpoint_saved, run_finished, run_forked
+from flows.core.lineage import Lineage, find_lineage, lineage_artifact
+from flows.core.manifest import flow_manifest
+from flows.core.records import artifact_key
 from flows.core.sequenced_client import SequencedClient
 from flows.core.served import check_served
 from flows.core.summary_parts import export_command
@@ -47,6 +54,8 @@ class TrainingRun:
     start: ResumePoint
     attempt: str
     """The flow run attempt's prefix of idempotency keys, for any further run it creates."""
+    lineage: Lineage | None = None
+    """Where a run started from another run's checkpoint came from (`resume_from`)."""
 
     @property
     def whitney(self) -> WhitneyCalls:
@@ -106,6 +115,12 @@ class TrainingResult(BaseModel):
     resumed_from: str | None = Field(
         default=None, description="The checkpoint this flow run resumed from, if any"
     )
+    lineage: Lineage | None = Field(
+        default=None, description="Parent run, cycle and changes of a run forked (resume_from)"
+    )
+    manifest: dict[str, Any] = Field(
+        default_factory=dict, description="What made the adapter (flows.core.manifest)"
+    )
 
 
 def require_served(config: FlowConfig, connection: WhitneyConnection) -> None:
@@ -124,6 +139,7 @@ def start_training_run(
     point, open its labelled session and create its trainable run (from the checkpoint it
     resumes from, if any), keyed `name`, with `labels`."""
     require_served(config, connection)
+    lineage = find_lineage(connection, config)
     whitney = WhitneyCalls(connection, config.task_retry)
     flow_run = FlowRunContext.get().flow_run
     attempt = f"prefect-{flow_run.id}-{flow_run.run_count}"
@@ -143,8 +159,10 @@ def start_training_run(
         from_checkpoint=start.checkpoint,
         labels=labels,
     )
+    if lineage is not None:
+        run_forked(run.run_id, lineage.model_dump(mode="json"))
     return TrainingRun(
-        config, connection, session.session_id, run.run_id, run.next_seq_id, start, attempt
+        config, connection, session.session_id, run.run_id, run.next_seq_id, start, attempt, lineage
     )
 
 
@@ -153,11 +171,13 @@ def end_training_run(
     client: SequencedClient,
     checkpoint_name: str | None,
     other_run_ids: Iterable[str] = (),
+    cycles: Sequence[BaseModel] = (),
 ) -> TrainingResult:
     """The normal end, from where `client` stands: save_state named `checkpoint_name`
     (unnamed if None), export_lora, finish the trained run and then `other_run_ids` (a
     critic, a teacher), close the session; then the `whitney.checkpoint.saved` and
-    `whitney.run.finished` events."""
+    `whitney.run.finished` events, the adapter's manifest (with the evaluations of `cycles`,
+    the flow run's cycle metrics) and a fork's lineage artifact."""
     state = {"name": checkpoint_name} if checkpoint_name is not None else {}
     saved = client.execute(training.run_id, "save_state", state)
     exported = client.execute(training.run_id, "export_lora", {})
@@ -170,7 +190,19 @@ def end_training_run(
         checkpoint=saved.result_as(wire.SaveStateResult).checkpoint,
         adapter=exported.result_as(wire.ExportLoraResult),
         resumed_from=training.start.checkpoint,
+        lineage=training.lineage,
     )
+    result.manifest = flow_manifest(
+        flow=FlowRunContext.get().flow.name,
+        config=training.config.model_dump(mode="json"),
+        run=result.model_dump(mode="json"),
+        seq_ids=(training.next_seq_id, exported.seq_id),
+        cycles=[cycle.model_dump(mode="json") for cycle in cycles],
+        lineage=result.lineage.model_dump(mode="json") if result.lineage else None,
+    )
+    if training.lineage is not None:
+        key = artifact_key("lineage", training.run_id)
+        lineage_artifact(training.connection, training.lineage, training.run_id, key)
     checkpoint_saved(result.checkpoint, training.config.eval_settings())
     adapter = result.adapter
     command = export_command(result.run_id, flow_run_api_url())

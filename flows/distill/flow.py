@@ -394,7 +394,7 @@ def distillation_flow(
             tokens=before["eval"][1],
         )
     final_name = cycle_name(last_cycle) if last_cycle >= 0 else None
-    final = end_training_run(training, client, final_name, [teacher.run_id])
+    final = end_training_run(training, client, final_name, [teacher.run_id], ran.records.cycles)
 
     guard.add(usage_of(client.log.operations[counted:]))  # eval and the end, after the cycles
     by_run_usage = run_usage(client.log.operations, ran.records.cycles, teacher.run_id)

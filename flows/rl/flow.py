@@ -385,7 +385,9 @@ def rl_flow(config: RLConfig, whitney_block: str | None = None) -> RLResult:
     client = training.client(ran.seq_ids)
     save_auxiliary_checkpoints(client, opened, last_cycle)  # a critic's, beside the policy's
     others = [handle.run_id for handle in opened] + list(judge_starts)
-    final = end_training_run(training, client, cycle_name(last_cycle), others)  # a resume point
+    final = end_training_run(  # its save_state is a resume point
+        training, client, cycle_name(last_cycle), others, ran.records.cycles
+    )
     result = RLResult(
         **dict(final),
         cycles=ran.records.cycles,

@@ -183,7 +183,9 @@ def sft_flow(config: SFTConfig, whitney_block: str | None = None) -> SFTResult:
         run_id=training.run_id,
     )
     client = training.client(ran.seq_ids)
-    final = end_training_run(training, client, cycle_name(plan.cycles - 1))
+    final = end_training_run(
+        training, client, cycle_name(plan.cycles - 1), cycles=ran.records.cycles
+    )
     evals = [point for metrics in ran.records.cycles for point in metrics.evals]
     result = SFTResult(
         **dict(final),

@@ -4,6 +4,7 @@ adapter it downloads, and a bad config refused before any session opens."""
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -45,11 +46,14 @@ def run_ok(argv: list[str], cwd: Path, environment: dict[str, str], timeout: flo
 
 
 def assert_downloaded(adapter_dir: Path, output: str) -> None:
-    """`adapter_dir` holds one adapter, whose path and sha256 the summary printed."""
-    (adapter,) = adapter_dir.iterdir()
-    assert adapter.name.endswith("-adapter.tar")
-    assert hashlib.sha256(adapter.read_bytes()).hexdigest() in output
+    """`adapter_dir` holds one adapter, whose path and sha256 the summary printed, and its
+    manifest (flows.core.manifest), which lists it with that sha256."""
+    adapter, manifest = sorted(adapter_dir.iterdir())
+    assert adapter.name.endswith("-adapter.tar") and manifest.name.endswith("-manifest.json")
+    sha256 = hashlib.sha256(adapter.read_bytes()).hexdigest()
+    assert sha256 in output
     assert str(adapter) in output
+    assert json.loads(manifest.read_text())["files"] == {adapter.name: sha256}
 
 
 Refusal = Callable[[str, list[str], str, str], None]

@@ -28,8 +28,8 @@ def test_the_demo_trains_an_sft_teacher_then_distills_from_it(
     assert all(line["teacher_chunks"] == 8 for line in lines)
     teacher_lines = (tmp_path / "metrics-teacher-sft.jsonl").read_text().splitlines()
     assert json.loads(teacher_lines[-1])["step_end"] == 4
-    (adapter,) = (tmp_path / "adapters").iterdir()
-    assert adapter.name.endswith("-adapter.tar")
+    adapter, manifest = sorted((tmp_path / "adapters").iterdir())
+    assert adapter.name.endswith("-adapter.tar") and manifest.name.endswith("-manifest.json")
     for needle in ("teacher_kl, first", "eval loss, teacher", "tokens, teacher", str(adapter)):
         assert needle in output, needle
     assert "teacher SFT eval loss" in output  # the teacher was trained by the SFT subflow

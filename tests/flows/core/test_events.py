@@ -15,6 +15,8 @@ from flowtest_helpers import CheckpointedRun
 from prefect import flow
 
 from flows.core import events
+from flows.core.lineage import Change, Lineage
+from whitney.uris import checkpoint_run_id
 
 GUIDE = Path(__file__).resolve().parents[3] / "docs" / "evaluation.md"
 
@@ -48,6 +50,15 @@ def checkpoint_flow_events(checkpoint: str, evaluation: dict[str, Any]) -> None:
     events.checkpoint_evaluated(checkpoint, 1, evaluation)
     events.promotion_decided(checkpoint, False, "not yet", None)
     events.run_released(events.root_flow_run_id(), events.root_flow_run_id(), "Failed", 1)
+    lineage = Lineage(  # a fork's (its call site: tests/flows/core/test_forks.py)
+        kind="fork",
+        parent_run_id=checkpoint_run_id(checkpoint),
+        parent_checkpoint=checkpoint,
+        cycle=1,
+        parent_flow_run_id=None,
+        changes={"learning_rate": Change(parent=0.002, fork=0.02)},
+    )
+    events.run_forked("run-fork", lineage.model_dump(mode="json"))
 
 
 def test_every_event_is_the_guides(

@@ -144,8 +144,9 @@ def test_the_cli_trains_a_cached_repo_id_on_the_embedded_server_it_starts(
     output = capsys.readouterr()
     assert code == 0, output.err
     assert "SFT flow finished" in output.out
-    adapter, picture = sorted(path.name for path in (tmp_path / "adapters").iterdir())
+    adapter, picture, manifest = sorted(path.name for path in (tmp_path / "adapters").iterdir())
     assert adapter.endswith("-adapter.tar") and picture.endswith("-learning-curves.png")
+    assert manifest.endswith("-manifest.json")
 
 
 def test_a_base_model_the_provider_does_not_list_is_refused_with_the_list(

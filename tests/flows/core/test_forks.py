@@ -1,0 +1,202 @@
+"""Forks (flows.core.lineage, `whitney-flows fork`): a fork with nothing changed trains the
+parent's later cycles bit for bit; a fork with a changed learning rate differs and records its
+lineage (the result, the `whitney.run.forked` event, the lineage artifact with both curves);
+the command refuses, naming the field, a cycle with no checkpoint, an unknown field and one a
+fork cannot change. One parent RL run on local/tiny (flowtest_parent) serves every test."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from flowtest_parent import Parent, parent_run
+from prefect import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+from flows.cli.main import main
+from flows.core import events
+from flows.core.lineage import Change, Lineage, config_changes, lineage_markdown
+from flows.core.manifest import write_manifest
+from flows.core.records import artifact_key
+from flows.rl.flow import rl_flow
+from whitney.client import WhitneyClient
+from whitney.local import EmbeddedWhitney
+
+COMPARED = ("reward_mean", "reward_std", "all_zero_group_share", "loss", "grad_norm")
+COMPARED_TOKENS = ("tokens_sampled", "tokens_trained")
+
+
+@pytest.fixture
+def parent(whitney: EmbeddedWhitney) -> Parent:
+    return parent_run(whitney.url)
+
+
+def checkpoint(parent: Parent, cycle: int) -> str:
+    return parent.checkpoint(cycle)
+
+
+def compared(cycle: Any) -> dict[str, Any]:
+    """A cycle's numbers and its inline evaluation's (not timings, seq ids or run URIs)."""
+    numbers = {name: getattr(cycle, name) for name in (*COMPARED, *COMPARED_TOKENS)}
+    evaluation = cycle.eval.model_dump(exclude={"seconds"}) if cycle.eval else None
+    return {**numbers, "eval": evaluation}
+
+
+@pytest.fixture
+def emitted(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """Every event the flows emit during the test."""
+    seen: list[dict[str, Any]] = []
+    real = events.emit_event
+
+    def record(event: str, **options: Any) -> Any:
+        seen.append({"event": event, **options})
+        return real(event, **options)
+
+    monkeypatch.setattr(events, "emit_event", record)
+    return seen
+
+
+def test_a_fork_with_nothing_changed_reproduces_the_later_cycles_bit_for_bit(
+    parent: Parent, emitted: list[dict[str, Any]]
+) -> None:
+    fork = rl_flow(parent.config.model_copy(update={"resume_from": checkpoint(parent, 1)}))
+    assert [cycle.cycle for cycle in fork.cycles] == [2, 3]
+    assert [compared(c) for c in fork.cycles] == [compared(c) for c in parent.result.cycles[2:]]
+    assert fork.adapter.sha256 == parent.result.adapter.sha256
+    assert fork.run_id != parent.result.run_id
+    lineage = fork.lineage
+    assert lineage is not None
+    assert (lineage.kind, lineage.changes, lineage.cycle) == ("resume", {}, 1)
+    assert lineage.parent_run_id == parent.result.run_id
+    assert lineage.parent_flow_run_id == str(parent.flow_run_id)
+    (forked,) = [event for event in emitted if event["event"] == "whitney.run.forked"]
+    assert forked["payload"]["changes"] == {}
+    assert forked["payload"]["parent_checkpoint"] == checkpoint(parent, 1)
+
+
+def test_a_fork_with_a_changed_learning_rate_differs_and_records_its_lineage(
+    parent: Parent, emitted: list[dict[str, Any]], inspector: WhitneyClient
+) -> None:
+    config = parent.config.model_copy(
+        update={"resume_from": checkpoint(parent, 1), "learning_rate": 0.02}
+    )
+    fork = rl_flow(config)
+    # cycle 2 samples the checkpoint's weights: the same numbers; its steps then differ
+    assert compared(fork.cycles[0]) == compared(parent.result.cycles[2])
+    steps = [op for op in inspector.iter_journal(fork.run_id) if op.kind == "optim_step"]
+    assert [op.result["metrics"]["learning_rate"] for op in steps] == [0.02, 0.02]
+    assert [op.result["step"] for op in steps] == [3, 4]  # the checkpoint's optimizer goes on
+    assert fork.adapter.sha256 != parent.result.adapter.sha256
+    assert fork.lineage is not None and fork.lineage.kind == "fork"
+    assert fork.lineage.changes == {"learning_rate": Change(parent=2e-3, fork=0.02)}
+    assert fork.manifest["lineage"] == fork.lineage.model_dump(mode="json")
+    (forked,) = [event for event in emitted if event["event"] == "whitney.run.forked"]
+    assert forked["payload"]["changes"] == {"learning_rate": {"parent": 2e-3, "fork": 0.02}}
+    assert forked["payload"]["run_id"] == fork.run_id
+    assert inspector.get_run(fork.run_id).from_checkpoint == checkpoint(parent, 1)
+    with get_client(sync_client=True) as prefect:
+        key = artifact_key("lineage", fork.run_id)
+        (artifact,) = prefect.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key]))
+        )
+    markdown = str(artifact.data)
+    assert "| learning_rate | `0.002` | `0.02` |" in markdown
+    assert "![parent and fork](data:image/png;base64," in markdown
+
+
+def write_parent_manifest(parent: Parent, directory: Path) -> Path:
+    directory.mkdir(exist_ok=True)
+    path = directory / f"{parent.result.run_id}-manifest.json"
+    return write_manifest(parent.result.manifest, path)
+
+
+def test_the_fork_command_runs_a_fork_of_the_manifest(
+    parent: Parent, tmp_path: Path, capsys: pytest.CaptureFixture[str], whitney: EmbeddedWhitney
+) -> None:
+    adapters = tmp_path / "adapters"
+    write_parent_manifest(parent, adapters)
+    arguments = ["--cycle", "2", "--set", "learning_rate=0.01", "--set", "cycles=4"]
+    code = main(
+        ["fork", parent.result.run_id, *arguments, "--api-url", whitney.url]
+        + ["--adapter-dir", str(adapters), "--metrics-out", str(tmp_path / "fork.jsonl")]
+    )
+    assert code == 0, capsys.readouterr().err
+    lines = (tmp_path / "fork.jsonl").read_text().splitlines()
+    assert [json.loads(line)["cycle"] for line in lines] == [3]
+    manifests = adapters.glob("*-manifest.json")
+    (manifest,) = [path for path in manifests if parent.result.run_id not in path.name]
+    written = json.loads(manifest.read_text())
+    assert written["lineage"]["parent_checkpoint"] == checkpoint(parent, 2)
+    assert written["lineage"]["changes"] == {"learning_rate": {"parent": 2e-3, "fork": 0.01}}
+    (archive,) = written["files"]  # the downloaded archive, beside the manifest
+    assert (
+        written["files"][archive] == hashlib.sha256((adapters / archive).read_bytes()).hexdigest()
+    )
+    capsys.readouterr()
+    assert main(["export", "--verify", str(manifest)]) == 0
+    assert capsys.readouterr().out.startswith(f"ok            file {archive}: ")
+
+
+@pytest.mark.parametrize(
+    ("arguments", "needle"),
+    [
+        (["--cycle", "7"], "--cycle: run {run} saved no checkpoint after cycle 7 (it has cycles"),
+        (["--cycle", "1", "--set", "no_such=1"], "--set no_such: the rl config has no such field"),
+        (["--cycle", "1", "--set", "base_model=local/nano"], "--set base_model: cannot change"),
+        (["--cycle", "1", "--set", "lora_rank=4"], "--set lora_rank: cannot change in a fork"),
+        (["--cycle", "1", "--set", "learning_rate"], "--set: 'learning_rate': expected FIELD="),
+    ],
+    ids=["no-checkpoint", "unknown-field", "base-model", "lora-rank", "no-value"],
+)
+def test_the_fork_command_refuses_naming_the_field(
+    parent: Parent,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    whitney: EmbeddedWhitney,
+    arguments: list[str],
+    needle: str,
+) -> None:
+    manifest = write_parent_manifest(parent, tmp_path)
+    code = main(["fork", str(manifest), *arguments, "--api-url", whitney.url])
+    error = capsys.readouterr().err
+    assert code == 2
+    assert error.count("\n") == 1 and error.startswith("whitney-flows fork: ")
+    assert needle.format(run=parent.result.run_id) in error
+
+
+def test_a_changed_field_that_cannot_change_is_refused_by_the_flow_too(
+    parent: Parent, inspector: WhitneyClient
+) -> None:
+    from flows.core.config import ConfigError
+
+    sessions = len(inspector.list_sessions())
+    config = parent.config.model_copy(update={"resume_from": checkpoint(parent, 1), "lora_rank": 4})
+    with pytest.raises(ConfigError, match="lora_rank: cannot change in a fork"):
+        rl_flow(config)
+    assert len(inspector.list_sessions()) == sessions  # refused before anything is allocated
+
+
+def test_the_changes_are_the_differing_settings_dotted_not_where_a_run_ran() -> None:
+    parent = {"learning_rate": 0.002, "budget": {"max_cost": 1.0, "max_tokens": None}}
+    fork = {"learning_rate": 0.002, "budget": {"max_cost": 2.5, "max_tokens": None}}
+    parent |= {"api_url": "http://a", "metrics_path": "a.jsonl", "resume_from": None}
+    fork |= {"api_url": "http://b", "metrics_path": None, "resume_from": "whitney://x"}
+    assert config_changes(parent, fork) == {"budget.max_cost": Change(parent=1.0, fork=2.5)}
+    assert config_changes(parent, {**parent, "seed": 3}) == {"seed": Change(parent=None, fork=3)}
+
+
+def test_a_fork_whose_parent_config_is_unknown_still_names_its_parent() -> None:
+    lineage = Lineage(
+        kind="fork",
+        parent_run_id="run-p",
+        parent_checkpoint="whitney://runs/run-p/states/cycle-4",
+        cycle=4,
+        parent_flow_run_id=None,
+        changes=None,
+    )
+    markdown = lineage_markdown(lineage, "run-f")
+    assert markdown.startswith("# Fork of run `run-p` after cycle 4")
+    assert "changes unknown" in markdown
