@@ -56,6 +56,7 @@ from flows.core.connection import resolve_connection
 from flows.core.cost import Usage
 from flows.core.events import CycleEvents, checkpoint_saved
 from flows.core.heartbeat import subflows_without_heartbeat
+from flows.core.lineage import Lineage
 from flows.core.off_policy_schedule import SampleBlock
 from flows.core.records import RunRecords, by_run, metrics_row, record_cycle
 from flows.core.sequenced_client import Call, SequencedClient
@@ -140,15 +141,16 @@ def run_cycles(
     *,
     guard: BudgetGuard | None = None,
     estimate: Callable[[int], Usage | None] | None = None,
+    lineage: Lineage | None = None,
     **arguments: Any,
 ) -> CyclesRun[M]:
     """Run `cycles` as subflow runs of `cycle` from the seq ids `seq_ids`, within the budget
     (`estimate`: an upper bound of a cycle's usage before the first has run), stopping on
-    cancellation. The records' artifact keys start with the flow's name (`rl` for
-    `rl-cycle`) and the flow run's."""
+    cancellation, tracked as the continuation or the branch of `lineage`. The records'
+    artifact keys start with the flow's name (`rl` for `rl-cycle`) and the flow run's."""
     flow_run: FlowRun = FlowRunContext.get().flow_run
     flow_name = cycle.name.removesuffix("-cycle")
-    tracking = open_tracking(config, whitney_block)
+    tracking = open_tracking(config, whitney_block, lineage)
     records = RunRecords(f"{flow_name}-{flow_run.name}", len(cycles), config.metrics_path, tracking)
     runner_settings = config if isinstance(config, TaskRunnerSettings) else THREADS
     events = CycleEvents(config.stall)

@@ -42,6 +42,8 @@ FIXED_IN_FORK = ("provider", "base_model", "lora_rank", "tokenizer")
 """Fields a fork keeps from its parent: the checkpoint's weights are of them."""
 NOT_SETTINGS = RUN_LOCAL_FIELDS | {"resume_from"}
 """Fields that say where a run ran or starts, left out of a fork's changes."""
+CONTINUATION_FIELDS = frozenset({"cycles", "steps", "tracking"})
+"""Fields a run resumed to train further changes without branching: how long, where logged."""
 
 
 class Change(BaseModel):
@@ -67,6 +69,14 @@ class Lineage(BaseModel):
         description="Dotted field -> parent and fork values; None: the parent's config is not "
         "on this Prefect server"
     )
+
+
+def branches(lineage: Lineage | None) -> bool:
+    """Whether a run with this lineage is a branch of its parent's training, not its
+    continuation: a setting beyond `CONTINUATION_FIELDS` changed, or the parent's are unknown."""
+    if lineage is None or lineage.changes is None:
+        return lineage is not None
+    return any(field.split(".")[0] not in CONTINUATION_FIELDS for field in lineage.changes)
 
 
 def config_changes(parent: Mapping[str, Any], fork: Mapping[str, Any]) -> dict[str, Change]:

@@ -378,6 +378,7 @@ def distillation_flow(
         whitney_block,
         guard=guard,
         estimate=plan.cycle_usage_bound,
+        lineage=training.lineage,
         run_id=student,
         teacher_run_id=teacher.run_id,
     )

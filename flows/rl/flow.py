@@ -377,6 +377,7 @@ def rl_flow(config: RLConfig, whitney_block: str | None = None) -> RLResult:
         {run_id: training.next_seq_id, **ledger_starts(opened), **judge_starts},
         whitney_block,
         guard=guard,
+        lineage=training.lineage,
         run_id=run_id,
         auxiliary=opened,
         judge=judge,

@@ -180,6 +180,7 @@ def sft_flow(config: SFTConfig, whitney_block: str | None = None) -> SFTResult:
         range(first_cycle, plan.cycles),
         {training.run_id: training.next_seq_id},
         whitney_block,
+        lineage=training.lineage,
         run_id=training.run_id,
     )
     client = training.client(ran.seq_ids)

@@ -32,6 +32,7 @@ from pydantic import BaseModel
 
 from flows.core.config import FlowConfig
 from flows.core.connection import resolve_connection
+from flows.core.lineage import Lineage, branches
 from flows.core.tracking.backend import RunStatus, TrackedRunSpec, Tracker
 from flows.core.tracking.config import Backend
 from flows.core.tracking.lineage import lineage_key
@@ -39,6 +40,8 @@ from flows.core.tracking.params import config_params, text
 
 ADAPTER_FIELDS = ("session_id", "run_id", "checkpoint", "resumed_from", "adapter")
 """What every training flow's result says about its exported adapter (TrainingResult)."""
+RECORD_FIELDS = ("manifest", "lineage")
+"""The result's records of what made the adapter, each logged as a JSON file of its name."""
 OPEN: dict[UUID, Tracking] = {}
 """The open tracking of each flow run of this process."""
 
@@ -110,6 +113,10 @@ class Tracking:
         if "adapter" in adapter:
             content = json.dumps(adapter, indent=2, sort_keys=True).encode()
             self.each("adapter", lambda tracker: tracker.log_file("adapter.json", content))
+        for name in RECORD_FIELDS:
+            if dumped.get(name):
+                record = json.dumps(dumped[name], indent=2, sort_keys=True).encode()
+                self.each(name, lambda tracker, r=record, n=name: tracker.log_file(f"{n}.json", r))
         tags = {
             f"whitney.{name}": text(value)
             for name, value in adapter.items()
@@ -120,7 +127,7 @@ class Tracking:
         self.each("tags", lambda tracker: tracker.set_tags(tags))
         finals = numbers({f"final.{name}": value for name, value in dumped.items()})
         for name, value in dumped.items():
-            if isinstance(value, dict) and name not in ADAPTER_FIELDS:
+            if isinstance(value, dict) and name not in ADAPTER_FIELDS + RECORD_FIELDS:
                 finals.update(numbers({f"final.{name}.{k}": v for k, v in value.items()}))
         if finals:
             self.each("results", lambda tracker: tracker.log_metrics(finals, self.step))
@@ -129,10 +136,14 @@ class Tracking:
         self.each("end", lambda tracker: tracker.finish(status))
 
 
-def open_tracking(config: FlowConfig, whitney_block: str | None) -> Tracking:
+def open_tracking(
+    config: FlowConfig, whitney_block: str | None, lineage: Lineage | None = None
+) -> Tracking:
     """The running flow run's tracking: the one already open (a retry in this process), or
     the tracked run of its lineage started or continued on every backend `config.tracking`
-    names, with the config as params. No backend: a Tracking that sends nothing."""
+    names, with the config as params. A fork that branches (flows.core.lineage.branches)
+    starts its own tracked run, tagged with its parent. No backend: a Tracking that sends
+    nothing."""
     context = FlowRunContext.get()
     flow_run = context.flow_run
     if flow_run.id in OPEN:
@@ -141,8 +152,13 @@ def open_tracking(config: FlowConfig, whitney_block: str | None) -> Tracking:
     settings = config.tracking
     if not settings.backends:
         return Tracking({}, logger)
-    connection = resolve_connection(config.api_url, whitney_block) if config.resume_from else None
-    key = lineage_key(flow_run, config.resume_from, connection)
+    if branches(lineage):
+        key = str(flow_run.id)
+    else:
+        connection = (
+            resolve_connection(config.api_url, whitney_block) if config.resume_from else None
+        )
+        key = lineage_key(flow_run, config.resume_from, connection)
     spec = TrackedRunSpec(key=key, name=f"{context.flow.name}-{flow_run.name}", settings=settings)
     tracking = Tracking({}, logger)
     for backend in settings.backends:
@@ -154,9 +170,24 @@ def open_tracking(config: FlowConfig, whitney_block: str | None) -> Tracking:
     OPEN[flow_run.id] = tracking
     tracking.each("params", lambda tracker: tracker.log_params(config_params(config)))
     tags = {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": flow_run.name}
+    if branches(lineage):
+        tags |= fork_tags(lineage)
     tracking.each("tags", lambda tracker: tracker.set_tags(tags))
     logger.info("Tracking to %s (lineage %s)", ", ".join(settings.backends), key)
     return tracking
+
+
+def fork_tags(lineage: Lineage) -> dict[str, str]:
+    """A branching fork's tags: its parent run, flow run and cycle, and what changed."""
+    changes = {
+        field: change.model_dump(mode="json") for field, change in (lineage.changes or {}).items()
+    }
+    return {
+        "whitney.fork.parent_run_id": lineage.parent_run_id,
+        "whitney.fork.parent_flow_run_id": lineage.parent_flow_run_id or "",
+        "whitney.fork.cycle": str(lineage.cycle),
+        "whitney.fork.changes": text(json.dumps(changes, sort_keys=True)),
+    }
 
 
 def end_tracking(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> None:

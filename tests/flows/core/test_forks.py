@@ -21,6 +21,7 @@ from flows.core import events
 from flows.core.lineage import Change, Lineage, config_changes, lineage_markdown
 from flows.core.manifest import write_manifest
 from flows.core.records import artifact_key
+from flows.core.tracking.config import TrackingSettings
 from flows.rl.flow import rl_flow
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
@@ -200,3 +201,52 @@ def test_a_fork_whose_parent_config_is_unknown_still_names_its_parent() -> None:
     markdown = lineage_markdown(lineage, "run-f")
     assert markdown.startswith("# Fork of run `run-p` after cycle 4")
     assert "changes unknown" in markdown
+
+
+def tensorboard_run(directory: Path) -> tuple[str, str]:
+    """The one TensorBoard run under `directory`: its directory name and its tag tables."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    (run_directory,) = (directory / "tensorboard").iterdir()
+    events = EventAccumulator(str(run_directory), size_guidance={"tensors": 0})
+    events.Reload()
+    tables = [
+        text.decode() for event in events.Tensors("tags") for text in event.tensor_proto.string_val
+    ]
+    return run_directory.name, "\n".join(tables)
+
+
+def test_a_branching_fork_is_its_own_tracked_run_and_a_longer_resume_continues_its_parents(
+    parent: Parent, tmp_path: Path
+) -> None:
+    """A fork that changes how it trains starts a tracked run of its own, tagged with its
+    parent; a resume that only trains further (more cycles) continues the parent's lineage."""
+    forked = tmp_path / "fork"
+    config = parent.config.model_copy(
+        update={
+            "resume_from": checkpoint(parent, 1),
+            "learning_rate": 0.02,
+            "tracking": TrackingSettings(backends=["tensorboard"], dir=str(forked)),
+        }
+    )
+    state = rl_flow(config, return_state=True)
+    assert state.is_completed(), state.message
+    name, tags = tensorboard_run(forked)
+    assert name.endswith(str(state.state_details.flow_run_id))
+    assert f"| whitney.fork.parent_run_id | {parent.result.run_id} |" in tags
+    assert f"| whitney.fork.parent_flow_run_id | {parent.flow_run_id} |" in tags
+    assert "| whitney.fork.cycle | 1 |" in tags
+    assert "learning_rate" in tags
+
+    longer = tmp_path / "longer"
+    config = parent.config.model_copy(
+        update={
+            "resume_from": checkpoint(parent, 3),
+            "cycles": parent.config.cycles + 1,
+            "tracking": TrackingSettings(backends=["tensorboard"], dir=str(longer)),
+        }
+    )
+    assert rl_flow(config).lineage.kind == "fork"  # cycles changed: recorded, not a branch
+    name, tags = tensorboard_run(longer)
+    assert name.endswith(str(parent.flow_run_id))
+    assert "whitney.fork." not in tags
