@@ -85,6 +85,7 @@ def test_every_deployment_validates_and_its_entrypoint_takes_its_parameters() ->
         "reap-every-15-minutes",
         "evaluate-checkpoint",
         "promote-checkpoint",
+        "resume-run",
     ]
     for deployment in deployments.values():
         entrypoint = load_flow_from_entrypoint(str(ROOT / deployment["entrypoint"]))

@@ -1,0 +1,157 @@
+"""Riding out the orchestrator's outages: a training flow keeps going while the Prefect API is
+away, and says so once, plainly.
+
+What rides through by Prefect's own means (Prefect 3.9.1, `prefect/client/base.py`): a client
+that has reached the API once retries a request that failed on a transport error (ConnectError
+included) or answered 408/429/502/503 (and PREFECT_CLIENT_RETRY_EXTRA_CODES)
+PREFECT_CLIENT_MAX_RETRIES times (default 5), waiting 2, 4, 8, 16, 32 s (+/- the
+PREFECT_CLIENT_RETRY_JITTER_FACTOR, 0.2): about 62 s. A new client (each subflow run's engine
+opens one) does not retry ConnectError at all: "fail fast on a wrong URL". Tasks report by
+events, which the events worker sends over a websocket; those emitted while the API is away
+are lost, with an error line for each.
+
+What this module adds, around the calls of the cycle loop (`ride_out`): a call that fails
+while the API does not answer its health check waits for it (polling /health every
+POLL_S seconds, at most `WHITNEY_FLOWS_PREFECT_OUTAGE_S`, default 600 s) and is made again.
+A cycle subflow made again replays its seq ids from the Whitney journal, so it trains
+nothing twice. Past the bound the call raises `PrefectAway`, an infrastructure error that the
+automatic resume (flows.resume) picks up. A logging filter (`PrefectAwayNotice`) replaces
+Prefect's per-item errors of the outage by one line when it starts and one when it ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import TypeVar
+
+import httpx
+from prefect.exceptions import PrefectHTTPStatusError
+from prefect.settings import PREFECT_API_URL
+
+T = TypeVar("T")
+OUTAGE_ENV = "WHITNEY_FLOWS_PREFECT_OUTAGE_S"
+DEFAULT_OUTAGE_S = 600.0
+POLL_S = 1.0
+NOISY_LOGGERS = (
+    "prefect._internal.concurrency",  # "Service 'EventsWorker' failed to process item ..."
+    "prefect.events.clients",  # "Unable to connect to ... event data may be lost"
+    "prefect.events.worker",
+)
+"""The loggers whose records during an outage become the one notice."""
+OUTAGE_LINE = re.compile(r"failed to process|failed with|Unable to connect")
+"""Their lines that say the API is unreachable (services.py, events/clients.py)."""
+OUTAGE_ERRORS = (httpx.TransportError, PrefectHTTPStatusError, OSError)
+"""What a Prefect call raises while the API is away (after the client's own retries)."""
+
+logger = logging.getLogger("whitney_flows.orchestrator")
+
+
+class PrefectAway(RuntimeError):
+    """The Prefect API stayed unreachable longer than the flow run waits for it."""
+
+
+def outage_bound_s() -> float:
+    """How long a flow run waits for the Prefect API (WHITNEY_FLOWS_PREFECT_OUTAGE_S)."""
+    return float(os.environ.get(OUTAGE_ENV) or DEFAULT_OUTAGE_S)
+
+
+def api_healthy(api_url: str | None = None, timeout_s: float = 2.0) -> bool:
+    """Whether the Prefect API answers its health check (no API URL: an ephemeral one, up)."""
+    url = api_url if api_url is not None else PREFECT_API_URL.value()
+    if not url:
+        return True
+    try:
+        return httpx.get(f"{url.rstrip('/')}/health", timeout=timeout_s).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+class PrefectAwayNotice(logging.Filter):
+    """Drops Prefect's own error lines while the API is away; says once that it is away
+    (`away`), and once that it is back (`back`), with how long it was gone."""
+
+    def __init__(self, say: Callable[[str], None]) -> None:
+        super().__init__()
+        self.say = say
+        self.since: float | None = None
+        self.dropped = 0
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if record.levelno < logging.WARNING or not OUTAGE_LINE.search(message):
+            return True
+        self.away(message.split(". ", 1)[0])
+        self.dropped += 1
+        return False
+
+    def away(self, what: str) -> None:
+        if self.since is None:
+            self.since = time.monotonic()
+            self.say(
+                f"Prefect is away ({PREFECT_API_URL.value()}: {what}); training goes on and "
+                f"waits for it up to {outage_bound_s():g} s where it must"
+            )
+
+    def back(self) -> None:
+        if self.since is not None:
+            gone = time.monotonic() - self.since
+            self.say(f"Prefect is back after {gone:.0f} s ({self.dropped} of its errors hidden)")
+            self.since, self.dropped = None, 0
+
+    def check_back(self) -> None:
+        """`back` if an outage was noticed and the API answers again."""
+        if self.since is not None and api_healthy():
+            self.back()
+
+
+@contextmanager
+def prefect_away_notice(say: Callable[[str], None]) -> Iterator[PrefectAwayNotice]:
+    """Within the block, Prefect's outage errors become `say`'s two lines."""
+    notice = PrefectAwayNotice(say)
+    loggers = [logging.getLogger(name) for name in NOISY_LOGGERS]
+    for each in loggers:
+        each.addFilter(notice)
+    try:
+        yield notice
+    finally:
+        for each in loggers:
+            each.removeFilter(notice)
+
+
+def wait_for_api(notice: PrefectAwayNotice, bound_s: float) -> None:
+    """Poll the API's health until it answers (then `notice.back()`); PrefectAway after
+    `bound_s` seconds."""
+    deadline = time.monotonic() + bound_s
+    while not api_healthy():
+        if time.monotonic() >= deadline:
+            raise PrefectAway(
+                f"the Prefect API ({PREFECT_API_URL.value()}) did not answer for {bound_s:g} s "
+                f"({OUTAGE_ENV})"
+            )
+        time.sleep(POLL_S)
+    notice.back()
+
+
+def ride_out(call: Callable[[], T], notice: PrefectAwayNotice, what: str) -> T:
+    """`call()`; if it fails while the Prefect API is away, wait for the API (bounded) and
+    call again. A failure while the API answers is the call's own: raised as it is."""
+    deadline = time.monotonic() + outage_bound_s()
+    while True:
+        try:
+            result = call()
+        except OUTAGE_ERRORS as error:
+            if api_healthy():
+                raise
+            notice.away(f"{what}: {type(error).__name__}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PrefectAway(f"{what}: the Prefect API stayed away") from error
+            wait_for_api(notice, remaining)
+            continue
+        notice.check_back()
+        return result
