@@ -16,7 +16,8 @@ POLL_S seconds, at most `WHITNEY_FLOWS_PREFECT_OUTAGE_S`, default 600 s) and is 
 A cycle subflow made again replays its seq ids from the Whitney journal, so it trains
 nothing twice. Past the bound the call raises `PrefectAway`, an infrastructure error that the
 automatic resume (flows.resume) picks up. A logging filter (`PrefectAwayNotice`) replaces
-Prefect's per-item errors of the outage by one line when it starts and one when it ends.
+Prefect's errors of the outage (the events worker's and log shipper's per-item errors, a
+subflow's ConnectError traceback) by one line when it starts and one when it ends.
 """
 
 from __future__ import annotations
@@ -27,10 +28,9 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
-from prefect.exceptions import PrefectHTTPStatusError
 from prefect.settings import PREFECT_API_URL
 
 T = TypeVar("T")
@@ -41,12 +41,11 @@ NOISY_LOGGERS = (
     "prefect._internal.concurrency",  # "Service 'EventsWorker' failed to process item ..."
     "prefect.events.clients",  # "Unable to connect to ... event data may be lost"
     "prefect.events.worker",
+    "prefect.flow_runs",  # a subflow's "Encountered exception during execution: ConnectError"
 )
 """The loggers whose records during an outage become the one notice."""
 OUTAGE_LINE = re.compile(r"failed to process|failed with|Unable to connect")
 """Their lines that say the API is unreachable (services.py, events/clients.py)."""
-OUTAGE_ERRORS = (httpx.TransportError, PrefectHTTPStatusError, OSError)
-"""What a Prefect call raises while the API is away (after the client's own retries)."""
 
 logger = logging.getLogger("whitney_flows.orchestrator")
 
@@ -71,6 +70,23 @@ def api_healthy(api_url: str | None = None, timeout_s: float = 2.0) -> bool:
         return False
 
 
+def unreachable_api(exc_info: Any) -> bool:
+    """Whether a log record's exception is (or was caused by) a transport error on a request
+    to the Prefect API."""
+    error = exc_info[1] if isinstance(exc_info, tuple) else None
+    api_url = str(PREFECT_API_URL.value() or "")
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, httpx.TransportError) and api_url:
+            try:
+                return str(error.request.url).startswith(api_url)
+            except RuntimeError:  # no request attached
+                return False
+        error = error.__cause__ or error.__context__
+    return False
+
+
 class PrefectAwayNotice(logging.Filter):
     """Drops Prefect's own error lines while the API is away; says once that it is away
     (`away`), and once that it is back (`back`), with how long it was gone."""
@@ -80,10 +96,13 @@ class PrefectAwayNotice(logging.Filter):
         self.say = say
         self.since: float | None = None
         self.dropped = 0
+        self._raise_exceptions = logging.raiseExceptions
 
     def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.WARNING:
+            return True
         message = record.getMessage()
-        if record.levelno < logging.WARNING or not OUTAGE_LINE.search(message):
+        if not OUTAGE_LINE.search(message) and not unreachable_api(record.exc_info):
             return True
         self.away(message.split(". ", 1)[0])
         self.dropped += 1
@@ -92,6 +111,8 @@ class PrefectAwayNotice(logging.Filter):
     def away(self, what: str) -> None:
         if self.since is None:
             self.since = time.monotonic()
+            self._raise_exceptions = logging.raiseExceptions
+            logging.raiseExceptions = False  # the log shipper's "--- Error logging to API ---"
             self.say(
                 f"Prefect is away ({PREFECT_API_URL.value()}: {what}); training goes on and "
                 f"waits for it up to {outage_bound_s():g} s where it must"
@@ -102,6 +123,7 @@ class PrefectAwayNotice(logging.Filter):
             gone = time.monotonic() - self.since
             self.say(f"Prefect is back after {gone:.0f} s ({self.dropped} of its errors hidden)")
             self.since, self.dropped = None, 0
+            logging.raiseExceptions = self._raise_exceptions
 
     def check_back(self) -> None:
         """`back` if an outage was noticed and the API answers again."""
@@ -121,6 +143,7 @@ def prefect_away_notice(say: Callable[[str], None]) -> Iterator[PrefectAwayNotic
     finally:
         for each in loggers:
             each.removeFilter(notice)
+        logging.raiseExceptions = notice._raise_exceptions
 
 
 def wait_for_api(notice: PrefectAwayNotice, bound_s: float) -> None:
@@ -138,20 +161,19 @@ def wait_for_api(notice: PrefectAwayNotice, bound_s: float) -> None:
 
 
 def ride_out(call: Callable[[], T], notice: PrefectAwayNotice, what: str) -> T:
-    """`call()`; if it fails while the Prefect API is away, wait for the API (bounded) and
-    call again. A failure while the API answers is the call's own: raised as it is."""
+    """`call()`; if it fails while the Prefect API is away (whatever it raised: a transport
+    error, or the engine's own error after failing to record a state), wait for the API
+    (bounded) and call again. A failure while the API answers is the call's own: raised as
+    it is."""
     deadline = time.monotonic() + outage_bound_s()
     while True:
         try:
             result = call()
-        except OUTAGE_ERRORS as error:
+        except Exception as error:  # the engine may wrap a transport error in its own
             if api_healthy():
                 raise
             notice.away(f"{what}: {type(error).__name__}")
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise PrefectAway(f"{what}: the Prefect API stayed away") from error
-            wait_for_api(notice, remaining)
+            wait_for_api(notice, max(deadline - time.monotonic(), 0.0))
             continue
         notice.check_back()
         return result
