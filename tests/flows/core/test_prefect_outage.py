@@ -16,6 +16,7 @@ import httpx
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
+from flows.core import orchestrator
 from flows.core.lineage import resume_reason
 from flows.core.orchestrator import (
     OUTAGE_ENV,
@@ -138,3 +139,29 @@ def test_a_subflows_connect_error_to_the_api_is_part_of_the_notice_not_a_traceba
     assert logging.raiseExceptions is True
     assert len(said) == 1 and said[0].startswith("Prefect is away (")
     assert "Encountered exception during execution: ConnectError" in said[0]
+
+
+def test_a_health_watch_says_prefect_is_away_and_back_while_nothing_fails(
+    api_port: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a cycle runs, Prefect's clients may be retrying silently: the watch says it."""
+    monkeypatch.setattr(orchestrator, "WATCH_S", 0.2)
+    said: list[str] = []
+    spoke = threading.Condition()
+
+    def say(line: str) -> None:
+        with spoke:
+            said.append(line)
+            spoke.notify_all()
+
+    with prefect_away_notice(say):
+        with spoke:
+            assert spoke.wait_for(lambda: len(said) == 1, timeout=30)
+        server = serve(api_port)
+        try:
+            with spoke:
+                assert spoke.wait_for(lambda: len(said) == 2, timeout=30)
+        finally:
+            server.shutdown()
+    assert said[0].startswith("Prefect is away (") and "no answer to its health check" in said[0]
+    assert said[1].startswith("Prefect is back after ")
