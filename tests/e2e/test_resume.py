@@ -187,7 +187,7 @@ def test_a_run_that_crashes_again_at_the_same_cycle_stops_after_the_bound(
     healing: Stack,
 ) -> None:
     deployment_id = resume_deployment_id(healing)
-    bound = 1  # the deployment's is 3; each link of the chain costs about a minute here
+    bound = 1  # the deployment's is 3; each link of the chain costs 30-60 s here
     healing.api._call(
         "PATCH",
         f"/deployments/{deployment_id}",
