@@ -2,7 +2,7 @@
 deployment, whose trigger starts it for every Crashed or Failed flow run of the training
 deployments (deployments/prefect.yaml).
 
-It reads the ended flow run from the Prefect API and decides (flows.core.lineage):
+It reads the ended flow run from the Prefect API and decides (flows.resume.continuation):
 
 - resumable: it Crashed (its process died: SIGKILL, OOM, a lost machine or worker), or
   Failed on an infrastructure error (the Prefect API or Whitney away after the retries);
@@ -34,14 +34,14 @@ from prefect.events import emit_event
 
 from flows.core.connection import resolve_connection
 from flows.core.events import flow_run_resource
-from flows.core.lineage import (
-    Lineage,
+from flows.core.records import artifact_key
+from flows.resume.continuation import (
+    Continuation,
     lineage_from_tags,
     next_attempt,
     resume_reason,
     without_lineage,
 )
-from flows.core.records import artifact_key
 from tasks.resume import latest_checkpoints
 from whitney.client import WhitneyClient
 from whitney_calls.names import checkpoint_cycle
@@ -144,7 +144,7 @@ def resume_run(
                 f"gave up after {max_attempts} runs in a row stopped after cycle {after_cycle} "
                 f"(this one: {why}; {state.message if state is not None else ''})",
             )
-        lineage = Lineage(str(ended.id), after_cycle, why or "", attempt)
+        lineage = Continuation(str(ended.id), after_cycle, why or "", attempt)
         continued = prefect.create_flow_run_from_deployment(
             ended.deployment_id,
             parameters={**ended.parameters, "config": {**config, "resume_from": checkpoint}},

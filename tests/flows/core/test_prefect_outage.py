@@ -17,7 +17,6 @@ import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
 from flows.core import orchestrator
-from flows.core.lineage import resume_reason
 from flows.core.orchestrator import (
     OUTAGE_ENV,
     PrefectAway,
@@ -25,6 +24,7 @@ from flows.core.orchestrator import (
     prefect_away_notice,
     ride_out,
 )
+from flows.resume.continuation import resume_reason
 from tests.e2e.harness import free_port
 
 

@@ -1,4 +1,4 @@
-"""Which endings the automatic resume continues (flows.core.lineage), the lineage tags read
+"""Which endings the automatic resume continues (flows.resume.continuation), the lineage tags read
 back, the attempt bound, the resume-run trigger as Prefect validates it, and the outage
 notice (flows.core.orchestrator) on Prefect's own log lines."""
 
@@ -11,14 +11,14 @@ import pytest
 import yaml
 from prefect.events.schemas.automations import EventTrigger
 
-from flows.core.lineage import (
-    Lineage,
+from flows.core.orchestrator import PrefectAwayNotice, prefect_away_notice
+from flows.resume.continuation import (
+    Continuation,
     lineage_from_tags,
     next_attempt,
     resume_reason,
     without_lineage,
 )
-from flows.core.orchestrator import PrefectAwayNotice, prefect_away_notice
 
 ROOT = Path(__file__).resolve().parents[3]
 TRAINING_DEPLOYMENTS = ["rl-on-demand", "sft-nightly", "distill-on-demand"]
@@ -58,7 +58,7 @@ def test_only_crashes_and_infrastructure_failures_are_resumed(
 
 
 def test_the_lineage_round_trips_through_tags() -> None:
-    lineage = Lineage("4b0c-parent", after_cycle=3, reason="crashed", attempt=2)
+    lineage = Continuation("4b0c-parent", after_cycle=3, reason="crashed", attempt=2)
     tags = ["whitney", "rl", *lineage.tags()]
     assert lineage_from_tags(tags) == lineage
     assert without_lineage(tags) == ["whitney", "rl"]
@@ -73,10 +73,10 @@ def test_the_lineage_round_trips_through_tags() -> None:
 
 def test_attempts_count_only_runs_in_a_row_after_the_same_cycle() -> None:
     assert next_attempt(None, 4) == 1
-    parent = Lineage("p", after_cycle=4, reason="crashed", attempt=2)
+    parent = Continuation("p", after_cycle=4, reason="crashed", attempt=2)
     assert next_attempt(parent, 4) == 3  # crashed again before its next checkpoint
     assert next_attempt(parent, 6) == 1  # it made progress: the count starts again
-    assert next_attempt(Lineage("p", -1, "crashed"), -1) == 2  # no checkpoint, twice
+    assert next_attempt(Continuation("p", -1, "crashed"), -1) == 2  # no checkpoint, twice
 
 
 def test_the_resume_trigger_matches_only_failed_or_crashed_training_deployments() -> None:

@@ -1,5 +1,5 @@
-"""Lineage: which flow run a flow run continues, after which cycle, and why; and which endings
-are worth continuing without a person.
+"""A continuation: which flow run a flow run continues, after which cycle, and why; and which
+endings are worth continuing without a person.
 
 The shape is small and shared (a resumed run, a fork): `{"parent_flow_run", "after_cycle",
 "reason"}`. A continued flow run carries it as tags (`whitney.parent-flow-run:<id>`,
@@ -60,7 +60,7 @@ _EXCEPTION_IN_MESSAGE = re.compile(r"encountered an exception: (?:[\w.]+\.)?(?P<
 
 
 @dataclass(frozen=True)
-class Lineage:
+class Continuation:
     """Which flow run this one continues, after which cycle (-1: from the start), and why."""
 
     parent_flow_run: str
@@ -86,7 +86,7 @@ class Lineage:
         ]
 
 
-def lineage_from_tags(tags: Iterable[str]) -> Lineage | None:
+def lineage_from_tags(tags: Iterable[str]) -> Continuation | None:
     """The lineage a flow run's tags carry (None: it continues nothing)."""
     found = {
         prefix: tag[len(prefix) :]
@@ -96,7 +96,7 @@ def lineage_from_tags(tags: Iterable[str]) -> Lineage | None:
     }
     if PARENT_TAG not in found:
         return None
-    return Lineage(
+    return Continuation(
         parent_flow_run=found[PARENT_TAG],
         after_cycle=int(found.get(AFTER_CYCLE_TAG, "-1")),
         reason=found.get(REASON_TAG, ""),
@@ -122,7 +122,7 @@ def resume_reason(state_type: str, message: str | None) -> str | None:
     return None
 
 
-def next_attempt(parent: Lineage | None, after_cycle: int) -> int:
+def next_attempt(parent: Continuation | None, after_cycle: int) -> int:
     """The attempt number of a run continuing after `after_cycle`, whose parent carries
     `parent`: one more when the parent continued after the same cycle (no progress since),
     else 1."""
