@@ -16,6 +16,8 @@ Around each cycle the loop does what every flow needs: between cycles it stops i
 was asked to cancel or the budget says the next cycle would go over; after each, it adds the
 cycle's cost and writes its records (flows.core.records: the metrics line, the progress
 artifact, and the experiment trackers the config names: flows.core.tracking).
+A cycle, and the check between cycles, ride out a Prefect API outage: made again once the API
+answers (flows.core.orchestrator), with one line in the log when it goes and one when it is back.
 
 The calls around a cycle's middle:
 
@@ -37,6 +39,7 @@ same.)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -58,6 +61,7 @@ from flows.core.events import CycleEvents, checkpoint_saved
 from flows.core.heartbeat import subflows_without_heartbeat
 from flows.core.lineage import Lineage
 from flows.core.off_policy_schedule import SampleBlock
+from flows.core.orchestrator import prefect_away_notice, ride_out
 from flows.core.records import RunRecords, by_run, metrics_row, record_cycle
 from flows.core.sequenced_client import Call, SequencedClient
 from flows.core.task_runner_settings import TaskRunnerSettings
@@ -160,6 +164,7 @@ def run_cycles(
         cycle_task_runners(runner_settings) as runner_for_cycle,
         subflows_without_heartbeat(),
         get_client(sync_client=True) as prefect,
+        prefect_away_notice(get_run_logger().warning) as outage,
     ):
         cycle_flow = cycle.with_options(
             retries=config.cycle_retries,
@@ -167,14 +172,20 @@ def run_cycles(
             task_runner=runner_for_cycle(),
         )
         for number in cycles:
-            raise_if_cancelling(prefect, flow_run.id)
+            ride_out(
+                functools.partial(raise_if_cancelling, prefect, flow_run.id), outage, "boundary"
+            )
             if guard is not None:
                 bound = estimate(number) if estimate is not None else None
                 if (reason := guard.stop_reason(number, estimate=bound)) is not None:
                     get_run_logger().warning("%s: saving, exporting and closing now", reason)
                     break
             events.started(number)
-            metrics = cycle_flow(config, number, start, whitney_block, **arguments)
+            metrics = ride_out(  # made again after an outage: it replays (the journal)
+                functools.partial(cycle_flow, config, number, start, whitney_block, **arguments),
+                outage,
+                f"cycle {number}",
+            )
             if guard is not None:  # the flows with a budget record the cycle's `usage`
                 cost = guard.add_cycle(metrics.usage)  # type: ignore[attr-defined]
                 metrics = metrics.model_copy(update={"cost": cost})

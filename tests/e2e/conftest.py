@@ -10,9 +10,9 @@ server") sets it up by hand:
 - `prefect block register -m blocks`, `python -m blocks save whitney --base-url ...` (the key
   from WHITNEY_API_KEY of that one command), `python -m blocks check whitney`;
 - `prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml` from the
-  repository root; the evaluate-checkpoint trigger it creates is then disabled, so that the
-  runs of the other tests start no evaluation (tests/e2e/test_checkpoints.py enables it for
-  its own);
+  repository root; the evaluate-checkpoint and resume-run triggers it creates are then
+  disabled, so that the runs of the other tests start no evaluation and no resume
+  (tests/e2e/test_checkpoints.py and test_resume.py enable them for their own);
 - `prefect worker start --pool whitney-process` with a 1 s query interval. Its environment
   holds no Whitney URL or key: the flow runs get them from the block.
 
@@ -56,6 +56,8 @@ FLOW_NAME = "rl"
 RL_DEPLOYMENT = "rl-on-demand"
 EVALUATE_TRIGGER = "evaluate-every-saved-checkpoint"
 """The automation `prefect deploy` makes of evaluate-checkpoint's trigger."""
+RESUME_TRIGGER = "resume-crashed-training-runs"
+"""The automation `prefect deploy` makes of resume-run's trigger (test_resume.py enables it)."""
 LOG_DIR = ARTIFACTS_DIR / "e2e-logs"
 
 
@@ -238,6 +240,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
             "deployments/prefect.yaml",
         )
         stack.enable_automation(EVALUATE_TRIGGER, False)
+        stack.enable_automation(RESUME_TRIGGER, False)
         processes.append(
             ManagedProcess(
                 "prefect-worker",

@@ -29,6 +29,7 @@ ALLOWED = {
     "flows.sft": {"flows.sft", "flows.core", "tasks", "whitney_calls"},
     "flows.distill": {"flows.distill", "flows.sft", "flows.core", "tasks", "whitney_calls"},
     "flows.reap": {"flows.reap", "flows.core", "tasks", "whitney_calls"},
+    "flows.resume": {"flows.resume", "flows.core", "tasks", "whitney_calls"},
     "flows.checkpoints": {"flows.checkpoints", "flows.sft", "flows.core", "tasks", "whitney_calls"},
     "flows.sweep": {"flows.sweep", "flows.rl", "flows.sft", "flows.core", "tasks", "whitney_calls"},
     "flows.core": {"flows.core", "tasks", "whitney_calls"},

@@ -86,6 +86,7 @@ def test_every_deployment_validates_and_its_entrypoint_takes_its_parameters() ->
         "evaluate-checkpoint",
         "promote-checkpoint",
         "sweep-on-demand",
+        "resume-run",
     ]
     for deployment in deployments.values():
         entrypoint = load_flow_from_entrypoint(str(ROOT / deployment["entrypoint"]))
