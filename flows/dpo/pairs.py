@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.core.config import ConfigError
-from whitney.renderers import Message, Prompt, Renderer, as_messages
+from whitney.renderers import Message, Prompt, Renderer, as_messages, check_messages
 
 DATA_FIELD = "data_path"
 ANSWERS = ("chosen", "rejected")
@@ -70,7 +70,7 @@ def parse_pair(row: dict[str, Any], where: str, number: int) -> Pair:
         raise ConfigError(DATA_FIELD, f"{where}: 'chosen' and 'rejected' are the same answer")
     if "messages" in row:
         try:
-            prompt: Prompt = as_messages(row["messages"])
+            prompt: Prompt = check_messages(row["messages"])
         except ValueError as error:
             raise ConfigError(DATA_FIELD, f"{where}: {error}") from None
     elif isinstance(row.get("prompt"), str):
