@@ -49,10 +49,12 @@ def summary_table(result: DPOResult, adapter_path: Path, wall_seconds: float) ->
     """The end-of-run table: cycles, time, held-out accuracy before and after, the weights."""
     table = result_table("DPO flow finished", ("cycles", str(len(result.cycles))), wall_seconds)
     table.add_row("reference", result.reference)
-    if result.eval_before is not None:
-        table.add_row("held-out accuracy, before", f"{result.eval_before.accuracy:.3f}")
-    if result.eval_after is not None:
-        table.add_row("held-out accuracy, after", f"{result.eval_after.accuracy:.3f}")
+    for when, evaluation in (("before", result.eval_before), ("after", result.eval_after)):
+        if evaluation is not None:
+            table.add_row(f"held-out accuracy, {when}", f"{evaluation.accuracy:.3f}")
+            table.add_row(
+                f"held-out chosen preferred, {when}", f"{evaluation.chosen_preferred:.3f}"
+            )
     if result.cycles:
         table.add_row("DPO loss, last cycle", f"{result.cycles[-1].loss:.4f}")
     if result.resumed_from:

@@ -224,10 +224,12 @@ def summary_rows(result: DPOResult) -> list[tuple[str, str]]:
     """The DPO summary's rows: the held-out accuracy before and after, the last cycle's loss
     and margin, tokens and cost, then the run's whereabouts."""
     rows = [("cycles", str(len(result.cycles))), ("reference", f"`{result.reference}`")]
-    if result.eval_before is not None:
-        rows.append(("held-out accuracy, before", f"{result.eval_before.accuracy:.3f}"))
-    if result.eval_after is not None:
-        rows.append(("held-out accuracy, after", f"{result.eval_after.accuracy:.3f}"))
+    for when, evaluation in (("before", result.eval_before), ("after", result.eval_after)):
+        if evaluation is not None:
+            rows.append((f"held-out accuracy, {when}", f"{evaluation.accuracy:.3f}"))
+            rows.append(
+                (f"held-out chosen preferred, {when}", f"{evaluation.chosen_preferred:.3f}")
+            )
     if result.cycles:
         last = result.cycles[-1]
         rows.append(("DPO loss, last cycle", f"{last.loss:.4f}"))

@@ -18,6 +18,10 @@ class PreferenceEval(BaseModel):
     """The DPO numbers of the held-out pairs under the policy's current weights."""
 
     accuracy: float = Field(description="Preference accuracy: share of pairs with margin > 0")
+    chosen_preferred: float = Field(
+        description="Share of pairs whose chosen answer the policy finds more likely than the "
+        "rejected one (summed logprobs, no reference)"
+    )
     loss: float = Field(description="Mean DPO loss")
     margin: float = Field(description="Mean margin")
     chosen_drift: float = Field(description="Mean policy minus reference logprob, chosen")
@@ -28,6 +32,7 @@ class PreferenceEval(BaseModel):
     def of(cls, stats: PreferenceStats) -> PreferenceEval:
         return cls(
             accuracy=stats.accuracy,
+            chosen_preferred=stats.chosen_preferred,
             loss=stats.loss,
             margin=stats.margin,
             chosen_drift=stats.chosen_drift,

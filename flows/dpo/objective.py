@@ -97,11 +97,13 @@ def pair_advantages(
 @dataclass(frozen=True)
 class PreferenceStats:
     """The DPO numbers of a set of pairs: the mean loss (without the SFT term), the share of
-    pairs whose margin is positive, the mean margin and rewards (beta * drift), and the mean
-    drift of the chosen and rejected logprobs from the reference's."""
+    pairs whose margin is positive, the share whose chosen answer the policy itself finds more
+    likely than the rejected one (no reference), the mean margin and rewards (beta * drift),
+    and the mean drift of the chosen and rejected logprobs from the reference's."""
 
     loss: float
     accuracy: float
+    chosen_preferred: float
     margin: float
     chosen_reward: float
     rejected_reward: float
@@ -120,6 +122,7 @@ def preference_stats(
     return PreferenceStats(
         loss=statistics.fmean(pair_loss(m, label_smoothing) for m in margins),
         accuracy=sum(m > 0 for m in margins) / len(margins),
+        chosen_preferred=sum(p.policy_chosen > p.policy_rejected for p in pairs) / len(pairs),
         margin=statistics.fmean(margins),
         chosen_reward=statistics.fmean(beta * pair.chosen_drift for pair in pairs),
         rejected_reward=statistics.fmean(beta * pair.rejected_drift for pair in pairs),

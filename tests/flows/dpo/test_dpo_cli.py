@@ -5,6 +5,7 @@ line) before any session opens."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -34,8 +35,8 @@ def test_the_example_runs_and_downloads_its_adapter(tmp_path: Path) -> None:
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [line["cycle"] for line in lines] == [0, 1]
     after = lines[-1]["eval"]["accuracy"]
-    assert "held-out accuracy, before │ 0.000" in output
-    assert f"held-out accuracy, after  │ {after:.3f}" in output
+    assert re.search(r"held-out accuracy, before +│ 0\.000 ", output), output
+    assert re.search(rf"held-out accuracy, after +│ {after:.3f} ", output), output
     assert_downloaded(tmp_path / "adapters", output)
 
 

@@ -54,7 +54,7 @@ def test_large_margins_neither_overflow_nor_lose_the_loss() -> None:
 def test_preference_stats() -> None:
     pairs = [PairLogprobs(-1.0, -5.0, -2.0, -4.0), PairLogprobs(-3.0, -1.0, -2.0, -2.0)]
     stats = preference_stats(pairs, beta=0.5, label_smoothing=0.0)
-    assert stats.accuracy == 0.5 and stats.pairs == 2
+    assert stats.accuracy == 0.5 and stats.pairs == 2 and stats.chosen_preferred == 0.5
     assert stats.margin == pytest.approx((0.5 * (1 + 1) + 0.5 * (-1 - 1)) / 2)
     assert stats.chosen_drift == pytest.approx(0.0) and stats.rejected_drift == pytest.approx(0.0)
     assert stats.loss == pytest.approx((-log_sigmoid(1.0) - log_sigmoid(-1.0)) / 2)
