@@ -127,3 +127,19 @@ def test_a_checkpoint_reference_is_where_the_policy_starts(
     (only,) = result.cycles
     assert only.loss == math.log(2) and only.margin == 0.0  # it starts at its reference
     assert result.reference == checkpoint and result.eval_after is None
+
+
+def test_resuming_from_a_cycle_checkpoint_trains_the_same_adapter(
+    whitney: EmbeddedWhitney, inspector: WhitneyClient
+) -> None:
+    """The reference is scored anew and cycle 1 trains the same pairs from the restored
+    weights and optimizer moments: the adapter is the uninterrupted run's, bit for bit."""
+    config = small_dpo_config(whitney.url, base_model="local/nano", eval_every=0, pairs_per_cycle=2)
+    whole = dpo_flow(config)
+    checkpoint = f"whitney://runs/{whole.run_id}/states/cycle-0"
+    resumed = dpo_flow(config.model_copy(update={"resume_from": checkpoint}))
+    assert resumed.resumed_from == checkpoint
+    assert [cycle.cycle for cycle in resumed.cycles] == [1]
+    assert resumed.cycles[0].loss == whole.cycles[1].loss
+    assert resumed.adapter.sha256 == whole.adapter.sha256
+    assert [op.kind for op in inspector.journal(resumed.run_id)][:1] == ["forward"]
