@@ -27,6 +27,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")  # busy CPU
 
 from real_model_learning import cpu_model, machine  # noqa: E402
 from served import quiet_prefect  # noqa: E402
@@ -96,7 +97,6 @@ def describe(evaluation: PreferenceEval) -> str:
 
 
 def main() -> None:
-    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")  # busy CPU
     quiet_prefect()
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=int, default=160, help="pairs in all (a fifth held out)")
