@@ -156,7 +156,7 @@ def run_dpo_cycle(
     config = plan.config
     seq_start = client.ledger.position(run_id)
     eval_before = None
-    if cycle == first_cycle and plan.eval_due(0 if cycle == 0 else cycle):
+    if cycle == first_cycle and plan.eval_due(cycle):
         eval_before = evaluate(client, run_id, plan, reference)
     indices = plan.batch(cycle)
     pairs = [plan.train[i] for i in indices]
