@@ -52,6 +52,7 @@ def launch_flow(
     progress: ProgressFactory,
     summarize: Summarize,
     adapter_dir: Path,
+    check: Callable[[WhitneyConnection], None] | None = None,
 ) -> int:
     """Run `flow(config)` (a checked config) against Whitney; the exit code.
 
@@ -59,7 +60,8 @@ def launch_flow(
     probed first (`check_whitney`); with none, the embedded server runs for the duration.
     Either way its capabilities must list the config's base models (`check_served`). The
     result must have `run_id` and `adapter` (the exported adapter), downloaded to
-    `adapter_dir`.
+    `adapter_dir`. `check` refuses (ConfigError) what only that Whitney can tell (a DPO
+    reference checkpoint it does not hold).
     """
     console = Console()
     with ExitStack() as stack:
@@ -74,6 +76,8 @@ def launch_flow(
                 connection, export_url = endpoint.connection, endpoint.connection.base_url
             if capabilities is not None:
                 check_served(config, capabilities)
+            if check is not None:
+                check(connection)
         except (ConfigError, ServerStartError) as error:
             print(f"{prog}: {error}", file=sys.stderr)
             return EXIT_BAD_CONFIG

@@ -1,4 +1,4 @@
-"""Every parser of `whitney-flows`: `run rl|sft|distill`, `inspect`, `runs`, `export`,
+"""Every parser of `whitney-flows`: `run rl|sft|distill|dpo`, `inspect`, `runs`, `export`,
 `reap`, `models`, with `run FLOW --help` showing each option's default from the flow's config model.
 No Prefect."""
 
@@ -113,6 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--seed", type=int, metavar="S", help="seed of the run and the data order")
     add_output_options(sft)
     add_output_options(add_distill_parser(flows))
+    add_output_options(add_dpo_parser(flows))
     add_inspection_parsers(commands)
     add_export_parser(commands)
     add_fork_parser(commands)
@@ -235,6 +236,34 @@ def add_distill_parser(flows: argparse._SubParsersAction) -> argparse.ArgumentPa
         metavar="USD",
         help="stop before exceeding this estimated cost (needs prices in --config or the block)",
     )
+    return command
+
+
+def add_dpo_parser(flows: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    """`run dpo` and its options (besides --api-url, --metrics-out and --adapter-dir)."""
+    command = flows.add_parser(
+        "dpo",
+        help="DPO: preference pairs, a frozen reference, the importance-sampling gradient",
+        formatter_class=config_help("flows.dpo.config:DPOConfig"),
+    )
+    command.add_argument("--config", type=Path, metavar="FILE", help="DPOConfig as .toml or .json")
+    command.add_argument("--cycles", type=int, metavar="N", help="number of cycles (steps)")
+    command.add_argument(
+        "--data",
+        type=Path,
+        metavar="FILE.jsonl",
+        help='one {"prompt" or "messages", "chosen", "rejected"} per line',
+    )
+    command.add_argument(
+        "--reference",
+        metavar="REF",
+        help="base, or a checkpoint whitney://runs/<run>/states/<name>",
+    )
+    command.add_argument("--beta", type=float, metavar="X", help="DPO temperature")
+    command.add_argument("--lr", type=float, metavar="X", help="learning rate")
+    command.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
+    add_model_options(command)
+    command.add_argument("--seed", type=int, metavar="S", help="seed of the run and the pairs")
     return command
 
 

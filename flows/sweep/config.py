@@ -49,7 +49,7 @@ class SweepConfig(BaseModel):
 
     kind: str = Field(
         default="rl",
-        description="The training flow each trial runs: rl or sft (flows.sweep.kinds); each "
+        description="The training flow each trial runs: rl, sft or dpo (flows.sweep.kinds); each "
         "trial is a flow run of its deployment",
     )
     deployment: str | None = Field(

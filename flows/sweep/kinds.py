@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flows.core.config import ConfigError, FlowConfig
+from flows.dpo.config import DPOConfig
 from flows.rl.config import RLConfig
 from flows.sft.config import SFTConfig
 
@@ -38,6 +39,7 @@ def sft_sized(settings: Mapping[str, Any], cycles: int) -> dict[str, Any]:
 TRIAL_KINDS: dict[str, TrialKind] = {
     "rl": TrialKind(RLConfig, "rl/rl-on-demand", ("cycles",), rl_sized),
     "sft": TrialKind(SFTConfig, "sft/sft-nightly", ("steps", "epochs", "cycles"), sft_sized),
+    "dpo": TrialKind(DPOConfig, "dpo/dpo-on-demand", ("cycles",), rl_sized),
 }
 
 

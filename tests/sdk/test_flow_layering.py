@@ -1,7 +1,8 @@
 """The arrows of `flows/`, read from the source with `ast` (imports inside functions count):
-`cli -> {rl, sft, distill, sweep} -> core -> tasks -> whitney_calls -> whitney` (and `reap ->
-core`, `checkpoints -> core`), distill -> sft, checkpoints -> sft (both read SFT data) and
-sweep -> rl, sft (its trials' configs) the cross-flow arrows, no import cycle among the
+`cli -> {rl, sft, distill, dpo, sweep} -> core -> tasks -> whitney_calls -> whitney` (and
+`reap -> core`, `resume -> core`, `checkpoints -> core`), distill -> sft, checkpoints -> sft,
+dpo -> sft (they read SFT data) and sweep -> rl, sft, dpo (its trials' configs) the cross-flow
+arrows, no import cycle among the
 modules of flows/, and recipes, plans, configs and `whitney_calls` load neither Prefect nor
 torch. Imports under `if TYPE_CHECKING:` are annotations, not arrows."""
 
@@ -20,6 +21,7 @@ ALLOWED = {
         "flows.rl",
         "flows.sft",
         "flows.distill",
+        "flows.dpo",
         "flows.sweep",
         "flows.core",
         "tasks",
@@ -27,11 +29,20 @@ ALLOWED = {
     },
     "flows.rl": {"flows.rl", "flows.core", "tasks", "whitney_calls"},
     "flows.sft": {"flows.sft", "flows.core", "tasks", "whitney_calls"},
+    "flows.dpo": {"flows.dpo", "flows.sft", "flows.core", "tasks", "whitney_calls"},
     "flows.distill": {"flows.distill", "flows.sft", "flows.core", "tasks", "whitney_calls"},
     "flows.reap": {"flows.reap", "flows.core", "tasks", "whitney_calls"},
     "flows.resume": {"flows.resume", "flows.core", "tasks", "whitney_calls"},
     "flows.checkpoints": {"flows.checkpoints", "flows.sft", "flows.core", "tasks", "whitney_calls"},
-    "flows.sweep": {"flows.sweep", "flows.rl", "flows.sft", "flows.core", "tasks", "whitney_calls"},
+    "flows.sweep": {
+        "flows.sweep",
+        "flows.rl",
+        "flows.sft",
+        "flows.dpo",
+        "flows.core",
+        "tasks",
+        "whitney_calls",
+    },
     "flows.core": {"flows.core", "tasks", "whitney_calls"},
     "flows": set(),
     "tasks": {"tasks", "whitney_calls"},

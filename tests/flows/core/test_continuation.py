@@ -21,7 +21,7 @@ from flows.resume.continuation import (
 )
 
 ROOT = Path(__file__).resolve().parents[3]
-TRAINING_DEPLOYMENTS = ["rl-on-demand", "sft-nightly", "distill-on-demand"]
+TRAINING_DEPLOYMENTS = ["rl-on-demand", "sft-nightly", "distill-on-demand", "dpo-on-demand"]
 
 
 @pytest.mark.parametrize(

@@ -82,6 +82,7 @@ def test_every_deployment_validates_and_its_entrypoint_takes_its_parameters() ->
         "rl-on-demand",
         "sft-nightly",
         "distill-on-demand",
+        "dpo-on-demand",
         "reap-every-15-minutes",
         "evaluate-checkpoint",
         "promote-checkpoint",

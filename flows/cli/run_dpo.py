@@ -1,0 +1,81 @@
+"""`whitney-flows run dpo`: validate the config, the pairs and the reference, then
+(flows.cli.launch) reach Whitney (or start the embedded server), run `dpo_flow` with a progress
+bar, download the exported adapter and print a summary with the held-out preference accuracy
+before and after."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+from rich.table import Table
+
+from flows.cli.launch import launch_flow
+from flows.cli.parsers import shared_overrides
+from flows.cli.terminal import CycleProgress, add_weights_rows, result_table
+from flows.core.config import settings_with_overrides, validated
+from flows.dpo.config import DPOConfig
+from flows.dpo.flow import dpo_flow
+from flows.dpo.metrics import DPOResult
+from flows.dpo.plan import check_dpo_config
+from flows.dpo.reference import check_reference
+
+PROG = "whitney-flows run dpo"
+
+
+def dpo_config_from(options: argparse.Namespace) -> DPOConfig:
+    """The config file (if any) with the command-line options on top; ConfigError if bad."""
+    overrides = {
+        **shared_overrides(options),
+        "cycles": options.cycles,
+        "data_path": str(options.data) if options.data else None,
+        "reference": options.reference,
+        "beta": options.beta,
+        "learning_rate": options.lr,
+    }
+    return validated(DPOConfig, settings_with_overrides(options.config, overrides))
+
+
+def describe_dpo_cycle(line: dict[str, Any]) -> str:
+    """The progress bar's text after a DPO cycle's metrics line."""
+    text = f"loss {line['loss']:.3f}  margin {line['margin']:.3f}"
+    if line.get("eval.accuracy") is not None:
+        text += f"  held-out accuracy {line['eval.accuracy']:.2f}"
+    return text
+
+
+def summary_table(result: DPOResult, adapter_path: Path, wall_seconds: float) -> Table:
+    """The end-of-run table: cycles, time, held-out accuracy before and after, the weights."""
+    table = result_table("DPO flow finished", ("cycles", str(len(result.cycles))), wall_seconds)
+    table.add_row("reference", result.reference)
+    for when, evaluation in (("before", result.eval_before), ("after", result.eval_after)):
+        if evaluation is not None:
+            table.add_row(f"held-out accuracy, {when}", f"{evaluation.accuracy:.3f}")
+            table.add_row(
+                f"held-out chosen preferred, {when}", f"{evaluation.chosen_preferred:.3f}"
+            )
+    if result.cycles:
+        table.add_row("DPO loss, last cycle", f"{result.cycles[-1].loss:.4f}")
+    if result.resumed_from:
+        table.add_row("resumed from", result.resumed_from)
+    runs = [("Whitney run", result.run_id), ("reference run", result.reference_run_id)]
+    add_weights_rows(table, result, adapter_path, runs)
+    return table
+
+
+def run(options: argparse.Namespace) -> int:
+    """Run the DPO flow; the exit code (ConfigError: the config is refused)."""
+    config = dpo_config_from(options)
+    check_dpo_config(config)
+    return launch_flow(
+        PROG,
+        config,
+        dpo_flow,
+        lambda metrics_path, console: CycleProgress(
+            [("DPO cycles", metrics_path, config.cycles)], console, describe_dpo_cycle
+        ),
+        summary_table,
+        options.adapter_dir,
+        check=lambda connection: check_reference(config, connection),
+    )

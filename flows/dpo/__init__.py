@@ -1,0 +1,1 @@
+"""The DPO flow: preference pairs through the importance-sampling gradient."""

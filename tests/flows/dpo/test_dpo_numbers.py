@@ -1,0 +1,145 @@
+"""The DPO flow's numbers against an independent computation: the exported adapter loaded by
+transformers + PEFT, the DPO loss (label smoothing and the SFT term included) written here in
+plain torch. The held-out DPO loss the flow records after its one step is torch's to 1e-5 on
+those weights, and the adapter after that step is one AdamW step of torch's gradient of the
+loss at the start (the base model: LoRA B zero, so only B moves)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from flowtest_settings import QUICK_RECOVERY
+from peft import AutoPeftModelForCausalLM
+
+from flows.cli.main import main
+from flows.dpo.config import DPOConfig
+from flows.dpo.flow import dpo_flow
+from flows.dpo.pairs import Pair, held_out
+from flows.dpo.plan import load_dpo_plan
+from whitney.local import EmbeddedWhitney
+from whitney.tokenizers import BOS_ID, EOS_ID
+
+PAIRS = [
+    ("2+3=", "5", "Let me think, it could be 6 or so."),
+    ("4+4=", "8", "Hmm, maybe 9, adding is hard."),
+    ("7+1=", "8", "I guess 7, but I am unsure."),
+    ("6+3=", "9", "Probably 10, give or take."),
+    ("5+5=", "10", "Around 11, I would say."),
+    ("9+2=", "11", "Maybe 12 or 13, who knows."),
+]
+BETA, SMOOTHING, SFT_WEIGHT, LR, EPS = 0.5, 0.1, 0.5, 1e-3, 1e-8
+
+
+def tokens(prompt: str, answer: str) -> tuple[list[int], list[int]]:
+    """The raw renderer's layout, by hand: BOS + the prompt's bytes, the answer's + EOS."""
+    return [BOS_ID, *prompt.encode()], [*answer.encode(), EOS_ID]
+
+
+def answer_logprob(model: torch.nn.Module, prompt: list[int], answer: list[int]) -> torch.Tensor:
+    """Sum of log p(answer tokens | prompt) under a transformers model, with autograd."""
+    ids = prompt + answer
+    logits = model(input_ids=torch.tensor([ids[:-1]])).logits[0].float()
+    logprobs = torch.log_softmax(logits, -1)[torch.arange(len(ids) - 1), torch.tensor(ids[1:])]
+    return logprobs[len(prompt) - 1 :].sum()
+
+
+def dpo_terms(model, reference, pairs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(mean DPO loss, mean SFT NLL per chosen token, margins) of `pairs` under `model`,
+    against the reference sums `reference` (pair -> (chosen, rejected))."""
+    losses, nlls, margins = [], [], []
+    for prompt, chosen, rejected in pairs:
+        p, c = tokens(prompt, chosen)
+        _, r = tokens(prompt, rejected)
+        pc, pr = answer_logprob(model, p, c), answer_logprob(model, p, r)
+        rc, rr = reference[prompt]
+        m = BETA * ((pc - rc) - (pr - rr))
+        losses.append(
+            -(1 - SMOOTHING) * torch.nn.functional.logsigmoid(m)
+            - SMOOTHING * torch.nn.functional.logsigmoid(-m)
+        )
+        nlls.append(-pc / len(c))
+        margins.append(m)
+    return torch.stack(losses).mean(), torch.stack(nlls).mean(), torch.stack(margins)
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # PEFT calls a deprecated API
+def test_loss_and_step_match_plain_torch_on_the_exported_adapter(
+    whitney: EmbeddedWhitney, tmp_path: Path
+) -> None:
+    data = tmp_path / "pairs.jsonl"
+    rows = [{"prompt": p, "chosen": c, "rejected": r} for p, c, r in PAIRS]
+    data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = DPOConfig(
+        api_url=whitney.url,
+        base_model="local/tiny",
+        data_path=str(data),
+        cycles=1,
+        pairs_per_cycle=4,
+        eval_fraction=0.3,
+        beta=BETA,
+        label_smoothing=SMOOTHING,
+        sft_weight=SFT_WEIGHT,
+        learning_rate=LR,
+        grad_clip_norm=0.0,
+        seed=3,
+        **QUICK_RECOVERY,
+    )
+    evaluated = held_out([Pair(p, c, r) for p, c, r in PAIRS], config.eval_fraction)
+    train = [pair for i, pair in enumerate(PAIRS) if i not in evaluated]
+    held = [pair for i, pair in enumerate(PAIRS) if i in evaluated]
+    assert (len(train), len(held)) == (4, 2)
+    plan = load_dpo_plan(config)  # the flow renders the pairs as the test does
+    assert [(list(t.prompt), list(t.chosen)) for t in plan.train] == [
+        tokens(p, c) for p, c, _ in train
+    ]
+
+    result = dpo_flow(config)
+    (cycle,) = result.cycles
+    assert cycle.kl_sample_train == 0.0  # forward and forward_backward: the same bits
+    out = tmp_path / "adapter"
+    assert main(["export", result.run_id, "--out", str(out), "--api-url", whitney.url]) == 0
+    model = AutoPeftModelForCausalLM.from_pretrained(out).float().eval()
+    lora_b = {n: p for n, p in model.named_parameters() if "lora_B" in n}
+    trained_b = {n: p.detach().clone() for n, p in lora_b.items()}
+
+    # the start: the base model (B = 0); A did not move (its gradient is 0 while B is 0)
+    with torch.no_grad():
+        for parameter in lora_b.values():
+            parameter.zero_()
+        base = {}
+        for prompt, chosen, rejected in PAIRS:
+            p, c = tokens(prompt, chosen)
+            base[prompt] = (
+                answer_logprob(model, p, c),
+                answer_logprob(model, p, tokens(prompt, rejected)[1]),
+            )
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    for parameter in lora_b.values():
+        parameter.requires_grad_(True)
+    dpo, nll, _ = dpo_terms(model, base, train)
+    assert cycle.loss == pytest.approx(dpo.item(), abs=1e-5) == math.log(2)
+    (dpo + SFT_WEIGHT * nll).backward()
+    gradients = {n: p.grad.detach().clone() for n, p in lora_b.items()}
+    norm = torch.sqrt(sum((g.double() ** 2).sum() for g in gradients.values())).item()
+    assert cycle.grad_norm == pytest.approx(norm, rel=1e-4)
+    for name, gradient in gradients.items():  # AdamW's first step from B = 0, no decay
+        expected = -LR * gradient / (gradient.abs() + EPS)
+        assert (trained_b[name] - expected).abs().max().item() <= LR * 1e-3, name
+    assert max(g.abs().max().item() for g in gradients.values()) > 1e-3  # not vacuous
+
+    # after the step: the held-out pairs' DPO loss and margins on the trained weights
+    with torch.no_grad():
+        for name, parameter in lora_b.items():
+            parameter.copy_(trained_b[name])
+        loss, _, margins = dpo_terms(model, base, held)
+    after = result.eval_after
+    assert after is not None and after.pairs == 2
+    assert after.loss == pytest.approx(loss.item(), abs=1e-5)
+    assert after.margin == pytest.approx(margins.mean().item(), rel=1e-5)  # float32 sums
+    assert after.accuracy == (margins > 0).float().mean().item()
+    assert abs(after.loss - math.log(2)) > 1e-3  # the step moved the held-out pairs
