@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.core.config import ConfigError
+from flows.core.jsonl import json_objects, read_text
 from whitney.renderers import Message, Prompt, Renderer, as_messages, check_messages
 
 DATA_FIELD = "data_path"
@@ -82,18 +83,7 @@ def parse_pair(row: dict[str, Any], where: str, number: int) -> Pair:
 
 def parse_pairs(text: str, source: str) -> list[Pair]:
     """The pairs of JSONL `text`; ConfigError naming `source` and the line otherwise."""
-    pairs = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{source} line {number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ConfigError(DATA_FIELD, f"{where}: not valid JSON ({error.msg})") from None
-        if not isinstance(row, dict):
-            raise ConfigError(DATA_FIELD, f"{where}: expected a JSON object")
-        pairs.append(parse_pair(row, where, number))
+    pairs = [parse_pair(row, where, n) for n, where, row in json_objects(text, source, DATA_FIELD)]
     if not pairs:
         raise ConfigError(DATA_FIELD, f"{source} holds no pairs")
     return pairs
@@ -101,14 +91,7 @@ def parse_pairs(text: str, source: str) -> list[Pair]:
 
 def read_pairs(path: str | Path) -> list[Pair]:
     """The pairs of a JSONL file; ConfigError naming the file (and line) if it is bad."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(DATA_FIELD, f"cannot read {path}: {error.strerror}") from None
-    except UnicodeDecodeError as error:
-        raise ConfigError(DATA_FIELD, f"{path} is not UTF-8 text: {error.reason}") from None
-    return parse_pairs(text, str(path))
+    return parse_pairs(read_text(Path(path), DATA_FIELD), str(path))
 
 
 def render_pair(renderer: Renderer, pair: Pair, where: str, max_tokens: int) -> PairTokens:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.core.config import ConfigError
+from flows.core.jsonl import json_objects, read_text
 from whitney.renderers import Message, Prompt, check_messages
 
 BUILTIN_CORPUS = "animals.jsonl"
@@ -86,19 +87,10 @@ def parse_conversation(row: dict[str, Any], where: str, number: int) -> Example:
 
 def parse_examples(text: str, source: str) -> list[Example]:
     """The examples of JSONL `text`; ConfigError naming `source` and the line otherwise."""
-    examples = []
-    for number, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        where = f"{source} line {number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as error:
-            raise ConfigError(DATA_FIELD, f"{where}: not valid JSON ({error.msg})") from None
-        if not isinstance(row, dict):
-            raise ConfigError(DATA_FIELD, f"{where}: expected a JSON object")
-        parse = parse_conversation if "messages" in row else parse_pair
-        examples.append(parse(row, where, number))
+    examples = [
+        (parse_conversation if "messages" in row else parse_pair)(row, where, number)
+        for number, where, row in json_objects(text, source, DATA_FIELD)
+    ]
     if not examples:
         raise ConfigError(DATA_FIELD, f"{source} holds no examples")
     return examples
@@ -106,14 +98,7 @@ def parse_examples(text: str, source: str) -> list[Example]:
 
 def read_examples(path: str | Path) -> list[Example]:
     """The examples of a JSONL file; ConfigError naming the file (and line) if it is bad."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as error:
-        raise ConfigError(DATA_FIELD, f"cannot read {path}: {error.strerror}") from None
-    except UnicodeDecodeError as error:
-        raise ConfigError(DATA_FIELD, f"{path} is not UTF-8 text: {error.reason}") from None
-    return parse_examples(text, str(path))
+    return parse_examples(read_text(Path(path), DATA_FIELD), str(path))
 
 
 def builtin_text() -> str:
