@@ -27,7 +27,7 @@ from uuid import UUID
 from prefect import get_client
 from prefect.artifacts import create_markdown_artifact
 from prefect.exceptions import ObjectNotFound
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 
 from flows.core.config import ConfigError, FlowConfig
 from flows.core.manifest import RUN_LOCAL_FIELDS, flat_settings
@@ -108,9 +108,10 @@ def parent_flow_run_id(client: WhitneyClient, run_id: str) -> str | None:
     return (session.labels or {}).get(FLOW_RUN_LABEL)
 
 
-def parent_config(flow_run_id: str | None) -> dict[str, Any] | None:
-    """The `config` parameter of the flow run `flow_run_id` on this Prefect server; None if
-    it is not there."""
+def parent_config(flow_run_id: str | None, model: type[FlowConfig]) -> dict[str, Any] | None:
+    """The `config` parameter of the flow run `flow_run_id` on this Prefect server, completed
+    with `model`'s defaults as the parent's flow run did (a deployment's parameters hold only
+    the fields given); None if it is not there or no longer validates."""
     if flow_run_id is None:
         return None
     try:
@@ -119,7 +120,12 @@ def parent_config(flow_run_id: str | None) -> dict[str, Any] | None:
     except (ObjectNotFound, ValueError):
         return None
     config = flow_run.parameters.get("config")
-    return config if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        return None
+    try:
+        return model.model_validate(config).model_dump(mode="json")
+    except ValidationError:
+        return None
 
 
 def find_lineage(connection: WhitneyConnection, config: FlowConfig) -> Lineage | None:
@@ -131,7 +137,7 @@ def find_lineage(connection: WhitneyConnection, config: FlowConfig) -> Lineage |
     parent_run = checkpoint_run_id(checkpoint)
     with connection.new_client() as client:
         flow_run_id = parent_flow_run_id(client, parent_run)
-    parent = parent_config(flow_run_id)
+    parent = parent_config(flow_run_id, type(config))
     changes = None
     if parent is not None:
         changes = config_changes(parent, config.model_dump(mode="json"))

@@ -18,10 +18,11 @@ from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
 from flows.cli.main import main
 from flows.core import events
-from flows.core.lineage import Change, Lineage, config_changes, lineage_markdown
+from flows.core.lineage import Change, Lineage, config_changes, lineage_markdown, parent_config
 from flows.core.manifest import write_manifest
 from flows.core.records import artifact_key
 from flows.core.tracking.config import TrackingSettings
+from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
@@ -250,3 +251,13 @@ def test_a_branching_fork_is_its_own_tracked_run_and_a_longer_resume_continues_i
     name, tags = tensorboard_run(longer)
     assert name.endswith(str(parent.flow_run_id))
     assert "whitney.fork." not in tags
+
+
+def test_a_deployed_parents_partial_config_is_completed_with_the_defaults() -> None:
+    """A deployment's flow run holds only the fields given: the parent's config is what its
+    flow validated, so the defaults are not changes (a resume changes nothing)."""
+    with get_client(sync_client=True) as prefect:
+        flow_run = prefect.create_flow_run(rl_flow, parameters={"config": {"cycles": 3}})
+    completed = parent_config(str(flow_run.id), RLConfig)
+    assert completed == RLConfig(cycles=3).model_dump(mode="json")
+    assert config_changes(completed, RLConfig(cycles=3).model_dump(mode="json")) == {}
