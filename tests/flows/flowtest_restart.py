@@ -45,7 +45,8 @@ class FlowProcess:
             raise AssertionError(f"flow {self.name} did not end: {self.tail()}") from None
 
     def adapter_sha256(self) -> str:
-        (adapter,) = self.adapters.iterdir()
+        """The sha256 of the downloaded adapter (beside it: its manifest)."""
+        (adapter,) = (p for p in self.adapters.iterdir() if not p.name.endswith("-manifest.json"))
         return hashlib.sha256(adapter.read_bytes()).hexdigest()
 
     def tail(self, lines: int = 40) -> str:
