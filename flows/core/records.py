@@ -22,6 +22,7 @@ from prefect.artifacts import (
 )
 
 from flows.core.connection import flow_run_api_url
+from flows.core.cost import format_cost
 from flows.core.operation_rows import metrics_text, operation_row, seconds_text
 from flows.core.plots import Panel, picture_beside, render_png
 from flows.core.summary_parts import export_command
@@ -173,6 +174,20 @@ def run_rows(result: Any) -> list[tuple[str, str]]:
         ("export", f"`{export_command(result.run_id, flow_run_api_url())}`"),
         *lineage_rows(getattr(result, "lineage", None)),
     ]
+
+
+def spend_rows(result: Any) -> list[tuple[str, str]]:
+    """Summary rows of a flow with a total and a budget (`result` has total_tokens, cost,
+    budget_stop and resumed_from): the tokens, the estimated cost, an early stop, the resume."""
+    rows = [
+        ("tokens, total", f"{result.total_tokens:,}"),
+        ("estimated cost", format_cost(result.cost)),
+    ]
+    if result.budget_stop:
+        rows.append(("stopped early", result.budget_stop))
+    if result.resumed_from:
+        rows.append(("resumed from", f"`{result.resumed_from}`"))
+    return rows
 
 
 def lineage_rows(lineage: Any) -> list[tuple[str, str]]:

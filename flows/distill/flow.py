@@ -45,7 +45,7 @@ from flows.core.budget import BudgetGuard, flow_cost_model
 from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import checkpoint_due
 from flows.core.connection import resolve_connection
-from flows.core.cost import Usage, add_usage, format_cost, format_usage, usage_of
+from flows.core.cost import Usage, add_usage, format_usage, usage_of
 from flows.core.cycles import (
     CycleStart,
     cycle_subflow,
@@ -58,7 +58,7 @@ from flows.core.cycles import (
 from flows.core.evaluation.plan import completion_logprobs
 from flows.core.evaluation.sampler import evaluate_after_cycle
 from flows.core.off_policy_schedule import SampleBlock, Schedule
-from flows.core.records import run_rows
+from flows.core.records import run_rows, spend_rows
 from flows.core.sampling_ahead import CycleSamples, sample_ahead
 from flows.core.sequenced_client import Call, SequencedClient
 from flows.core.training import end_training_run, require_served, start_training_run
@@ -295,12 +295,7 @@ def summary_rows(result: DistillationResult) -> list[tuple[str, str]]:
         rows.append(("eval loss, student before", f"{result.eval.student_before:.4f}"))
         rows.append(("eval loss, student after", f"{result.eval.student_after:.4f}"))
     rows += [(f"tokens, {run}", format_usage(usage)) for run, usage in result.usage.items()]
-    rows.append(("tokens, total", f"{result.total_tokens:,}"))
-    rows.append(("estimated cost", format_cost(result.cost)))
-    if result.budget_stop:
-        rows.append(("stopped early", result.budget_stop))
-    if result.resumed_from:
-        rows.append(("resumed from", f"`{result.resumed_from}`"))
+    rows += spend_rows(result)
     rows.append(("teacher run", f"`{result.teacher_run_id}`"))
     return rows + run_rows(result)
 

@@ -39,7 +39,7 @@ from flows.core.budget import BudgetGuard, flow_cost_model
 from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import checkpoint_due
 from flows.core.connection import resolve_connection
-from flows.core.cost import format_cost, usage_of
+from flows.core.cost import usage_of
 from flows.core.cycles import (
     CycleStart,
     cycle_subflow,
@@ -49,7 +49,7 @@ from flows.core.cycles import (
     sampler_calls,
 )
 from flows.core.evaluation.plan import completion_logprobs
-from flows.core.records import run_rows
+from flows.core.records import run_rows, spend_rows
 from flows.core.sequenced_client import SequencedClient
 from flows.core.training import end_training_run, start_training_run
 from flows.dpo.config import BASE_REFERENCE, DPOConfig
@@ -234,12 +234,7 @@ def summary_rows(result: DPOResult) -> list[tuple[str, str]]:
         last = result.cycles[-1]
         rows.append(("DPO loss, last cycle", f"{last.loss:.4f}"))
         rows.append(("margin, last cycle", f"{last.margin:.4f}"))
-    rows.append(("tokens, total", f"{result.total_tokens:,}"))
-    rows.append(("estimated cost", format_cost(result.cost)))
-    if result.budget_stop:
-        rows.append(("stopped early", result.budget_stop))
-    if result.resumed_from:
-        rows.append(("resumed from", f"`{result.resumed_from}`"))
+    rows += spend_rows(result)
     rows.append(("reference run", f"`{result.reference_run_id}`"))
     return rows + run_rows(result)
 
