@@ -8,7 +8,7 @@ the engine/PEFT ratio, tokens per second and the achieved GFLOPS against the mac
 (and float64) matmul rate, measured first. Then, on local/tiny, a cycle against the engine
 before it was exact (`benchmarks/engine_cycle.py`).
 
-    python benchmarks/engine_vs_peft.py [--model local/SmolLM2-135M-Instruct-Q4_1]
+    python benchmarks/engine_vs_peft.py [--model gguf/SmolLM2-135M-Instruct-Q4_1]
         [--hf-cache /work/models/hf-cache] [--threads 2] [--rounds 2] [--reps 1]
         [--shapes 16x43,4x256] [--samples 8] [--new-tokens 64] [--memory 16x1024]
         [--tiny-cycles 5] [--tiny-rounds 2] [--skip-tiny]
@@ -30,6 +30,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from flows.cli.model_pull import PULLABLE
+from whitney.errors import UnsupportedBaseModel
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -327,7 +330,7 @@ def report(args: argparse.Namespace, found: dict, rates: dict, cfg: dict) -> Non
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="local/SmolLM2-135M-Instruct-Q4_1")
+    parser.add_argument("--model", default=PULLABLE["smollm2-135m-instruct"].repo_id)
     parser.add_argument("--hf-cache", default=os.environ.get("HF_HUB_CACHE"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=2, help="alternating pairs of workers")
@@ -351,7 +354,10 @@ def main() -> None:
         f"float64 {rates['float64']:.0f} GFLOPS; load average {os.getloadavg()[0]:.2f}",
         flush=True,
     )
-    cfg = model_shape(args)
+    try:
+        cfg = model_shape(args)
+    except UnsupportedBaseModel as error:
+        raise SystemExit(f"{error}; `whitney-flows models pull smollm2-135m-instruct` brings it")
     print(f"{args.model}: {cfg}; shapes {args.shapes}, {args.rounds} rounds", flush=True)
     found: dict[str, dict] = {"engine": {}, "peft": {}}
     for n in range(args.rounds):
