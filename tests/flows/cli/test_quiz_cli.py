@@ -1,6 +1,8 @@
-"""`whitney-flows run rl --env quiz` with every other setting at its default: the tiny model
-learns the multi-turn quiz within the default 30 cycles. (One run, to keep CI short: two runs
-of one config giving the same adapter sha256 are `tests/flows/rl/test_multiturn.py`'s.)"""
+"""`whitney-flows run rl --env quiz` with every other setting at its default but the cycles:
+in its first 10 cycles the tiny model's reward on the multi-turn quiz climbs well above where
+it started. The whole default run (30 cycles, from about 0.14 over the first 5 to about 0.99
+over the last 5) is a benchmark, measured in docs/multi-turn.md; two runs of one config giving
+the same adapter sha256 are `tests/flows/rl/test_multiturn.py`'s."""
 
 from __future__ import annotations
 
@@ -10,17 +12,17 @@ from pathlib import Path
 
 from flowtest_cli import assert_downloaded, run_console_script
 
-from flows.rl.config import RLConfig
+CYCLES = 10
 
 
-def test_the_quiz_learns_with_the_defaults(tmp_path: Path) -> None:
+def test_the_quiz_learns_in_its_first_cycles(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
-    output = run_console_script("rl", tmp_path, metrics, "--env", "quiz")
+    output = run_console_script("rl", tmp_path, metrics, "--env", "quiz", "--cycles", str(CYCLES))
     assert_downloaded(tmp_path / "adapters", output)
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     rewards = [line["reward_mean"] for line in lines]
     print(f"quiz rewards {[round(reward, 3) for reward in rewards]}")
-    assert len(rewards) == RLConfig().cycles <= 40
+    assert len(rewards) == CYCLES
     first, last = statistics.fmean(rewards[:5]), statistics.fmean(rewards[-5:])
-    assert first <= 0.3 and last >= 0.7, (first, last, rewards)
+    assert first <= 0.3 and last >= first + 0.2, (first, last, rewards)
     assert {line["episodes"]["turns_per_episode"] for line in lines} == {3.0}
