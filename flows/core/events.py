@@ -14,6 +14,8 @@ SFT teacher's events are its distillation's), so an automation can act on it:
     whitney.checkpoint.evaluated   evaluate-checkpoint's numbers for a checkpoint
     whitney.promotion.decided      promote-checkpoint's decision: approved or not, the note
     whitney.sweep.best         a sweep's best trial: its values, metric and checkpoint
+    whitney.run.resumed        resume-run started a flow run continuing a crashed one
+    whitney.run.not-resumed    resume-run left a crashed or failed flow run alone, and why
 
 A cycle's started and completed events carry the label `whitney.stall-window-s` (its window);
 the stall automation of that window starts its clock at `started` and is satisfied by
@@ -46,6 +48,8 @@ RUN_FORKED = "whitney.run.forked"
 CHECKPOINT_EVALUATED = "whitney.checkpoint.evaluated"
 PROMOTION_DECIDED = "whitney.promotion.decided"
 SWEEP_BEST = "whitney.sweep.best"
+RUN_RESUMED = "whitney.run.resumed"
+RUN_NOT_RESUMED = "whitney.run.not-resumed"
 EVENTS = (
     CYCLE_STARTED,
     CYCLE_COMPLETED,
@@ -56,6 +60,8 @@ EVENTS = (
     CHECKPOINT_EVALUATED,
     PROMOTION_DECIDED,
     SWEEP_BEST,
+    RUN_RESUMED,
+    RUN_NOT_RESUMED,
 )
 """Every event the flows emit (docs/evaluation.md, *Events*)."""
 STALL_WINDOW_LABEL = "whitney.stall-window-s"

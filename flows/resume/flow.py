@@ -33,7 +33,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.events import emit_event
 
 from flows.core.connection import resolve_connection
-from flows.core.events import flow_run_resource
+from flows.core.events import RUN_NOT_RESUMED, RUN_RESUMED, flow_run_resource
 from flows.core.records import artifact_key
 from flows.resume.continuation import (
     Continuation,
@@ -47,8 +47,6 @@ from whitney.client import WhitneyClient
 from whitney_calls.names import checkpoint_cycle
 from whitney_calls.release import release_sessions
 
-RUN_RESUMED = "whitney.run.resumed"
-RUN_NOT_RESUMED = "whitney.run.not-resumed"
 RELEASE_TIMEOUT_S = 60.0
 
 
