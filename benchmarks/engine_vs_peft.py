@@ -357,7 +357,8 @@ def main() -> None:
     try:
         cfg = model_shape(args)
     except UnsupportedBaseModel as error:
-        raise SystemExit(f"{error}; `whitney-flows models pull smollm2-135m-instruct` brings it")
+        pull = "whitney-flows models pull smollm2-135m-instruct"
+        raise SystemExit(f"{error}; `{pull}` brings it") from None
     print(f"{args.model}: {cfg}; shapes {args.shapes}, {args.rounds} rounds", flush=True)
     found: dict[str, dict] = {"engine": {}, "peft": {}}
     for n in range(args.rounds):

@@ -45,9 +45,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from served import quiet_prefect, served_whitney  # before prefect: it sets Prefect's settings
+
+# isort: split
 from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
-from served import quiet_prefect, served_whitney
 
 from flows.core.connection import resolve_connection
 from flows.core.heartbeat import subflows_without_heartbeat

@@ -1,5 +1,7 @@
 """What the flow benchmarks share: a Whitney server in its own process, and Prefect set up as
-`whitney-flows run` sets it (a quiet console, a batching ephemeral server)."""
+`whitney-flows run` sets it (a quiet console, a batching ephemeral server that may take 3
+minutes to start). Import it before anything that imports Prefect: Prefect reads its
+settings from the environment when it is imported."""
 
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from flows.cli.prefect_env import set_prefect_env_defaults
+
+if "prefect" in sys.modules:
+    raise RuntimeError("import served before prefect: Prefect reads its settings when imported")
+set_prefect_env_defaults()
 
 READY = re.compile(r"ready at (http://\S+)")
 
@@ -43,9 +49,6 @@ def served_whitney(latency_ms: float) -> Iterator[str]:
 
 
 def quiet_prefect() -> None:
-    """Warnings only on the console (the API still gets every log), and an ephemeral Prefect
-    server that does not phone home and batches its writes: `whitney-flows run`'s defaults
-    (flows.cli.prefect_env), unless set."""
-    set_prefect_env_defaults()
+    """Warnings only on the console (the API still gets every log)."""
     for handler in logging.getLogger().handlers:
         handler.setLevel(logging.WARNING)
