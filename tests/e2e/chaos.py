@@ -188,7 +188,19 @@ class Soak:
             done = all(chain[-1]["state_type"] == "COMPLETED" for chain in chains)
             return chains if done else None
 
-        return wait_for("every run to complete", ended, timeout_s, evidence=self.stack.evidence)
+        def heads() -> str:
+            return "\n".join(
+                f"{head['name']} ({head['id']}): {head['state_type']}: "
+                f"{(head.get('state') or {}).get('message')}"
+                for head in self.heads()
+            )
+
+        return wait_for(
+            "every run to complete",
+            ended,
+            timeout_s,
+            evidence=lambda: f"{heads()}\n{self.stack.evidence()}",
+        )
 
 
 def flow_runs_since(stack: Stack, since: str) -> list[dict[str, Any]]:
