@@ -7,7 +7,7 @@ checks every run against an undisturbed run of its seed (run first, side by side
 adapter sha256, each seq id executed once, every Whitney session closed, no flow run left
 open, no flow process left alive. tests/e2e/test_chaos.py is the short one.
 
-    python benchmarks/chaos_soak.py [--seed 29] [--runs 3] [--each 3] [--cycles 60]
+    python benchmarks/chaos_soak.py [--seed 29] [--runs 3] [--each 2] [--cycles 40]
 
 About 10 minutes on 2 cores with the defaults. Logs in test-artifacts/chaos-soak-logs/.
 """
@@ -48,13 +48,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=29)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--each", type=int, default=3, help="kills of every part")
-    parser.add_argument("--cycles", type=int, default=60)
+    parser.add_argument("--each", type=int, default=2, help="kills of every part")
+    parser.add_argument("--cycles", type=int, default=40)
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--delay", type=float, nargs=2, default=(1.0, 8.0), metavar=("MIN", "MAX"))
     args = parser.parse_args()
     configs = [config(args.seed + i, args.cycles, args.checkpoint_every) for i in range(args.runs)]
     print(f"load average before: {os.getloadavg()}, {os.cpu_count()} CPUs", flush=True)
+    print("starting the stack (Prefect server, Whitney, worker, deployments)", flush=True)
     with (
         tempfile.TemporaryDirectory() as root,
         running_stack(Path(root), ARTIFACTS_DIR / "chaos-soak-logs") as stack,
@@ -62,6 +63,7 @@ def main() -> int:
         stack.enable_automation(RESUME_TRIGGER, True)
         began = time.monotonic()
         references = [start(stack, each, {}, "chaos soak: undisturbed") for each in configs]
+        print(f"{args.runs} undisturbed runs started side by side", flush=True)
         for flow_run_id in references:
             stack.api.wait_flow_run(flow_run_id, ["COMPLETED"], 1800, stack.evidence)
         undisturbed_s = time.monotonic() - began

@@ -211,11 +211,13 @@ def flow_runs_since(stack: Stack, since: str) -> list[dict[str, Any]]:
 
 
 def open_flow_runs(stack: Stack, since: str) -> list[str]:
-    """The flow runs since `since` not in a terminal state, as `name (id): STATE`."""
+    """The flow runs since `since` not in a terminal state, as `name (id): STATE`; less the
+    future runs the deployments' schedules create (`auto_scheduled`: the reaper's, the
+    nightly SFT's)."""
     return [
         f"{run['name']} ({run['id']}): {run['state_type']}"
         for run in flow_runs_since(stack, since)
-        if run["state_type"] not in TERMINAL
+        if run["state_type"] not in TERMINAL and not run.get("auto_scheduled")
     ]
 
 
