@@ -2,8 +2,10 @@
 trigger (deployments/prefect.yaml) continues a deployed RL run whose process was SIGKILLed
 from its latest checkpoint, with the adapter of an undisturbed run; leaves a run that failed
 on its own input alone; gives up on a run that crashes again at the same cycle after its
-bound, with the reason; and a run rides through the Prefect server SIGKILLed mid-cycle and
-started again, saying so once.
+bound, with the reason; a run rides through the Prefect server SIGKILLed mid-cycle and
+started again, saying so once; a run whose worker is SIGKILLed crashes on its broken output
+pipe and is resumed (or, without streamed output, goes on); and a run under the whole stack
+SIGKILLed and started again is marked Crashed by the heartbeat automation and resumed.
 
 The faults come from the flow run's environment (the job variables of its run, which a
 resumed run inherits): `e2e_faults.FaultsFromEnv`. Every run uses the config of
