@@ -15,6 +15,7 @@ About 10 minutes on 2 cores with the defaults. Logs in test-artifacts/chaos-soak
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import random
 import sys
@@ -53,6 +54,7 @@ def main() -> int:
     parser.add_argument("--checkpoint-every", type=int, default=5)
     parser.add_argument("--delay", type=float, nargs=2, default=(1.0, 8.0), metavar=("MIN", "MAX"))
     args = parser.parse_args()
+    logging.getLogger("whitney.client").setLevel(logging.ERROR)  # the restarts' retries
     configs = [config(args.seed + i, args.cycles, args.checkpoint_every) for i in range(args.runs)]
     print(f"load average before: {os.getloadavg()}, {os.cpu_count()} CPUs", flush=True)
     print("starting the stack (Prefect server, Whitney, worker, deployments)", flush=True)
