@@ -18,9 +18,12 @@ while the API does not answer its health check waits for it (polling /health eve
 POLL_S seconds, at most `WHITNEY_FLOWS_PREFECT_OUTAGE_S`, default 600 s) and is made again.
 A cycle subflow made again replays its seq ids from the Whitney journal, so it trains
 nothing twice. Past the bound the call raises `PrefectAway`, an infrastructure error that the
-automatic resume (flows.resume) picks up. A logging filter (`PrefectAwayNotice`) replaces
-Prefect's errors of the outage (the events worker's and log shipper's per-item errors, a
-subflow's ConnectError traceback) by one line when it starts and one when it ends.
+automatic resume (flows.resume) picks up. The subflow run the outage interrupted (left Running
+or Pending: its final state never reached the API) is marked Crashed before the call is made
+again (`crash_open_subflows`), so no flow run stays open. A logging filter
+(`PrefectAwayNotice`) replaces Prefect's errors of the outage (the events worker's and log
+shipper's per-item errors, a subflow's ConnectError traceback) by one line when it starts and
+one when it ends.
 """
 
 from __future__ import annotations
@@ -35,7 +38,18 @@ from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import httpx
+from prefect import get_client
+from prefect.client.orchestration import SyncPrefectClient
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterParentFlowRunId,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+)
+from prefect.client.schemas.objects import StateType
+from prefect.context import FlowRunContext
 from prefect.settings import PREFECT_API_URL
+from prefect.states import Crashed
 
 T = TypeVar("T")
 OUTAGE_ENV = "WHITNEY_FLOWS_PREFECT_OUTAGE_S"
@@ -215,6 +229,47 @@ def ride_out(call: Callable[[], T], notice: PrefectAwayNotice, what: str) -> T:
                 raise
             notice.away(f"{what}: {type(error).__name__}")
             wait_for_api(notice, max(deadline - time.monotonic(), 0.0))
+            crash_interrupted_subflows()
             continue
         notice.check_back()
         return result
+
+
+FINAL_STATES = [StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED, StateType.CRASHED]
+
+
+def crash_open_subflows(prefect: SyncPrefectClient, parent_id: Any, why: str) -> list[str]:
+    """Mark Crashed (with `why`) every subflow run of `parent_id`, and theirs, not in a final
+    state: runs whose process or API went away under them. Their names."""
+    children = prefect.read_flow_runs(
+        flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_id]),
+            state=FlowRunFilterState(type=FlowRunFilterStateType(not_any_=FINAL_STATES)),
+        )
+    )
+    names: list[str] = []
+    for child in children:
+        names += crash_open_subflows(prefect, child.id, why)
+        prefect.set_flow_run_state(child.id, Crashed(message=why), force=True)
+        names.append(child.name)
+    return names
+
+
+def crash_interrupted_subflows() -> None:
+    """After an outage, inside a flow run: its subflow runs the outage left open, Crashed."""
+    context = FlowRunContext.get()
+    if context is None or context.flow_run is None:
+        return
+    try:
+        with get_client(sync_client=True) as prefect:
+            crashed = crash_open_subflows(
+                prefect,
+                context.flow_run.id,
+                "interrupted by a Prefect API outage; its parent made it again "
+                "(flows/core/orchestrator.py)",
+            )
+    except Exception as error:  # the API went away again: the call below meets it
+        logger.warning("Could not close the subflow runs the outage interrupted: %r", error)
+        return
+    if crashed:
+        logger.info("Marked Crashed after the outage: %s", ", ".join(crashed))

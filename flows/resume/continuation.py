@@ -57,6 +57,10 @@ INFRASTRUCTURE_ERRORS = frozenset(
 """Exception class names whose failure says nothing about the run itself."""
 
 _EXCEPTION_IN_MESSAGE = re.compile(r"encountered an exception: (?:[\w.]+\.)?(?P<name>\w+)")
+_API_SERVER_ERROR = re.compile(r"^PrefectHTTPStatusError: Server error '5\d\d ")
+"""The Prefect API answered 5xx after the client's retries (an overloaded or restarting
+server, e.g. SQLite's "database is locked" as 503): the orchestrator's fault, not the run's.
+A 4xx (a refused request) is the run's own."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,11 @@ def resume_reason(state_type: str, message: str | None) -> str | None:
     if state_type != "FAILED":
         return None
     match = _EXCEPTION_IN_MESSAGE.search(message or "")
-    if match is not None and match["name"] in INFRASTRUCTURE_ERRORS:
+    if match is None:
+        return None
+    if match["name"] in INFRASTRUCTURE_ERRORS:
+        return f"infrastructure:{match['name']}"
+    if _API_SERVER_ERROR.match((message or "")[match.start("name") :]):
         return f"infrastructure:{match['name']}"
     return None
 

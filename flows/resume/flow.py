@@ -14,7 +14,8 @@ It reads the ended flow run from the Prefect API and decides (flows.resume.conti
 - how often: a run continuing after the same cycle as its parent did is attempt k+1; past
   `max_attempts` it stops, with the reason.
 
-Then it releases what the ended run still holds on Whitney (its session, if no hook did),
+First it marks Crashed the ended run's subflow runs left open (the cycle its process died
+in). Then it releases what the ended run still holds on Whitney (its session, if no hook did),
 creates a flow run of the same deployment with the same parameters and `config.resume_from`
 set, tagged with its lineage, and emits `whitney.run.resumed` (or `whitney.run.not-resumed`,
 with the reason). Seeds derive from (seed, cycle, prompt) and the checkpoint holds the
@@ -29,11 +30,13 @@ from uuid import UUID
 
 from prefect import flow, get_client, get_run_logger
 from prefect.artifacts import create_markdown_artifact
-from prefect.client.schemas.objects import FlowRun
+from prefect.client.orchestration import SyncPrefectClient
+from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.events import emit_event
 
 from flows.core.connection import resolve_connection
 from flows.core.events import RUN_NOT_RESUMED, RUN_RESUMED, flow_run_resource
+from flows.core.orchestrator import crash_open_subflows
 from flows.core.records import artifact_key
 from flows.resume.continuation import (
     Continuation,
@@ -63,6 +66,17 @@ def resume_checkpoint(client: WhitneyClient, ended: FlowRun) -> str | None:
         return found.checkpoint
     config = ended.parameters.get("config") or {}
     return config.get("resume_from") or None
+
+
+def close_subflows(prefect: SyncPrefectClient, ended: FlowRun) -> None:
+    """Mark Crashed the subflow runs (cycles) that `ended`, Crashed or Failed, left Running or
+    Pending: its process died under them, so nothing else would end them."""
+    state = ended.state
+    if state is None or state.type not in (StateType.CRASHED, StateType.FAILED):
+        return
+    why = f"its flow run {ended.name} ({ended.id}) ended {state.type.value}"
+    if crashed := crash_open_subflows(prefect, ended.id, why):
+        get_run_logger().info("Marked Crashed with %s: %s", ended.name, ", ".join(crashed))
 
 
 def refusal(ended: FlowRun, max_attempts: int) -> str | None:
@@ -120,6 +134,7 @@ def resume_run(
     logger = get_run_logger()
     with get_client(sync_client=True) as prefect:
         ended = prefect.read_flow_run(flow_run_id_of(flow_run_id))
+        close_subflows(prefect, ended)
         if (reason := refusal(ended, max_attempts)) is not None:
             return not_resumed(ended, reason)
         config = dict(ended.parameters.get("config") or {})

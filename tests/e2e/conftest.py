@@ -23,13 +23,17 @@ marker: `pytest -m e2e` selects them, `pytest -m "not e2e"` leaves them out.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
 import signal
 import sys
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +49,7 @@ from .harness import (
     PrefectAPI,
     executable,
     free_port,
+    pid_alive,
     run_command,
     wait_for,
 )
@@ -59,6 +64,8 @@ EVALUATE_TRIGGER = "evaluate-every-saved-checkpoint"
 RESUME_TRIGGER = "resume-crashed-training-runs"
 """The automation `prefect deploy` makes of resume-run's trigger (test_resume.py enables it)."""
 LOG_DIR = ARTIFACTS_DIR / "e2e-logs"
+PREFECT_SERVER, WHITNEY_SERVER, WORKER = "prefect-server", "whitney-serve", "prefect-worker"
+"""The parts of the stack, by the names of their processes (and logs)."""
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -85,6 +92,8 @@ class Stack:
     fault_dir: Path
     env: dict[str, str]
     processes: list[ManagedProcess] = field(default_factory=list)
+    orphans: set[int] = field(default_factory=set)
+    """Processes a killed worker left running (its flow runs), killed when the stack stops."""
 
     def evidence(self) -> str:
         """The tails of every process's log, for a failure message."""
@@ -96,6 +105,46 @@ class Stack:
     def check_alive(self) -> None:
         for process in self.processes:
             process.check_running()
+
+    def process(self, name: str) -> ManagedProcess:
+        """The current process of a part of the stack (PREFECT_SERVER, WHITNEY_SERVER, WORKER)."""
+        (process,) = (each for each in self.processes if each.name == name)
+        return process
+
+    def kill(self, name: str) -> None:
+        """SIGKILL a part of the stack (its process group: a worker's flow runs, in their own
+        sessions, go on)."""
+        self.orphans |= self.process(name).kill()
+
+    def restart(self, name: str) -> float:
+        """Start a killed part again with its own command line, environment and data; wait
+        until it is up; how long that took (s)."""
+        old = self.process(name)
+        old.check_stopped()
+        started = time.monotonic()
+        self.processes[self.processes.index(old)] = old.again()
+        self.wait_up(name, since=time.time())
+        return time.monotonic() - started
+
+    def up(self, name: str, since: float = 0.0) -> bool:
+        """Whether the part answers: the Prefect API's health, Whitney's capabilities, a
+        worker heartbeat recorded after `since` (epoch seconds)."""
+        self.process(name).check_running()
+        if name == PREFECT_SERVER:
+            return self.api.healthy()
+        if name == WHITNEY_SERVER:
+            with self.whitney_client() as client:
+                return bool(client.capabilities().providers)
+        workers = self.api.post(f"/work_pools/{WORK_POOL}/workers/filter", json={})
+        return any(
+            worker.get("status") == "ONLINE"
+            and datetime.fromisoformat(worker["last_heartbeat_time"]).timestamp() > since
+            for worker in workers
+        )
+
+    def wait_up(self, name: str, since: float = 0.0) -> None:
+        timeout = {PREFECT_SERVER: 180, WHITNEY_SERVER: 90, WORKER: 90}[name]
+        wait_for(f"{name} to be up", lambda: self.up(name, since), timeout, evidence=self.evidence)
 
     def enable_automation(self, name: str, enabled: bool) -> None:
         """Turn the automation named `name` on or off (the UI's toggle)."""
@@ -155,13 +204,11 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
     raise SystemExit(f"e2e: signal {signum}: stopping the stack")
 
 
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    # a SIGTERM to pytest (a CI timeout) must still run the teardown that stops the stack
-    previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
-    root = tmp_path_factory.mktemp("e2e")
-    shutil.rmtree(LOG_DIR, ignore_errors=True)
-    LOG_DIR.mkdir(parents=True)
+@contextmanager
+def running_stack(root: Path, log_dir: Path = LOG_DIR) -> Iterator[Stack]:
+    """The stack under `root` (its data) with its logs in `log_dir`, stopped on exit."""
+    shutil.rmtree(log_dir, ignore_errors=True)
+    log_dir.mkdir(parents=True)
     prefect_port, whitney_port = free_port(), free_port()
     ui_url = f"http://127.0.0.1:{prefect_port}"
     api = PrefectAPI(f"{ui_url}/api")
@@ -184,36 +231,26 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     try:
         processes.append(
             ManagedProcess(
-                "prefect-server",
+                PREFECT_SERVER,
                 [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
                 env,
-                LOG_DIR,
+                log_dir,
             )
         )
         processes.append(
             ManagedProcess(
-                "whitney-serve",
+                WHITNEY_SERVER,
                 _whitney_serve_argv(whitney_port, stack.whitney_data),
                 {**env, "WHITNEY_LOCAL_API_KEYS": whitney_key},
-                LOG_DIR,
+                log_dir,
             )
         )
-
-        def prefect_up() -> bool:
-            processes[0].check_running()
-            return api.healthy()
-
-        def whitney_up() -> bool:
-            processes[1].check_running()
-            with stack.whitney_client() as client:
-                return bool(client.capabilities().providers)
-
-        wait_for("the Prefect server", prefect_up, timeout=180, evidence=stack.evidence)
-        wait_for("the Whitney server", whitney_up, timeout=90, evidence=stack.evidence)
+        stack.wait_up(PREFECT_SERVER)
+        stack.wait_up(WHITNEY_SERVER)
 
         def cli(name: str, *argv: str, extra_env: dict[str, str] | None = None) -> str:
             return run_command(
-                list(argv), {**env, **(extra_env or {})}, timeout=120, log_dir=LOG_DIR, name=name
+                list(argv), {**env, **(extra_env or {})}, timeout=120, log_dir=log_dir, name=name
             )
 
         cli("work-pool-create", prefect, "work-pool", "create", WORK_POOL, "--type", "process")
@@ -243,25 +280,33 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         stack.enable_automation(RESUME_TRIGGER, False)
         processes.append(
             ManagedProcess(
-                "prefect-worker",
+                WORKER,
                 [prefect, "worker", "start", "--pool", WORK_POOL, "--name", "e2e-worker"],
                 env,
-                LOG_DIR,
+                log_dir,
                 stop_signals=(signal.SIGINT,),  # a Prefect worker ignores SIGTERM
             )
         )
-
-        def worker_up() -> bool:
-            processes[2].check_running()
-            workers = api.post(f"/work_pools/{WORK_POOL}/workers/filter", json={})
-            return any(worker.get("status") == "ONLINE" for worker in workers)
-
-        wait_for("the worker to come online", worker_up, timeout=90, evidence=stack.evidence)
+        stack.wait_up(WORKER)
         yield stack
     finally:
         for process in reversed(processes):  # the worker first, the Prefect server last
             process.stop()
+        for pid in stack.orphans:  # flow runs whose worker was killed
+            if pid_alive(pid):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
         api.close()
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    # a SIGTERM to pytest (a CI timeout) must still run the teardown that stops the stack
+    previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    try:
+        with running_stack(tmp_path_factory.mktemp("e2e")) as started:
+            yield started
+    finally:
         signal.signal(signal.SIGTERM, previous_handler)
 
 

@@ -88,7 +88,7 @@ def _children_of(pid: int) -> list[int]:
     return found
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -121,6 +121,8 @@ class ManagedProcess:
     ) -> None:
         self.name = name
         self.argv = argv
+        self.env = dict(env)
+        self.cwd = cwd
         self.log_path = log_dir / f"{name}.log"
         self.stop_signals = tuple(stop_signals)
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -161,9 +163,32 @@ class ManagedProcess:
                 f"{self.name} exited with code {self.process.returncode}\n{self.tail()}"
             )
 
+    def check_stopped(self) -> None:
+        if self.running():
+            raise HarnessError(f"{self.name} (pid {self.pid}) is still running")
+
     def remember_descendants(self) -> None:
         if self.running():
             self.descendants.update(_children_of(self.pid))
+
+    def again(self) -> ManagedProcess:
+        """The same command started again (same environment, directory and log file)."""
+        return ManagedProcess(
+            self.name, self.argv, self.env, self.log_path.parent, self.cwd, self.stop_signals
+        )
+
+    def kill(self) -> set[int]:
+        """SIGKILL the process group, as a crash or `kill -9` would: what left the group (a
+        worker's flow runs, in their own sessions) survives. Returns the PIDs of those
+        descendants, still alive, for the caller to account for."""
+        self.remember_descendants()
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.process.wait(timeout=15)
+        if not self._log.closed:
+            self._log.close()
+        return {pid for pid in self.descendants if pid_alive(pid)}
 
     def stop(self, timeout: float = 15.0) -> None:
         self.remember_descendants()
@@ -181,7 +206,7 @@ class ManagedProcess:
                 self.process.wait(timeout=timeout)
         # the group is gone; anything that escaped it (a new session) goes by PID
         for pid in sorted(self.descendants):
-            if _alive(pid):
+            if pid_alive(pid):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):

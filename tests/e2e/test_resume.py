@@ -2,8 +2,10 @@
 trigger (deployments/prefect.yaml) continues a deployed RL run whose process was SIGKILLed
 from its latest checkpoint, with the adapter of an undisturbed run; leaves a run that failed
 on its own input alone; gives up on a run that crashes again at the same cycle after its
-bound, with the reason; and a run rides through the Prefect server SIGKILLed mid-cycle and
-started again, saying so once.
+bound, with the reason; a run rides through the Prefect server SIGKILLed mid-cycle and
+started again, saying so once; a run whose worker is SIGKILLed crashes on its broken output
+pipe and is resumed (or, without streamed output, goes on); and a run under the whole stack
+SIGKILLed and started again is marked Crashed by the heartbeat automation and resumed.
 
 The faults come from the flow run's environment (the job variables of its run, which a
 resumed run inherits): `e2e_faults.FaultsFromEnv`. Every run uses the config of
@@ -12,6 +14,7 @@ test_deployments' SMALL on that environment, so every completed one ends with on
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -21,9 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
-from .conftest import LOG_DIR, RESUME_TRIGGER, Stack
-from .harness import HarnessError, ManagedProcess, wait_for
+from .conftest import LOG_DIR, PREFECT_SERVER, RESUME_TRIGGER, WHITNEY_SERVER, WORKER, Stack
+from .harness import REPO_ROOT, executable, pid_alive, run_command, wait_for
 from .test_deployments import (
     SMALL,
     adapter_sha256,
@@ -48,15 +52,21 @@ OUTAGE_S = float(os.environ.get("E2E_PREFECT_OUTAGE_S") or 0)
 pytestmark = pytest.mark.timeout(900)
 
 
-def start(stack: Stack, config: dict[str, Any], env: dict[str, str], message: str) -> str:
+def start(
+    stack: Stack,
+    config: dict[str, Any],
+    env: dict[str, str],
+    message: str,
+    job_variables: dict[str, Any] | None = None,
+) -> str:
     """A run of rl-on-demand with `config` and these environment variables for its process
-    (the Custom run form's job variables); its flow run id."""
+    (the Custom run form's job variables, with `job_variables`); its flow run id."""
     deployment = stack.deployment()
     flow_run = stack.api.post(
         f"/deployments/{deployment['id']}/create_flow_run",
         json={
             "parameters": {"config": config, "whitney_block": "whitney"},
-            "job_variables": {"env": env},
+            "job_variables": {**(job_variables or {}), "env": env},
             "state": {"type": "SCHEDULED", "message": message},
         },
     )
@@ -224,15 +234,6 @@ def test_a_run_that_crashes_again_at_the_same_cycle_stops_after_the_bound(
         )
 
 
-def kill_prefect_server(stack: Stack) -> ManagedProcess:
-    """SIGKILL the Prefect server's process group (and anything that left it); the process."""
-    server = stack.processes[0]
-    assert server.name.startswith("prefect-server"), server
-    server.stop_signals = (signal.SIGKILL,)
-    server.stop()
-    return server
-
-
 def test_a_run_rides_through_the_prefect_server_killed_mid_cycle_and_restarted(
     healing: Stack, reference_sha256: str
 ) -> None:
@@ -257,9 +258,9 @@ def test_a_run_rides_through_the_prefect_server_killed_mid_cycle_and_restarted(
         CHAIN_TIMEOUT_S,
         evidence=healing.evidence,
     )
-    worker = next(p for p in healing.processes if p.name == "prefect-worker")
+    worker = healing.process(WORKER)
     mark = len(worker.log_text())
-    old = kill_prefect_server(healing)
+    healing.kill(PREFECT_SERVER)
     killed_at = time.monotonic()
     (faults / f"release-{token}").touch()
     if OUTAGE_S:  # the outage's length is the fault itself, not a synchronisation
@@ -271,9 +272,7 @@ def test_a_run_rides_through_the_prefect_server_killed_mid_cycle_and_restarted(
             120,
             evidence=healing.evidence,
         )
-    server = ManagedProcess(f"{old.name}-restarted", old.argv, healing.env, LOG_DIR)
-    healing.processes[0] = server
-    wait_for("the Prefect server again", healing.api.healthy, 180, evidence=healing.evidence)
+    healing.restart(PREFECT_SERVER)
     outage_s = time.monotonic() - killed_at
 
     done = wait_run(healing, flow_run_id, ["COMPLETED"])
@@ -293,8 +292,174 @@ def test_a_run_rides_through_the_prefect_server_killed_mid_cycle_and_restarted(
     ]
     assert raw == [], raw[:3]
     assert "' - Encountered exception during execution: ConnectError" not in output  # traceback
-    cycles = [c["name"] for c in healing.api.child_flow_runs(flow_run_id)]
+    children = healing.api.child_flow_runs(flow_run_id)
+    cycles = [c["name"] for c in children]
     assert cycles[0] == "cycle-0" and cycles[-2:] == ["cycle-1", "cycle-2"], cycles
+    # the cycle the outage interrupted, if its run was recorded, is Crashed, not left Running
+    assert {c["state_type"] for c in children} <= {"COMPLETED", "CRASHED"}, children
     print(json.dumps({"outage_s": round(outage_s, 1), "said_away": said, "cycle_runs": cycles}))
-    if not healing.processes[0].running():
-        raise HarnessError("the restarted Prefect server is down")
+    healing.process(PREFECT_SERVER).check_running()
+
+
+def flow_process(stack: Stack, flow_run_id: str) -> int:
+    """The PID of the flow run's process, as the worker recorded it (`host:pid`)."""
+    run = wait_for(
+        f"the process of flow run {flow_run_id}",
+        lambda: stack.api.flow_run(flow_run_id).get("infrastructure_pid") or None,
+        60,
+    )
+    return int(str(run).rsplit(":", 1)[-1])
+
+
+@pytest.mark.parametrize("stream_output", [True, False], ids=["output-to-worker", "no-output"])
+def test_the_worker_killed_mid_run(
+    healing: Stack, reference_sha256: str, stream_output: bool
+) -> None:
+    """Prefect 3.9's process worker starts each flow run in a session of its own
+    (`WorkspaceResolvingEngineCommandStarter`, `isolate_process_group`): a SIGKILL of the
+    worker's process group leaves the run's process alive. With the pool's default
+    `stream_output` (its output piped to the worker), the run's next console line meets a
+    broken pipe, rich raises SystemExit(1), the engine reports the run Crashed itself and its
+    hooks release its session: the automatic resume continues it from its latest checkpoint.
+    With `stream_output: false` nothing breaks: the run goes on and completes. Either way it
+    ends with the adapter of an undisturbed run."""
+    token = uuid.uuid4().hex
+    faults = Path(healing.env["E2E_FAULT_DIR"])
+    env = {"E2E_HOLD_AT_CYCLE": str(CRASH_CYCLE), "E2E_HOLD_TOKEN": token}
+    flow_run_id = start(
+        healing, CONFIG, env, "e2e: worker killed", job_variables={"stream_output": stream_output}
+    )
+    wait_for(
+        f"cycle {CRASH_CYCLE} to be held",
+        lambda: (faults / f"held-{token}").exists(),
+        CHAIN_TIMEOUT_S,
+        evidence=healing.evidence,
+    )
+    pid = flow_process(healing, flow_run_id)
+    healing.process(WORKER).remember_descendants()
+    assert pid in healing.process(WORKER).descendants
+    killed_at = time.monotonic()
+    healing.kill(WORKER)
+    assert pid_alive(pid), "the flow run's process died with its worker"
+    restart_s = healing.restart(WORKER)
+    (faults / f"release-{token}").touch()
+
+    if stream_output:
+        crashed = healing.api.wait_flow_run(
+            flow_run_id, ["CRASHED"], CHAIN_TIMEOUT_S, healing.evidence
+        )
+        assert "system exit" in (crashed["state"]["message"] or ""), crashed["state"]
+        resume_run_of(healing, flow_run_id)
+        (continued,) = continued_by(healing, flow_run_id)
+        done = wait_run(healing, continued["id"], ["COMPLETED"])
+        assert "whitney.reason:crashed" in done["tags"]
+        (killed_run,) = whitney_runs(healing, flow_run_id)
+        assert set(executions(healing, killed_run.run_id).values()) == {1}
+        assert killed_run.status != "running"
+        cycles = healing.api.child_flow_runs(flow_run_id)
+        assert all(cycle["state_type"] in ("COMPLETED", "CRASHED") for cycle in cycles), cycles
+    else:
+        done = wait_run(healing, flow_run_id, ["COMPLETED"])
+        assert done["run_count"] == 1
+        assert continued_by(healing, flow_run_id) == []
+    run = finished_run(healing, done["id"])
+    assert set(executions(healing, run.run_id).values()) == {1}, "a seq id ran twice"
+    assert adapter_sha256(healing, run.run_id) == reference_sha256
+    wait_for("the killed worker's flow process to exit", lambda: not pid_alive(pid), 60)
+    print(
+        json.dumps(
+            {
+                "stream_output": stream_output,
+                "worker_restart_s": round(restart_s, 1),
+                "completed_after_s": round(time.monotonic() - killed_at, 1),
+            }
+        )
+    )
+
+
+SILENT_AFTER_S = 60
+"""The crash automation's `within` in the whole-stack test (deployments/automations.yaml
+says 600): with heartbeats every HEARTBEAT_S, two missed ones."""
+HEARTBEAT_S = 30
+"""PREFECT_FLOWS_HEARTBEAT_FREQUENCY of the whole-stack test's run (Prefect's least)."""
+
+
+@pytest.fixture
+def crash_automation(healing: Stack, tmp_path: Path) -> Any:
+    """Step 6 of docs/prefect-server.md, the automation that marks a silent flow run Crashed,
+    with `within` SILENT_AFTER_S; deleted afterwards (other modules' runs beat every 180 s)."""
+    spec = yaml.safe_load((REPO_ROOT / "deployments" / "automations.yaml").read_text())
+    (automation,) = spec["automations"]
+    automation["trigger"]["within"] = SILENT_AFTER_S
+    path = tmp_path / "automations.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    run_command(
+        [executable("prefect"), "automation", "create", "--from-file", str(path)],
+        healing.env,
+        timeout=120,
+        log_dir=LOG_DIR,
+        name="automation-create",
+    )
+    yield automation["name"]
+    for found in healing.api.post(
+        "/automations/filter", json={"automations": {"name": {"any_": [automation["name"]]}}}
+    ):
+        healing.api._call("DELETE", f"/automations/{found['id']}")
+
+
+def test_the_whole_stack_killed_mid_run_and_started_again_resumes_the_run(
+    healing: Stack, reference_sha256: str, crash_automation: str
+) -> None:
+    """Prefect server, Whitney server, worker and the flow run's process SIGKILLed while cycle
+    2 is held, then started again with the same commands, ports and data. Nobody is left to
+    report the run: the crash automation marks it Crashed once its heartbeats have stopped for
+    SILENT_AFTER_S, and the resume-run trigger continues it after cycle 1."""
+    token = uuid.uuid4().hex
+    faults = Path(healing.env["E2E_FAULT_DIR"])
+    env = {
+        "E2E_HOLD_AT_CYCLE": str(CRASH_CYCLE),
+        "E2E_HOLD_TOKEN": token,
+        "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": str(HEARTBEAT_S),
+    }
+    killed_id = start(healing, CONFIG, env, "e2e: the whole stack killed")
+    wait_for(
+        f"cycle {CRASH_CYCLE} to be held",
+        lambda: (faults / f"held-{token}").exists(),
+        CHAIN_TIMEOUT_S,
+        evidence=healing.evidence,
+    )
+    events_named(healing, killed_id, "prefect.flow-run.heartbeat")
+    pid = flow_process(healing, killed_id)
+    killed_at = time.monotonic()
+    for name in (WORKER, WHITNEY_SERVER, PREFECT_SERVER):
+        healing.kill(name)
+    for orphan in healing.orphans:  # the flow run's process, left by its worker
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(orphan, signal.SIGKILL)
+    wait_for("the flow run's process to die", lambda: not pid_alive(pid), 30)
+    restarts = {name: healing.restart(name) for name in (PREFECT_SERVER, WHITNEY_SERVER, WORKER)}
+
+    crashed = healing.api.wait_flow_run(
+        killed_id, ["CRASHED"], SILENT_AFTER_S + CHAIN_TIMEOUT_S, healing.evidence
+    )
+    crashed_after_s = time.monotonic() - killed_at
+    assert "No heartbeat" in (crashed["state"]["message"] or ""), crashed["state"]
+    resume_run_of(healing, killed_id)
+    (continued,) = continued_by(healing, killed_id)
+    done = wait_run(healing, continued["id"], ["COMPLETED"])
+    assert {"whitney.after-cycle:1", "whitney.reason:crashed"} <= set(done["tags"])
+    run = finished_run(healing, continued["id"])
+    assert set(executions(healing, run.run_id).values()) == {1}, "a seq id ran twice"
+    (killed_run,) = whitney_runs(healing, killed_id)
+    assert set(executions(healing, killed_run.run_id).values()) == {1}, "a seq id ran twice"
+    assert killed_run.status != "running"
+    assert adapter_sha256(healing, run.run_id) == reference_sha256
+    print(
+        json.dumps(
+            {
+                "restart_s": {name: round(seconds, 1) for name, seconds in restarts.items()},
+                "crashed_after_s": round(crashed_after_s, 1),
+                "completed_after_s": round(time.monotonic() - killed_at, 1),
+            }
+        )
+    )

@@ -49,5 +49,5 @@ def test_a_users_own_value_wins(unset_defaults: None, monkeypatch: pytest.Monkey
 
 def test_the_guide_exports_the_server_settings_before_prefect_server_start() -> None:
     step = GUIDE.read_text().split("# 1. The Prefect server.", 1)[1].split("prefect server")[0]
-    exported = dict(re.findall(r"^export (PREFECT_SERVER_SERVICES_\w+)=(\S+)$", step, re.M))
+    exported = dict(re.findall(r"^export (PREFECT_SERVER_\w+)=(\S+)$", step, re.M))
     assert exported == SERVER_SETTINGS

@@ -43,6 +43,18 @@ TRAINING_DEPLOYMENTS = ["rl-on-demand", "sft-nightly", "distill-on-demand", "dpo
             "Flow run encountered an exception: Unavailable: 503 the server is rebuilding",
             "infrastructure:Unavailable",
         ),
+        (  # the Prefect server overloaded or restarting, after the client's retries
+            "FAILED",
+            "Flow run encountered an exception: PrefectHTTPStatusError: Server error '503 "
+            "Service Unavailable' for url 'http://127.0.0.1:4200/api/task_runs/'",
+            "infrastructure:PrefectHTTPStatusError",
+        ),
+        (
+            "FAILED",
+            "Flow run encountered an exception: PrefectHTTPStatusError: Client error '422 "
+            "Unprocessable Entity' for url 'http://127.0.0.1:4200/api/flow_runs/'",
+            None,
+        ),
         ("FAILED", "Flow run encountered an exception: ConfigError: cycles: too big", None),
         ("FAILED", "Flow run encountered an exception: InjectedFault: e2e fault", None),
         ("FAILED", "Flow run encountered an exception: InvalidRequest: bad loss", None),

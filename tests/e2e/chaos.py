@@ -1,0 +1,270 @@
+"""A seeded chaos soak on the e2e stack: training runs of rl-on-demand while the flow process,
+the worker, the Prefect server and the Whitney server are SIGKILLed at random moments and
+started again (the resume-run trigger on); then every run, followed through the runs that
+continue it, must end with its reference sha256, every seq id executed once, and nothing left
+open. Shared by tests/e2e/test_chaos.py (each part once) and benchmarks/chaos_soak.py.
+
+The flow process killed is one the live worker started: the worker reports it Crashed
+("exited with status code -9") and the automatic resume continues it. A killed worker's flow
+runs crash at their next console line (their output pipe is broken: rich raises SystemExit),
+report it themselves, and are resumed too; the worker's recovery counts until they are.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .conftest import PREFECT_SERVER, WHITNEY_SERVER, WORKER, Stack
+from .harness import HarnessError, pid_alive, wait_for
+from .test_deployments import adapter_sha256, executions, finished_run, sessions_of, whitney_runs
+
+FLOW = "flow-process"
+PARTS = (FLOW, WORKER, PREFECT_SERVER, WHITNEY_SERVER)
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "CRASHED"}
+RECOVERY_TIMEOUT_S = 240.0
+PARENT_TAG = "whitney.parent-flow-run:"
+
+
+def schedule(rng: random.Random, each: int) -> list[str]:
+    """`each` kills of every part, in a seeded random order."""
+    order = list(PARTS) * each
+    rng.shuffle(order)
+    return order
+
+
+@dataclass
+class Kill:
+    """One kill: what, when (s since the soak started), and what its recovery took."""
+
+    number: int
+    part: str
+    target: str
+    at_s: float
+    recovered_by: str = ""
+    cost_s: float = 0.0
+
+
+@dataclass
+class Soak:
+    """The soak's state: the runs started, the kills made, the processes seen."""
+
+    stack: Stack
+    start_run: Callable[[int], str]
+    """Starts training run i (0, 1, 2, ...); its flow run id."""
+    rng: random.Random
+    started: float = field(default_factory=time.monotonic)
+    roots: list[str] = field(default_factory=list)
+    kills: list[Kill] = field(default_factory=list)
+    flow_pids: set[int] = field(default_factory=set)
+
+    def say(self, line: str) -> None:
+        print(f"[chaos {time.monotonic() - self.started:6.1f} s] {line}", flush=True)
+
+    def chain(self, root: str) -> list[dict[str, Any]]:
+        """The flow run and the runs that continue it, in order."""
+        runs = [self.stack.api.flow_run(root)]
+        while True:
+            tag = PARENT_TAG + runs[-1]["id"]
+            found = self.stack.api.post(
+                "/flow_runs/filter", json={"flow_runs": {"tags": {"all_": [tag]}}, "limit": 10}
+            )
+            if not found:
+                return runs
+            assert len(found) == 1, f"{runs[-1]['id']} was continued twice: {found}"
+            runs.append(found[0])
+
+    def heads(self) -> list[dict[str, Any]]:
+        return [self.chain(root)[-1] for root in self.roots]
+
+    def training(self) -> bool:
+        """Whether a training run has not ended for good (running, or about to be resumed)."""
+        return any(
+            (head.get("state_type") or "") not in ("COMPLETED", "FAILED", "CANCELLED")
+            for head in self.heads()
+        )
+
+    def supervised(self) -> list[tuple[str, int]]:
+        """The Running training runs whose process the live worker started: (id, pid)."""
+        worker = self.stack.process(WORKER)
+        worker.remember_descendants()
+        found = []
+        for head in self.heads():
+            if head.get("state_type") != "RUNNING" or not head.get("infrastructure_pid"):
+                continue
+            pid = int(str(head["infrastructure_pid"]).rsplit(":", 1)[-1])
+            if pid_alive(pid) and pid in worker.descendants:
+                found.append((head["id"], pid))
+        return sorted(found)
+
+    def supervised_target(self) -> dict[str, Any] | None:
+        """One of `supervised()`, chosen at random."""
+        if not (eligible := self.supervised()):
+            return None
+        flow_run_id, pid = self.rng.choice(eligible)
+        return {"id": flow_run_id, "pid": pid}
+
+    def resumed(self, flow_run_id: str) -> str:
+        """Wait until the flow run, killed, is Crashed and continued by a Running run (or, if
+        it got to its end meanwhile, Completed); what happened."""
+        ended = self.stack.api.wait_flow_run(
+            flow_run_id, ["CRASHED", "COMPLETED"], RECOVERY_TIMEOUT_S, self.stack.evidence
+        )
+        if ended["state_type"] == "COMPLETED":
+            return f"{flow_run_id[:8]} completed"
+
+        def continued() -> dict[str, Any] | None:
+            found = self.stack.api.post(
+                "/flow_runs/filter",
+                json={"flow_runs": {"tags": {"all_": [PARENT_TAG + flow_run_id]}}},
+            )
+            return found[0] if found and found[0]["state_type"] == "RUNNING" else None
+
+        successor = wait_for(
+            f"the run continuing {flow_run_id}",
+            continued,
+            RECOVERY_TIMEOUT_S,
+            evidence=self.stack.evidence,
+        )
+        return f"{flow_run_id[:8]} resumed as {successor['id'][:8]}"
+
+    def kill(self, number: int, part: str) -> Kill:
+        """Kill `part`, start it again (or let the resume continue the flow run), and wait
+        until it is back."""
+        if not self.training():
+            raise HarnessError(f"every run ended before kill {number} ({part}): more cycles")
+        began = time.monotonic()
+        if part == FLOW:
+            target = wait_for(
+                "a running flow process the worker watches",
+                self.supervised_target,
+                RECOVERY_TIMEOUT_S,
+                evidence=self.stack.evidence,
+            )
+            kill = Kill(number, part, target["id"][:8], began - self.started)
+            self.flow_pids.add(target["pid"])
+            os.kill(target["pid"], signal.SIGKILL)
+            kill.recovered_by = self.resumed(target["id"])
+        else:
+            kill = Kill(number, part, f"pid {self.stack.process(part).pid}", began - self.started)
+            orphans = self.supervised() if part == WORKER else []
+            self.stack.kill(part)
+            self.stack.restart(part)
+            kill.recovered_by = {
+                PREFECT_SERVER: "restarted, API healthy",
+                WHITNEY_SERVER: "restarted, answering",
+                WORKER: "restarted, heartbeat",
+            }[part]
+            self.flow_pids |= {pid for _, pid in orphans}
+            outcomes = [self.resumed(flow_run_id) for flow_run_id, _ in orphans]
+            kill.recovered_by += "".join(f"; {outcome}" for outcome in outcomes)
+        kill.cost_s = time.monotonic() - began
+        self.kills.append(kill)
+        self.say(f"kill {number}: {part} {kill.target}: {kill.recovered_by} in {kill.cost_s:.1f} s")
+        return kill
+
+    def run(self, runs: int, each: int, delay_s: tuple[float, float]) -> None:
+        """Start `runs` runs, then kill each part `each` times, each kill a random
+        `delay_s` after the previous recovery (the delay is the fault's timing, not a
+        synchronisation: every wait is on a state)."""
+        self.roots = [self.start_run(index) for index in range(runs)]
+        for root in self.roots:
+            self.stack.api.wait_flow_run(root, ["RUNNING"], RECOVERY_TIMEOUT_S, self.stack.evidence)
+        self.say(f"{runs} runs running: {', '.join(root[:8] for root in self.roots)}")
+        for number, part in enumerate(schedule(self.rng, each), start=1):
+            time.sleep(self.rng.uniform(*delay_s))
+            self.kill(number, part)
+
+    def finish(self, timeout_s: float) -> list[list[dict[str, Any]]]:
+        """Wait until every chain ends Completed; the chains."""
+
+        def ended() -> list[list[dict[str, Any]]] | None:
+            chains = [self.chain(root) for root in self.roots]
+            done = all(chain[-1]["state_type"] == "COMPLETED" for chain in chains)
+            return chains if done else None
+
+        def heads() -> str:
+            return "\n".join(
+                f"{head['name']} ({head['id']}): {head['state_type']}: "
+                f"{(head.get('state') or {}).get('message')}"
+                for head in self.heads()
+            )
+
+        return wait_for(
+            "every run to complete",
+            ended,
+            timeout_s,
+            evidence=lambda: f"{heads()}\n{self.stack.evidence()}",
+        )
+
+
+def flow_runs_since(stack: Stack, since: str) -> list[dict[str, Any]]:
+    """Every flow run (subflows too) expected to start after `since` (ISO time)."""
+    return stack.api._every_page(
+        "/flow_runs/filter", {"flow_runs": {"expected_start_time": {"after_": since}}}
+    )
+
+
+def open_flow_runs(stack: Stack, since: str) -> list[str]:
+    """The flow runs since `since` not in a terminal state, as `name (id): STATE`; less the
+    future runs the deployments' schedules create (`auto_scheduled`: the reaper's, the
+    nightly SFT's)."""
+    return [
+        f"{run['name']} ({run['id']}): {run['state_type']}"
+        for run in flow_runs_since(stack, since)
+        if run["state_type"] not in TERMINAL and not run.get("auto_scheduled")
+    ]
+
+
+def live_flow_processes(stack: Stack, since: str, seen: set[int]) -> list[int]:
+    """The processes of flow runs since `since` (as the worker recorded them) and `seen`
+    that are still alive."""
+    pids = set(seen)
+    for run in flow_runs_since(stack, since):
+        if run.get("infrastructure_pid"):
+            pids.add(int(str(run["infrastructure_pid"]).rsplit(":", 1)[-1]))
+    return sorted(pid for pid in pids if pid_alive(pid))
+
+
+def check(soak: Soak, chains: list[list[dict[str, Any]]], references: list[str]) -> list[str]:
+    """Every chain's adapter is its reference (in order), every seq id of every Whitney run
+    ran once, every session closed; the per-run rows of the report."""
+    rows = []
+    for chain, reference in zip(chains, references, strict=True):
+        run = finished_run(soak.stack, chain[-1]["id"])
+        sha = adapter_sha256(soak.stack, run.run_id)
+        assert sha == reference, (chain[-1]["id"], sha, reference)
+        for flow_run in chain:
+            for whitney_run in whitney_runs(soak.stack, flow_run["id"]):
+                counts = executions(soak.stack, whitney_run.run_id)
+                twice = {seq: n for seq, n in counts.items() if n != 1}
+                assert not twice, f"{whitney_run.run_id}: seq ids executed {twice}"
+                assert whitney_run.status != "running", whitney_run
+            wait_for(
+                f"the sessions of {flow_run['id']} to close",
+                lambda flow_run_id=flow_run["id"]: all(
+                    session.status == "closed" for session in sessions_of(soak.stack, flow_run_id)
+                ),
+                60,
+            )
+        rows.append(
+            f"{chain[0]['id'][:8]}: {len(chain)} flow run(s) "
+            f"({' -> '.join(r['state_type'] for r in chain)}), sha256 {sha[:12]} = reference"
+        )
+    return rows
+
+
+def table(kills: list[Kill]) -> str:
+    """The kills, their recoveries and what each cost, as a plain text table."""
+    lines = [f"{'#':>2}  {'killed':<15} {'target':<12} {'at s':>7}  {'cost s':>7}  recovered"]
+    for kill in kills:
+        lines.append(
+            f"{kill.number:>2}  {kill.part:<15} {kill.target:<12} {kill.at_s:>7.1f}  "
+            f"{kill.cost_s:>7.1f}  {kill.recovered_by}"
+        )
+    return "\n".join(lines)

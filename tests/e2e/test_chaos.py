@@ -1,0 +1,67 @@
+"""The chaos soak on the e2e stack (tests/e2e/chaos.py), small enough for CI: three runs of
+rl-on-demand (`local/tiny`), the flow process, the worker, the Prefect server and the Whitney
+server each SIGKILLed once at seeded random moments and started again: every run ends with
+the adapter of an undisturbed run, no seq id ran twice, nothing stays open; it prints the
+table of kills. benchmarks/chaos_soak.py is the longer one.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from datetime import UTC, datetime
+from typing import Any
+
+import pytest
+
+from .chaos import PARTS, Soak, check, live_flow_processes, open_flow_runs, table
+from .conftest import RESUME_TRIGGER, Stack
+from .harness import wait_for
+from .test_deployments import SMALL, adapter_sha256, finished_run, wait_run
+from .test_resume import start
+
+SEED = int(os.environ.get("E2E_CHAOS_SEED") or 29)
+SOAK_CONFIG: dict[str, Any] = {**SMALL, "cycles": 16, "checkpoint_every": 4}
+"""Long enough for four kills while three such runs train."""
+
+pytestmark = pytest.mark.timeout(900)
+
+
+@pytest.fixture(scope="module")
+def healing(stack: Stack) -> Any:
+    stack.enable_automation(RESUME_TRIGGER, True)
+    yield stack
+    stack.enable_automation(RESUME_TRIGGER, False)
+
+
+def test_three_runs_survive_every_part_of_the_stack_killed_at_random(healing: Stack) -> None:
+    reference_id = start(healing, SOAK_CONFIG, {}, "e2e chaos: undisturbed reference")
+    wait_run(healing, reference_id, ["COMPLETED"])
+    reference = adapter_sha256(healing, finished_run(healing, reference_id).run_id)
+    since = datetime.now(UTC).isoformat()
+
+    soak = Soak(
+        healing,
+        lambda index: start(healing, SOAK_CONFIG, {}, f"e2e chaos: run {index}"),
+        random.Random(SEED),
+    )
+    soak.run(runs=3, each=1, delay_s=(0.5, 2.0))
+    chains = soak.finish(timeout_s=300)
+    rows = check(soak, chains, [reference] * 3)
+    print(f"\nchaos soak, seed {SEED}\n{table(soak.kills)}\n" + "\n".join(rows))
+
+    assert {kill.part for kill in soak.kills} == set(PARTS)
+    assert any(len(chain) > 1 for chain in chains), "the killed flow run was not resumed"
+    wait_for(
+        "every flow run to end",
+        lambda: open_flow_runs(healing, since) == [],
+        60,
+        evidence=lambda: "\n".join(open_flow_runs(healing, since)),
+    )
+    seen = soak.flow_pids | healing.orphans
+    wait_for(
+        "every flow process to exit",
+        lambda: live_flow_processes(healing, since, seen) == [],
+        60,
+        evidence=lambda: str(live_flow_processes(healing, since, seen)),
+    )
