@@ -7,6 +7,8 @@
 - `hf_models`: a Hugging Face cache holding tiny Llama and Qwen2 checkpoints
   (tests/hfmodels/builders.py), built once, and this environment pointed at it, offline.
 
+The suite runs in two processes (`pytest_collection_modifyitems`); `-n 0` runs it in one.
+
 Nothing here downloads: HF_HUB_OFFLINE is 1 unless the environment says otherwise. A suite
 started in the background (`cmd &` in a script) ignores SIGINT, and every process it starts
 would inherit that; the tests that interrupt a child expect SIGINT as a terminal gives it.
@@ -25,6 +27,17 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
 from whitney.local import EmbeddedWhitney
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Two test processes (pytest-xdist, `--dist=loadgroup`): the end-to-end tests in one, on
+    their stack of servers, every other test in the other, in its usual order. Each item gets
+    its group before xdist reads the groups."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is None:
+            group = "e2e" if item.path.parent.name == "e2e" else "in-process"
+            item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(scope="session")
