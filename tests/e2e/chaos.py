@@ -173,8 +173,10 @@ class Soak:
         `delay_s` after the previous recovery (the delay is the fault's timing, not a
         synchronisation: every wait is on a state)."""
         self.roots = [self.start_run(index) for index in range(runs)]
-        for root in self.roots:
-            self.stack.api.wait_flow_run(root, ["RUNNING"], RECOVERY_TIMEOUT_S, self.stack.evidence)
+        for root in self.roots:  # started; one that already ended fails `kill`'s check
+            self.stack.api.wait_flow_run(
+                root, ["RUNNING", "COMPLETED"], RECOVERY_TIMEOUT_S, self.stack.evidence
+            )
         self.say(f"{runs} runs running: {', '.join(root[:8] for root in self.roots)}")
         for number, part in enumerate(schedule(self.rng, each), start=1):
             time.sleep(self.rng.uniform(*delay_s))

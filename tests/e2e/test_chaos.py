@@ -21,8 +21,9 @@ from .test_deployments import SMALL, adapter_sha256, finished_run, wait_run
 from .test_resume import start
 
 SEED = int(os.environ.get("E2E_CHAOS_SEED") or 29)
-SOAK_CONFIG: dict[str, Any] = {**SMALL, "cycles": 16, "checkpoint_every": 4}
-"""Long enough for four kills while three such runs train."""
+SOAK_CONFIG: dict[str, Any] = {**SMALL, "cycles": 40, "checkpoint_every": 8}
+"""Long enough for four kills while three such runs train (16 cycles were not, on a quiet
+machine: a run completed before the soak saw the third one start)."""
 
 pytestmark = pytest.mark.timeout(900)
 
