@@ -123,9 +123,8 @@ def resume_reason(state_type: str, message: str | None) -> str | None:
     match = _EXCEPTION_IN_MESSAGE.search(message or "")
     if match is None:
         return None
-    if match["name"] in INFRASTRUCTURE_ERRORS:
-        return f"infrastructure:{match['name']}"
-    if _API_SERVER_ERROR.match((message or "")[match.start("name") :]):
+    server_error = _API_SERVER_ERROR.match((message or "")[match.start("name") :])
+    if match["name"] in INFRASTRUCTURE_ERRORS or server_error:
         return f"infrastructure:{match['name']}"
     return None
 
