@@ -208,7 +208,7 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 def running_stack(root: Path, log_dir: Path = LOG_DIR) -> Iterator[Stack]:
     """The stack under `root` (its data) with its logs in `log_dir`, stopped on exit."""
     shutil.rmtree(log_dir, ignore_errors=True)
-    log_dir.mkdir(parents=True)
+    log_dir.mkdir(parents=True, exist_ok=True)
     prefect_port, whitney_port = free_port(), free_port()
     ui_url = f"http://127.0.0.1:{prefect_port}"
     api = PrefectAPI(f"{ui_url}/api")
