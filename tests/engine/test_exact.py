@@ -3,6 +3,7 @@ rational arithmetic in Python for the dot products, and each element or row comp
 
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import pytest
@@ -31,16 +32,82 @@ def test_fixed_point_keeps_bits_bits_of_each_rows_largest_element() -> None:
         assert bool(((fixed - x.double()).abs() <= largest * 2.0 ** (-bits)).all())
 
 
-def test_linear_is_the_exact_dot_product_rounded_once() -> None:
-    x, w = random_rows(1, (6, 40)), random_rows(2, (5, 40))
+def fraction_rows(x: torch.Tensor, bits: list[int]) -> list[list[Fraction]]:
+    """Each row rounded (half to even) to `bits[i]` bits of the power of two above its largest
+    element, in rational arithmetic."""
+    out = []
+    for row, b in zip(x.tolist(), bits, strict=True):
+        top = Fraction(2) ** (math.frexp(max(abs(v) for v in row))[1])
+        step = top / 2**b
+        out.append([round(Fraction(v) / step) * step for v in row])
+    return out
+
+
+def expected_activation_bits(x: torch.Tensor, weight_bits: int) -> list[int]:
+    """24 bits, one fewer until the row's integers, summed in magnitude (plus K/2), fit in
+    2**(52 - weight_bits): the rule of exact.activation_rows, by hand."""
+    bits = []
+    for row in x.tolist():
+        top = Fraction(2) ** (math.frexp(max(abs(v) for v in row))[1])
+        total = sum(abs(round(Fraction(v) * 2**24 / top)) for v in row) + Fraction(len(row), 2)
+        shift = 0
+        while total > 2 ** (52 - weight_bits + shift):
+            shift += 1
+        bits.append(24 - shift)
+    return bits
+
+
+def exact_products(xs: list[list[Fraction]], ws: list[list[Fraction]]) -> list[list[float]]:
+    """Each row pair's dot product in rational arithmetic, rounded once to float32."""
+    rounded = [[float(sum(a * b for a, b in zip(x, w, strict=True))) for w in ws] for x in xs]
+    return torch.tensor(rounded, dtype=torch.float64).float().tolist()
+
+
+@pytest.mark.parametrize("k", [40, 576, 1536])
+def test_linear_is_the_exact_dot_product_rounded_once(k: int) -> None:
+    """Activation rows on 24 bits (fewer where their magnitudes need it), weight rows on
+    `weight_bits(k)`: each output the rational dot product, rounded once."""
+    x, w = random_rows(1, (4, k)), random_rows(2, (3, k))
+    x[0] = x[0].abs()  # a flat row, which must give up bits
+    b = exact.weight_bits(k)
     fw = exact.weight(w)
-    fx = exact.fixed_point(x, exact.bits_for(40))
-    got = exact.linear(x, fw)
-    for i in range(6):
-        for j in range(5):
-            xs, ws = (Fraction(v) for v in fx[i].tolist()), (Fraction(v) for v in fw[j].tolist())
-            want = float(sum(a * b for a, b in zip(xs, ws, strict=True)))  # exact, then rounded
-            assert got[i, j].item() == torch.tensor(want, dtype=torch.float64).float().item()
+    ws = fraction_rows(w, [b] * 3)
+    assert fw.tolist() == [[float(v) for v in row] for row in ws]
+    bits = expected_activation_bits(x, b)
+    assert exact.activation_rows(x, b).tolist() == [
+        [float(v) for v in row] for row in fraction_rows(x, bits)
+    ]
+    assert exact.linear(x, fw).tolist() == exact_products(fraction_rows(x, bits), ws)
+
+
+@pytest.mark.parametrize("k", [1, 8, 40, 576, 1536, 2048, 49152])
+def test_every_partial_sum_fits_in_float64_whatever_the_rows(k: int) -> None:
+    """The flattest activation row (every element at its largest) on the bits the rule gives
+    it, against weight integers of at most 2**b: the products' magnitudes sum to <= 2**53."""
+    b = exact.weight_bits(k)
+    assert b == min(24, 53 - 24 - math.ceil(math.log2(max(k, 1))) + exact.WEIGHT_HEADROOM)
+    x = torch.full((1, k), 1 - 2**-24)
+    bits = expected_activation_bits(x, b)[0]
+    step = Fraction(1, 2**bits)  # the grid of a row whose top power of two is 1
+    magnitudes = sum(abs(v) / step for v in fraction_rows(x, [bits])[0])
+    assert magnitudes * 2**b <= 2**53
+
+
+def test_linear_is_exact_where_every_term_is_at_the_top_of_its_grid() -> None:
+    """Flat rows: the activation gives up the bits its magnitudes need, and every product and
+    partial sum is still exact (the rational sum, rounded once)."""
+    k = 2048
+    x = torch.full((2, k), 1 - 2**-24)
+    w = torch.full((2, k), -(1 - 2**-24))
+    x[1, ::2] = -x[1, ::2]
+    b = exact.weight_bits(k)
+    fw = exact.weight(w)
+    assert fw.abs().max().item() == 1.0  # rounded up to the top of its grid
+    bits = expected_activation_bits(x, b)
+    assert bits[0] < 24
+    assert exact.linear(x, fw).tolist() == exact_products(
+        fraction_rows(x, bits), fraction_rows(w, [b, b])
+    )
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -1,8 +1,8 @@
 """Parity on a real checkpoint: SmolLM2-135M-Instruct as `models pull` imports it (skipped where
 it is not pulled, failed under CI: tests.hfmodels.real_model). The server's logprobs of the
-base model are transformers' float32 forward on the same tokens within 1e-3 (TOLERANCE says
-why not 1e-4); after a few SFT steps the exported adapter, loaded offline with
-AutoPeftModelForCausalLM and merged with AutoModelForCausalLM, computes them within 1e-3,
+base model are transformers' float32 forward on the same tokens within 1e-4 (TOLERANCE); after
+a few SFT steps the exported adapter, loaded offline with AutoPeftModelForCausalLM and merged
+with AutoModelForCausalLM, computes them within 1e-4 too,
 and its greedy generation is the server's `sample` with top_k 1, token for token, on
 held-out arithmetic prompts."""
 
@@ -22,12 +22,12 @@ from whitney.local import EmbeddedWhitney
 from whitney.renderers import get_renderer
 from whitney.tokenizers import get_tokenizer
 
-TOLERANCE = 1e-3
+TOLERANCE = 1e-4
 """Most absolute difference of a token's logprob, server against transformers (float32).
-Measured: 5.3e-4 on these chats, and 5.4e-4 against transformers in float64, whose float32
-forward is within 4e-5 of it: the engine's exact dot products round each operand row to a
-fixed-point grid (whitney/local/engine/exact.py), which on this 30-layer model costs more
-than float32 BLAS does. The tiny checkpoints hold 1e-5 (tests/hfmodels/test_hf_serving.py)."""
+Measured on these chats: 3.9e-5 for the base model, 2.9e-5 (PEFT) and 6.4e-5 (merged) after
+the three SFT steps; transformers' own float32 forward is within 4e-5 of its float64. The
+engine's exact dot products round each operand row to a fixed-point grid
+(whitney/local/engine/exact.py); with both operands on equal bits this was 5.4e-4."""
 CHATS = [
     [
         {"role": "user", "content": "What is 3 + 4?"},

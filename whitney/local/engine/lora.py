@@ -50,7 +50,10 @@ class Lora:
 
     def merged_weight(self, weight: Tensor, name: str) -> Tensor:
         """W + scale * B @ A, the product exact (see `exact`): trainer and sampler both use it."""
-        delta = exact.matmul(exact.weight(self.B[name]), exact.weight(self.A[name].t()))
+        bits = exact.bits_for(self.A[name].shape[0])
+        delta = exact.matmul(
+            exact.fixed_point(self.B[name], bits), exact.fixed_point(self.A[name].t(), bits)
+        )
         return weight + delta * self.scale
 
     def snapshot(self) -> Lora:
