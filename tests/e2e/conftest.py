@@ -12,7 +12,8 @@ server") sets it up by hand:
 - `prefect --no-prompt deploy --all --prefect-file deployments/prefect.yaml` from the
   repository root; the evaluate-checkpoint and resume-run triggers it creates are then
   disabled, so that the runs of the other tests start no evaluation and no resume
-  (tests/e2e/test_checkpoints.py and test_resume.py enable them for their own);
+  (tests/e2e/test_checkpoints.py and test_resume.py enable them for their own), and the
+  resume sweep's schedule paused (tests/flows/core/test_resume_sweep.py tests the sweep);
 - `prefect worker start --pool whitney-process` with a 1 s query interval. Its environment
   holds no Whitney URL or key: the flow runs get them from the block.
 
@@ -63,6 +64,8 @@ EVALUATE_TRIGGER = "evaluate-every-saved-checkpoint"
 """The automation `prefect deploy` makes of evaluate-checkpoint's trigger."""
 RESUME_TRIGGER = "resume-crashed-training-runs"
 """The automation `prefect deploy` makes of resume-run's trigger (test_resume.py enables it)."""
+RESUME_SWEEP = ("resume-sweep", "resume-sweep-every-5-minutes")
+"""The resume trigger's scheduled backstop (flow, deployment): paused in the stack."""
 LOG_DIR = ARTIFACTS_DIR / "e2e-logs"
 PREFECT_SERVER, WHITNEY_SERVER, WORKER = "prefect-server", "whitney-serve", "prefect-worker"
 """The parts of the stack, by the names of their processes (and logs)."""
@@ -145,6 +148,11 @@ class Stack:
     def wait_up(self, name: str, since: float = 0.0) -> None:
         timeout = {PREFECT_SERVER: 180, WHITNEY_SERVER: 90, WORKER: 90}[name]
         wait_for(f"{name} to be up", lambda: self.up(name, since), timeout, evidence=self.evidence)
+
+    def pause_deployment(self, flow_name: str, name: str) -> None:
+        """Pause the deployment's schedules; its scheduled runs are deleted (the UI's toggle)."""
+        deployment = self.api.deployment(flow_name, name)
+        self.api.post(f"/deployments/{deployment['id']}/pause_deployment")
 
     def enable_automation(self, name: str, enabled: bool) -> None:
         """Turn the automation named `name` on or off (the UI's toggle)."""
@@ -278,6 +286,7 @@ def running_stack(root: Path, log_dir: Path = LOG_DIR) -> Iterator[Stack]:
         )
         stack.enable_automation(EVALUATE_TRIGGER, False)
         stack.enable_automation(RESUME_TRIGGER, False)
+        stack.pause_deployment(*RESUME_SWEEP)
         processes.append(
             ManagedProcess(
                 WORKER,

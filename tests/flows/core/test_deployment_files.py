@@ -87,6 +87,7 @@ def test_every_deployment_validates_and_its_entrypoint_takes_its_parameters() ->
         "evaluate-checkpoint",
         "promote-checkpoint",
         "sweep-on-demand",
+        "resume-sweep-every-5-minutes",
         "resume-run",
     ]
     for deployment in deployments.values():
@@ -96,6 +97,10 @@ def test_every_deployment_validates_and_its_entrypoint_takes_its_parameters() ->
     assert reaper["entrypoint"] == "flows/reap/flow.py:reap_orphaned_sessions"
     assert reaper["parameters"] == {"whitney_block": "whitney", "apply": True}
     assert reaper["schedules"] == [{"interval": 900, "active": True}]
+    backstop = deployments["resume-sweep-every-5-minutes"]
+    assert backstop["entrypoint"] == "flows/resume/sweep.py:resume_sweep"
+    assert backstop["parameters"] == deployments["resume-run"]["parameters"]
+    assert backstop["schedules"] == [{"interval": 300, "active": True}]
 
 
 def test_the_automation_is_a_proactive_heartbeat_trigger_that_crashes_the_flow_run() -> None:
