@@ -7,7 +7,7 @@
 - `hf_models`: a Hugging Face cache holding tiny Llama and Qwen2 checkpoints
   (tests/hfmodels/builders.py), built once, and this environment pointed at it, offline.
 
-The suite runs in two processes (`pytest_collection_modifyitems`); `-n 0` runs it in one.
+The suite runs in two processes (`pytest_xdist_make_scheduler`); `-n 0` runs it in one.
 
 Nothing here downloads: HF_HUB_OFFLINE is 1 unless the environment says otherwise. A suite
 started in the background (`cmd &` in a script) ignores SIGINT, and every process it starts
@@ -29,15 +29,18 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 from whitney.local import EmbeddedWhitney
 
 
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Two test processes (pytest-xdist, `--dist=loadgroup`): the end-to-end tests in one, on
-    their stack of servers, every other test in the other, in its usual order. Each item gets
-    its group before xdist reads the groups."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            group = "e2e" if item.path.parent.name == "e2e" else "in-process"
-            item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """Two test processes (pytest-xdist): the end-to-end tests in one, on their stack of
+    servers, every other test in the other, in its usual order. A scheduler of our own rather
+    than `--dist=loadgroup`, whose groups pytest >= 9.2 silently drops (pytest-xdist#1386)."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EndToEndApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "e2e" if nodeid.startswith("tests/e2e/") else "in-process"
+
+    return EndToEndApart(config, log)
 
 
 @pytest.fixture(scope="session")
