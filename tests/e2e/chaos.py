@@ -58,6 +58,9 @@ class Soak:
     start_run: Callable[[int], str]
     """Starts training run i (0, 1, 2, ...); its flow run id."""
     rng: random.Random
+    recovery_timeout_s: float = RECOVERY_TIMEOUT_S
+    """How long a kill's recovery may take (with the resume sweep on: its interval and
+    settling time too)."""
     started: float = field(default_factory=time.monotonic)
     roots: list[str] = field(default_factory=list)
     kills: list[Kill] = field(default_factory=list)
@@ -113,7 +116,7 @@ class Soak:
         """Wait until the flow run, killed, is Crashed and continued by a Running run (or, if
         it got to its end meanwhile, Completed); what happened."""
         ended = self.stack.api.wait_flow_run(
-            flow_run_id, ["CRASHED", "COMPLETED"], RECOVERY_TIMEOUT_S, self.stack.evidence
+            flow_run_id, ["CRASHED", "COMPLETED"], self.recovery_timeout_s, self.stack.evidence
         )
         if ended["state_type"] == "COMPLETED":
             return f"{flow_run_id[:8]} completed"
@@ -128,7 +131,7 @@ class Soak:
         successor = wait_for(
             f"the run continuing {flow_run_id}",
             continued,
-            RECOVERY_TIMEOUT_S,
+            self.recovery_timeout_s,
             evidence=self.stack.evidence,
         )
         return f"{flow_run_id[:8]} resumed as {successor['id'][:8]}"
@@ -143,7 +146,7 @@ class Soak:
             target = wait_for(
                 "a running flow process the worker watches",
                 self.supervised_target,
-                RECOVERY_TIMEOUT_S,
+                self.recovery_timeout_s,
                 evidence=self.stack.evidence,
             )
             kill = Kill(number, part, target["id"][:8], began - self.started)
@@ -175,7 +178,7 @@ class Soak:
         self.roots = [self.start_run(index) for index in range(runs)]
         for root in self.roots:  # started; one that already ended fails `kill`'s check
             self.stack.api.wait_flow_run(
-                root, ["RUNNING", "COMPLETED"], RECOVERY_TIMEOUT_S, self.stack.evidence
+                root, ["RUNNING", "COMPLETED"], self.recovery_timeout_s, self.stack.evidence
             )
         self.say(f"{runs} runs running: {', '.join(root[:8] for root in self.roots)}")
         for number, part in enumerate(schedule(self.rng, each), start=1):

@@ -149,10 +149,12 @@ class Stack:
         timeout = {PREFECT_SERVER: 180, WHITNEY_SERVER: 90, WORKER: 90}[name]
         wait_for(f"{name} to be up", lambda: self.up(name, since), timeout, evidence=self.evidence)
 
-    def pause_deployment(self, flow_name: str, name: str) -> None:
-        """Pause the deployment's schedules; its scheduled runs are deleted (the UI's toggle)."""
+    def pause_deployment(self, flow_name: str, name: str, paused: bool = True) -> None:
+        """Pause the deployment's schedules (its scheduled runs are deleted), or resume them
+        (the UI's toggle)."""
         deployment = self.api.deployment(flow_name, name)
-        self.api.post(f"/deployments/{deployment['id']}/pause_deployment")
+        action = "pause_deployment" if paused else "resume_deployment"
+        self.api.post(f"/deployments/{deployment['id']}/{action}")
 
     def enable_automation(self, name: str, enabled: bool) -> None:
         """Turn the automation named `name` on or off (the UI's toggle)."""
