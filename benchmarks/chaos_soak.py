@@ -1,6 +1,6 @@
 """The chaos soak, longer: the stack of docs/prefect-server.md (Prefect server, embedded Whitney,
-process worker, the deployments, the resume-run trigger and its sweep on), `--runs` RL runs of rl-on-demand
-(`local/tiny`, seeds seed..seed+runs-1) while the flow process, the worker, the Prefect
+process worker, the deployments, the resume-run trigger and its sweep on), `--runs` RL runs of
+rl-on-demand (`local/tiny`, seeds seed..seed+runs-1) while the flow process, the worker, the Prefect
 server and the Whitney server are SIGKILLed `--each` times each, in a seeded random order, at
 seeded random moments, and started again. Prints the kills and what each recovery cost, then
 checks every run against an undisturbed run of its seed (run first, one at a time): the same
