@@ -73,8 +73,9 @@ def activation_rows(x: Tensor, weight_bits: int) -> Tensor:
     pass 2**53. That sum is of integers (exact in any order); the row's bits depend on it alone.
 
     Bound: at 24 bits each |n_i| <= |x_i| u + 1/2; with `shift` bits fewer, |m_i| <=
-    (|n_i| + 1/2) / 2**shift + 1/2, so sum |m_i| <= 2**(52 - b) + K/2 and every partial sum of
-    the dot product is at most 2**53 - K * 2**(b - 1) in units of its output's step."""
+    (|n_i| + 1/2) / 2**shift + 1/2, so sum |m_i| <= 2**(52 - b) + K/2, and against weight
+    integers of at most 2**b every partial sum is at most 2**52 + K * 2**(b - 1) <= 2**53 in
+    units of its output's step."""
     x = x.detach().float()
     largest = x.abs().amax(-1, keepdim=True)
     top = (largest.view(torch.int32) & EXPONENT_BITS).view(torch.float32) * 2.0
