@@ -2,7 +2,7 @@
 triggers it, runs 4 RL trials on `local/tiny` under a global concurrency limit of 2, halves
 them after 2 cycles and runs the 2 kept to 3 cycles from their checkpoints.
 
-Everything is read back from Prefect's records (the trials' flow runs, their start and end
+Everything is read back from Prefect's records (the trials' flow runs, their creation and end
 times, their cycle events, the artifact) and from the Whitney server; which trials a rung
 keeps is recomputed here from the trials' own cycle events.
 """
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import re
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -54,9 +55,13 @@ def trial_runs(stack: Stack, sweep_id: str) -> dict[tuple[int, int], dict[str, A
 
 
 def most_at_once(runs: list[dict[str, Any]]) -> int:
-    """The most flow runs running at one instant, from their start and end times."""
+    """The most trial flow runs in flight at one instant, from their creation to their end: a
+    trial creates its flow run once it holds a slot of the limit and gives the slot back after
+    the run ended. (Not from their start times: two tiny trials started side by side can run
+    one after the other, each process's start taking longer than the other's training.)"""
     edges = sorted(
-        [(run["start_time"], 1) for run in runs] + [(run["end_time"], -1) for run in runs],
+        [(datetime.fromisoformat(run["created"]), 1) for run in runs]
+        + [(datetime.fromisoformat(run["end_time"]), -1) for run in runs],
         key=lambda edge: (edge[0], edge[1]),  # an end before a start at the same instant
     )
     running = most = 0
@@ -110,7 +115,7 @@ def test_a_sweep_of_four_trials_runs_two_at_a_time_and_halves(alive: Stack) -> N
     assert sorted(t for t, rung in trials if rung == 0) == list(range(4))
     assert len(trials) == 4 + 2 and {rung for _, rung in trials} == {0, 1}
     assert all(run["state_type"] == "COMPLETED" for run in trials.values())
-    # never more than 2 trials running at once, and 2 at some point
+    # never more than 2 trials in flight at once, and 2 at some point
     assert most_at_once(list(trials.values())) == 2
 
     # rung 0 keeps the best half by the last reward_mean (ties to the lower trial number)
