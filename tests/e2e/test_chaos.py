@@ -21,9 +21,10 @@ from .test_deployments import SMALL, adapter_sha256, finished_run, wait_run
 from .test_resume import start
 
 SEED = int(os.environ.get("E2E_CHAOS_SEED") or 29)
-SOAK_CONFIG: dict[str, Any] = {**SMALL, "cycles": 40, "checkpoint_every": 8}
+SOAK_CONFIG: dict[str, Any] = {**SMALL, "cycles": 80, "checkpoint_every": 16}
 """Long enough for four kills while three such runs train (16 cycles were not, on a quiet
-machine: a run completed before the soak saw the third one start)."""
+machine: a run completed before the soak saw the third one start; 40 were not on a faster
+one: every run ended before the fourth kill)."""
 
 pytestmark = pytest.mark.timeout(900)
 
