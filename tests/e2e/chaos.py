@@ -36,9 +36,12 @@ PARENT_TAG = "whitney.parent-flow-run:"
 
 
 def schedule(rng: random.Random, each: int) -> list[str]:
-    """`each` kills of every part, in a seeded random order."""
+    """`each` kills of every part, in a seeded random order, but for the worker's last kill,
+    which comes last: while the worker restarts, the runs it started train on and may finish,
+    so a kill after it could find nothing training."""
     order = list(PARTS) * each
     rng.shuffle(order)
+    order.append(order.pop(len(order) - 1 - order[::-1].index(WORKER)))
     return order
 
 
