@@ -93,12 +93,17 @@ def refusal(ended: FlowRun, max_attempts: int) -> str | None:
     return None
 
 
+def decision_key(ended_name: str) -> str:
+    """The key of the artifact recording resume-run's decision about a flow run."""
+    return artifact_key("resume", ended_name)
+
+
 def record(ended: FlowRun, verdict: str, rows: list[tuple[str, str]]) -> None:
     """The decision, as the resume-run flow run's markdown artifact."""
     table = "\n".join(f"| {name} | {value} |" for name, value in rows)
     create_markdown_artifact(
         f"# Resume of {ended.name}\n\n{verdict}\n\n| | |\n| --- | --- |\n{table}\n",
-        key=artifact_key("resume", ended.name),
+        key=decision_key(ended.name),
         description=f"Automatic resume of flow run {ended.name}",
     )
 

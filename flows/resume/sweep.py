@@ -30,8 +30,7 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import FlowRun, StateType
 
-from flows.core.records import artifact_key
-from flows.resume.flow import resume_run
+from flows.resume.flow import decision_key, resume_run
 
 TRAINING_DEPLOYMENTS = ("rl-on-demand", "sft-nightly", "distill-on-demand", "dpo-on-demand")
 """The deployments the resume-run trigger watches (deployments/prefect.yaml)."""
@@ -61,7 +60,7 @@ def undecided(prefect: SyncPrefectClient, runs: list[FlowRun]) -> list[FlowRun]:
     """The runs no resume-run has recorded a decision about."""
     if not runs:
         return []
-    keys = {artifact_key("resume", run.name): run for run in runs}
+    keys = {decision_key(run.name): run for run in runs}
     decided = prefect.read_artifacts(
         artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=list(keys)))
     )
