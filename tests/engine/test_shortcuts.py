@@ -123,3 +123,70 @@ def test_target_logprobs_check_between_chunks(monkeypatch) -> None:
     with pytest.raises(InterruptedError), torch.no_grad():
         run.model.target_logprobs(hidden, ids[:, 1:], check)
     assert len(calls) == 3
+
+
+def plain_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal softmax attention in float64, grouped-query heads repeated: the reference."""
+    groups = q.shape[1] // k.shape[1]
+    k, v = (t.repeat_interleave(groups, dim=1) for t in (k, v))
+    scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
+    causal = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()
+    return scores.masked_fill(~causal, float("-inf")).softmax(-1) @ v
+
+
+@pytest.mark.parametrize("chunk", [model.ATTENTION_CHUNK, 200, 1])
+def test_attention_over_chunks_of_queries_is_softmax_attention(monkeypatch, chunk) -> None:
+    """Any chunking of the queries gives the bits of one chunk; value and gradients are those of
+    plain softmax attention (float64, written here) to float32 precision."""
+    cfg = model.ModelConfig(
+        hidden_size=64, num_layers=1, num_heads=4, num_kv_heads=2, intermediate_size=64
+    )
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(3, h, 9, 16, generator=gen) for h in (4, 2, 2))
+    grid = torch.full((2, 1, 16), 2.0**-16, dtype=torch.float64)
+    positions = torch.arange(9).expand(3, -1)
+    upstream = torch.randn(3, 4, 9, 16, generator=gen)
+
+    def attend() -> tuple[torch.Tensor, ...]:
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        keys = exact.fixed_point(k, exact.bits_for(16))
+        out = model.Attention.apply(
+            *inputs,
+            keys,
+            model.Values.of(v, grid),
+            positions,
+            positions,
+            cfg.prob_bits,
+            model.no_check,
+        )
+        return out, *torch.autograd.grad(out, inputs, upstream)
+
+    whole = attend()
+    monkeypatch.setattr(model, "ATTENTION_CHUNK", chunk)
+    chunked = attend()
+    assert torch.equal(chunked[0], whole[0])
+    inputs = [t.double().requires_grad_() for t in (q, k, v)]
+    want = plain_attention(*inputs)
+    want_grads = torch.autograd.grad(want, inputs, upstream.double())
+    torch.testing.assert_close(chunked[0].double(), want, rtol=1e-5, atol=1e-5)
+    for got, expected in zip(chunked[1:], want_grads, strict=True):
+        torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-5)
+
+
+def test_chunked_attention_changes_no_output_of_training_or_sampling(monkeypatch) -> None:
+    run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=5)
+    train_a_little(run, steps=1)
+    run.save_weights_for_sampler("s")
+    sequences = make_sequences(13, 5, lengths=(5, 40))
+    params = {"max_tokens": 12, "temperature": 1.0, "seed": 3}
+    request = [
+        {"prompt": {"token_ids": sequences[0][:20]}, "num_samples": 3, "sampling_params": params}
+    ]
+    whole, whole_grads = trained_outputs_and_grads(run, sequences)
+    sampled = run.sample("s", request, [0])[0].result
+    monkeypatch.setattr(model, "ATTENTION_CHUNK", 100)
+    split, split_grads = trained_outputs_and_grads(run, sequences)
+    assert split == whole
+    assert run.sample("s", request, [0])[0].result == sampled
+    for name, grad in whole_grads.items():  # float32 sums over chunks in another order: close
+        torch.testing.assert_close(split_grads[name], grad, rtol=1e-3, atol=1e-5)

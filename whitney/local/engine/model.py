@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -43,6 +43,7 @@ GROUPS = {  # projections that read the same input run as one matmul (bitwise th
     "down": PROJECTIONS[6:],
 }
 VALUE_BITS = 21  # per part of a value on its static grid; see `value_grid`
+ATTENTION_CHUNK = 1 << 22  # scores per chunk of queries in `Attention` (elements, at least a row)
 LOGITS_CHUNK = 1 << 22  # logits per chunk of rows in `TargetLogprobs` (elements, at least a row)
 SAVED_LOGITS = 1 << 26  # up to this many logits are kept for the backward; more are recomputed
 Check = Callable[[], None]  # called between stages of the work; raises to stop it
@@ -230,10 +231,10 @@ class Values:
 
 def attention_weights_times_values(
     p: Tensor, values: Values, prob_bits: int, check: Check = no_check
-) -> Tensor:
+) -> tuple[Tensor, Tensor]:
     """sum_j p_j v_j / sum_j p_j for p in [0, 1] (float32) [B, H, Tq, Tk], from exact sums (p
     split in hi + lo parts of prob_bits each, on grids common to all keys) combined in a fixed
-    order."""
+    order; and sum_j p_j itself (exact, float64)."""
     scaled = p.double() * 2.0**prob_bits
     p_hi = torch.round(scaled)
     p_lo = torch.round((scaled - p_hi) * 2.0**prob_bits) * 2.0**-prob_bits
@@ -241,7 +242,7 @@ def attention_weights_times_values(
     check()
     hi, lo = repeat_heads(values.hi, p.shape[1]), repeat_heads(values.lo, p.shape[1])
     fine = torch.matmul(p_hi, lo) + torch.matmul(p_lo, hi)
-    return ((torch.matmul(p_hi, hi) + fine) / z).float()
+    return ((torch.matmul(p_hi, hi) + fine) / z).float(), z * 2.0**-prob_bits
 
 
 def repeat_heads(x: Tensor, heads: int) -> Tensor:
@@ -251,9 +252,36 @@ def repeat_heads(x: Tensor, heads: int) -> Tensor:
     return x.repeat_interleave(heads // x.shape[-3], dim=-3)
 
 
+def query_chunks(
+    positions: Tensor, key_positions: Tensor, heads: int
+) -> Iterator[tuple[slice, Tensor]]:
+    """The queries at `positions` [B, Tq] in slices of at most ATTENTION_CHUNK scores over all
+    heads (at least one query), each with its causal mask [B, 1, rows, seen] over the keys at
+    `key_positions` [B, Tk], up to the last key any of its queries sees (the rest are invisible
+    to the whole slice)."""
+    batch, queries = positions.shape
+    keys = key_positions.shape[1]
+    size = max(1, ATTENTION_CHUNK // (batch * heads * keys))
+    for start in range(0, queries, size):
+        rows = slice(start, start + size)
+        visible = key_positions[:, None, None, :] <= positions[:, None, rows, None]
+        seen = int((visible.flatten(0, 2).any(0) * torch.arange(1, keys + 1)).max())
+        yield rows, visible[..., :seen]
+
+
+def attention_probabilities(fq: Tensor, keys: Tensor, visible: Tensor) -> Tensor:
+    """exp(score - the row's largest score) [B, H, Tq, Tk] (float32) of fixed-point queries over
+    keys; each element's bits depend on its row alone (exact scores, `vectorized` exp)."""
+    scores = exact.matmul(fq, keys) * (1.0 / math.sqrt(fq.shape[-1]))
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return exact.vectorized(torch.exp, scores - scores.amax(-1, keepdim=True))
+
+
 class Attention(torch.autograd.Function):
     """Causal attention of queries over fixed-point keys and values, exact in value; the
-    gradient is softmax attention's own, from the forward's probabilities. `check` runs
+    gradient is softmax attention's own. Queries run in chunks (`query_chunks`), so neither the
+    forward nor the backward holds more than a chunk's scores: the backward recomputes each
+    chunk's probabilities (the same bits) from the exact sums the forward kept. `check` runs
     between the stages of the forward (long ones, for long sequences)."""
 
     @staticmethod
@@ -264,36 +292,49 @@ class Attention(torch.autograd.Function):
         v,
         keys: Tensor,
         values: Values,
-        visible: Tensor,
+        positions: Tensor,
+        key_positions: Tensor,
         prob_bits: int,
         check: Check,
     ):
         fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
-        scores = exact.matmul(fq, repeat_heads(keys, q.shape[1])) * (1.0 / math.sqrt(q.shape[-1]))
-        scores = scores.masked_fill(~visible, float("-inf"))
-        check()
-        p = exact.vectorized(torch.exp, scores - scores.amax(-1, keepdim=True))
-        check()
-        out = attention_weights_times_values(p, values, prob_bits, check)
+        all_keys = repeat_heads(keys, q.shape[1])
+        out = torch.empty(q.shape)
+        sums = torch.empty(*q.shape[:-1], 1, dtype=torch.float64)
+        for rows, visible in query_chunks(positions, key_positions, q.shape[1]):
+            check()
+            seen = visible.shape[-1]
+            p = attention_probabilities(fq[:, :, rows], all_keys[:, :, :seen], visible)
+            check()
+            out[:, :, rows], sums[:, :, rows] = attention_weights_times_values(
+                p, values.upto(seen), prob_bits, check
+            )
         if ctx.needs_input_grad[0]:
-            z = p.double().sum(-1, keepdim=True)
-            ctx.save_for_backward(q, k, v, (p.double() / z).float(), out)
+            ctx.save_for_backward(q, k, v, keys, positions, key_positions, sums, out)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, probs, out = ctx.saved_tensors
+        q, k, v, keys, positions, key_positions, sums, out = ctx.saved_tensors
         heads, scale = q.shape[1], 1.0 / math.sqrt(q.shape[-1])
         groups = heads // k.shape[1]
-        k, v = repeat_heads(k, heads), repeat_heads(v, heads)
-        grad_v = probs.transpose(-1, -2) @ grad_out
-        grad_p = grad_out @ v.transpose(-1, -2)
-        grad_s = probs * (grad_p - (grad_out * out).sum(-1, keepdim=True)) * scale
-        grad_q, grad_k = grad_s @ k, grad_s.transpose(-1, -2) @ q
+        fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
+        all_keys, k, v = (repeat_heads(t, heads) for t in (keys, k, v))
+        grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for rows, visible in query_chunks(positions, key_positions, heads):
+            seen = visible.shape[-1]
+            p = attention_probabilities(fq[:, :, rows], all_keys[:, :, :seen], visible)
+            probs = (p.double() / sums[:, :, rows]).float()
+            g, o = grad_out[:, :, rows], out[:, :, rows]
+            grad_v[:, :, :seen] += probs.transpose(-1, -2) @ g
+            grad_p = g @ v[:, :, :seen].transpose(-1, -2)
+            grad_s = probs * (grad_p - (g * o).sum(-1, keepdim=True)) * scale
+            grad_q[:, :, rows] = grad_s @ k[:, :, :seen]
+            grad_k[:, :, :seen] += grad_s.transpose(-1, -2) @ q[:, :, rows]
         if groups > 1:
             grad_k = grad_k.unflatten(1, (-1, groups)).sum(2)
             grad_v = grad_v.unflatten(1, (-1, groups)).sum(2)
-        return grad_q, grad_k, grad_v, None, None, None, None, None
+        return grad_q, grad_k, grad_v, None, None, None, None, None, None
 
 
 class Checkpoint(torch.autograd.Function):
@@ -330,25 +371,29 @@ class ExactLinear(torch.autograd.Function):
 
 class LoraLinear(torch.autograd.Function):
     """x @ W'.T for the merged weights W' = W + scale * B @ A of a group of projections (exact
-    in value), with LoRA's gradients to x and to each projection's A and B."""
+    in value), with LoRA's gradients to x and to each projection's A and B, from the base
+    weights W and the adapters (W' itself is not kept)."""
 
     @staticmethod
-    def forward(ctx, x, fixed: Tensor, merged: Tensor, scale: float, *adapters: Tensor):
-        ctx.save_for_backward(x, merged, *adapters)
-        ctx.scale = scale
+    def forward(ctx, x, fixed: Tensor, bases: tuple[Tensor, ...], scale: float, *adapters: Tensor):
+        ctx.save_for_backward(x, *adapters)
+        ctx.bases, ctx.scale = bases, scale
         return exact.linear(x, fixed)
 
     @staticmethod
     def backward(ctx, grad_y):
-        x, merged, *adapters = ctx.saved_tensors
+        x, *adapters = ctx.saved_tensors
         x2, gy = x.reshape(-1, x.shape[-1]), grad_y.reshape(-1, grad_y.shape[-1])
         grads: list[Tensor] = []
+        grad_x = torch.zeros_like(x2)
         start = 0
-        for a, b in zip(adapters[::2], adapters[1::2], strict=True):
+        for w, a, b in zip(ctx.bases, adapters[::2], adapters[1::2], strict=True):
             part = gy[:, start : start + b.shape[0]]
             start += b.shape[0]
-            grads += [ctx.scale * (part @ b).t() @ x2, ctx.scale * part.t() @ (x2 @ a.t())]
-        return grad_y @ merged, None, None, None, *grads
+            down = part @ b
+            grads += [ctx.scale * down.t() @ x2, ctx.scale * part.t() @ (x2 @ a.t())]
+            grad_x += part @ w + ctx.scale * (down @ a)
+        return grad_x.view(x.shape), None, None, None, *grads
 
 
 class TargetLogprobs(torch.autograd.Function):
@@ -411,12 +456,12 @@ def row_chunks(vocab: int, *tensors: Tensor) -> list[tuple[Tensor, ...]]:
 @dataclass(frozen=True)
 class LayerWeights:
     """One layer's projections on fixed-point rows (grouped), its value grid, the biases of its
-    groups that have them (Qwen2's qkv), and for training the float merged weights and adapters
-    the gradients need."""
+    groups that have them (Qwen2's qkv), and for training the base weights and adapters the
+    gradients need."""
 
     fixed: dict[str, Tensor]
     value_grid: Tensor
-    merged: dict[str, Tensor]
+    bases: dict[str, tuple[Tensor, ...]]
     adapters: dict[str, tuple[Tensor, ...]]
     biases: dict[str, Tensor]
 
@@ -504,7 +549,11 @@ class Llama:
                         adapters[group] = tuple(
                             t for name in names for t in self.lora.adapter(p + name)
                         )
-                layers.append(LayerWeights(fixed, grid, merged, adapters, biases))
+                bases = {
+                    group: tuple(self.w[p + name + ".weight"] for name in names)
+                    for group, names in GROUPS.items()
+                }
+                layers.append(LayerWeights(fixed, grid, bases, adapters, biases))
         if self.lora is None:
             self.frozen = layers
         return layers
@@ -516,7 +565,7 @@ class Llama:
     def linear(self, x: Tensor, layer: LayerWeights, group: str) -> Tensor:
         if self.lora is not None and torch.is_grad_enabled():
             y = LoraLinear.apply(
-                x, layer.fixed[group], layer.merged[group], self.lora.scale, *layer.adapters[group]
+                x, layer.fixed[group], layer.bases[group], self.lora.scale, *layer.adapters[group]
             )
         else:
             y = exact.linear(x, layer.fixed[group])
@@ -546,8 +595,7 @@ class Llama:
         else:
             keys, values = cache.write(n, k, v, layer.value_grid)
             key_positions = torch.arange(keys.shape[2]).expand(B, -1)
-        visible = key_positions[:, None, None, :] <= positions[:, None, :, None]
-        y = Attention.apply(q, k, v, keys, values, visible, cfg.prob_bits, check)
+        y = Attention.apply(q, k, v, keys, values, positions, key_positions, cfg.prob_bits, check)
         return self.linear(y.transpose(1, 2).reshape(B, T, h * d), layer, "o")
 
     def mlp(self, x: Tensor, layer: LayerWeights) -> Tensor:
@@ -566,20 +614,25 @@ class Llama:
         (causal attention never looks ahead). With a cache, continues at each row's position;
         `layers` reuses the weights of `layer_weights()` across calls. `check` is called before
         each attention and MLP, between the attention's stages and, in the backward, after each
-        layer's (it raises to stop the work). `recompute` keeps only each layer's input for the
-        backward and runs the layer again there (the same bits: its arithmetic is exact)."""
+        layer's (it raises to stop the work). `recompute` keeps only the input of each segment
+        of about sqrt(layers) layers for the backward and runs the segment again there (the same
+        bits: its arithmetic is exact)."""
         B, T = ids.shape
         start = torch.zeros(B, dtype=torch.long) if cache is None else cache.positions
         positions = start[:, None] + torch.arange(T)[None, :]
         x = F.embedding(ids, self.w["model.embed_tokens.weight"])
         probe = check or no_check
-        for n, layer in enumerate(layers or self.layer_weights()):
-            if recompute and x.requires_grad:
+        layers = layers or self.layer_weights()
+        recompute = recompute and torch.is_grad_enabled()
+        size = math.isqrt(len(layers)) if recompute else 1
+        for first in range(0, len(layers), size):
+            span = range(first, min(first + size, len(layers)))
+            if recompute:
                 x = torch.utils.checkpoint.checkpoint(
-                    self.block,
+                    self.blocks,
                     x,
-                    n,
-                    layer,
+                    span,
+                    layers,
                     positions,
                     cache,
                     probe,
@@ -587,12 +640,26 @@ class Llama:
                     preserve_rng_state=False,
                 )
             else:
-                x = self.block(x, n, layer, positions, cache, probe)
+                x = self.blocks(x, span, layers, positions, cache, probe)
             if check is not None and x.requires_grad:
                 x = Checkpoint.apply(x, check)
         if cache is not None:
             cache.positions += T
         return rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_eps)
+
+    def blocks(
+        self,
+        x: Tensor,
+        span: range,
+        layers: list[LayerWeights],
+        positions: Tensor,
+        cache: KVCache | None,
+        probe: Check,
+    ) -> Tensor:
+        """Decoder layers `span`, one after the other."""
+        for n in span:
+            x = self.block(x, n, layers[n], positions, cache, probe)
+        return x
 
     def block(
         self,

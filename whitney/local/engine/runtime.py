@@ -24,7 +24,7 @@ from whitney.errors import (
     UnsupportedBaseModel,
     WhitneyError,
 )
-from whitney.local.engine import checkpoint, exact, losses, validation
+from whitney.local.engine import checkpoint, exact, losses, memory, validation
 from whitney.local.engine.lora import Lora
 from whitney.local.engine.model import (
     CONFIGS,
@@ -42,7 +42,7 @@ SAMPLER_MODELS_KEPT = 2  # merged sampling copies kept built; older snapshots ar
 LOGPROBS_CHUNK = 16  # sequences per forward in `logprobs` (any chunking gives the same bits)
 FORWARD_CHUNK = 16  # datums per forward pass in `forward` / `forward_backward`, likewise
 CHUNK_TOKENS = 2048  # and at most this many positions (padding included), unless one datum
-SAVED_ACTIVATIONS = 1 << 30  # bytes of a backward's activations above which layers recompute
+SAVED_ACTIVATIONS = 1 << 31  # bytes of a backward's activations above which layers recompute
 
 _bases: dict[str, tuple[ModelConfig, dict[str, Tensor]]] = {}
 _bases_lock = threading.Lock()
@@ -286,21 +286,20 @@ class EngineRun:
         recompute = torch.is_grad_enabled() and activation_bytes(self.cfg, sum(lengths)) > (
             SAVED_ACTIVATIONS
         )
+        check = memory.releasing(self.check_interrupt) if recompute else self.check_interrupt
         parts = []
         for chunk in forward_chunks(order, lengths):
-            self.check_interrupt()
+            check()
             width = max(lengths[i] for i in chunk)
             hidden = self.model.hidden(
-                ids[chunk, :width], layers=layers, check=self.check_interrupt, recompute=recompute
+                ids[chunk, :width], layers=layers, check=check, recompute=recompute
             )
             if self.role == "critic":
                 weight = self.value_head["value_head.weight"]
                 values = ExactLinear.apply(hidden, exact.weight(weight), weight)
                 part = (values + self.value_head["value_head.bias"]).squeeze(-1)
             else:
-                part = self.model.target_logprobs(
-                    hidden, targets[chunk, :width], self.check_interrupt
-                )
+                part = self.model.target_logprobs(hidden, targets[chunk, :width], check)
             parts.append(F.pad(part, (0, ids.shape[1] - width)))
         return torch.cat(parts)[torch.tensor(order).argsort()]
 
