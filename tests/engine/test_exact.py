@@ -142,12 +142,23 @@ def test_mean_square_is_exact_on_the_rows_grid() -> None:
 
 def test_vectorized_elementwise_functions_do_not_depend_on_the_tensors_size() -> None:
     x = random_rows(6, (70_001,))
-    for fn in (F.silu, torch.exp, torch.sigmoid):
+    for fn in (torch.ops.aten.silu, torch.exp, torch.sigmoid):
         whole = exact.vectorized(fn, x)
         torch.testing.assert_close(whole, fn(x), rtol=1e-6, atol=1e-7)
         for start, size in ((0, 1), (5, 33), (64, 1000), (70_000, 1), (1234, 40_000)):
             part = exact.vectorized(fn, x[start : start + size])
             assert torch.equal(part, whole[start : start + size])
+
+
+def test_vectorized_has_the_functions_own_gradient() -> None:
+    x = random_rows(11, (3, 1000)).requires_grad_()
+    upstream = random_rows(12, (3, 1000))
+    for fn, derivative in ((torch.ops.aten.silu, F.silu), (torch.exp, torch.exp)):
+        value = exact.vectorized(fn, x)
+        assert torch.equal(value, exact.vectorized(fn, x.detach()))
+        (got,) = torch.autograd.grad(value, x, upstream)
+        (want,) = torch.autograd.grad(derivative(x), x, upstream)
+        assert torch.equal(got, want)
 
 
 def test_prefix_sum_is_left_to_right_and_padding_changes_nothing() -> None:
@@ -173,6 +184,19 @@ def test_log_softmax_is_the_float64_one_and_its_rows_do_not_depend_on_the_others
     assert ((alone - reference).abs() <= ulp).all()
     masked = logits[:3].masked_fill(logits[:3] < 0, float("-inf"))
     assert torch.equal(exact.log_softmax(masked).isinf(), masked.isinf())
+
+
+def test_log_softmax_at_an_index_is_the_whole_log_softmax_gathered() -> None:
+    logits = random_rows(10, (50, 260), spread=1.0) * 3
+    logits[:5] = logits[:5].masked_fill(logits[:5] < 0, float("-inf"))
+    index = torch.randint(0, 260, (50, 3), generator=torch.Generator().manual_seed(1))
+    want = exact.log_softmax(logits).gather(-1, index)
+    assert torch.equal(exact.log_softmax_at(logits, index), want)
+    wide = logits.double()
+    reference = (wide - torch.logsumexp(wide, -1, keepdim=True)).float().gather(-1, index)
+    finite = reference.isfinite()
+    ulp = torch.finfo(torch.float32).eps * reference[finite].abs().clamp(min=1.0)
+    assert ((want[finite] - reference[finite]).abs() <= ulp).all()
 
 
 def test_log_softmax_has_torchs_gradient() -> None:

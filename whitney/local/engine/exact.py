@@ -127,32 +127,69 @@ def prefix_sum(x: Tensor, dtype: torch.dtype | None = None) -> Tensor:
     return torch.cumsum(x, -1, dtype=dtype)[..., -1]
 
 
-def vectorized(fn: Callable[[Tensor], Tensor], x: Tensor) -> Tensor:
-    """fn applied elementwise through torch's vector code for every element: the flattened
-    tensor is padded to a multiple of 64 and processed in slices small enough to run serially."""
+def vectorized(fn: Callable[..., Tensor], x: Tensor) -> Tensor:
+    """fn (an elementwise torch op, which takes `out=`) applied through torch's vector code for
+    every element: the flattened tensor in slices small enough to run serially, each a multiple
+    of 64 elements, the tail padded to 64. The gradient is fn's own."""
+    if x.requires_grad and torch.is_grad_enabled():
+        return Vectorized.apply(x, fn)
     flat = x.reshape(-1)
     n = flat.numel()
-    body, tail = flat[: n - n % 64], flat[n - n % 64 :]
-    parts = [fn(part) for part in body.split(SLICE)]
-    if tail.numel():
-        parts.append(fn(torch.nn.functional.pad(tail, (0, 64 - tail.numel())))[: tail.numel()])
-    if not parts:
-        return flat.view(x.shape)
-    return (parts[0] if len(parts) == 1 else torch.cat(parts)).view(x.shape)
+    out = torch.empty_like(flat)
+    body = n - n % 64
+    for start in range(0, body, SLICE):
+        stop = min(start + SLICE, body)
+        fn(flat[start:stop], out=out[start:stop])
+    if body < n:
+        tail = torch.empty(64, dtype=out.dtype)
+        fn(torch.nn.functional.pad(flat[body:], (0, 64 - (n - body))), out=tail)
+        out[body:] = tail[: n - body]
+    return out.view(x.shape)
+
+
+class Vectorized(torch.autograd.Function):
+    """`vectorized`'s value, with fn's gradient (fn run again in the backward, as autograd's)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, fn: Callable[..., Tensor]) -> Tensor:
+        ctx.save_for_backward(x)
+        ctx.fn = fn
+        return vectorized(fn, x.detach())
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (x,) = ctx.saved_tensors
+        with torch.enable_grad():
+            leaf = x.detach().requires_grad_()
+            (grad_x,) = torch.autograd.grad(ctx.fn(leaf), leaf, grad)
+        return grad_x, None
+
+
+def log_normaliser(x: Tensor) -> tuple[Tensor, Tensor]:
+    """The row's max (float32) and the log of the exact sum of exp(x - max) (float64): the exp
+    of the shifted row in float64 through the vector code, each term on the grid
+    2**-(52 - log2 V) (terms are at most 1, so their sum is exact in any order)."""
+    top = x.detach().amax(-1, keepdim=True)
+    terms = vectorized(torch.exp, (x.detach() - top).double())
+    grid = 2.0 ** (MANTISSA_BITS - 1 - math.ceil(math.log2(max(x.shape[-1], 2))))
+    total = terms.mul_(grid).round_().sum(-1, keepdim=True) / grid
+    return top, vectorized(torch.log, total)
 
 
 def log_softmax(x: Tensor) -> Tensor:
-    """log softmax over the last dim, the same bits on every CPU: the row's max, exp of the
-    shifted row in float64 through the vector code, their sum exact (each term on the grid
-    2**-(52 - log2 V), terms at most 1), log of the sum in float64, rounded once to float32.
-    The gradient is torch's log_softmax's."""
-    top = x.detach().amax(-1, keepdim=True)
-    shifted = (x.detach() - top).double()
-    terms = vectorized(torch.exp, shifted)
-    grid = 2.0 ** (MANTISSA_BITS - 1 - math.ceil(math.log2(max(x.shape[-1], 2))))
-    total = torch.round(terms * grid).sum(-1, keepdim=True) / grid
-    exact_value = (shifted - vectorized(torch.log, total)).float()
+    """log softmax over the last dim, the same bits on every CPU: x minus the row's max, less the
+    log of the exact normaliser (`log_normaliser`) in float64, rounded once to float32. The
+    gradient is torch's log_softmax's."""
+    top, log_total = log_normaliser(x)
+    exact_value = ((x.detach() - top).double() - log_total).float()
     if not x.requires_grad:
         return exact_value
     soft = x.log_softmax(-1)
     return exact_value + (soft - soft.detach())
+
+
+def log_softmax_at(x: Tensor, index: Tensor) -> Tensor:
+    """`log_softmax(x).gather(-1, index)` (no gradient), the same bits without the other
+    elements."""
+    top, log_total = log_normaliser(x)
+    return ((x.detach().gather(-1, index) - top).double() - log_total).float()

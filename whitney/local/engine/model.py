@@ -189,7 +189,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 
 def silu(x: Tensor) -> Tensor:
-    return exact.vectorized(F.silu, x)
+    return exact.vectorized(torch.ops.aten.silu, x)
 
 
 def value_grid(
@@ -281,7 +281,8 @@ class Attention(torch.autograd.Function):
     """Causal attention of queries over fixed-point keys and values, exact in value; the
     gradient is softmax attention's own. Queries run in chunks (`query_chunks`), so neither the
     forward nor the backward holds more than a chunk's scores: the backward recomputes each
-    chunk's probabilities (the same bits) from the exact sums the forward kept. `check` runs
+    chunk's probabilities (the same bits) from the exact sums the forward kept, unless there
+    was one chunk (its probabilities are kept). `check` runs
     between the stages of the forward (long ones, for long sequences)."""
 
     @staticmethod
@@ -301,7 +302,9 @@ class Attention(torch.autograd.Function):
         all_keys = repeat_heads(keys, q.shape[1])
         out = torch.empty(q.shape)
         sums = torch.empty(*q.shape[:-1], 1, dtype=torch.float64)
-        for rows, visible in query_chunks(positions, key_positions, q.shape[1]):
+        chunks = list(query_chunks(positions, key_positions, q.shape[1]))
+        ctx.probs = None
+        for rows, visible in chunks:
             check()
             seen = visible.shape[-1]
             p = attention_probabilities(fq[:, :, rows], all_keys[:, :, :seen], visible)
@@ -309,6 +312,8 @@ class Attention(torch.autograd.Function):
             out[:, :, rows], sums[:, :, rows] = attention_weights_times_values(
                 p, values.upto(seen), prob_bits, check
             )
+            if ctx.needs_input_grad[0] and len(chunks) == 1:  # small: kept, not recomputed
+                ctx.probs = (p.double() / sums).float()
         if ctx.needs_input_grad[0]:
             ctx.save_for_backward(q, k, v, keys, positions, key_positions, sums, out)
         return out
@@ -318,19 +323,24 @@ class Attention(torch.autograd.Function):
         q, k, v, keys, positions, key_positions, sums, out = ctx.saved_tensors
         heads, scale = q.shape[1], 1.0 / math.sqrt(q.shape[-1])
         groups = heads // k.shape[1]
-        fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
-        all_keys, k, v = (repeat_heads(t, heads) for t in (keys, k, v))
+        if ctx.probs is None:
+            fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
+            all_keys = repeat_heads(keys, heads)
+        k, v = repeat_heads(k, heads), repeat_heads(v, heads)
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for rows, visible in query_chunks(positions, key_positions, heads):
             seen = visible.shape[-1]
-            p = attention_probabilities(fq[:, :, rows], all_keys[:, :, :seen], visible)
-            probs = (p.double() / sums[:, :, rows]).float()
+            probs = ctx.probs
+            if probs is None:
+                p = attention_probabilities(fq[:, :, rows], all_keys[:, :, :seen], visible)
+                probs = (p.double() / sums[:, :, rows]).float()
             g, o = grad_out[:, :, rows], out[:, :, rows]
             grad_v[:, :, :seen] += probs.transpose(-1, -2) @ g
             grad_p = g @ v[:, :, :seen].transpose(-1, -2)
             grad_s = probs * (grad_p - (g * o).sum(-1, keepdim=True)) * scale
             grad_q[:, :, rows] = grad_s @ k[:, :, :seen]
             grad_k[:, :, :seen] += grad_s.transpose(-1, -2) @ q[:, :, rows]
+        ctx.probs = None
         if groups > 1:
             grad_k = grad_k.unflatten(1, (-1, groups)).sum(2)
             grad_v = grad_v.unflatten(1, (-1, groups)).sum(2)
@@ -414,7 +424,7 @@ class TargetLogprobs(torch.autograd.Function):
         for part, target in row_chunks(fixed.shape[0], rows, flat):
             check()
             logits = exact.linear(part, fixed)
-            values.append(exact.log_softmax(logits).gather(-1, target).squeeze(-1))
+            values.append(exact.log_softmax_at(logits, target).squeeze(-1))
             if kept is not None:
                 kept[start : start + len(part)] = logits
             start += len(part)
