@@ -240,9 +240,18 @@ def attention_weights_times_values(
     p_lo = torch.round((scaled - p_hi) * 2.0**prob_bits) * 2.0**-prob_bits
     z = p_hi.sum(-1, keepdim=True) + p_lo.sum(-1, keepdim=True)
     check()
-    hi, lo = repeat_heads(values.hi, p.shape[1]), repeat_heads(values.lo, p.shape[1])
+    hi, lo, kv = values.hi, values.lo, values.hi.shape[1]
+    p_hi, p_lo = grouped(p_hi, kv), grouped(p_lo, kv)
     fine = torch.matmul(p_hi, lo) + torch.matmul(p_lo, hi)
-    return ((torch.matmul(p_hi, hi) + fine) / z).float(), z * 2.0**-prob_bits
+    out = (torch.matmul(p_hi, hi) + fine).view(*p.shape[:-1], hi.shape[-1])
+    return (out / z).float(), z * 2.0**-prob_bits
+
+
+def grouped(x: Tensor, kv_heads: int) -> Tensor:
+    """[B, H, T, n] -> [B, kv_heads, H / kv_heads * T, n]: the rows of the heads that share a
+    key-value head (grouped-query attention) side by side, for one product with it."""
+    batch, heads, rows, n = x.shape
+    return x.reshape(batch, kv_heads, heads // kv_heads * rows, n)
 
 
 def repeat_heads(x: Tensor, heads: int) -> Tensor:
@@ -272,7 +281,8 @@ def query_chunks(
 def attention_probabilities(fq: Tensor, keys: Tensor, visible: Tensor) -> Tensor:
     """exp(score - the row's largest score) [B, H, Tq, Tk] (float32) of fixed-point queries over
     keys; each element's bits depend on its row alone (exact scores, `vectorized` exp)."""
-    scores = exact.matmul(fq, keys) * (1.0 / math.sqrt(fq.shape[-1]))
+    scores = exact.matmul(grouped(fq, keys.shape[1]), keys).view(*fq.shape[:-1], keys.shape[2])
+    scores = scores * (1.0 / math.sqrt(fq.shape[-1]))
     scores = scores.masked_fill(~visible, float("-inf"))
     return exact.vectorized(torch.exp, scores - scores.amax(-1, keepdim=True))
 
@@ -299,7 +309,6 @@ class Attention(torch.autograd.Function):
         check: Check,
     ):
         fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
-        all_keys = repeat_heads(keys, q.shape[1])
         out = torch.empty(q.shape)
         sums = torch.empty(*q.shape[:-1], 1, dtype=torch.float64)
         chunks = list(query_chunks(positions, key_positions, q.shape[1]))
@@ -307,7 +316,7 @@ class Attention(torch.autograd.Function):
         for rows, visible in chunks:
             check()
             seen = visible.shape[-1]
-            p = attention_probabilities(fq[:, :, rows], all_keys[:, :, :seen], visible)
+            p = attention_probabilities(fq[:, :, rows], keys[:, :, :seen], visible)
             check()
             out[:, :, rows], sums[:, :, rows] = attention_weights_times_values(
                 p, values.upto(seen), prob_bits, check
@@ -325,14 +334,13 @@ class Attention(torch.autograd.Function):
         groups = heads // k.shape[1]
         if ctx.probs is None:
             fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
-            all_keys = repeat_heads(keys, heads)
         k, v = repeat_heads(k, heads), repeat_heads(v, heads)
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for rows, visible in query_chunks(positions, key_positions, heads):
             seen = visible.shape[-1]
             probs = ctx.probs
             if probs is None:
-                p = attention_probabilities(fq[:, :, rows], all_keys[:, :, :seen], visible)
+                p = attention_probabilities(fq[:, :, rows], keys[:, :, :seen], visible)
                 probs = (p.double() / sums[:, :, rows]).float()
             g, o = grad_out[:, :, rows], out[:, :, rows]
             grad_v[:, :, :seen] += probs.transpose(-1, -2) @ g
