@@ -173,7 +173,11 @@ def test_attention_over_chunks_of_queries_is_softmax_attention(monkeypatch, chun
         torch.testing.assert_close(got.double(), expected, rtol=1e-4, atol=1e-5)
 
 
-def test_chunked_attention_changes_no_output_of_training_or_sampling(monkeypatch) -> None:
+@pytest.mark.parametrize(("setting", "value"), [("ATTENTION_CHUNK", 100), ("CAUSAL_ROWS", 4)])
+def test_chunked_attention_changes_no_output_of_training_or_sampling(
+    monkeypatch, setting, value
+) -> None:
+    """Chunks of queries that fit (ATTENTION_CHUNK) or skip keys no query sees (CAUSAL_ROWS)."""
     run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=5)
     train_a_little(run, steps=1)
     run.save_weights_for_sampler("s")
@@ -184,7 +188,7 @@ def test_chunked_attention_changes_no_output_of_training_or_sampling(monkeypatch
     ]
     whole, whole_grads = trained_outputs_and_grads(run, sequences)
     sampled = run.sample("s", request, [0])[0].result
-    monkeypatch.setattr(model, "ATTENTION_CHUNK", 100)
+    monkeypatch.setattr(model, setting, value)
     split, split_grads = trained_outputs_and_grads(run, sequences)
     assert split == whole
     assert run.sample("s", request, [0])[0].result == sampled

@@ -80,10 +80,14 @@ def activation_rows(x: Tensor, weight_bits: int) -> Tensor:
     largest = x.abs().amax(-1, keepdim=True)
     top = (largest.view(torch.int32) & EXPONENT_BITS).view(torch.float32) * 2.0
     up = 2.0**ACTIVATION_BITS / top.clamp_(min=2.0**-99)
-    magnitude = torch.round(x * up).double().abs().sum(-1, keepdim=True) + x.shape[-1] / 2
+    rounded = (x * up).round_()
+    magnitude = rounded.abs().sum(-1, keepdim=True, dtype=torch.float64) + x.shape[-1] / 2
     shift = (ceil_log2(magnitude) - (MANTISSA_BITS - 1 - weight_bits)).clamp_(min=0)
-    up = up / pow2(shift).float()
-    return torch.round(x * up).double() / up.double()
+    fewer = shift.squeeze(-1) > 0  # rows whose magnitudes need a coarser grid: rounded again
+    if bool(fewer.any()):
+        up[fewer] = up[fewer] / pow2(shift[fewer]).float()
+        rounded[fewer] = (x[fewer] * up[fewer]).round_()
+    return rounded.double().mul_(1.0 / up.double())
 
 
 def fixed_point(x: Tensor, bits: int) -> Tensor:
@@ -96,8 +100,9 @@ def fixed_point(x: Tensor, bits: int) -> Tensor:
     top = (largest.view(torch.int32) & EXPONENT_BITS).view(torch.float32) * 2.0
     up = 2.0**bits / top.clamp_(min=2.0**-99)
     # in float32, as in float64: x * up is exact (a power of two, at most 2**24 in magnitude, or
-    # below 2**-100 where either rounds to 0), its rounding is too (torch's round is vectorized)
-    return torch.round(x * up).double() / up.double()
+    # below 2**-100 where either rounds to 0), its rounding is too (torch's round is vectorized);
+    # 1 / up is a power of two as well, so the product with it is the quotient
+    return (x * up).round_().double().mul_(1.0 / up.double())
 
 
 def matmul(x: Tensor, w: Tensor) -> Tensor:

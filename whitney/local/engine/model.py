@@ -44,6 +44,7 @@ GROUPS = {  # projections that read the same input run as one matmul (bitwise th
 }
 VALUE_BITS = 21  # per part of a value on its static grid; see `value_grid`
 ATTENTION_CHUNK = 1 << 22  # scores per chunk of queries in `Attention` (elements, at least a row)
+CAUSAL_ROWS = 64  # queries per chunk of `Attention` below which it does not split for causality
 LOGITS_CHUNK = 1 << 22  # logits per chunk of rows in `TargetLogprobs` (elements, at least a row)
 SAVED_LOGITS = 1 << 26  # up to this many logits are kept for the backward; more are recomputed
 Check = Callable[[], None]  # called between stages of the work; raises to stop it
@@ -265,12 +266,14 @@ def query_chunks(
     positions: Tensor, key_positions: Tensor, heads: int
 ) -> Iterator[tuple[slice, Tensor]]:
     """The queries at `positions` [B, Tq] in slices of at most ATTENTION_CHUNK scores over all
-    heads (at least one query), each with its causal mask [B, 1, rows, seen] over the keys at
-    `key_positions` [B, Tk], up to the last key any of its queries sees (the rest are invisible
-    to the whole slice)."""
+    heads (at least one query) and at most a quarter of the queries (of at least
+    CAUSAL_ROWS), each with its causal mask [B, 1, rows, seen] over the keys at
+    `key_positions` [B, Tk], up to the last key any of its queries sees: the keys after those
+    are invisible to the whole slice and skipped (about 3/8 of a long sequence's scores)."""
     batch, queries = positions.shape
     keys = key_positions.shape[1]
     size = max(1, ATTENTION_CHUNK // (batch * heads * keys))
+    size = min(size, max(CAUSAL_ROWS, -(-queries // 4)))
     for start in range(0, queries, size):
         rows = slice(start, start + size)
         visible = key_positions[:, None, None, :] <= positions[:, None, rows, None]
@@ -292,7 +295,7 @@ class Attention(torch.autograd.Function):
     gradient is softmax attention's own. Queries run in chunks (`query_chunks`), so neither the
     forward nor the backward holds more than a chunk's scores: the backward recomputes each
     chunk's probabilities (the same bits) from the exact sums the forward kept, unless there
-    was one chunk (its probabilities are kept). `check` runs
+    were few scores (their probabilities are kept). `check` runs
     between the stages of the forward (long ones, for long sequences)."""
 
     @staticmethod
@@ -311,9 +314,9 @@ class Attention(torch.autograd.Function):
         fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
         out = torch.empty(q.shape)
         sums = torch.empty(*q.shape[:-1], 1, dtype=torch.float64)
-        chunks = list(query_chunks(positions, key_positions, q.shape[1]))
-        ctx.probs = None
-        for rows, visible in chunks:
+        keep = ctx.needs_input_grad[0] and q.numel() // q.shape[-1] * k.shape[2] <= ATTENTION_CHUNK
+        ctx.probs = [] if keep else None  # small: the probabilities are kept, not recomputed
+        for rows, visible in query_chunks(positions, key_positions, q.shape[1]):
             check()
             seen = visible.shape[-1]
             p = attention_probabilities(fq[:, :, rows], keys[:, :, :seen], visible)
@@ -321,8 +324,8 @@ class Attention(torch.autograd.Function):
             out[:, :, rows], sums[:, :, rows] = attention_weights_times_values(
                 p, values.upto(seen), prob_bits, check
             )
-            if ctx.needs_input_grad[0] and len(chunks) == 1:  # small: kept, not recomputed
-                ctx.probs = (p.double() / sums).float()
+            if keep:
+                ctx.probs.append((p.double() / sums[:, :, rows]).float())
         if ctx.needs_input_grad[0]:
             ctx.save_for_backward(q, k, v, keys, positions, key_positions, sums, out)
         return out
@@ -336,10 +339,11 @@ class Attention(torch.autograd.Function):
             fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
         k, v = repeat_heads(k, heads), repeat_heads(v, heads)
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for rows, visible in query_chunks(positions, key_positions, heads):
+        for n, (rows, visible) in enumerate(query_chunks(positions, key_positions, heads)):
             seen = visible.shape[-1]
-            probs = ctx.probs
-            if probs is None:
+            if ctx.probs is not None:
+                probs = ctx.probs[n]
+            else:
                 p = attention_probabilities(fq[:, :, rows], keys[:, :, :seen], visible)
                 probs = (p.double() / sums[:, :, rows]).float()
             g, o = grad_out[:, :, rows], out[:, :, rows]
