@@ -83,10 +83,9 @@ def activation_rows(x: Tensor, weight_bits: int) -> Tensor:
     rounded = (x * up).round_()
     magnitude = rounded.abs().sum(-1, keepdim=True, dtype=torch.float64) + x.shape[-1] / 2
     shift = (ceil_log2(magnitude) - (MANTISSA_BITS - 1 - weight_bits)).clamp_(min=0)
-    fewer = shift.squeeze(-1) > 0  # rows whose magnitudes need a coarser grid: rounded again
-    if bool(fewer.any()):
-        up[fewer] = up[fewer] / pow2(shift[fewer]).float()
-        rounded[fewer] = (x[fewer] * up[fewer]).round_()
+    if bool(shift.any()):  # rows whose magnitudes need a coarser grid (the others keep theirs)
+        up = up / pow2(shift).float()
+        rounded = (x * up).round_()
     return rounded.double().mul_(1.0 / up.double())
 
 
