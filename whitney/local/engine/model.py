@@ -292,11 +292,11 @@ def attention_probabilities(fq: Tensor, keys: Tensor, visible: Tensor) -> Tensor
 
 class Attention(torch.autograd.Function):
     """Causal attention of queries over fixed-point keys and values, exact in value; the
-    gradient is softmax attention's own. Queries run in chunks (`query_chunks`), so neither the
-    forward nor the backward holds more than a chunk's scores: the backward recomputes each
-    chunk's probabilities (the same bits) from the exact sums the forward kept, unless there
-    were few scores (their probabilities are kept). `check` runs
-    between the stages of the forward (long ones, for long sequences)."""
+    gradient is softmax attention's own. Queries run in chunks (`query_chunks`); the backward
+    recomputes each chunk's probabilities (the same bits) from the exact sums the forward kept,
+    unless all of them fit in ATTENTION_CHUNK scores (then they are kept), so neither pass holds
+    more than that. `check` runs between the stages of the forward (long ones, for long
+    sequences)."""
 
     @staticmethod
     def forward(
