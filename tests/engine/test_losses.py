@@ -1,5 +1,6 @@
 """Each loss of docs/losses.md: value, metrics and the gradient of LoRA parameters against an
-independent computation (transformers + peft forward, the formula written out here)."""
+independent computation (transformers + peft forward, the formula written out here), with the
+batch in one forward and with a forward (and its gradients) per datum."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from whitney.errors import WhitneyError
-from whitney.local.engine import EngineRun
+from whitney.local.engine import EngineRun, runtime
 
 from .helpers import datum, hf_peft, make_sequences, peft_param, token_logprobs, train_a_little
 
@@ -17,6 +18,12 @@ PROMPT = 4  # the first PROMPT tokens of every sequence are prompt (weight 0)
 CHECKED = ("model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj")
 RATIOS = (0.5, 0.85, 1.0, 1.1, 1.3, 3.0, 5.0, 0.7)
 ADVANTAGES = (1.0, -1.0, 0.5, -2.0, 1.5)
+
+
+@pytest.fixture(autouse=True, params=["one forward", "a forward per datum"])
+def chunking(request, monkeypatch) -> None:
+    if request.param == "a forward per datum":
+        monkeypatch.setattr(runtime, "CHUNK_TOKENS", 1)
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from whitney.local.engine import EngineRun, exact, model, runtime
+from whitney.local.engine import EngineRun, exact, losses, model, runtime
 
 from .helpers import datum, make_sequences, train_a_little
 
@@ -104,6 +104,54 @@ def test_a_token_budget_per_forward_changes_no_output(monkeypatch) -> None:
     assert split == whole
     for name, grad in whole_grads.items():  # float32 BLAS on other shapes: close
         torch.testing.assert_close(split_grads[name], grad, rtol=1e-3, atol=1e-5)
+
+
+def loss_inputs(rows: int, width: int) -> dict[str, torch.Tensor]:
+    """Every input any loss reads, right-padded, some datums without the optional tensors."""
+    g = torch.Generator().manual_seed(4)
+    lengths = torch.randint(2, width + 1, (rows,), generator=g)
+    valid = torch.arange(width)[None, :] < lengths[:, None]
+
+    def padded(values: torch.Tensor) -> torch.Tensor:
+        return torch.where(valid, values, 0.0)
+
+    lacking = torch.where(valid, torch.nan, 0.0)
+    inputs = {
+        "weights": padded((torch.rand(rows, width, generator=g) > 0.3).float()),
+        "advantages": padded(torch.randn(rows, width, generator=g)),
+        "logprobs": padded(-3 * torch.rand(rows, width, generator=g)),
+        "values": padded(torch.randn(rows, width, generator=g)),
+        "returns": padded(torch.randn(rows, width, generator=g)),
+        "clip_low_threshold": padded(torch.full((rows, width), 0.7)),
+        "sequence_ratio_mask": padded((torch.rand(rows, width, generator=g) > 0.5).float()),
+    }
+    for name in ("clip_low_threshold", "sequence_ratio_mask"):
+        inputs[name][::2] = lacking[::2]
+    return inputs
+
+
+@pytest.mark.parametrize("loss", [*losses.POLICY, "ppo_critic"])
+def test_a_loss_gradient_at_a_datum_is_the_same_whatever_its_batch_mates_hold(loss) -> None:
+    """What lets forward_backward take each chunk's gradients alone: a loss is a sum over datums
+    of terms of the datum's own row, so its gradient there ignores the other rows."""
+    function = losses.ppo_critic if loss == "ppo_critic" else losses.POLICY[loss]
+    config = {"clip_low_threshold": 0.8, "clip_high_threshold": 1.2, "beta": 0.1}
+    config |= {"delta_low": 0.2, "delta_high": 0.2, "value_clip": 0.2}
+    inputs = loss_inputs(6, 9)
+    g = torch.Generator().manual_seed(5)
+    outputs = torch.where(inputs["weights"] != 0, -3 * torch.rand(6, 9, generator=g), 0.0)
+    rows = torch.tensor([1, 4])
+
+    def gradient(others: torch.Tensor) -> torch.Tensor:
+        mine = outputs[rows].clone().requires_grad_()
+        value, _ = function(others.index_put((rows,), mine), inputs, config)
+        (grad,) = torch.autograd.grad(value, mine)
+        return grad
+
+    whole = gradient(outputs)
+    assert whole.abs().sum() > 0
+    assert torch.equal(gradient(torch.zeros_like(outputs)), whole)
+    assert torch.equal(gradient(-10 * torch.rand(6, 9, generator=g)), whole)
 
 
 def test_target_logprobs_check_between_chunks(monkeypatch) -> None:

@@ -8,7 +8,7 @@ import dataclasses
 import math
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -237,23 +237,27 @@ class EngineRun:
         self.require_trainable("forward_backward" if backward else "forward")
         request = validation.forward_request(payload, self.role, self.cfg)
         ids, inputs, lengths = collate(request.data)
+        if self.role == "critic":
+            loss_function, key = losses.ppo_critic, "values"
+        else:
+            loss_function, key = losses.POLICY[request.loss], "logprobs"
+
+        def loss_of(per_token: Tensor) -> losses.Result:
+            return loss_function(per_token, inputs, request.config)
+
         saved = self.saved_grads() if backward else {}
         try:
-            with torch.enable_grad() if backward else torch.no_grad():
-                per_token = self.token_outputs(ids, inputs.get("target_tokens"), lengths)
-                if self.role == "critic":
-                    loss, metrics = losses.ppo_critic(per_token, inputs, request.config)
-                    key = "values"
-                else:
-                    loss, metrics = losses.POLICY[request.loss](per_token, inputs, request.config)
-                    key = "logprobs"
-                require_finite("loss", loss)
-                require_finite(key, per_token)
-                if not all_finite(metrics.values()):
-                    raise non_finite("metrics")
-                if backward:
-                    loss.backward()
-                    require_finite("gradients", *self.grads())
+            with torch.no_grad():
+                per_token = self.token_outputs(
+                    ids, inputs.get("target_tokens"), lengths, loss_of if backward else None
+                )
+                loss, metrics = loss_of(per_token)
+            require_finite("loss", loss)
+            require_finite(key, per_token)
+            if not all_finite(metrics.values()):
+                raise non_finite("metrics")
+            if backward:
+                require_finite("gradients", *self.grads())
         except BaseException:
             if backward:
                 self.restore_grads(saved)
@@ -278,30 +282,45 @@ class EngineRun:
         for name, param in self.trainable_parameters().items():
             param.grad = saved[name]
 
-    def token_outputs(self, ids: Tensor, targets: Tensor | None, lengths: list[int]) -> Tensor:
+    def token_outputs(
+        self,
+        ids: Tensor,
+        targets: Tensor | None,
+        lengths: list[int],
+        loss_of: Callable[[Tensor], losses.Result] | None = None,
+    ) -> Tensor:
         """Per-token logprobs of the targets (policy) or values (critic) [B, T]. Datums run in
-        chunks of similar length, to pad less; every chunking gives the same bits."""
+        chunks of similar length, to pad less; every chunking gives the same bits. With the
+        batch's `loss_of`, each chunk's gradients are accumulated as soon as it is computed, so
+        one chunk's activations are kept at a time: a loss is a sum over datums of terms of the
+        datum's own row (docs/losses.md), so the gradient at a chunk's rows is the same whatever
+        the other rows hold (the chunks not yet computed hold 0 meanwhile)."""
         order = sorted(range(len(lengths)), key=lambda i: lengths[i])
         layers = self.layers()
-        recompute = torch.is_grad_enabled() and activation_bytes(self.cfg, sum(lengths)) > (
-            SAVED_ACTIVATIONS
-        )
-        check = memory.releasing(self.check_interrupt) if recompute else self.check_interrupt
-        parts = []
+        per_token = torch.zeros(ids.shape, dtype=torch.float32)
         for chunk in forward_chunks(order, lengths):
-            check()
-            width = max(lengths[i] for i in chunk)
-            hidden = self.model.hidden(
-                ids[chunk, :width], layers=layers, check=check, recompute=recompute
+            rows, width = torch.tensor(chunk), max(lengths[i] for i in chunk)
+            recompute = loss_of is not None and (
+                activation_bytes(self.cfg, len(chunk) * width) > SAVED_ACTIVATIONS
             )
-            if self.role == "critic":
-                weight = self.value_head["value_head.weight"]
-                values = ExactLinear.apply(hidden, exact.weight(weight), weight)
-                part = (values + self.value_head["value_head.bias"]).squeeze(-1)
-            else:
-                part = self.model.target_logprobs(hidden, targets[chunk, :width], check)
-            parts.append(F.pad(part, (0, ids.shape[1] - width)))
-        return torch.cat(parts)[torch.tensor(order).argsort()]
+            check = memory.releasing(self.check_interrupt) if recompute else self.check_interrupt
+            check()
+            with torch.enable_grad() if loss_of is not None else torch.no_grad():
+                hidden = self.model.hidden(
+                    ids[rows, :width], layers=layers, check=check, recompute=recompute
+                )
+                if self.role == "critic":
+                    weight = self.value_head["value_head.weight"]
+                    values = ExactLinear.apply(hidden, exact.weight(weight), weight)
+                    part = (values + self.value_head["value_head.bias"]).squeeze(-1)
+                else:
+                    part = self.model.target_logprobs(hidden, targets[rows, :width], check)
+                part = F.pad(part, (0, ids.shape[1] - width))
+                if loss_of is not None:
+                    loss, _ = loss_of(per_token.index_put((rows,), part))
+                    loss.backward()
+            per_token[rows] = part.detach()
+        return per_token
 
     def layers(self) -> list[LayerWeights]:
         """The trainer's fixed-point merged weights, built once per weights version (the adapter
