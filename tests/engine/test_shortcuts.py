@@ -1,9 +1,11 @@
 """Work the engine reuses or skips changes no bit it returns: the trainer's merged weights,
 reused until the adapter changes, give the numbers a fresh build gives (the sampler's, built
 from a snapshot of the same adapter), and stale ones are never used after an optim_step or a
-load_state; the target logprobs computed over chunks of positions are the bits of the whole
-log-softmax gathered, and so are their gradients where the logits are kept for the backward
-(recomputed chunk by chunk, the gradients go through float32 BLAS on other shapes: close)."""
+load_state; a sampler and the trainer share one build of a weights version, the bits of a
+build of the sampler's own; the target logprobs computed over chunks of positions are the
+bits of the whole log-softmax gathered, and so are their gradients where the logits are kept
+for the backward (recomputed chunk by chunk, the gradients go through float32 BLAS on other
+shapes: close); positions whose gradient is 0 get no backward through the vocabulary."""
 
 from __future__ import annotations
 
@@ -44,6 +46,29 @@ def test_reused_trainer_weights_are_those_of_the_current_adapter(tmp_path) -> No
     assert forward_logprobs(run, sequences) == first
 
 
+def test_a_sampler_and_the_trainer_share_one_build_of_their_weights_version() -> None:
+    run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=5)
+    sequences = make_sequences(7, 5)
+    train_a_little(run, steps=1)
+    trained = forward_logprobs(run, sequences)  # the trainer builds this version's layers first
+    run.save_weights_for_sampler("after")
+    assert sampler_logprobs(run, "after", sequences) == trained
+    assert run.sampler_model("after").frozen[0].fixed["qkv"] is run.layers()[0].fixed["qkv"]
+    assert run.sampler_model("after").head is run.model.head
+    train_a_little(run, steps=1)
+    run.save_weights_for_sampler("before")
+    sampled = sampler_logprobs(run, "before", sequences)  # the sampler builds this one first
+    assert run.layers()[0].fixed["qkv"] is run.sampler_model("before").frozen[0].fixed["qkv"]
+    assert forward_logprobs(run, sequences) == sampled
+    for sampler in ("after", "before"):  # the bits of a build from the snapshot alone
+        snapshot = run.snapshots[run.samplers[sampler]]
+        own = model.Llama(run.cfg, snapshot.merged(run.base_weights)).layer_weights()
+        for shared, built in zip(run.sampler_model(sampler).frozen, own, strict=True):
+            assert all(torch.equal(shared.fixed[g], built.fixed[g]) for g in built.fixed)
+            assert torch.equal(shared.value_grid, built.value_grid)
+    assert torch.equal(run.model.head, exact.weight(run.base_weights["lm_head.weight"]))
+
+
 @pytest.mark.parametrize(
     ("chunk", "saved"), [(model.LOGITS_CHUNK, model.SAVED_LOGITS), (600, 10**9), (600, 0), (1, 0)]
 )
@@ -70,6 +95,37 @@ def test_target_logprobs_are_the_whole_log_softmax_gathered(monkeypatch, chunk, 
         torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-7)
     with torch.no_grad():
         assert torch.equal(run.model.target_logprobs(hidden, targets), want)
+
+
+@pytest.mark.parametrize(
+    ("chunk", "saved"), [(model.LOGITS_CHUNK, model.SAVED_LOGITS), (600, 0), (1, 0)]
+)
+def test_positions_without_a_gradient_are_skipped_and_change_nothing(
+    monkeypatch, chunk, saved
+) -> None:
+    """An RL datum's prompt weighs 0: its positions get no backward through the vocabulary,
+    their gradient is exactly 0, the others' that of the whole log-softmax gathered."""
+    run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=5)
+    train_a_little(run, steps=1)
+    ids = torch.randint(0, 258, (3, 12), generator=torch.Generator().manual_seed(1))
+    targets = ids[:, 1:]
+    with torch.no_grad():
+        hidden = run.model.hidden(ids[:, :-1])
+    hidden.requires_grad_()
+    upstream = torch.randn(targets.shape, generator=torch.Generator().manual_seed(2))
+    upstream[:, :6] = 0.0  # the prompts
+    upstream[1] = 0.0  # a datum weighing nothing
+    logprobs = exact.log_softmax(hidden @ run.base_weights["lm_head.weight"].t())
+    want = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    (want_grad,) = torch.autograd.grad(want, hidden, upstream)
+    monkeypatch.setattr(model, "LOGITS_CHUNK", chunk)
+    monkeypatch.setattr(model, "SAVED_LOGITS", saved)
+    got = run.model.target_logprobs(hidden, targets)
+    (got_grad,) = torch.autograd.grad(got, hidden, upstream)
+    assert torch.equal(got, run.model.target_logprobs(hidden.detach(), targets))
+    assert not got_grad[upstream == 0].any()
+    assert got_grad[upstream != 0].abs().min() > 0
+    torch.testing.assert_close(got_grad, want_grad, rtol=1e-5, atol=1e-7)
 
 
 def trained_outputs_and_grads(run: EngineRun, sequences: list[list[int]]):

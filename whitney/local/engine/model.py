@@ -422,10 +422,11 @@ class TargetLogprobs(torch.autograd.Function):
     """log_softmax(hidden @ head.T)[target] per position, exact in value (`exact.log_softmax`,
     row by row, so chunking changes no bit), over chunks of positions: the [positions, vocab]
     logits never exist at once in float64. The gradient is torch's log_softmax's through the
-    float head: from all the logits at once where they fit in SAVED_LOGITS (the kernels and
-    bits of a plain gather of log_softmax), else recomputed chunk by chunk (float32 BLAS on
-    other shapes: the same bits on every run of one machine, not those of one big product).
-    `check` runs before each chunk."""
+    float head, for the positions whose upstream gradient is not 0 (the others' is 0: a
+    prompt's, weighing 0, needs no backward through the vocabulary), chunk by chunk, from the
+    logits kept where all of them fit in SAVED_LOGITS, else recomputed (float32 BLAS: the same
+    bits on every run of one machine; from kept logits with every gradient nonzero, the bits of
+    a plain gather of log_softmax). `check` runs before each chunk."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, fixed: Tensor, weight: Tensor, targets: Tensor, check: Check):
@@ -448,25 +449,33 @@ class TargetLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         hidden, fixed, weight, targets = ctx.saved_tensors
-        rows, flat, grads = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1), grad
-        if ctx.kept is not None:
-            grad_hidden = head_gradient(ctx.kept, flat, grads.reshape(-1, 1), weight)
-        else:
-            parts = []
-            for part, target, g in row_chunks(fixed.shape[0], rows, flat, grads.reshape(-1, 1)):
-                ctx.check()
-                parts.append(head_gradient(exact.linear(part, fixed), target, g, weight))
-            grad_hidden = torch.cat(parts)
+        rows, flat, upstream = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1), grad
+        upstream = upstream.reshape(-1, 1)
+        live = (upstream[:, 0] != 0).nonzero().squeeze(-1)
+        kept, grad_hidden, done = ctx.kept, torch.zeros_like(rows), 0
+        for (index,) in row_chunks(fixed.shape[0], live):
+            ctx.check()
+            if kept is None:
+                logits = exact.linear(rows[index], fixed)
+                part = logits_gradient(logits, flat[index], upstream[index])
+                grad_hidden[index] = part @ weight
+            else:  # over the kept logits' first rows (live row i >= i is read before i is written)
+                kept[done : done + len(index)] = logits_gradient(
+                    kept[index], flat[index], upstream[index]
+                )
+                done += len(index)
+        if kept is not None:
+            grad_hidden[live] = kept[:done] @ weight
         ctx.kept = None
         return grad_hidden.view(hidden.shape), None, None, None, None
 
 
-def head_gradient(logits: Tensor, targets: Tensor, grad: Tensor, weight: Tensor) -> Tensor:
-    """The gradient to the head's input of log_softmax(logits) gathered at `targets`, as autograd
-    computes it: scattered (added into zeros), through log_softmax's backward, times the head."""
+def logits_gradient(logits: Tensor, targets: Tensor, grad: Tensor) -> Tensor:
+    """The gradient to the logits of log_softmax(logits) gathered at `targets`, as autograd
+    computes it: scattered (added into zeros), through log_softmax's backward (row by row)."""
     grad_logits = torch.zeros_like(logits).scatter_add_(-1, targets, grad)
     soft = torch.log_softmax(logits, -1)
-    return torch._log_softmax_backward_data(grad_logits, soft, -1, logits.dtype) @ weight
+    return torch._log_softmax_backward_data(grad_logits, soft, -1, logits.dtype)
 
 
 def row_chunks(vocab: int, *tensors: Tensor) -> list[tuple[Tensor, ...]]:
@@ -534,37 +543,36 @@ class Llama:
     """The decoder over a weight dict: with `lora`, the trainer (LoRA applied through the merged
     weights, with LoRA's gradients); without, frozen weights (a sampler snapshot or a base)."""
 
-    def __init__(self, cfg: ModelConfig, weights: dict[str, Tensor], lora: Lora | None = None):
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        weights: dict[str, Tensor],
+        lora: Lora | None = None,
+        head: Tensor | None = None,
+    ):
+        """`head`: `exact.weight` of weights["lm_head.weight"] if already built (another model
+        over the same base)."""
         self.cfg, self.w, self.lora = cfg, weights, lora
         self.cos, self.sin = rope_tables(cfg)
-        self.head = exact.weight(weights["lm_head.weight"])
+        self.head = exact.weight(weights["lm_head.weight"]) if head is None else head
         self.frozen: list[LayerWeights] | None = None
 
-    def layer_weights(self) -> list[LayerWeights]:
+    def layer_weights(self, built: list[LayerWeights] | None = None) -> list[LayerWeights]:
         """Fixed-point weights for one forward: built once for frozen weights, per call for the
-        trainer (its adapter changes with every step)."""
+        trainer (its adapter changes with every step). `built`: another model's layers over the
+        same merged weights (a sampler's and the trainer's of one weights version), whose
+        fixed-point weights, value grids and biases are taken as they are (the merge is exact:
+        `Lora.merged_weight`)."""
         if self.lora is None and self.frozen is not None:
             return self.frozen
         layers = []
         with torch.no_grad():
             for n in range(self.cfg.num_layers):
                 p = f"model.layers.{n}."
-                merged = {}
-                for group, names in GROUPS.items():
-                    parts = [self.projection(p + name) for name in names]
-                    merged[group] = torch.cat(parts) if len(parts) > 1 else parts[0]
-                k = self.cfg.kv_heads * self.cfg.dim_head
-                biases = {}
-                if self.cfg.attention_bias:
-                    names = ("q_proj", "k_proj", "v_proj")
-                    biases["qkv"] = torch.cat([self.w[f"{p}self_attn.{n}.bias"] for n in names])
-                grid = value_grid(
-                    merged["qkv"][-k:],
-                    self.w[p + "input_layernorm.weight"],
-                    self.cfg,
-                    biases["qkv"][-k:] if biases else None,
-                )
-                fixed = {group: exact.weight(w) for group, w in merged.items()}
+                if built is None:
+                    fixed, grid, biases = self.fixed_layer(n)
+                else:
+                    fixed, grid, biases = built[n].fixed, built[n].value_grid, built[n].biases
                 adapters = {}
                 if self.lora is not None:
                     for group, names in GROUPS.items():
@@ -579,6 +587,26 @@ class Llama:
         if self.lora is None:
             self.frozen = layers
         return layers
+
+    def fixed_layer(self, n: int) -> tuple[dict[str, Tensor], Tensor, dict[str, Tensor]]:
+        """Layer n's merged projections on fixed-point rows (by group), value grid and biases."""
+        p = f"model.layers.{n}."
+        merged = {}
+        for group, names in GROUPS.items():
+            parts = [self.projection(p + name) for name in names]
+            merged[group] = torch.cat(parts) if len(parts) > 1 else parts[0]
+        k = self.cfg.kv_heads * self.cfg.dim_head
+        biases = {}
+        if self.cfg.attention_bias:
+            names = ("q_proj", "k_proj", "v_proj")
+            biases["qkv"] = torch.cat([self.w[f"{p}self_attn.{n}.bias"] for n in names])
+        grid = value_grid(
+            merged["qkv"][-k:],
+            self.w[p + "input_layernorm.weight"],
+            self.cfg,
+            biases["qkv"][-k:] if biases else None,
+        )
+        return {group: exact.weight(w) for group, w in merged.items()}, grid, biases
 
     def projection(self, name: str) -> Tensor:
         w = self.w[name + ".weight"]

@@ -325,10 +325,13 @@ class EngineRun:
     def layers(self) -> list[LayerWeights]:
         """The trainer's fixed-point merged weights, built once per weights version (the adapter
         changes only with one: optim_step, load_state) and reused by every forward until then."""
-        cached = self.trainer_layers
-        if cached is None or cached[0] != self.weights_version or cached[1] is not self.model:
+        version, cached = self.weights_version, self.trainer_layers
+        if cached is None or cached[0] != version or cached[1] is not self.model:
             self.trainer_layers = None  # free the old ones before building the new
-            self.trainer_layers = (self.weights_version, self.model, self.model.layer_weights())
+            sampler = self.sampler_models.get(version)
+            same_base = self.snapshot_bases.get(version) is self.base_weights
+            built = sampler.frozen if sampler is not None and same_base else None
+            self.trainer_layers = (version, self.model, self.model.layer_weights(built))
         return self.trainer_layers[2]
 
     def optim_step(self, optimizer: dict) -> OpOutput:
@@ -381,12 +384,24 @@ class EngineRun:
             raise NotFound(f"sampler_id {sampler_id!r} does not exist in this run")
         version = self.samplers[sampler_id]
         if version not in self.sampler_models:
-            merged = self.snapshots[version].merged(self.snapshot_bases[version])
-            self.sampler_models[version] = Llama(self.cfg, merged)
+            self.sampler_models[version] = self.new_sampler_model(version)
             while len(self.sampler_models) > SAMPLER_MODELS_KEPT:
                 self.sampler_models.popitem(last=False)
         self.sampler_models.move_to_end(version)
         return self.sampler_models[version]
+
+    def new_sampler_model(self, version: int) -> Llama:
+        """The frozen model of a snapshot: the trainer's fixed-point layers and head where it has
+        built them for this weights version on this base (the same merged weights, the merge
+        being exact), else its own from the snapshot merged into its base."""
+        base = self.snapshot_bases[version]
+        head = self.model.head if base is self.base_weights else None
+        trainer = self.trainer_layers
+        if head is not None and trainer and trainer[0] == version and trainer[1] is self.model:
+            model = Llama(self.cfg, base, head=head)  # its projections are the trainer's layers
+            model.layer_weights(trainer[2])
+            return model
+        return Llama(self.cfg, self.snapshots[version].merged(base), head=head)
 
     def sample(
         self,
