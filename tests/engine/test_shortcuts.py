@@ -69,18 +69,23 @@ def test_a_sampler_and_the_trainer_share_one_build_of_their_weights_version() ->
     assert torch.equal(run.model.head, exact.weight(run.base_weights["lm_head.weight"]))
 
 
+def head_inputs() -> tuple[EngineRun, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A trained nano run, hidden states of 3 x 11 positions (a leaf), targets, and upstream
+    gradients for the head."""
+    run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=5)
+    train_a_little(run, steps=1)
+    ids = torch.randint(0, 258, (3, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        hidden = run.model.hidden(ids[:, :-1])
+    upstream = torch.randn(ids[:, 1:].shape, generator=torch.Generator().manual_seed(2))
+    return run, hidden.requires_grad_(), ids[:, 1:], upstream
+
+
 @pytest.mark.parametrize(
     ("chunk", "saved"), [(model.LOGITS_CHUNK, model.SAVED_LOGITS), (600, 10**9), (600, 0), (1, 0)]
 )
 def test_target_logprobs_are_the_whole_log_softmax_gathered(monkeypatch, chunk, saved) -> None:
-    run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=5)
-    train_a_little(run, steps=1)
-    ids = torch.randint(0, 258, (3, 12), generator=torch.Generator().manual_seed(1))
-    targets = ids[:, 1:]
-    with torch.no_grad():
-        hidden = run.model.hidden(ids[:, :-1])
-    hidden.requires_grad_()
-    upstream = torch.randn(targets.shape, generator=torch.Generator().manual_seed(2))
+    run, hidden, targets, upstream = head_inputs()
     logprobs = exact.log_softmax(run.model.logits(hidden))
     want = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     (want_grad,) = torch.autograd.grad(want, hidden, upstream)
@@ -105,14 +110,7 @@ def test_positions_without_a_gradient_are_skipped_and_change_nothing(
 ) -> None:
     """An RL datum's prompt weighs 0: its positions get no backward through the vocabulary,
     their gradient is exactly 0, the others' that of the whole log-softmax gathered."""
-    run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=5)
-    train_a_little(run, steps=1)
-    ids = torch.randint(0, 258, (3, 12), generator=torch.Generator().manual_seed(1))
-    targets = ids[:, 1:]
-    with torch.no_grad():
-        hidden = run.model.hidden(ids[:, :-1])
-    hidden.requires_grad_()
-    upstream = torch.randn(targets.shape, generator=torch.Generator().manual_seed(2))
+    run, hidden, targets, upstream = head_inputs()
     upstream[:, :6] = 0.0  # the prompts
     upstream[1] = 0.0  # a datum weighing nothing
     logprobs = exact.log_softmax(hidden @ run.base_weights["lm_head.weight"].t())

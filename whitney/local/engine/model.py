@@ -449,8 +449,8 @@ class TargetLogprobs(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: Tensor):
         hidden, fixed, weight, targets = ctx.saved_tensors
-        rows, flat, upstream = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1), grad
-        upstream = upstream.reshape(-1, 1)
+        rows, flat = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1)
+        upstream = grad.reshape(-1, 1)
         live = (upstream[:, 0] != 0).nonzero().squeeze(-1)
         kept, grad_hidden, done = ctx.kept, torch.zeros_like(rows), 0
         for (index,) in row_chunks(fixed.shape[0], live):
