@@ -10,7 +10,7 @@ import torch
 from whitney.errors import WhitneyError
 from whitney.local.engine import EngineRun
 from whitney.local.engine.model import CONFIGS, Llama, init_weights
-from whitney.local.engine.sampling import SampleSpec, SamplingParams, sample
+from whitney.local.engine.sampling import SampleSpec, SamplingParams, draw, sample
 from whitney.tokenizers import EOS_ID
 
 from .helpers import hf_peft, train_a_little
@@ -72,6 +72,28 @@ def test_logprobs_are_those_of_the_truncated_distribution(run, temperature, top_
             assert lp == pytest.approx(math.log(dist[tok]), abs=1e-4)
             if top_k is not None or top_p < 1:
                 assert len(dist) < 260
+
+
+def test_draw_is_the_inverse_cdf_and_never_a_token_of_probability_zero() -> None:
+    """Each row's token, against the inverse CDF written out: the first token whose running sum
+    (left to right, in float64) passes u times the row's total; at u = 1 (the total itself) the
+    last token of nonzero probability, never the zero-probability tail."""
+    generator = torch.Generator().manual_seed(4)
+    logprobs = torch.randn(6, 50, generator=generator, dtype=torch.float64).log_softmax(-1)
+    logprobs[:, 40:] = float("-inf")
+    logprobs[5, 17:] = float("-inf")
+    u = torch.rand(6, generator=generator)
+    u[4:] = 1.0
+    expected = []
+    for row, uniform in zip(logprobs.exp().tolist(), u.tolist(), strict=True):
+        running, sums = 0.0, []
+        for p in row:
+            running += p
+            sums.append(running)
+        first = next((i for i, s in enumerate(sums) if s > uniform * running), len(row))
+        expected.append(min(first, max(i for i, p in enumerate(row) if p > 0)))
+    assert draw(logprobs, u).tolist() == expected
+    assert expected[4:] == [39, 16]
 
 
 def test_uniform_model_draws_uniformly_and_stops_at_eos() -> None:

@@ -49,8 +49,10 @@ def draw(logprobs: Tensor, u: Tensor) -> Tensor:
     probs = exact.vectorized(torch.exp, logprobs)
     cdf = probs.cumsum(-1)
     tokens = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
-    last_possible = (probs > 0).cumsum(-1).argmax(-1)  # guards u * total rounding up to total
-    return torch.minimum(tokens, last_possible)
+    past = tokens == cdf.shape[-1]  # u * total rounded up to the total: the last possible token
+    if bool(past.any()):
+        tokens[past] = (probs[past] > 0).cumsum(-1).argmax(-1)
+    return tokens
 
 
 def uniforms(spec: SampleSpec, steps: int) -> Tensor:
