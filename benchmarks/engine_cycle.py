@@ -6,7 +6,10 @@ engine against a baseline commit's engine side by side, in alternating worker pr
                                       [--baseline REF] [--threads 2]
 
 The default baseline is the engine before it was made batch-invariant (plain torch matmuls
-and SDPA, which give a sequence different last bits with different batch-mates).
+and SDPA, which give a sequence different last bits with different batch-mates). Each worker
+also runs one cycle under torch's profiler and reports the time of its matrix products (and the
+baseline's fused SDPA kernels): the baseline's cycle with its products swapped for this
+engine's exact float64 ones is the least a cycle of exact products costs here.
 """
 
 from __future__ import annotations
@@ -24,6 +27,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "d46887925e65214e083f05172c4923aea22b572d"  # the last commit of the previous engine
 KINDS = ("sample", "forward_backward", "optim_step", "cycle")
+PRODUCTS = {
+    "aten::mm",
+    "aten::bmm",
+    "aten::addmm",
+    "aten::baddbmm",
+    "aten::_scaled_dot_product_flash_attention_for_cpu",
+    "aten::_scaled_dot_product_flash_attention_for_cpu_backward",
+}
+"""Profiler names of matrix products (SDPA's fused kernels counted whole, softmax and all)."""
 
 
 def rl_payload(prompts: list[list[int]], results: list[dict], target: int) -> dict:
@@ -50,7 +62,8 @@ def rl_payload(prompts: list[list[int]], results: list[dict], target: int) -> di
 
 
 def worker(model: str, cycles: int, threads: int) -> dict[str, list[float]]:
-    """Time `cycles` cycles (after one warm-up) of the engine importable here."""
+    """Time `cycles` cycles (after one warm-up) of the engine importable here, then profile one
+    more for the seconds of its matrix products."""
     import torch
 
     from whitney.local.engine import EngineRun
@@ -63,8 +76,11 @@ def worker(model: str, cycles: int, threads: int) -> dict[str, list[float]]:
         for i in range(8)
     ]
     run = EngineRun.create(base_model=model, lora_rank=8, seed=0)
-    times: dict[str, list[float]] = {kind: [] for kind in KINDS}
-    for cycle in range(cycles + 1):  # cycle 0 warms up
+    times: dict[str, list[float]] = {kind: [] for kind in KINDS + ("products",)}
+    for cycle in range(cycles + 2):  # cycle 0 warms up, the last is profiled
+        profiler = torch.profiler.profile() if cycle == cycles + 1 else None
+        if profiler is not None:
+            profiler.start()
         t0 = time.perf_counter()
         sampler = run.save_weights_for_sampler(f"cycle-{cycle}").result["sampler_id"]
         requests = [
@@ -77,7 +93,12 @@ def worker(model: str, cycles: int, threads: int) -> dict[str, list[float]]:
         t2 = time.perf_counter()
         run.optim_step({"type": "adamw", "learning_rate": 1e-3})
         t3 = time.perf_counter()
-        if cycle:
+        if profiler is not None:
+            profiler.stop()
+            events = profiler.key_averages()
+            products = sum(e.self_cpu_time_total for e in events if e.key in PRODUCTS) / 1e6
+            times["products"].append(products)
+        elif cycle:
             for kind, value in zip(KINDS, (t1 - t0, t2 - t1, t3 - t2, t3 - t0), strict=True):
                 times[kind].append(value)
     return times
@@ -134,10 +155,17 @@ def main() -> None:
                 for kind, values in measure(path, args).items():
                     found[name].setdefault(kind, []).extend(values)
                 print(f"  round {n + 1}/{args.rounds}: {name} done", flush=True)
+    medians = {name: {k: statistics.median(v) for k, v in found[name].items()} for name in found}
+    new, base = medians["this tree"], medians["baseline"]
     for kind in KINDS:
-        new, base = (statistics.median(found[name][kind]) for name in ("this tree", "baseline"))
-        ratio = f"{new / base:.2f}x" if base > 0 else "-"
-        print(f"  {kind:17s} median {new:.3f} s vs baseline {base:.3f} s: {ratio}")
+        ratio = f"{new[kind] / base[kind]:.2f}x" if base[kind] > 0 else "-"
+        print(f"  {kind:17s} median {new[kind]:.3f} s vs baseline {base[kind]:.3f} s: {ratio}")
+    floor = base["cycle"] - base["products"] + new["products"]
+    print(
+        f"  matrix products in a profiled cycle: {new['products']:.3f} s vs baseline "
+        f"{base['products']:.3f} s; the baseline's cycle with this engine's products "
+        f"{floor:.3f} s: {floor / base['cycle']:.2f}x (the least of exact products here)"
+    )
 
 
 if __name__ == "__main__":

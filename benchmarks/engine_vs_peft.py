@@ -5,7 +5,10 @@ whose first half, the prompt, weighs 0), a train step (cross_entropy forward_bac
 AdamW step, so the engine's next forward rebuilds its merged weights), logprobs, and sample (a
 group of samples of one prompt, and several prompts, `--new-tokens` each). Prints each median,
 the engine/PEFT ratio, tokens per second and the achieved GFLOPS against the machine's float32
-(and float64) matmul rate, measured first. Then, on local/tiny, a cycle against the engine
+(and float64) matmul rate, measured first, and beside each of the issue's aims the floor of
+exact arithmetic on this machine: a forward's FLOPs at the float64 rate (plus PEFT's own
+backward for a forward_backward), and for a group's samples the float64 weight products of its
+decode steps, timed here on the model's shapes. Then, on local/tiny, a cycle against the engine
 before it was exact (`benchmarks/engine_cycle.py`).
 
     python benchmarks/engine_vs_peft.py [--model gguf/SmolLM2-135M-Instruct-Q4_1]
@@ -38,6 +41,8 @@ ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 STORY = "Write a long, detailed story about a lighthouse keeper and a storm, in plain prose."
 WORK = ("forward", "forward_backward", "forward_backward_rl", "train_step", "logprobs")
+AIMS = {"forward_backward": 1.2, "forward_backward_rl": 1.2, "logprobs": 1.0, "sample group": 0.6}
+"""The issue's aims, engine / PEFT (lower is faster)."""
 
 
 def log(message: str) -> None:
@@ -283,6 +288,34 @@ def flops(cfg: dict, kind: str, batch: int, length: int) -> float:
     return forward * (1 if kind in ("forward", "logprobs") else 2)
 
 
+def decode_products(cfg: dict, rows: int, threads: int) -> float:
+    """Seconds of one decode step's weight products for `rows` rows in float64 (every layer's
+    projections and the head, the shapes the engine multiplies; best of 3): what a step costs
+    the exact engine before any other work, its weights read once at this machine's rate."""
+    import torch
+
+    torch.set_num_threads(threads)
+    h, inter, vocab = cfg["hidden"], cfg["inter"], cfg["vocab"]
+    q, kv = cfg["heads"] * cfg["head_dim"], cfg["kv"] * cfg["head_dim"]
+    shapes = [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)] * cfg["layers"]
+    weights = [torch.randn(n, k, dtype=torch.float64) for n, k in [*shapes, (vocab, h)]]
+    inputs = {k: torch.randn(rows, k, dtype=torch.float64) for _, k in shapes}
+
+    def step() -> None:
+        for w in weights:
+            inputs[w.shape[1]] @ w.T
+
+    step()
+    return min(timed(step) for _ in range(3))
+
+
+def floor_ratio(kind: str, peft: dict[str, float], forward_flops: float, rates: dict) -> float:
+    """The exact engine's least time over PEFT's for `kind` at one shape: the forward's FLOPs
+    at the float64 rate, plus PEFT's own time beyond its forward (its backward, its step)."""
+    beyond = 0.0 if kind in ("forward", "logprobs") else peft[kind] - peft["forward"]
+    return (forward_flops / rates["float64"] / 1e9 + beyond) / peft[kind]
+
+
 def model_shape(args: argparse.Namespace) -> dict:
     from whitney.local.engine.runtime import base_key, load_base
 
@@ -301,27 +334,42 @@ def model_shape(args: argparse.Namespace) -> dict:
 
 def report(args: argparse.Namespace, found: dict, rates: dict, cfg: dict) -> None:
     engine, peft = found["engine"], found["peft"]
-    print(f"\n  {'work':34s} {'engine s':>9s} {'PEFT s':>9s} {'ratio':>6s}   engine / PEFT")
-    for key in engine["times"]:
-        new = statistics.median(engine["times"][key])
-        old = statistics.median(peft["times"][key])
+    medians = {
+        side: {k: statistics.median(v) for k, v in found[side]["times"].items()} for side in found
+    }
+    print(
+        f"\n  {'work':34s} {'engine s':>9s} {'PEFT s':>9s} {'ratio':>6s} {'aim':>5s} {'floor':>6s}"
+        "   engine / PEFT (floor: exact float64 arithmetic's least ratio on this machine)"
+    )
+    for key, new in medians["engine"].items():
+        old = medians["peft"][key]
         kind, shape = key.rsplit(" ", 1)
+        aim = f"{AIMS[kind]:.2f}x" if kind in AIMS else ""
         if kind.startswith("sample"):
             made_new, made_old = engine["sampled"][key], peft["sampled"][key]
             n = len(engine["times"][key])
             per_new, per_old = new / (made_new / n), old / (made_old / n)
-            line = (
-                f"{per_new / per_old:5.2f}x   {made_new / n / new:.0f} / {made_old / n / old:.0f}"
+            floor = ""
+            if kind == "sample group":
+                rows = int(shape.split("x")[1])
+                floor = f"{decode_products(cfg, rows, args.threads) / rows / per_old:5.2f}x"
+            print(
+                f"  {key:34s} {new:9.2f} {old:9.2f} {per_new / per_old:5.2f}x {aim:>5s} {floor:>6s}"
+                f"   {made_new / n / new:.0f} / {made_old / n / old:.0f} sampled tokens/s"
+                " (ratios per token)"
             )
-            print(f"  {key:34s} {new:9.2f} {old:9.2f} {line} sampled tokens/s (ratio per token)")
             continue
         b, t = (int(x) for x in shape.split("x"))
         work = flops(cfg, kind, b, t)
+        peft_here = {
+            k.rsplit(" ", 1)[0]: v for k, v in medians["peft"].items() if k.endswith(shape)
+        }
+        floor = floor_ratio(kind, peft_here, flops(cfg, "forward", b, t), rates)
         gf_new, gf_old = work / new / 1e9, work / old / 1e9
         print(
-            f"  {key:34s} {new:9.2f} {old:9.2f} {new / old:5.2f}x   {b * t / new:.0f} / "
-            f"{b * t / old:.0f} tokens/s, {gf_new:.0f} / {gf_old:.0f} GFLOPS "
-            f"({gf_new / rates['float32']:.0%} / {gf_old / rates['float32']:.0%} of float32)"
+            f"  {key:34s} {new:9.2f} {old:9.2f} {new / old:5.2f}x {aim:>5s} {floor:5.2f}x"
+            f"   {b * t / new:.0f} / {b * t / old:.0f} tokens/s, {gf_new:.0f} / {gf_old:.0f} "
+            f"GFLOPS ({gf_new / rates['float32']:.0%} / {gf_old / rates['float32']:.0%} of float32)"
         )
     rss_new = max(engine["rss_gib"]) if isinstance(engine["rss_gib"], list) else engine["rss_gib"]
     rss_old = max(peft["rss_gib"]) if isinstance(peft["rss_gib"], list) else peft["rss_gib"]
