@@ -361,9 +361,8 @@ def report(args: argparse.Namespace, found: dict, rates: dict, cfg: dict) -> Non
             continue
         b, t = (int(x) for x in shape.split("x"))
         work = flops(cfg, kind, b, t)
-        peft_here = {
-            k.rsplit(" ", 1)[0]: v for k, v in medians["peft"].items() if k.endswith(shape)
-        }
+        at_shape = (k.rsplit(" ", 1) for k in medians["peft"])
+        peft_here = {w: medians["peft"][f"{w} {s}"] for w, s in at_shape if s == shape}
         floor = floor_ratio(kind, peft_here, flops(cfg, "forward", b, t), rates)
         gf_new, gf_old = work / new / 1e9, work / old / 1e9
         print(
