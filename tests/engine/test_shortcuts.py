@@ -81,18 +81,29 @@ def head_inputs() -> tuple[EngineRun, torch.Tensor, torch.Tensor, torch.Tensor]:
     return run, hidden.requires_grad_(), ids[:, 1:], upstream
 
 
+def value_and_grad(out: torch.Tensor, hidden: torch.Tensor, upstream: torch.Tensor):
+    """`out` and its gradient to `hidden` for the upstream gradient `upstream`."""
+    (grad,) = torch.autograd.grad(out, hidden, upstream)
+    return out, grad
+
+
+def head_chunks(monkeypatch, chunk: int, saved: int) -> None:
+    """TargetLogprobs' chunks of `chunk` logits, keeping up to `saved` for the backward."""
+    monkeypatch.setattr(model, "LOGITS_CHUNK", chunk)
+    monkeypatch.setattr(model, "SAVED_LOGITS", saved)
+
+
 @pytest.mark.parametrize(
     ("chunk", "saved"), [(model.LOGITS_CHUNK, model.SAVED_LOGITS), (600, 10**9), (600, 0), (1, 0)]
 )
 def test_target_logprobs_are_the_whole_log_softmax_gathered(monkeypatch, chunk, saved) -> None:
     run, hidden, targets, upstream = head_inputs()
     logprobs = exact.log_softmax(run.model.logits(hidden))
-    want = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    (want_grad,) = torch.autograd.grad(want, hidden, upstream)
-    monkeypatch.setattr(model, "LOGITS_CHUNK", chunk)
-    monkeypatch.setattr(model, "SAVED_LOGITS", saved)
-    got = run.model.target_logprobs(hidden, targets)
-    (got_grad,) = torch.autograd.grad(got, hidden, upstream)
+    want, want_grad = value_and_grad(
+        logprobs.gather(-1, targets[..., None])[..., 0], hidden, upstream
+    )
+    head_chunks(monkeypatch, chunk, saved)
+    got, got_grad = value_and_grad(run.model.target_logprobs(hidden, targets), hidden, upstream)
     assert torch.equal(got, want)
     if saved:
         assert torch.equal(got_grad, want_grad)
@@ -114,12 +125,9 @@ def test_positions_without_a_gradient_are_skipped_and_change_nothing(
     upstream[:, :6] = 0.0  # the prompts
     upstream[1] = 0.0  # a datum weighing nothing
     logprobs = exact.log_softmax(hidden @ run.base_weights["lm_head.weight"].t())
-    want = logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    (want_grad,) = torch.autograd.grad(want, hidden, upstream)
-    monkeypatch.setattr(model, "LOGITS_CHUNK", chunk)
-    monkeypatch.setattr(model, "SAVED_LOGITS", saved)
-    got = run.model.target_logprobs(hidden, targets)
-    (got_grad,) = torch.autograd.grad(got, hidden, upstream)
+    _, want_grad = value_and_grad(logprobs.gather(-1, targets[..., None])[..., 0], hidden, upstream)
+    head_chunks(monkeypatch, chunk, saved)
+    got, got_grad = value_and_grad(run.model.target_logprobs(hidden, targets), hidden, upstream)
     assert torch.equal(got, run.model.target_logprobs(hidden.detach(), targets))
     assert not got_grad[upstream == 0].any()
     assert got_grad[upstream != 0].abs().min() > 0

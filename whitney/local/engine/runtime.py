@@ -325,14 +325,23 @@ class EngineRun:
     def layers(self) -> list[LayerWeights]:
         """The trainer's fixed-point merged weights, built once per weights version (the adapter
         changes only with one: optim_step, load_state) and reused by every forward until then."""
-        version, cached = self.weights_version, self.trainer_layers
-        if cached is None or cached[0] != version or cached[1] is not self.model:
+        version = self.weights_version
+        layers = self.trainer_layers_of(version)
+        if layers is None:
             self.trainer_layers = None  # free the old ones before building the new
             sampler = self.sampler_models.get(version)
             same_base = self.snapshot_bases.get(version) is self.base_weights
             built = sampler.frozen if sampler is not None and same_base else None
-            self.trainer_layers = (version, self.model, self.model.layer_weights(built))
-        return self.trainer_layers[2]
+            layers = self.model.layer_weights(built)
+            self.trainer_layers = (version, self.model, layers)
+        return layers
+
+    def trainer_layers_of(self, version: int) -> list[LayerWeights] | None:
+        """The trainer's built layers if they are those of weights `version`, else None."""
+        cached = self.trainer_layers
+        if cached is None or cached[0] != version or cached[1] is not self.model:
+            return None
+        return cached[2]
 
     def optim_step(self, optimizer: dict) -> OpOutput:
         """One AdamW update from the accumulated gradients; clears them. A non-finite grad norm,
@@ -396,10 +405,10 @@ class EngineRun:
         being exact), else its own from the snapshot merged into its base."""
         base = self.snapshot_bases[version]
         head = self.model.head if base is self.base_weights else None
-        trainer = self.trainer_layers
-        if head is not None and trainer and trainer[0] == version and trainer[1] is self.model:
+        trainer = self.trainer_layers_of(version)
+        if head is not None and trainer is not None:
             model = Llama(self.cfg, base, head=head)  # its projections are the trainer's layers
-            model.layer_weights(trainer[2])
+            model.layer_weights(trainer)
             return model
         return Llama(self.cfg, self.snapshots[version].merged(base), head=head)
 
