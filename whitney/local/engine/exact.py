@@ -82,9 +82,9 @@ def activation_rows(x: Tensor, weight_bits: int) -> Tensor:
     up = 2.0**ACTIVATION_BITS / top.clamp_(min=2.0**-99)
     rounded = (x * up).round_()
     magnitude = rounded.abs().sum(-1, keepdim=True, dtype=torch.float64) + x.shape[-1] / 2
-    shift = (ceil_log2(magnitude) - (MANTISSA_BITS - 1 - weight_bits)).clamp_(min=0)
-    if bool(shift.any()):  # rows whose magnitudes need a coarser grid (the others keep theirs)
-        up = up / pow2(shift).float()
+    room = MANTISSA_BITS - 1 - weight_bits
+    if bool((magnitude > 2.0**room).any()):  # rows that need a coarser grid (the others keep it)
+        up = up / pow2((ceil_log2(magnitude) - room).clamp_(min=0)).float()
         rounded = (x * up).round_()
     return rounded.double().mul_(1.0 / up.double())
 
