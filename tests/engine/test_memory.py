@@ -20,13 +20,13 @@ def test_releasing_checks_every_time_and_trims_at_most_once_an_interval(monkeypa
     trims: list[int] = []
     checks: list[int] = []
     monkeypatch.setattr(memory, "trim", lambda: trims.append)
-    clock = iter([0.0, 0.2, 0.5, 1.1, 1.3, 2.2])
+    clock = iter([t * memory.TRIM_INTERVAL_S for t in (0.0, 0.2, 0.5, 1.1, 1.3, 2.2)])
     monkeypatch.setattr(memory.time, "monotonic", lambda: next(clock))
     check = memory.releasing(lambda: checks.append(1))
     for _ in range(5):
         check()
     assert len(checks) == 5
-    assert len(trims) == 2  # at 1.1 s and 2.2 s: a second apart from the start and each other
+    assert len(trims) == 2  # at 1.1 and 2.2 intervals, each an interval after the last
 
 
 def test_a_raising_check_stops_before_any_trim(monkeypatch) -> None:
