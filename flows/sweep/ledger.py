@@ -2,7 +2,9 @@
 rung starts only if the cost spent, the rungs running, and its own projection fit.
 
 The projection of a rung is its cycles times the dearest cycle of any rung ended so far;
-before the first ends there is none, so the first `max_concurrent` rungs always start.
+before the first ends there is none, so the first `max_concurrent` rungs always start. A
+rung is settled before its slot is given back (flows.sweep.trials), so the trial that takes
+the slot next reserves against its cost.
 """
 
 from __future__ import annotations

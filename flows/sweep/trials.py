@@ -1,6 +1,7 @@
 """One trial at one rung: a flow run of the trial flow's deployment, holding a slot of the
-sweep's global concurrency limit while it runs, then read back from Prefect's events (its
-cycles' metrics, its final checkpoint) and Whitney's journal (its usage).
+sweep's global concurrency limit while it runs and until its usage (Whitney's journal) is
+settled in the sweep's ledger, then read back from Prefect's events (its cycles' metrics,
+its final checkpoint).
 
 A trial's flow run is named `{sweep}-trial-{i}-rung-{r}`, tagged with the sweep's flow run id
 and created with an idempotency key of both: a retried sweep flow run finds the trial flow
@@ -77,9 +78,14 @@ def ended_trial_run(prefect: SyncPrefectClient, request: TrialRequest) -> FlowRu
 
 
 def start_and_wait(
-    prefect: SyncPrefectClient, request: TrialRequest, ledger: CostLedger
-) -> FlowRun | None:
-    """Run the trial's flow run to its end (cancelled after `timeout_s`), holding a slot;
+    prefect: SyncPrefectClient,
+    request: TrialRequest,
+    ledger: CostLedger,
+    connection: WhitneyConnection,
+    prices: CostModel | None,
+) -> tuple[FlowRun, Usage] | None:
+    """Run the trial's flow run to its end (cancelled after `timeout_s`) holding a slot, and
+    settle its cost before giving the slot back, so a trial waiting for it sees that cost;
     None if, once it has the slot, the budget leaves no room for it."""
     with concurrency(request.concurrency_limit, occupy=1):
         if not ledger.reserve(request.flow_run_name, request.cycles - request.first_cycle):
@@ -100,7 +106,7 @@ def start_and_wait(
             while not (state := prefect.read_flow_run(flow_run.id).state) or not state.is_final():
                 time.sleep(POLL_S)
             flow_run = prefect.read_flow_run(flow_run.id)
-    return flow_run
+        return flow_run, settled(request, flow_run, connection, prices, ledger)
 
 
 def trial_events(
@@ -138,14 +144,34 @@ def whitney_usage(connection: WhitneyConnection, flow_run_id: str, timeout_s: fl
     return usage
 
 
-def read_back(
-    prefect: SyncPrefectClient,
+def priced(prices: CostModel | None, usage: Usage) -> float | None:
+    """The usage's estimated USD; None without a price table."""
+    return prices.cost(usage) if prices is not None else None
+
+
+def settled(
     request: TrialRequest,
     flow_run: FlowRun,
     connection: WhitneyConnection,
     prices: CostModel | None,
+    ledger: CostLedger,
+) -> Usage:
+    """The ended flow run's usage on Whitney, its cost entered in the sweep's ledger."""
+    usage = whitney_usage(connection, str(flow_run.id), 60.0)
+    ledger.settle(
+        request.flow_run_name, priced(prices, usage), request.cycles - request.first_cycle
+    )
+    return usage
+
+
+def read_back(
+    prefect: SyncPrefectClient,
+    request: TrialRequest,
+    flow_run: FlowRun,
+    usage: Usage,
+    prices: CostModel | None,
 ) -> TrialRung:
-    """The trial's rung from its flow run's records."""
+    """The trial's rung from its flow run's records and its usage."""
     completed = flow_run.state is not None and flow_run.state.is_completed()
     expected = request.cycles - request.first_cycle
 
@@ -165,7 +191,6 @@ def read_back(
     ]
     finished = [event.payload for event in events if event.event == RUN_FINISHED]
     checkpoint = finished[-1]["checkpoint"] if finished and completed else None
-    usage = whitney_usage(connection, str(flow_run.id), 60.0)
     state = flow_run.state.type.value if flow_run.state is not None else "UNKNOWN"
     return TrialRung(
         trial=request.trial,
@@ -179,7 +204,7 @@ def read_back(
         run_id=finished[-1]["run_id"] if finished else None,
         checkpoint=checkpoint,
         usage=usage,
-        cost=prices.cost(usage) if prices is not None else None,
+        cost=priced(prices, usage),
         started=flow_run.start_time.timestamp() if flow_run.start_time else None,
         ended=flow_run.end_time.timestamp() if flow_run.end_time else None,
     )
@@ -200,10 +225,11 @@ def run_trial(
     with get_client(sync_client=True) as prefect:
         flow_run = ended_trial_run(prefect, request)
         if flow_run is None:
-            flow_run = start_and_wait(prefect, request, ledger)
+            ran = start_and_wait(prefect, request, ledger, connection, prices)
         else:
             logger.info("%s already ended: reading it back", request.flow_run_name)
-        if flow_run is None:
+            ran = flow_run, settled(request, flow_run, connection, prices, ledger)
+        if ran is None:
             logger.warning("%s: not started, over the sweep's max_cost", request.flow_run_name)
             return TrialRung(
                 trial=request.trial,
@@ -212,8 +238,7 @@ def run_trial(
                 flow_run_name=request.flow_run_name,
                 state=SKIPPED,
             )
-        rung = read_back(prefect, request, flow_run, connection, prices)
-    ledger.settle(request.flow_run_name, rung.cost, request.cycles - request.first_cycle)
+        rung = read_back(prefect, request, *ran, prices)
     logger.info(
         "%s: %s, %s = %s, %s tokens",
         request.flow_run_name,

@@ -185,3 +185,54 @@ def test_a_sweep_of_four_trials_runs_two_at_a_time_and_halves(alive: Stack) -> N
     )
     assert again["run_count"] == 2
     assert trial_runs(alive, done["id"]).keys() == trials.keys()
+
+
+def sampled_tokens(stack: Stack, flow_run_id: str) -> int:
+    """The tokens every Whitney run of the flow run sampled, from the server's journal."""
+    return sum(
+        int(operation.usage.get("sampled_tokens", 0))
+        for run in whitney_runs(stack, flow_run_id)
+        for operation in journal(stack, run.run_id)
+    )
+
+
+def test_a_rung_that_spent_the_budget_leaves_no_slot_to_a_waiting_trial(alive: Stack) -> None:
+    """Three trials, one slot, a max_cost below any one rung's cost. Each trial's own token
+    budget stops it after its first cycle, one short of its rung, so the sweep reads its
+    cycle events for EVENT_WAIT_S (60 s) before they are known complete: longer than a
+    waiting trial takes to get the slot (Prefect's retry-after is at most 39 s). The first
+    rung starts (no projection yet); once it ends, its cost is settled before its slot is
+    given back, so neither waiting trial starts."""
+    config = {
+        **SWEEP,
+        "base": {**SWEEP["base"], "budget": {"max_tokens": 1}},
+        "grid": {"learning_rate": [0.002, 0.01, 0.05]},
+        "rungs": [2],
+        "max_concurrent": 1,
+        "concurrency_limit": "e2e-sweep-budget",
+        "prices": {"sampled_per_million": 1000.0},  # every cycle samples >= 12 tokens
+        "max_cost": 0.001,
+    }
+    deployment = alive.api.deployment("sweep", "sweep-on-demand")
+    sweep = alive.api.create_flow_run_from_deployment(
+        deployment["id"], {"config": config, "whitney_block": BLOCK_NAME}, "e2e: sweep budget"
+    )
+    done = alive.api.wait_flow_run(
+        sweep["id"], ["COMPLETED"], SWEEP_TIMEOUT_S, evidence=alive.evidence
+    )
+
+    trials = trial_runs(alive, done["id"])
+    assert len(trials) == 1, sorted(run["name"] for run in trials.values())
+    ((ran, rung),) = trials
+    assert rung == 0 and trials[ran, 0]["state_type"] == "COMPLETED"
+    assert len(alive.api.child_flow_runs(done["id"])) == 1
+    cost = sampled_tokens(alive, trials[ran, 0]["id"]) / 1000  # $1,000 a million
+    assert cost > config["max_cost"]
+
+    (artifact,) = [a for a in alive.api.artifacts([done["id"]]) if a["type"] == "markdown"]
+    rows = [line for line in artifact["data"].splitlines() if re.match(r"^\| \d+ \|", line)]
+    status = {int(row.split("|")[1]): row.split("|")[-4].strip() for row in rows}
+    assert status == {t: "best" if t == ran else "skipped at rung 0 (max_cost)" for t in range(3)}
+    assert f"Cost of the sweep: ${cost:,.4f}." in artifact["data"]
+    limit = alive.api.get("/v2/concurrency_limits/e2e-sweep-budget")
+    assert (limit["limit"], limit["active_slots"]) == (1, 0)
