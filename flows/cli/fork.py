@@ -20,7 +20,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flows.cli.commands import journal_source
 from flows.cli.exit_codes import EXIT_BAD_CONFIG
@@ -28,18 +28,21 @@ from flows.core.config import ConfigError
 from flows.core.manifest import manifest_path, read_manifest
 from whitney_calls.names import CYCLE_CHECKPOINT
 
+if TYPE_CHECKING:
+    from flows.catalogue import TrainingFlow
+
 PROG = "whitney-flows fork"
-CLI_FLOWS = {"rl": "rl", "sft": "sft", "distillation": "distill"}
-"""A manifest's flow name -> its `whitney-flows run` command."""
 SET_BY_FORK = ("resume_from", "api_url", "metrics_path")
 """Fields `--set` may not name: the fork sets them (--cycle, --api-url, --metrics-out)."""
 
 
 def run_fork(options: argparse.Namespace) -> int:
     """`fork`; the exit code."""
+    from flows.catalogue import by_name  # the flows' configs: only for a fork
+
     try:
         manifest = parent_manifest(options.parent, options.adapter_dir)
-        flow = CLI_FLOWS.get(manifest.get("flow") or "")
+        flow = by_name(manifest.get("flow"))
         if flow is None or not isinstance(manifest.get("config"), dict):
             raise ConfigError("PARENT", f"{options.parent}: its manifest names no training flow")
         check_fork_fields(flow, options.set or [], manifest["config"])
@@ -48,11 +51,12 @@ def run_fork(options: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    module = importlib.import_module(f"flows.cli.run_{flow}")  # imports Prefect
+    module = importlib.import_module(flow.cli_module)  # imports Prefect
     with tempfile.TemporaryDirectory(prefix="whitney-fork-") as scratch:
         path = Path(scratch) / "config.json"
         path.write_text(json.dumps(config), encoding="utf-8")
-        arguments = ["run", flow, "--config", str(path), "--adapter-dir", str(options.adapter_dir)]
+        arguments = ["run", flow.command, "--config", str(path)]
+        arguments += ["--adapter-dir", str(options.adapter_dir)]
         if options.api_url:
             arguments += ["--api-url", options.api_url]
         if options.metrics_out:
@@ -144,7 +148,7 @@ def split_setting(setting: str) -> tuple[str, Any]:
         return field, text
 
 
-def check_fork_fields(flow: str, settings: list[str], parent: dict[str, Any]) -> None:
+def check_fork_fields(flow: TrainingFlow, settings: list[str], parent: dict[str, Any]) -> None:
     """ConfigError naming a `--set` field the flow's config does not have, one the fork sets
     itself, or one a fork cannot change (flows.core.lineage.FIXED_IN_FORK)."""
     from flows.core.lineage import FIXED_IN_FORK
@@ -163,16 +167,5 @@ def check_fork_fields(flow: str, settings: list[str], parent: dict[str, Any]) ->
                 "cannot change in a fork: the checkpoint's LoRA weights are of the parent's "
                 f"{field} ({known.get(field)!r})",
             )
-        if field not in known and field.split(".")[0] not in config_fields(flow):
-            raise ConfigError(f"--set {field}", f"the {flow} config has no such field")
-
-
-def config_fields(flow: str) -> set[str]:
-    """The top-level fields of the flow's config model."""
-    models = {
-        "rl": "flows.rl.config:RLConfig",
-        "sft": "flows.sft.config:SFTConfig",
-        "distill": "flows.distill.config:DistillationConfig",
-    }
-    module, _, name = models[flow].partition(":")
-    return set(getattr(importlib.import_module(module), name).model_fields)
+        if field not in known and field.split(".")[0] not in flow.config.model_fields:
+            raise ConfigError(f"--set {field}", f"the {flow.command} config has no such field")

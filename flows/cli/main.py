@@ -78,9 +78,12 @@ def run_command(arguments: list[str]) -> int:
 
 
 def run_flow(options: argparse.Namespace) -> int:
-    """`whitney-flows run FLOW`: its exit code; 2 with one line if its config is refused."""
-    module = importlib.import_module(f"flows.cli.run_{options.flow}")  # imports Prefect
+    """`whitney-flows run FLOW` (a flow of flows.catalogue): its exit code; 2 with one line if
+    its config is refused."""
+    from flows.catalogue import by_command
+
     try:
+        module = importlib.import_module(by_command(options.flow).cli_module)  # imports Prefect
         return module.run(options)
     except ConfigError as error:
         print(f"whitney-flows run {options.flow}: {error}", file=sys.stderr)

@@ -30,10 +30,8 @@ from prefect.client.schemas.filters import (
 )
 from prefect.client.schemas.objects import FlowRun, StateType
 
+from flows.catalogue import DEPLOYMENTS
 from flows.resume.flow import decision_key, resume_run
-
-TRAINING_DEPLOYMENTS = ("rl-on-demand", "sft-nightly", "distill-on-demand", "dpo-on-demand")
-"""The deployments the resume-run trigger watches (deployments/prefect.yaml)."""
 
 
 def ended_badly(
@@ -70,7 +68,7 @@ def undecided(prefect: SyncPrefectClient, runs: list[FlowRun]) -> list[FlowRun]:
 
 @flow(name="resume-sweep", persist_result=False)
 def resume_sweep(
-    deployments: tuple[str, ...] = TRAINING_DEPLOYMENTS,
+    deployments: tuple[str, ...] = DEPLOYMENTS,
     within_hours: float = 24.0,
     settle_seconds: float = 120.0,
     max_attempts: int = 3,

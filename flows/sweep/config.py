@@ -1,7 +1,7 @@
 """The sweep flow's configuration: a pydantic model whose field descriptions and bounds are the
 Prefect UI's run form. No Prefect: the CLI and the plan read it too.
 
-A sweep trains one kind of flow (`kind`: rl, sft, ...; flows.sweep.kinds) many times, each
+A sweep trains one kind of flow (`kind`: a training flow of flows.catalogue) many times, each
 trial the shared `base` settings plus the trial's own values of the swept fields (dotted
 paths into the trial's config: `learning_rate`, `lora_rank`, `loss_config.clip_low`), from a
 grid or drawn at random with `seed`. The trials run in `rungs` of cycles; after each rung but
@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from flows.catalogue import COMMANDS
 from flows.core.cost import PriceTable
 
 
@@ -49,14 +50,14 @@ class SweepConfig(BaseModel):
 
     kind: str = Field(
         default="rl",
-        description="The training flow each trial runs: rl, sft or dpo (flows.sweep.kinds); each "
-        "trial is a flow run of its deployment",
+        description=f"The training flow each trial runs: {', '.join(COMMANDS)} "
+        "(flows.catalogue); each trial is a flow run of its deployment",
     )
     deployment: str | None = Field(
         default=None,
         pattern=r"^[^/]+/[^/]+$",
         description="The trials' deployment as flow/deployment; empty: the kind's own "
-        "(rl/rl-on-demand, sft/sft-nightly)",
+        "(rl/rl-on-demand, sft/sft-nightly, ...)",
     )
     base: dict[str, Any] = Field(
         default_factory=dict,

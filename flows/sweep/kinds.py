@@ -1,5 +1,5 @@
-"""The training flows a sweep can run: each kind's config class, its deployment, and how a
-rung sets its length. No Prefect. A new flow is one more entry in `TRIAL_KINDS`."""
+"""The training flows a sweep can run, one kind per flow of the catalogue (flows.catalogue):
+its config class, its deployment, and how a rung sets its length. No Prefect."""
 
 from __future__ import annotations
 
@@ -7,10 +7,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flows.core.config import ConfigError, FlowConfig
-from flows.dpo.config import DPOConfig
-from flows.rl.config import RLConfig
-from flows.sft.config import SFTConfig
+from flows.catalogue import TRAINING_FLOWS, by_command
+from flows.core.config import FlowConfig
 
 
 @dataclass(frozen=True)
@@ -26,25 +24,33 @@ class TrialKind:
     """The settings that make a trial of `settings` train cycles 0..n-1."""
 
 
-def rl_sized(settings: Mapping[str, Any], cycles: int) -> dict[str, Any]:
+def cycles_sized(settings: Mapping[str, Any], cycles: int) -> dict[str, Any]:
+    """The other flows count cycles."""
     return {"cycles": cycles}
 
 
 def sft_sized(settings: Mapping[str, Any], cycles: int) -> dict[str, Any]:
     """SFT counts steps: a cycle is steps_per_cycle of them."""
-    per_cycle = settings.get("steps_per_cycle", SFTConfig.model_fields["steps_per_cycle"].default)
+    per_cycle = settings.get(
+        "steps_per_cycle", by_command("sft").config.model_fields["steps_per_cycle"].default
+    )
     return {"steps": cycles * int(per_cycle)}
 
 
+SIZING: dict[str, tuple[tuple[str, ...], Callable[[Mapping[str, Any], int], dict[str, Any]]]] = {
+    "sft": (("steps", "epochs", "cycles"), sft_sized),
+}
+"""The kinds whose rungs are not `cycles` (the others': `cycles`)."""
+
 TRIAL_KINDS: dict[str, TrialKind] = {
-    "rl": TrialKind(RLConfig, "rl/rl-on-demand", ("cycles",), rl_sized),
-    "sft": TrialKind(SFTConfig, "sft/sft-nightly", ("steps", "epochs", "cycles"), sft_sized),
-    "dpo": TrialKind(DPOConfig, "dpo/dpo-on-demand", ("cycles",), rl_sized),
+    flow.command: TrialKind(
+        flow.config, flow.deployment_path, *SIZING.get(flow.command, (("cycles",), cycles_sized))
+    )
+    for flow in TRAINING_FLOWS
 }
 
 
 def trial_kind(kind: str) -> TrialKind:
     """The kind named `kind`; ConfigError naming the known ones otherwise."""
-    if kind not in TRIAL_KINDS:
-        raise ConfigError("kind", f"unknown flow kind {kind!r}: one of {', '.join(TRIAL_KINDS)}")
+    by_command(kind, "kind")  # the same refusal as every command's
     return TRIAL_KINDS[kind]

@@ -1,10 +1,11 @@
 """The arrows of `flows/`, read from the source with `ast` (imports inside functions count):
 `cli -> {rl, sft, distill, dpo, sweep} -> core -> tasks -> whitney_calls -> whitney` (and
 `reap -> core`, `resume -> core`, `checkpoints -> core`), distill -> sft, checkpoints -> sft,
-dpo -> sft (they read SFT data) and sweep -> rl, sft, dpo (its trials' configs) the cross-flow
-arrows, no import cycle among the
-modules of flows/, and recipes, plans, configs and `whitney_calls` load neither Prefect nor
-torch. Imports under `if TYPE_CHECKING:` are annotations, not arrows."""
+dpo -> sft (they read SFT data) the cross-flow arrows, `catalogue -> {rl, sft, distill, dpo}`
+(their configs) the one list of training flows that cli, sweep and resume read, no import
+cycle among the modules of flows/, and recipes, plans, configs, the catalogue and
+`whitney_calls` load neither Prefect nor torch. Imports under `if TYPE_CHECKING:` are
+annotations, not arrows."""
 
 from __future__ import annotations
 
@@ -23,26 +24,27 @@ ALLOWED = {
         "flows.distill",
         "flows.dpo",
         "flows.sweep",
+        "flows.catalogue",
         "flows.core",
         "tasks",
         "whitney_calls",
+    },
+    "flows.catalogue": {
+        "flows.catalogue",
+        "flows.rl",
+        "flows.sft",
+        "flows.distill",
+        "flows.dpo",
+        "flows.core",
     },
     "flows.rl": {"flows.rl", "flows.core", "tasks", "whitney_calls"},
     "flows.sft": {"flows.sft", "flows.core", "tasks", "whitney_calls"},
     "flows.dpo": {"flows.dpo", "flows.sft", "flows.core", "tasks", "whitney_calls"},
     "flows.distill": {"flows.distill", "flows.sft", "flows.core", "tasks", "whitney_calls"},
     "flows.reap": {"flows.reap", "flows.core", "tasks", "whitney_calls"},
-    "flows.resume": {"flows.resume", "flows.core", "tasks", "whitney_calls"},
+    "flows.resume": {"flows.resume", "flows.catalogue", "flows.core", "tasks", "whitney_calls"},
     "flows.checkpoints": {"flows.checkpoints", "flows.sft", "flows.core", "tasks", "whitney_calls"},
-    "flows.sweep": {
-        "flows.sweep",
-        "flows.rl",
-        "flows.sft",
-        "flows.dpo",
-        "flows.core",
-        "tasks",
-        "whitney_calls",
-    },
+    "flows.sweep": {"flows.sweep", "flows.catalogue", "flows.core", "tasks", "whitney_calls"},
     "flows.core": {"flows.core", "tasks", "whitney_calls"},
     "flows": set(),
     "tasks": {"tasks", "whitney_calls"},
@@ -50,7 +52,7 @@ ALLOWED = {
 }
 """Which layers of this repository each layer may import (whitney and blocks: any layer)."""
 HEAVY = ("prefect", "torch")
-PURE_SUFFIXES = (".config", ".plan")
+PURE_SUFFIXES = (".config", ".plan", ".catalogue")
 PURE_PACKAGES = ("flows.rl.recipes", "whitney_calls")
 
 

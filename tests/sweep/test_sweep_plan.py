@@ -106,7 +106,7 @@ def test_a_trial_config_at_a_rung_is_base_then_its_values_then_its_length() -> N
         ({"grid": {}}, "grid", "nothing to search"),
         ({"search": "random", "grid": {"seed": [1]}}, "random", "nothing to search"),
         ({"grid": {"seed": [1]}, "rungs": [4, 4]}, "rungs", "must increase"),
-        ({"grid": {"seed": [1]}, "kind": "dpo2"}, "kind", "unknown flow kind 'dpo2'"),
+        ({"grid": {"seed": [1]}, "kind": "dpo2"}, "kind", "unknown training flow 'dpo2'"),
         ({"grid": {"learning_rate": [0.1, 7.0]}}, "learning_rate", "trial 1"),
         ({"kind": "sft", "grid": {"epochs": [1]}}, "grid.epochs", "the sweep sets it"),
     ],

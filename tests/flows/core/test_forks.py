@@ -2,7 +2,8 @@
 parent's later cycles bit for bit; a fork with a changed learning rate differs and records its
 lineage (the result, the `whitney.run.forked` event, the lineage artifact with both curves);
 the command refuses, naming the field, a cycle with no checkpoint, an unknown field and one a
-fork cannot change. One parent RL run on local/tiny (flowtest_parent) serves every test."""
+fork cannot change. One parent RL run on local/tiny (flowtest_parent) serves every test but
+the command's fork of a DPO run."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 import pytest
 from flowtest_parent import Parent, parent_run
+from flowtest_settings import QUICK_RECOVERY
 from prefect import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
@@ -22,6 +24,8 @@ from flows.core.lineage import Change, Lineage, config_changes, lineage_markdown
 from flows.core.manifest import write_manifest
 from flows.core.records import artifact_key
 from flows.core.tracking.config import TrackingSettings
+from flows.dpo.config import DPOConfig
+from flows.dpo.flow import dpo_flow
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from whitney.client import WhitneyClient
@@ -261,3 +265,45 @@ def test_a_deployed_parents_partial_config_is_completed_with_the_defaults() -> N
     completed = parent_config(str(flow_run.id), RLConfig)
     assert completed == RLConfig(cycles=3).model_dump(mode="json")
     assert config_changes(completed, RLConfig(cycles=3).model_dump(mode="json")) == {}
+
+
+def test_the_fork_command_forks_a_dpo_run(
+    whitney: EmbeddedWhitney, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A DPO run's manifest is a training flow's like any other (flows.catalogue): its fork
+    trains the cycle after the checkpoint with the changed beta, and says so."""
+    pairs = Path(__file__).resolve().parents[3] / "examples" / "dpo-pairs.jsonl"
+    config = DPOConfig(
+        api_url=whitney.url,
+        base_model="local/tiny",
+        data_path=str(pairs),
+        cycles=2,
+        pairs_per_cycle=4,
+        beta=0.1,
+        learning_rate=5e-4,
+        checkpoint_every=1,
+        seed=1,
+        **QUICK_RECOVERY,
+    )
+    state = dpo_flow(config, return_state=True)
+    assert state.is_completed(), state.message
+    parent = state.result()
+    adapters = tmp_path / "adapters"
+    adapters.mkdir()
+    write_manifest(parent.manifest, adapters / f"{parent.run_id}-manifest.json")
+    code = main(
+        ["fork", parent.run_id, "--cycle", "0", "--set", "beta=0.2", "--api-url", whitney.url]
+        + ["--adapter-dir", str(adapters), "--metrics-out", str(tmp_path / "fork.jsonl")]
+    )
+    assert code == 0, capsys.readouterr().err
+    lines = [json.loads(line) for line in (tmp_path / "fork.jsonl").read_text().splitlines()]
+    assert [line["cycle"] for line in lines] == [1]
+    (manifest,) = [
+        path for path in adapters.glob("*-manifest.json") if parent.run_id not in path.name
+    ]
+    written = json.loads(manifest.read_text())
+    assert written["flow"] == "dpo" and written["config"]["beta"] == 0.2
+    assert (
+        written["lineage"]["parent_checkpoint"] == f"whitney://runs/{parent.run_id}/states/cycle-0"
+    )
+    assert written["lineage"]["changes"] == {"beta": {"parent": 0.1, "fork": 0.2}}

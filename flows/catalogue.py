@@ -1,0 +1,72 @@
+"""The training flows, one entry each: `whitney-flows run` and `fork`, the sweep's kinds
+(flows.sweep.kinds) and the automatic resume (flows.resume) all read this list, so none of
+them can leave a flow out. No Prefect: the flow functions are named by their entrypoints.
+
+    by_command("dpo").config                    # DPOConfig
+    by_name("distillation").command             # "distill" (a manifest's `flow`)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flows.core.config import ConfigError, FlowConfig
+from flows.distill.config import DistillationConfig
+from flows.dpo.config import DPOConfig
+from flows.rl.config import RLConfig
+from flows.sft.config import SFTConfig
+
+
+@dataclass(frozen=True)
+class TrainingFlow:
+    """A training flow: its names, its config model, where Prefect finds it."""
+
+    name: str
+    """The Prefect flow's name, which a manifest's `flow` records."""
+    command: str
+    """`whitney-flows run COMMAND` (module flows.cli.run_COMMAND) and a sweep's `kind`."""
+    config: type[FlowConfig]
+    entrypoint: str
+    """The flow function, as deployments/prefect.yaml names it (path:function)."""
+    deployment: str
+    """Its deployment in deployments/prefect.yaml."""
+
+    @property
+    def cli_module(self) -> str:
+        """The module of `whitney-flows run COMMAND` (its `run(options)`; imports Prefect)."""
+        return f"flows.cli.run_{self.command}"
+
+    @property
+    def deployment_path(self) -> str:
+        """flow/deployment, as prefect.deployments.run_deployment names it."""
+        return f"{self.name}/{self.deployment}"
+
+
+TRAINING_FLOWS: tuple[TrainingFlow, ...] = (
+    TrainingFlow("rl", "rl", RLConfig, "flows/rl/flow.py:rl_flow", "rl-on-demand"),
+    TrainingFlow("sft", "sft", SFTConfig, "flows/sft/flow.py:sft_flow", "sft-nightly"),
+    TrainingFlow(
+        "distillation",
+        "distill",
+        DistillationConfig,
+        "flows/distill/flow.py:distillation_flow",
+        "distill-on-demand",
+    ),
+    TrainingFlow("dpo", "dpo", DPOConfig, "flows/dpo/flow.py:dpo_flow", "dpo-on-demand"),
+)
+COMMANDS: tuple[str, ...] = tuple(flow.command for flow in TRAINING_FLOWS)
+DEPLOYMENTS: tuple[str, ...] = tuple(flow.deployment for flow in TRAINING_FLOWS)
+
+
+def by_command(command: str, field: str = "FLOW") -> TrainingFlow:
+    """The flow `whitney-flows run COMMAND` runs; ConfigError naming `field` and the known
+    commands otherwise."""
+    for flow in TRAINING_FLOWS:
+        if flow.command == command:
+            return flow
+    raise ConfigError(field, f"unknown training flow {command!r}: one of {', '.join(COMMANDS)}")
+
+
+def by_name(name: str | None) -> TrainingFlow | None:
+    """The flow whose Prefect name is `name` (a manifest's `flow`), if any."""
+    return next((flow for flow in TRAINING_FLOWS if flow.name == name), None)
