@@ -83,7 +83,7 @@ def test_the_client_carries_the_settings_and_reaches_the_server(embedded_server)
     block = credentials(
         base_url=embedded_server.url,
         api_key=embedded_server.api_key,
-        timeout_s=5,
+        timeout_s=60,
         max_attempts=2,
         max_retry_seconds=3,
         backoff_base_s=0.01,
@@ -92,7 +92,7 @@ def test_the_client_carries_the_settings_and_reaches_the_server(embedded_server)
     )
     with block.get_client() as client:
         assert client.base_url == embedded_server.url
-        assert client._transport.timeout == 5 and client._transport.retry.max_attempts == 2
+        assert client._transport.timeout == 60 and client._transport.retry.max_attempts == 2
         assert client._transport.retry.max_retry_seconds == 3 and client._poll_wait_s == 2
         assert "local" in client.capabilities().providers
     with (
@@ -120,6 +120,12 @@ def test_an_endpoint_from_a_block_keeps_everything_but_shows_no_key(monkeypatch)
     assert connection.api_key.get_secret_value() == KEY
     assert (connection.max_attempts, connection.backoff_max_s) == (3, 2.5)
     assert flow_cost_model(None, "prod").cost({"sample": {"tokens": 1000}}) == 1.0
+    # every field of the block reaches the flow run's connection, but the price table (the
+    # cost model's, above): a field the connection lacked would be one no run uses
+    assert set(WhitneyCredentials.model_fields) - {"price_table"} == set(connection.model_dump())
+    assert connection.model_dump(exclude={"api_key"}) == {
+        name: getattr(block, name) for name in connection.model_dump(exclude={"api_key"})
+    }
     assert set(connection.model_dump()) == {
         "base_url",
         "api_key",
