@@ -184,7 +184,7 @@ def fetch_archive(source: Any, run_id: str, scratch: Path) -> tuple[Path, dict[s
     try:
         exported = current_export(source.operations(run_id))
         if isinstance(source, DataDirJournal):
-            return data_dir_archive(source, run_id, exported), exported or {}
+            return data_dir_archive(source, run_id, exported)
         if exported is None:
             exported = export_now(client, run)
         archive = client.download_artifact(exported["artifact_id"], scratch / "adapter.tar")
@@ -207,15 +207,18 @@ def current_export(operations: list[Any]) -> dict[str, Any] | None:
     return exported
 
 
-def data_dir_archive(source: Any, run_id: str, exported: dict[str, Any] | None) -> Path:
-    """The archive file of the export in the data directory; ExportError if there is none."""
+def data_dir_archive(
+    source: Any, run_id: str, exported: dict[str, Any] | None
+) -> tuple[Path, dict[str, Any]]:
+    """The archive file of the export in the data directory, and the export's result;
+    ExportError if there is none."""
     if exported is None:
         raise ExportError(f"run {run_id} has no export_lora of its current weights")
     artifact_id = exported.get("artifact_id")
     archive = source.artifact_file(artifact_id)
     if archive is None:
         raise ExportError(f"the archive of {artifact_id} (run {run_id}) is gone")
-    return archive
+    return archive, exported
 
 
 def export_now(client: Any, run: Any) -> dict[str, Any]:
