@@ -33,9 +33,9 @@ from flows.cli.main import main
 from flows.core.config import ConfigError, settings_with_overrides, validated
 from flows.core.plots import picture_beside
 from flows.core.tracking.backend import LINEAGE_TAG, TrackedRunSpec
-from flows.core.tracking.config import TrackingSettings
+from flows.core.tracking.config import Backend, TrackingSettings
 from flows.core.tracking.params import config_params, redacted, text
-from flows.core.tracking.session import Tracking
+from flows.core.tracking.session import Tracking, start_backend
 from flows.core.tracking.tensorboard_tracker import TensorBoardTracker
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
@@ -295,6 +295,20 @@ class TrackedResult(BaseModel):
     manifest: dict[str, Any]
 
 
+def feed_credentials(tracking: Tracking) -> None:
+    """What a flow run sends a tracker, with a password in every shape: the params, the
+    summary, the result's adapter (a file and tags) and manifest (a file); then the end."""
+    settings = PluginSettings(
+        mirrors=SHAPES["list"], options=SHAPES["table"], note=SHAPES["sentence"]
+    )
+    tracking.each("params", lambda tracker: tracker.log_params(config_params(settings)))
+    tracking.log_summary(f"| data | {SHAPES['sentence']} |", None)
+    manifest = {"config": {"mirrors": SHAPES["list"], "note": SHAPES["json in a string"]}}
+    adapter = {"sha256": "0" * 64, "source": SHAPES["password with @"]}
+    tracking.log_result(TrackedResult(run_id="run-1", adapter=adapter, manifest=manifest))
+    tracking.finish("FINISHED")
+
+
 def test_nothing_a_tracker_stores_holds_a_credential(tmp_path: Path) -> None:
     """Params, tags, the summary and the result's files through a real TensorBoard tracker:
     its event files, read back with TensorBoard's reader, hold the values without the
@@ -302,22 +316,7 @@ def test_nothing_a_tracker_stores_holds_a_credential(tmp_path: Path) -> None:
     settings = TrackingSettings(backends=["tensorboard"], dir=str(tmp_path))
     spec = TrackedRunSpec(key="lineage-1", name="rl-test", settings=settings)
     logger = logging.LoggerAdapter(logging.getLogger("test-tracking"), {})
-    tracking = Tracking({"tensorboard": TensorBoardTracker(spec)}, logger)
-    tracking.each(
-        "params",
-        lambda tracker: tracker.log_params(
-            config_params(
-                PluginSettings(
-                    mirrors=SHAPES["list"], options=SHAPES["table"], note=SHAPES["sentence"]
-                )
-            )
-        ),
-    )
-    tracking.log_summary(f"| data | {SHAPES['sentence']} |", None)
-    manifest = {"config": {"mirrors": SHAPES["list"], "note": SHAPES["json in a string"]}}
-    adapter = {"sha256": "0" * 64, "source": SHAPES["password with @"]}
-    tracking.log_result(TrackedResult(run_id="run-1", adapter=adapter, manifest=manifest))
-    tracking.finish("FINISHED")
+    feed_credentials(Tracking({"tensorboard": TensorBoardTracker(spec)}, logger))
 
     (run_directory,) = (tmp_path / "tensorboard").iterdir()
     stored = b"".join(path.read_bytes() for path in run_directory.iterdir())
@@ -337,6 +336,28 @@ def test_nothing_a_tracker_stores_holds_a_credential(tmp_path: Path) -> None:
     }
     assert CLEAN["password with @"] in written["adapter"]
     assert CLEAN["password with @"] in written["tags"]
+
+
+@pytest.mark.parametrize("backend", ["mlflow", "wandb"])
+def test_nothing_mlflow_or_wandb_stores_holds_a_credential(
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same through MLflow's local store and a W&B offline run: every byte either
+    stored under the tracking directory (MLflow's SQLite database and artifacts, W&B's run
+    file and files) is searched for the password, and the redacted values are there."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_DIR", "WANDB_PROJECT"):
+        monkeypatch.delenv(name, raising=False)
+    settings = TrackingSettings(backends=[backend], dir=str(tmp_path))
+    spec = TrackedRunSpec(key=f"lineage-{backend}", name="rl-test", settings=settings)
+    logger = logging.LoggerAdapter(logging.getLogger("test-tracking"), {})
+    feed_credentials(Tracking({backend: start_backend(backend, spec)}, logger))
+
+    stored = [path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()]
+    assert not [data for data in stored if PASSWORD.encode() in data]
+    everything = b"".join(stored)
+    for value in (CLEAN["sentence"], "https://mirror.example/data", "postgres://db.example/runs"):
+        assert value.encode() in everything
 
 
 @pytest.mark.parametrize("backend", ["mlflow", "tensorboard", "wandb"])
