@@ -41,7 +41,6 @@ def _parser() -> argparse.ArgumentParser:
     )
     save.add_argument("name", help="block name, e.g. whitney")
     save.add_argument("--base-url", required=True, help="Whitney base URL")
-    save.add_argument("--provider", default="local", choices=["local", "modal", "tinker"])
     save.add_argument("--timeout-s", type=float, default=30.0)
     save.add_argument("--max-attempts", type=int, default=6)
     save.add_argument("--max-retry-seconds", type=float, default=120.0)
@@ -68,7 +67,6 @@ def _save(args: argparse.Namespace) -> int:
         block = WhitneyCredentials(
             base_url=args.base_url,
             api_key=key,
-            default_provider=args.provider,
             timeout_s=args.timeout_s,
             max_attempts=args.max_attempts,
             max_retry_seconds=args.max_retry_seconds,

@@ -8,15 +8,12 @@ The API key is a `SecretStr`: the Prefect UI and API show it as `**********`, `r
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Literal
 
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator
 
 from whitney import wire
 from whitney.client import API_KEY_ENV, WhitneyClient
-
-Provider = Literal["local", "modal", "tinker"]
 
 OPERATION_KINDS: frozenset[str] = wire.RUN_OPERATION_KINDS | wire.SAMPLER_OPERATION_KINDS
 """The keys a price table may have: every Whitney operation kind."""
@@ -76,11 +73,6 @@ with credentials.get_client() as client:
         default=...,
         title="API key",
         description="Whitney API key; stored encrypted, shown as ********** everywhere",
-    )
-    default_provider: Provider = Field(
-        default="local",
-        title="Default provider",
-        description="Provider used by a run whose config does not choose one",
     )
     timeout_s: float = Field(
         default=30.0,

@@ -27,6 +27,10 @@ class WhitneyConnection(BaseModel):
     max_retry_seconds: float = Field(
         default=120.0, ge=0, description="Bound of the client's retries of one call"
     )
+    backoff_base_s: float = Field(
+        default=0.2, ge=0, description="First delay of the client's full-jitter backoff"
+    )
+    backoff_max_s: float = Field(default=10.0, ge=0, description="Cap of one retry delay")
     poll_wait_s: float = Field(
         default=30.0, ge=0, le=60, description="Long-poll wait of one operation GET"
     )
@@ -40,6 +44,8 @@ class WhitneyConnection(BaseModel):
             timeout=self.timeout_s,
             max_attempts=self.max_attempts,
             max_retry_seconds=self.max_retry_seconds,
+            backoff_base=self.backoff_base_s,
+            backoff_max=self.backoff_max_s,
             poll_wait_s=self.poll_wait_s,
         )
 

@@ -7,6 +7,8 @@ EXIT_NOT_FOUND = 1
 """`inspect` / `export`: no such run."""
 EXIT_CHANGED = 1
 """`export --verify`: a file the manifest lists changed."""
+EXIT_UNVERIFIED = 1
+"""`export --verify`: nothing the manifest lists could be re-hashed on this machine."""
 EXIT_REAP_FAILED = 1
 """`reap --apply`: a session could not be closed."""
 EXIT_CLOSED_PIPE = 1

@@ -9,7 +9,8 @@ DIR/manifest.json is the flow's manifest of the run (`--manifest`, else the one 
 run` wrote as adapters/RUN_ID-manifest.json, if there is one) with the sha256 of every file
 written and of the base weights in DIR/base_model; without a flow manifest it says so and
 holds what the run alone tells. `--verify` re-hashes what the manifest lists and prints one
-line per item: ok, changed or not checkable; exit 1 if something changed.
+line per item: ok, changed or not checkable; exit 1 if something changed (a file added to
+DIR too) or nothing could be re-hashed, 2 without a readable manifest.
 
 The endpoint resolves as for `inspect` (flows.cli.commands): `--api-url`, else WHITNEY_API_URL with
 the key from WHITNEY_API_KEY, else an embedded server's data directory. The archive is the run's
@@ -32,10 +33,11 @@ from pathlib import Path
 from typing import Any
 
 from flows.cli.commands import journal_source
-from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_CHANGED, EXIT_OK
+from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_CHANGED, EXIT_OK, EXIT_UNVERIFIED
 from flows.core.manifest import (
     MANIFEST_NAME,
     export_manifest,
+    file_sha256,
     manifest_path,
     read_manifest,
     verify,
@@ -64,7 +66,8 @@ def run_export(options: argparse.Namespace) -> int:
         hf_export = import_hf_export()
         source = open_source(options)
         with quiet_client(source), tempfile.TemporaryDirectory(prefix="whitney-") as scratch:
-            archive = fetch_archive(source, options.run_id, Path(scratch))
+            archive, exported = fetch_archive(source, options.run_id, Path(scratch))
+            check_archive(archive, exported, manifest)
             write_atomically(options.out, options.merged, archive, hf_export, manifest)
     except ExportError as error:
         print(f"whitney-flows export: {error}", file=sys.stderr)
@@ -74,7 +77,8 @@ def run_export(options: argparse.Namespace) -> int:
 
 
 def run_verify(path: Path) -> int:
-    """`export --verify`: one line per item of the manifest; 1 if something changed."""
+    """`export --verify`: one line per item of the manifest; 1 if something changed or
+    nothing could be re-hashed, 2 if there is no manifest to read."""
     try:
         checks = verify(path)
     except ValueError as error:
@@ -84,7 +88,16 @@ def run_verify(path: Path) -> int:
         print(f"{status:<13} {item}: {detail}")
     changed = sum(status == "changed" for _, status, _ in checks)
     print(f"{len(checks)} items, {changed} changed")
-    return EXIT_CHANGED if changed else EXIT_OK
+    if changed:
+        return EXIT_CHANGED
+    if not any(status == "ok" for _, status, _ in checks):
+        print(
+            f"whitney-flows export: --verify: nothing {path} lists could be re-hashed here: "
+            "not verified",
+            file=sys.stderr,
+        )
+        return EXIT_UNVERIFIED
+    return EXIT_OK
 
 
 def flow_manifest(run_id: str, given: Path | None) -> dict[str, Any]:
@@ -149,9 +162,10 @@ def quiet_client(source: Any) -> Iterator[None]:
             client.close()
 
 
-def fetch_archive(source: Any, run_id: str, scratch: Path) -> Path:
-    """The run's current export archive: downloaded into `scratch` from a Whitney URL (made
-    first if an active run has none), or the file in an embedded server's data directory."""
+def fetch_archive(source: Any, run_id: str, scratch: Path) -> tuple[Path, dict[str, Any]]:
+    """The run's current export archive, and the export_lora result that made it: downloaded
+    into `scratch` from a Whitney URL (made first if an active run has none), or the file in
+    an embedded server's data directory."""
     from flows.cli.inspection_sources import DataDirJournal, RunNotFound
     from whitney.errors import NotFound, TransportError, WhitneyError
 
@@ -168,47 +182,69 @@ def fetch_archive(source: Any, run_id: str, scratch: Path) -> Path:
     except WhitneyError as error:
         raise ExportError(f"{where}: {error}") from None
     try:
-        artifact_id = current_export(source.operations(run_id))
+        exported = current_export(source.operations(run_id))
         if isinstance(source, DataDirJournal):
-            return data_dir_archive(source, run_id, artifact_id)
-        if artifact_id is None:
-            artifact_id = export_now(client, run)
-        return client.download_artifact(artifact_id, scratch / "adapter.tar")
+            return data_dir_archive(source, run_id, exported)
+        if exported is None:
+            exported = export_now(client, run)
+        archive = client.download_artifact(exported["artifact_id"], scratch / "adapter.tar")
+        return archive, exported
     except WhitneyError as error:
         raise ExportError(f"run {run_id} at {where}: {error}") from None
 
 
-def current_export(operations: list[Any]) -> str | None:
-    """The artifact id of the latest succeeded export_lora that no later weight change (an
-    optim_step, a load_state) has made stale; None if there is none."""
-    artifact_id = None
+def current_export(operations: list[Any]) -> dict[str, Any] | None:
+    """The result (artifact id, sha256) of the latest succeeded export_lora that no later
+    weight change (an optim_step, a load_state) has made stale; None if there is none."""
+    exported = None
     for operation in operations:
         if operation.status != "succeeded":
             continue
         if operation.kind == "export_lora":
-            artifact_id = (operation.result or {}).get("artifact_id")
+            exported = dict(operation.result or {})
         elif operation.kind in WEIGHT_KINDS:
-            artifact_id = None
-    return artifact_id
+            exported = None
+    return exported
 
 
-def data_dir_archive(source: Any, run_id: str, artifact_id: str | None) -> Path:
-    """The archive file of `artifact_id` in the data directory; ExportError if there is none."""
-    if artifact_id is None:
+def data_dir_archive(
+    source: Any, run_id: str, exported: dict[str, Any] | None
+) -> tuple[Path, dict[str, Any]]:
+    """The archive file of the export in the data directory, and the export's result;
+    ExportError if there is none."""
+    if exported is None:
         raise ExportError(f"run {run_id} has no export_lora of its current weights")
+    artifact_id = exported.get("artifact_id")
     archive = source.artifact_file(artifact_id)
     if archive is None:
         raise ExportError(f"the archive of {artifact_id} (run {run_id}) is gone")
-    return archive
+    return archive, exported
 
 
-def export_now(client: Any, run: Any) -> str:
-    """Ask an active run for export_lora; its artifact id. ExportError if the run has ended."""
+def export_now(client: Any, run: Any) -> dict[str, Any]:
+    """Ask an active run for export_lora; its result. ExportError if the run has ended."""
     if run.status != "ready":
         raise ExportError(
             f"run {run.run_id} is {run.status} and has no export_lora of its current weights"
         )
-    return client.run_operation(run.run_id, "export_lora", {})["artifact_id"]
+    return dict(client.run_operation(run.run_id, "export_lora", {}))
+
+
+def check_archive(archive: Path, exported: dict[str, Any], manifest: dict[str, Any]) -> None:
+    """ExportError unless the archive's sha256 is the one its export_lora gave and, with a
+    flow manifest, the adapter's that manifest records."""
+    actual = file_sha256(archive)
+    if actual != exported.get("sha256"):
+        raise ExportError(
+            f"the archive of {exported.get('artifact_id')} has sha256 {actual}, its "
+            f"export_lora gave {exported.get('sha256')}"
+        )
+    recorded = (manifest.get("adapter") or {}).get("sha256")
+    if recorded is not None and recorded != actual:
+        raise ExportError(
+            f"--manifest {manifest['flow_manifest']} records the adapter sha256 {recorded}, "
+            f"not the run's current export ({actual})"
+        )
 
 
 def write_atomically(

@@ -30,7 +30,7 @@ from flows.cli.watchdog import watch
 from flows.core.config import ConfigError, FlowConfig
 from flows.core.connection import EMBEDDED_URL_ENV, check_whitney
 from flows.core.endpoint import resolve_endpoint
-from flows.core.manifest import file_sha256, manifest_path, write_manifest
+from flows.core.manifest import archive_path, manifest_path, with_archive, write_manifest
 from flows.core.plots import picture_beside
 from flows.core.served import check_served
 from flows.core.summary_parts import export_command
@@ -107,12 +107,14 @@ def launch_flow(
         result = state.result()
         with connection.new_client() as client:
             adapter_path = client.download_artifact(
-                result.adapter.artifact_id, adapter_dir / f"{result.run_id}-adapter.tar"
+                result.adapter.artifact_id, archive_path(result.run_id, adapter_dir)
             )
-        manifest = write_manifest(
-            {**result.manifest, "files": {adapter_path.name: file_sha256(adapter_path)}},
-            manifest_path(result.run_id, adapter_dir),
-        )
+        try:
+            recorded = with_archive(result.manifest, adapter_path)
+        except ValueError as error:
+            print(f"{prog}: {error}", file=sys.stderr)
+            return EXIT_FLOW_FAILED
+        manifest = write_manifest(recorded, manifest_path(result.run_id, adapter_dir))
         console.print(summarize(result, adapter_path.resolve(), wall_seconds))
         console.print(f"Manifest: {manifest.resolve()}", soft_wrap=True, markup=False)
         picture = picture_beside(metrics_path)

@@ -313,7 +313,7 @@ def add_export_parser(commands: argparse._SubParsersAction) -> None:
         type=Path,
         metavar="DIR",
         help="re-check the sha256 of what DIR's manifest (or a manifest file) lists; exit 1 "
-        "if something changed",
+        "if something changed or nothing could be re-hashed",
     )
     command.add_argument(
         "--manifest",

@@ -5,7 +5,12 @@
                              range, the evaluations, the lineage (flows.core.lineage)
     with_files(m, dir)       the sha256 of every file of an exported directory (the adapter,
                              the base weights in base_model/) added to a manifest
+    with_archive(m, path)    the downloaded adapter archive's sha256 added to a flow's
+                             manifest, once it is the server's export_lora sha256
     verify(path)             per item: ok, changed or not checkable
+
+A manifest is not signed: `verify` shows that what it lists is unchanged since it was
+written (integrity), not who wrote it (origin).
 
 `whitney-flows run` writes the flow's manifest beside the downloaded archive
 (`{run_id}-manifest.json`); `whitney-flows export` writes `manifest.json` in its directory;
@@ -18,9 +23,10 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import re
 import subprocess
 from collections.abc import Iterable, Mapping
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from whitney import hf_cache
@@ -33,6 +39,7 @@ PACKAGE = "whitney-flows"
 RUN_LOCAL_FIELDS = frozenset({"api_url", "metrics_path"})
 """Config fields that say where a run ran, not how it trained: no data file among them."""
 Status = Literal["ok", "changed", "not checkable"]
+SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 def file_sha256(path: Path) -> str:
@@ -45,17 +52,23 @@ def file_sha256(path: Path) -> str:
 
 
 def manifest_path(run_id: str, directory: Path) -> Path:
-    """Where `whitney-flows run` writes a flow's manifest beside `{run_id}-adapter.tar`."""
+    """Where `whitney-flows run` writes a flow's manifest beside `archive_path`."""
     return directory / f"{run_id}-manifest.json"
+
+
+def archive_path(run_id: str, directory: Path) -> Path:
+    """Where `whitney-flows run` downloads a run's exported adapter archive."""
+    return directory / f"{run_id}-adapter.tar"
 
 
 def code_version(root: Path | None = None) -> dict[str, Any]:
     """The code that ran: the git commit of the checkout holding this package and whether its
-    tree had uncommitted changes; the installed package version when it is not a checkout."""
+    tree differed from it (uncommitted changes or untracked files, ignored ones aside); the
+    installed package version when it is not a checkout."""
     root = root or Path(__file__).resolve().parents[2]
     try:
         commit = git(root, "rev-parse", "HEAD")
-        dirty = bool(git(root, "status", "--porcelain", "--untracked-files=no"))
+        dirty = bool(git(root, "status", "--porcelain"))
     except (OSError, subprocess.CalledProcessError):
         try:
             version: str | None = importlib.metadata.version(PACKAGE)
@@ -205,11 +218,7 @@ def export_manifest(run_id: str, flow: Mapping[str, Any] | None, source: str) ->
 def with_files(manifest: Mapping[str, Any], directory: Path) -> dict[str, Any]:
     """`manifest` with the sha256 of every file under `directory` (but the manifest), and the
     base weights' sha256 when the directory holds them (`base_model/model.safetensors`)."""
-    files = {
-        path.relative_to(directory).as_posix(): file_sha256(path)
-        for path in sorted(directory.rglob("*"))
-        if path.is_file() and path.name != MANIFEST_NAME
-    }
+    files = {name: file_sha256(directory / name) for name in directory_files(directory)}
     base = dict(manifest.get("base_model") or {})
     carried = "base_model/model.safetensors"
     if carried in files:
@@ -221,6 +230,19 @@ def with_files(manifest: Mapping[str, Any], directory: Path) -> dict[str, Any]:
     elif (directory / "model.safetensors").is_file():
         base["exported_sha256"] = None  # the merged model: base and adapter in one
     return {**manifest, "base_model": base, "files": files}
+
+
+def with_archive(manifest: Mapping[str, Any], archive: Path) -> dict[str, Any]:
+    """A flow's manifest with the sha256 of its adapter archive downloaded beside it;
+    ValueError if that is not the sha256 the server's export_lora gave (`adapter.sha256`)."""
+    actual = file_sha256(archive)
+    expected = (manifest.get("adapter") or {}).get("sha256")
+    if actual != expected:
+        raise ValueError(
+            f"the downloaded {archive} has sha256 {actual}, the server's export_lora gave "
+            f"{expected}: download it again"
+        )
+    return {**manifest, "files": {archive.name: actual}}
 
 
 def write_manifest(manifest: Mapping[str, Any], path: Path) -> Path:
@@ -252,22 +274,76 @@ def add_promotion(directory: Path, promotion: Mapping[str, Any]) -> None:
 
 def verify(path: Path) -> list[tuple[str, Status, str]]:
     """Re-check what the manifest at `path` (a file, or a directory's manifest.json) hashed:
-    its files (beside it), its data files and the base weights; (item, status, detail) each."""
+    its files (beside it; in an export directory, every file, so one it does not list is
+    changed too), the adapter archive against the server's export_lora sha256, its data files
+    and the base weights; (item, status, detail) each. ValueError naming a field the
+    manifest lacks or holds in another shape."""
     manifest = read_manifest(path)
-    home = path if path.is_dir() else path.parent
+    where = path / MANIFEST_NAME if path.is_dir() else path
+    home = where.parent
+    files = hashes(manifest.get("files"), f"{where}: files")
     checks = [
         check_file(f"file {name}", home / name, sha, missing="changed")
-        for name, sha in manifest["files"].items()
+        for name, sha in files.items()
     ]
-    for field, entry in (manifest.get("data_files") or {}).items():
+    if where.name == MANIFEST_NAME:
+        listed = set(files)
+        checks += [
+            (f"file {name}", "changed", "added: the manifest does not list it")
+            for name in directory_files(home)
+            if name not in listed
+        ]
+    archive = archive_path(str(manifest.get("run_id")), home)
+    server_sha256 = (manifest.get("adapter") or {}).get("sha256")
+    if archive.name in files and server_sha256:
+        item = f"adapter {archive.name} as the server's export_lora"
+        checks.append(check_file(item, archive, server_sha256, missing="changed"))
+    for field, entry in entries(manifest.get("data_files"), f"{where}: data_files").items():
         checks.append(check_file(f"data {field}", Path(entry["path"]), entry["sha256"]))
     base = manifest.get("base_model") or {}
-    for weights, sha in (base.get("files") or {}).items():
-        checks.append(check_file(f"base model {base.get('name')}", Path(weights), sha))
+    weights = hashes(base.get("files") or {}, f"{where}: base_model.files", inside=False)
+    for file, sha in weights.items():
+        checks.append(check_file(f"base model {base.get('name')}", Path(file), sha))
     if not base.get("sha256"):
         reason = base.get("sha256_of") or "no base weights were hashed"
         checks.append((f"base model {base.get('name')}", "not checkable", reason))
     return checks
+
+
+def hashes(value: Any, field: str, inside: bool = True) -> dict[str, str]:
+    """`value` as a table of file -> sha256; ValueError naming `field` if it is not one (with
+    `inside`, of relative paths that stay in the manifest's directory)."""
+    if not isinstance(value, dict):
+        raise ValueError(f"{field}: missing, or not a table of file -> sha256")
+    for name, sha in value.items():
+        if not isinstance(sha, str) or not SHA256.fullmatch(sha):
+            raise ValueError(f"{field}: {name}: {sha!r} is not a sha256")
+        parts = PurePosixPath(name).parts
+        if inside and (PurePosixPath(name).is_absolute() or ".." in parts or not parts):
+            raise ValueError(f"{field}: {name!r} is not a path inside the manifest's directory")
+    return value
+
+
+def entries(value: Any, field: str) -> dict[str, dict[str, str]]:
+    """`value` as the data files' table (field -> {path, sha256}); ValueError naming `field`
+    if it is not one (a missing table is an empty one)."""
+    value = {} if value is None else value
+    if not isinstance(value, dict):
+        raise ValueError(f"{field}: not a table of setting -> {{path, sha256}}")
+    for name, entry in value.items():
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            raise ValueError(f"{field}: {name}: not a {{path, sha256}} table")
+        hashes({entry["path"]: entry.get("sha256")}, f"{field}.{name}", inside=False)
+    return value
+
+
+def directory_files(home: Path) -> list[str]:
+    """Every file under an export directory but its manifest, as `files` names them."""
+    return [
+        path.relative_to(home).as_posix()
+        for path in sorted(home.rglob("*"))
+        if path.is_file() and path.relative_to(home).as_posix() != MANIFEST_NAME
+    ]
 
 
 def check_file(

@@ -4,6 +4,7 @@ the endpoint, and one line with exit code 2 for each bad input, never a tracebac
 
 from __future__ import annotations
 
+import hashlib
 import os
 import socket
 import subprocess
@@ -199,14 +200,18 @@ def test_no_prefect_import(embedded_server, finished_run, tmp_path):
 
 
 def test_a_broken_archive_leaves_nothing(embedded_server, client, tmp_path, capsys):
-    """An archive that is not a tar: one line, and neither DIR nor its staging directory."""
+    """An archive that is not the one its export_lora made (here not even a tar): one line
+    naming both sha256, and neither DIR nor its staging directory."""
     run_id = new_trained_run(client)
-    artifact_id = client.run_operation(run_id, "export_lora", {})["artifact_id"]
+    exported = client.run_operation(run_id, "export_lora", {})
     client.finish(run_id)
-    DataDirJournal(embedded_server.data_dir).artifact_file(artifact_id).write_bytes(b"junk")
+    archive = DataDirJournal(embedded_server.data_dir).artifact_file(exported["artifact_id"])
+    archive.write_bytes(b"junk")
     data_dir = str(embedded_server.data_dir)
     assert main(["export", run_id, "--out", str(tmp_path / "out"), "--data-dir", data_dir]) == 2
     err = capsys.readouterr().err
-    assert err.startswith("whitney-flows export: ") and err.count("\n") == 1
-    assert "is not a Whitney adapter export" in err
+    assert err == (
+        f"whitney-flows export: the archive of {exported['artifact_id']} has sha256 "
+        f"{hashlib.sha256(b'junk').hexdigest()}, its export_lora gave {exported['sha256']}\n"
+    )
     assert list(tmp_path.iterdir()) == []

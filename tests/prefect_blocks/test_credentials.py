@@ -10,18 +10,23 @@ from __future__ import annotations
 import io
 import json
 import logging
+import random
 import subprocess
 import sys
 from contextlib import ExitStack
 
+import httpx
 import pytest
+import respx
 from pydantic import SecretStr, ValidationError
 from rich.console import Console
 
+import whitney.clock
 from blocks import BlockNotFound, WhitneyCredentials, load_credentials
 from flows.cli.launch import start_embedded_server
 from flows.core.budget import flow_cost_model
 from flows.core.config import ConfigError
+from flows.core.connection import resolve_connection
 from flows.core.endpoint import resolve_endpoint
 from whitney.errors import Unauthorized
 
@@ -60,7 +65,6 @@ def test_the_key_never_shows_in_repr_dumps_or_the_schema_form():
     [
         ({"base_url": "127.0.0.1:8765"}, "base_url"),
         ({"api_key": "  "}, "api_key"),
-        ({"default_provider": "openai"}, "default_provider"),
         ({"timeout_s": 0}, "timeout_s"),
         ({"max_attempts": 0}, "max_attempts"),
         ({"poll_wait_s": 61}, "poll_wait_s"),
@@ -79,7 +83,7 @@ def test_the_client_carries_the_settings_and_reaches_the_server(embedded_server)
     block = credentials(
         base_url=embedded_server.url,
         api_key=embedded_server.api_key,
-        timeout_s=5,
+        timeout_s=60,
         max_attempts=2,
         max_retry_seconds=3,
         backoff_base_s=0.01,
@@ -88,7 +92,7 @@ def test_the_client_carries_the_settings_and_reaches_the_server(embedded_server)
     )
     with block.get_client() as client:
         assert client.base_url == embedded_server.url
-        assert client._transport.timeout == 5 and client._transport.retry.max_attempts == 2
+        assert client._transport.timeout == 60 and client._transport.retry.max_attempts == 2
         assert client._transport.retry.max_retry_seconds == 3 and client._poll_wait_s == 2
         assert "local" in client.capabilities().providers
     with (
@@ -108,25 +112,72 @@ def test_cost_estimate_from_the_price_table():
 
 
 def test_an_endpoint_from_a_block_keeps_everything_but_shows_no_key(monkeypatch):
-    block = credentials(default_provider="tinker", max_attempts=3, price_table={"sample": 1.0})
+    block = credentials(max_attempts=3, backoff_max_s=2.5, price_table={"sample": 1.0})
     monkeypatch.setattr(WhitneyCredentials, "load", lambda name, **kwargs: block)
     endpoint = resolve_endpoint(None, "prod")
     assert endpoint.named_by == "whitney_block"
     connection = endpoint.connection
     assert connection.api_key.get_secret_value() == KEY
-    assert connection.max_attempts == 3
+    assert (connection.max_attempts, connection.backoff_max_s) == (3, 2.5)
     assert flow_cost_model(None, "prod").cost({"sample": {"tokens": 1000}}) == 1.0
+    # every field of the block reaches the flow run's connection, but the price table (the
+    # cost model's, above): a field the connection lacked would be one no run uses
+    assert set(WhitneyCredentials.model_fields) - {"price_table"} == set(connection.model_dump())
+    assert connection.model_dump(exclude={"api_key"}) == {
+        name: getattr(block, name) for name in connection.model_dump(exclude={"api_key"})
+    }
     assert set(connection.model_dump()) == {
         "base_url",
         "api_key",
         "timeout_s",
         "max_attempts",
         "max_retry_seconds",
+        "backoff_base_s",
+        "backoff_max_s",
         "poll_wait_s",
     }
     assert isinstance(connection.api_key, SecretStr)
     for text in (repr(endpoint), str(endpoint), connection.model_dump_json()):
         assert KEY not in text
+
+
+def test_a_flow_run_s_connection_backs_off_as_its_block_says(embedded_server, monkeypatch):
+    """A flow run's connection (resolve_connection of its `whitney_block`, the client its
+    tasks share) waits between retries as the block's backoff settings say. The fault is a
+    503 without Retry-After, which the embedded server never sends (its 503s carry
+    Retry-After: 0, which skips the backoff), so respx answers it, then the real server's
+    capabilities. Full jitter draws each delay in [0, ceiling]: the draw is pinned to the
+    ceiling, min(backoff_max_s, backoff_base_s * 2**(attempt - 1))."""
+    headers = {"Authorization": f"Bearer {embedded_server.api_key}"}
+    answer = httpx.get(
+        f"{embedded_server.url}/v1/training/capabilities", headers=headers, timeout=60
+    ).json()
+    block = credentials(
+        base_url="http://whitney.test:9", max_attempts=4, backoff_base_s=0.3, backoff_max_s=0.5
+    )
+    monkeypatch.setattr(WhitneyCredentials, "load", lambda name, **kwargs: block)
+    sleeps: list[float] = []
+    monkeypatch.setattr(whitney.clock, "sleep", sleeps.append)
+    monkeypatch.setattr(random, "uniform", lambda low, high: high)
+    busy = httpx.Response(503, json={"error": {"code": "unavailable", "message": "busy"}})
+    with respx.mock(base_url=block.base_url, assert_all_called=True) as server:
+        route = server.get("/v1/training/capabilities")
+        route.side_effect = [busy, busy, busy, httpx.Response(200, json=answer)]
+        with resolve_connection(None, "prod").new_client() as client:
+            assert "local" in client.capabilities().providers
+    assert route.call_count == 4
+    assert sleeps == [min(0.5, 0.3 * 2**attempt) for attempt in range(3)] == [0.3, 0.5, 0.5]
+
+
+def test_a_block_saved_with_the_removed_default_provider_still_loads():
+    """`default_provider` was never read (a flow's provider is its config's `provider`) and
+    is gone; a block document saved with it loads as Prefect loads one, and no connection
+    or client setting takes it."""
+    saved = {"base_url": "http://127.0.0.1:8765", "api_key": KEY, "default_provider": "tinker"}
+    block = WhitneyCredentials.model_validate(saved)
+    assert "default_provider" not in WhitneyCredentials.model_fields
+    assert "provider" not in str(block.client_settings())
+    assert block.api_key.get_secret_value() == KEY
 
 
 def test_resolution_without_a_block_reads_the_environment(monkeypatch):

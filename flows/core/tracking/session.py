@@ -36,7 +36,7 @@ from flows.core.lineage import Lineage, branches
 from flows.core.tracking.backend import RunStatus, TrackedRunSpec, Tracker
 from flows.core.tracking.config import Backend
 from flows.core.tracking.lineage import lineage_key
-from flows.core.tracking.params import config_params, text
+from flows.core.tracking.params import config_params, redacted, text, without_credentials
 
 ADAPTER_FIELDS = ("session_id", "run_id", "checkpoint", "resumed_from", "adapter")
 """What every training flow's result says about its exported adapter (TrainingResult)."""
@@ -99,16 +99,18 @@ class Tracking:
 
     def log_summary(self, markdown: str, png: bytes | None) -> None:
         """The flow's summary table and its learning curves."""
-        self.each("summary", lambda tracker: tracker.log_file("summary.md", markdown.encode()))
+        content = without_credentials(markdown).encode()
+        self.each("summary", lambda tracker: tracker.log_file("summary.md", content))
         if png is not None:
             self.each("picture", lambda tracker: tracker.log_file("learning_curves.png", png))
 
     def log_result(self, result: Any) -> None:
         """What the flow returned: the exported adapter's metadata (a file and tags) and the
-        final results (the top-level numbers and those one level down, e.g. eval losses)."""
+        final results (the top-level numbers and those one level down, e.g. eval losses), with
+        nothing secret (flows.core.tracking.params.redacted)."""
         if not isinstance(result, BaseModel):
             return
-        dumped = result.model_dump(mode="json")
+        dumped = redacted(result.model_dump(mode="json"))
         adapter = {name: dumped[name] for name in ADAPTER_FIELDS if name in dumped}
         if "adapter" in adapter:
             content = json.dumps(adapter, indent=2, sort_keys=True).encode()

@@ -52,7 +52,7 @@ def test_the_flow_records_what_made_its_adapter(parent: Parent, inspector: Whitn
     assert manifest["adapter"]["sha256"] == exported.result["sha256"] == result.adapter.sha256
     assert manifest["seq_ids"] == {"first": journal[0].seq_id, "last": exported.seq_id}
     assert manifest["code"]["git_commit"] == git("rev-parse", "HEAD")
-    dirty = git("status", "--porcelain", "--untracked-files=no") != ""
+    dirty = git("status", "--porcelain") != ""  # untracked files too
     assert manifest["code"]["dirty"] is dirty
     assert [entry["cycle"] for entry in manifest["evaluations"]] == [1, 3]
     evaluated = [cycle.eval.model_dump(mode="json") for cycle in result.cycles if cycle.eval]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -24,14 +25,18 @@ import httpx
 import pytest
 from flowtest_resume_plugins import fail_once_at_cycle
 from mlflow.tracking import MlflowClient
+from pydantic import BaseModel
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from wandb.proto import wandb_internal_pb2
 
 from flows.cli.main import main
 from flows.core.config import ConfigError, settings_with_overrides, validated
 from flows.core.plots import picture_beside
-from flows.core.tracking.backend import LINEAGE_TAG
-from flows.core.tracking.params import config_params
+from flows.core.tracking.backend import LINEAGE_TAG, TrackedRunSpec
+from flows.core.tracking.config import Backend, TrackingSettings
+from flows.core.tracking.params import config_params, redacted, text
+from flows.core.tracking.session import Tracking, start_backend
+from flows.core.tracking.tensorboard_tracker import TensorBoardTracker
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from flows.rl.metrics import RLResult
@@ -226,6 +231,133 @@ def test_params_are_the_config_flattened_with_nothing_secret() -> None:
     assert params["task_retry.retries"] == "3" and params["loss_config.clip_low"] == "0.2"
     assert params["budget.max_tokens"] == "null" and params["max_tokens"] == "12"
     assert not [value for value in params.values() if "hunter2" in value or ":pw@" in value]
+
+
+class PluginSettings(BaseModel):
+    """A plug-in's settings: URLs inside a list, a table and a sentence."""
+
+    mirrors: list[str]
+    options: dict[str, Any]
+    note: str
+
+
+PASSWORD = "hunter2-in-a-value"
+SHAPES = {
+    "list": ["https://alice:hunter2-in-a-value@mirror.example/data", "file:///tmp/x"],
+    "table": {
+        "source": {"url": "s3://key:hunter2-in-a-value@bucket/prefix", "retries": 2},
+        "hosts": [{"url": "postgres://u:hunter2-in-a-value@db.example/runs"}],
+        "api_key": "hunter2-in-a-value",
+    },
+    "json in a string": '{"db": "postgres://u:hunter2-in-a-value@db.example/runs"}',
+    "sentence": "data from https://bob:hunter2-in-a-value@data.example/a.jsonl, see docs",
+    "password with @": "https://carol:hunter2-in-a-value@x@host.example:9/a?mail=a@b.c",
+}
+CLEAN = {
+    "list": ["https://mirror.example/data", "file:///tmp/x"],
+    "table": {
+        "source": {"url": "s3://bucket/prefix", "retries": 2},
+        "hosts": [{"url": "postgres://db.example/runs"}],
+    },
+    "json in a string": '{"db": "postgres://db.example/runs"}',
+    "sentence": "data from https://data.example/a.jsonl, see docs",
+    "password with @": "https://host.example:9/a?mail=a@b.c",
+}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_credentials_inside_a_value_are_cut_out(shape: str) -> None:
+    assert redacted(SHAPES[shape]) == CLEAN[shape]
+    assert PASSWORD not in text(SHAPES[shape])
+
+
+def test_params_hold_no_credentials_in_lists_tables_or_sentences() -> None:
+    settings = PluginSettings(
+        mirrors=SHAPES["list"],
+        options={"table": SHAPES["table"], "json": SHAPES["json in a string"]},
+        note=SHAPES["sentence"],
+    )
+    params = config_params(settings)
+    assert json.loads(params["mirrors"]) == CLEAN["list"]
+    assert params["options.table.source.url"] == "s3://bucket/prefix"
+    assert json.loads(params["options.table.hosts"]) == CLEAN["table"]["hosts"]
+    assert params["options.json"] == CLEAN["json in a string"]
+    assert params["note"] == CLEAN["sentence"]
+    assert "options.table.api_key" not in params
+    assert not [value for value in params.values() if PASSWORD in value]
+
+
+class TrackedResult(BaseModel):
+    """A flow's result: its adapter and a manifest whose config holds credentials."""
+
+    run_id: str
+    adapter: dict[str, Any]
+    manifest: dict[str, Any]
+
+
+def feed_credentials(tracking: Tracking) -> None:
+    """What a flow run sends a tracker, with a password in every shape: the params, the
+    summary, the result's adapter (a file and tags) and manifest (a file); then the end."""
+    settings = PluginSettings(
+        mirrors=SHAPES["list"], options=SHAPES["table"], note=SHAPES["sentence"]
+    )
+    tracking.each("params", lambda tracker: tracker.log_params(config_params(settings)))
+    tracking.log_summary(f"| data | {SHAPES['sentence']} |", None)
+    manifest = {"config": {"mirrors": SHAPES["list"], "note": SHAPES["json in a string"]}}
+    adapter = {"sha256": "0" * 64, "source": SHAPES["password with @"]}
+    tracking.log_result(TrackedResult(run_id="run-1", adapter=adapter, manifest=manifest))
+    tracking.finish("FINISHED")
+
+
+def test_nothing_a_tracker_stores_holds_a_credential(tmp_path: Path) -> None:
+    """Params, tags, the summary and the result's files through a real TensorBoard tracker:
+    its event files, read back with TensorBoard's reader, hold the values without the
+    credentials, and no byte of them the password."""
+    settings = TrackingSettings(backends=["tensorboard"], dir=str(tmp_path))
+    spec = TrackedRunSpec(key="lineage-1", name="rl-test", settings=settings)
+    logger = logging.LoggerAdapter(logging.getLogger("test-tracking"), {})
+    feed_credentials(Tracking({"tensorboard": TensorBoardTracker(spec)}, logger))
+
+    (run_directory,) = (tmp_path / "tensorboard").iterdir()
+    stored = b"".join(path.read_bytes() for path in run_directory.iterdir())
+    assert PASSWORD.encode() not in stored
+    events = EventAccumulator(str(run_directory), size_guidance={"tensors": 0})
+    events.Reload()
+    written = {
+        tag: event.tensor_proto.string_val[0].decode()
+        for tag in ("params", "summary", "manifest", "adapter", "tags")
+        for event in events.Tensors(tag)
+    }
+    assert "https://mirror.example/data" in written["params"]
+    assert CLEAN["sentence"] in written["params"] and CLEAN["sentence"] in written["summary"]
+    assert json.loads(written["manifest"].strip("`\n"))["config"] == {
+        "mirrors": CLEAN["list"],
+        "note": CLEAN["json in a string"],
+    }
+    assert CLEAN["password with @"] in written["adapter"]
+    assert CLEAN["password with @"] in written["tags"]
+
+
+@pytest.mark.parametrize("backend", ["mlflow", "wandb"])
+def test_nothing_mlflow_or_wandb_stores_holds_a_credential(
+    backend: Backend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same through MLflow's local store and a W&B offline run: every byte either
+    stored under the tracking directory (MLflow's SQLite database and artifacts, W&B's run
+    file and files) is searched for the password, and the redacted values are there."""
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    for name in ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_NAME", "WANDB_DIR", "WANDB_PROJECT"):
+        monkeypatch.delenv(name, raising=False)
+    settings = TrackingSettings(backends=[backend], dir=str(tmp_path))
+    spec = TrackedRunSpec(key=f"lineage-{backend}", name="rl-test", settings=settings)
+    logger = logging.LoggerAdapter(logging.getLogger("test-tracking"), {})
+    feed_credentials(Tracking({backend: start_backend(backend, spec)}, logger))
+
+    stored = [path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()]
+    assert not [data for data in stored if PASSWORD.encode() in data]
+    everything = b"".join(stored)
+    for value in (CLEAN["sentence"], "https://mirror.example/data", "postgres://db.example/runs"):
+        assert value.encode() in everything
 
 
 @pytest.mark.parametrize("backend", ["mlflow", "tensorboard", "wandb"])
