@@ -6,7 +6,7 @@ that loses that event (SQLite locked under load, a restart at the wrong moment) 
 ended with nobody deciding about it. On its schedule this finds the training deployments'
 top-level flow runs that ended Crashed or Failed within `within_hours`, at least
 `settle_seconds` ago (the trigger's turn first), on which no resume-run has decided (no
-`resume-<flow run name>` artifact), and runs `resume_run` on each as a subflow: the decision,
+`resume-<flow run id>` artifact), and runs `resume_run` on each as a subflow: the decision,
 record and event the trigger would have given. A run decided twice (the trigger late, the
 sweep too) continues once: the continuation's idempotency key is the ended run's id.
 """
@@ -60,7 +60,7 @@ def undecided(prefect: SyncPrefectClient, runs: list[FlowRun]) -> list[FlowRun]:
     """The runs no resume-run has recorded a decision about."""
     if not runs:
         return []
-    keys = {decision_key(run.name): run for run in runs}
+    keys = {decision_key(run.id): run for run in runs}
     decided = prefect.read_artifacts(
         artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=list(keys)))
     )
@@ -77,7 +77,7 @@ def resume_sweep(
     whitney_block: str | None = None,
 ) -> dict[str, Any]:
     """Decide about every training flow run that ended Crashed or Failed with no resume-run
-    decision yet, as the resume-run trigger would have.
+    decision yet, as the resume-run trigger would have; the decisions by flow run id.
 
     Args:
         deployments: The training deployments whose runs are swept.
@@ -111,9 +111,9 @@ def resume_sweep(
             str(run.id), max_attempts=max_attempts, whitney_block=whitney_block, return_state=True
         )
         if state.is_completed():
-            decisions[run.name] = state.result()
+            decisions[str(run.id)] = state.result()
         else:
-            failed.append(f"{run.name}: {state.message}")
+            failed.append(f"{run.name} ({run.id}): {state.message}")
     if failed:
         raise RuntimeError("resume-run failed for " + "; ".join(failed))
     return {"swept": len(window), "decided": decisions}
