@@ -40,17 +40,6 @@ from flows.resume.flow import decision_key, resume_run
 TRAINING_DEPLOYMENTS = ("rl-on-demand", "sft-nightly", "distill-on-demand", "dpo-on-demand")
 """The deployments the resume-run trigger watches (deployments/prefect.yaml)."""
 
-T = TypeVar("T")
-
-
-def every_page(read: Callable[[int], list[T]]) -> list[T]:
-    """Everything `read(offset)` gives, page after page (of the server's size) until one is
-    empty."""
-    items: list[T] = []
-    while page := read(len(items)):
-        items.extend(page)
-    return items
-
 
 def ended_badly(
     prefect: SyncPrefectClient, deployments: tuple[str, ...], since: datetime, until: datetime
@@ -90,6 +79,18 @@ def undecided(prefect: SyncPrefectClient, runs: list[FlowRun]) -> list[FlowRun]:
     )
     seen = {artifact.key for artifact in decided}
     return [run for key, run in keys.items() if key not in seen]
+
+
+T = TypeVar("T")
+
+
+def every_page(read: Callable[[int], list[T]]) -> list[T]:
+    """Everything `read(offset)` gives, page after page (of the server's size) until one is
+    empty."""
+    items: list[T] = []
+    while page := read(len(items)):
+        items.extend(page)
+    return items
 
 
 @flow(name="resume-sweep", persist_result=False)
