@@ -20,7 +20,7 @@ creates a flow run of the same deployment with the same parameters and `config.r
 set, tagged with its lineage, and emits `whitney.run.resumed` (or `whitney.run.not-resumed`,
 with the reason). Seeds derive from (seed, cycle, prompt) and the checkpoint holds the
 optimizer state, so the new run ends with the adapter an undisturbed run would have had.
-Its markdown artifact `resume-<flow run name>` records the decision.
+Its markdown artifact `resume-<flow run id>` records the decision.
 """
 
 from __future__ import annotations
@@ -93,9 +93,10 @@ def refusal(ended: FlowRun, max_attempts: int) -> str | None:
     return None
 
 
-def decision_key(ended_name: str) -> str:
-    """The key of the artifact recording resume-run's decision about a flow run."""
-    return artifact_key("resume", ended_name)
+def decision_key(ended_id: UUID) -> str:
+    """The key of the artifact recording resume-run's decision about a flow run: its id, not
+    its name (names repeat)."""
+    return artifact_key("resume", str(ended_id))
 
 
 def record(ended: FlowRun, verdict: str, rows: list[tuple[str, str]]) -> None:
@@ -103,8 +104,8 @@ def record(ended: FlowRun, verdict: str, rows: list[tuple[str, str]]) -> None:
     table = "\n".join(f"| {name} | {value} |" for name, value in rows)
     create_markdown_artifact(
         f"# Resume of {ended.name}\n\n{verdict}\n\n| | |\n| --- | --- |\n{table}\n",
-        key=decision_key(ended.name),
-        description=f"Automatic resume of flow run {ended.name}",
+        key=decision_key(ended.id),
+        description=f"Automatic resume of flow run {ended.name} ({ended.id})",
     )
 
 

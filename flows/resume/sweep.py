@@ -6,29 +6,34 @@ that loses that event (SQLite locked under load, a restart at the wrong moment) 
 ended with nobody deciding about it. On its schedule this finds the training deployments'
 top-level flow runs that ended Crashed or Failed within `within_hours`, at least
 `settle_seconds` ago (the trigger's turn first), on which no resume-run has decided (no
-`resume-<flow run name>` artifact), and runs `resume_run` on each as a subflow: the decision,
+`resume-<flow run id>` artifact), and runs `resume_run` on each as a subflow: the decision,
 record and event the trigger would have given. A run decided twice (the trigger late, the
-sweep too) continues once: the continuation's idempotency key is the ended run's id.
+sweep too) continues once: the continuation's idempotency key is the ended run's id. The
+window is filtered on the server (state type, end time, deployment) and every page of runs and
+of decisions is read, however many old failures a busy server holds.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from prefect import flow, get_client, get_run_logger
 from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.filters import (
-    ArtifactFilter,
-    ArtifactFilterKey,
+    ArtifactCollectionFilter,
+    ArtifactCollectionFilterKey,
     DeploymentFilter,
     DeploymentFilterName,
     FlowRunFilter,
+    FlowRunFilterEndTime,
     FlowRunFilterParentTaskRunId,
     FlowRunFilterState,
     FlowRunFilterStateType,
 )
 from prefect.client.schemas.objects import FlowRun, StateType
+from prefect.client.schemas.sorting import ArtifactCollectionSort, FlowRunSort
 
 from flows.catalogue import DEPLOYMENTS
 from flows.resume.flow import decision_key, resume_run
@@ -37,33 +42,53 @@ from flows.resume.flow import decision_key, resume_run
 def ended_badly(
     prefect: SyncPrefectClient, deployments: tuple[str, ...], since: datetime, until: datetime
 ) -> list[FlowRun]:
-    """The deployments' top-level flow runs whose Crashed or Failed state began in the window."""
-    runs = prefect.read_flow_runs(
-        flow_run_filter=FlowRunFilter(
-            state=FlowRunFilterState(
-                type=FlowRunFilterStateType(any_=[StateType.CRASHED, StateType.FAILED])
+    """The deployments' top-level flow runs that ended Crashed or Failed in the window, newest
+    first: filtered on the server, every page read."""
+    runs = every_page(
+        lambda offset: prefect.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                state=FlowRunFilterState(
+                    type=FlowRunFilterStateType(any_=[StateType.CRASHED, StateType.FAILED])
+                ),
+                end_time=FlowRunFilterEndTime(after_=since, before_=until),
+                parent_task_run_id=FlowRunFilterParentTaskRunId(is_null_=True),
             ),
-            parent_task_run_id=FlowRunFilterParentTaskRunId(is_null_=True),
-        ),
-        deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=list(deployments))),
+            deployment_filter=DeploymentFilter(name=DeploymentFilterName(any_=list(deployments))),
+            sort=FlowRunSort.END_TIME_DESC,
+            offset=offset,
+        )
     )
-    return [
-        run
-        for run in runs
-        if run.state is not None and since <= run.state.timestamp.astimezone(UTC) <= until
-    ]
+    return list({run.id: run for run in runs}.values())  # a run ending meanwhile shifts a page
 
 
 def undecided(prefect: SyncPrefectClient, runs: list[FlowRun]) -> list[FlowRun]:
     """The runs no resume-run has recorded a decision about."""
     if not runs:
         return []
-    keys = {decision_key(run.name): run for run in runs}
-    decided = prefect.read_artifacts(
-        artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=list(keys)))
+    keys = {decision_key(run.id): run for run in runs}
+    decided = every_page(
+        lambda offset: prefect.read_latest_artifacts(
+            artifact_filter=ArtifactCollectionFilter(
+                key=ArtifactCollectionFilterKey(any_=list(keys))
+            ),
+            sort=ArtifactCollectionSort.KEY_ASC,
+            offset=offset,
+        )
     )
     seen = {artifact.key for artifact in decided}
     return [run for key, run in keys.items() if key not in seen]
+
+
+T = TypeVar("T")
+
+
+def every_page(read: Callable[[int], list[T]]) -> list[T]:
+    """Everything `read(offset)` gives, page after page (of the server's size) until one is
+    empty."""
+    items: list[T] = []
+    while page := read(len(items)):
+        items.extend(page)
+    return items
 
 
 @flow(name="resume-sweep", persist_result=False)
@@ -75,7 +100,7 @@ def resume_sweep(
     whitney_block: str | None = None,
 ) -> dict[str, Any]:
     """Decide about every training flow run that ended Crashed or Failed with no resume-run
-    decision yet, as the resume-run trigger would have.
+    decision yet, as the resume-run trigger would have; the decisions by flow run id.
 
     Args:
         deployments: The training deployments whose runs are swept.
@@ -109,9 +134,9 @@ def resume_sweep(
             str(run.id), max_attempts=max_attempts, whitney_block=whitney_block, return_state=True
         )
         if state.is_completed():
-            decisions[run.name] = state.result()
+            decisions[str(run.id)] = state.result()
         else:
-            failed.append(f"{run.name}: {state.message}")
+            failed.append(f"{run.name} ({run.id}): {state.message}")
     if failed:
         raise RuntimeError("resume-run failed for " + "; ".join(failed))
     return {"swept": len(window), "decided": decisions}

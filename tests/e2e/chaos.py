@@ -8,6 +8,11 @@ The flow process killed is one the live worker started: the worker reports it Cr
 ("exited with status code -9") and the automatic resume continues it. A killed worker's flow
 runs crash at their next console line (their output pipe is broken: rich raises SystemExit),
 report it themselves, and are resumed too; the worker's recovery counts until they are.
+
+Each continued run was decided by the resume-run trigger, by the resume sweep the soak starts
+when no continuation came in time, or both: `recoveries` tells which, and whether its Crashed
+or Failed state event reached the server's event store (where it did, the trigger must have
+acted).
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ TRIGGER_WAIT_S = 90.0
 sweep's schedule (paused on the e2e stack) would later: a SQLite Prefect server under the
 soak's load can lose the Crashed event the trigger needs."""
 PARENT_TAG = "whitney.parent-flow-run:"
+ENDED_EVENTS = ["prefect.flow-run.Crashed", "prefect.flow-run.Failed"]
 
 
 def schedule(rng: random.Random, each: int) -> list[str]:
@@ -150,7 +156,7 @@ class Soak:
                 self.recovery_timeout_s,
                 evidence=self.stack.evidence,
             )
-            by = " (by the sweep)"
+            by = " (a sweep started)"
         return f"{flow_run_id[:8]} resumed as {successor['id'][:8]}{by}"
 
     def kill(self, number: int, part: str) -> Kill:
@@ -279,6 +285,62 @@ def check(soak: Soak, chains: list[list[dict[str, Any]]], references: list[str])
             f"({' -> '.join(r['state_type'] for r in chain)}), sha256 {sha[:12]} = reference"
         )
     return rows
+
+
+@dataclass(frozen=True)
+class Recovery:
+    """Who decided to continue an ended flow run, and whether its state event was stored."""
+
+    flow_run_id: str
+    trigger: bool
+    """A resume-run the trigger started (a top-level run of its deployment) decided."""
+    sweep: bool
+    """A resume-run subflow of a resume sweep decided."""
+    delivered: bool
+    """Its Crashed or Failed state event is in the server's event store."""
+
+
+def recoveries(stack: Stack, chains: list[list[dict[str, Any]]], since: str) -> list[Recovery]:
+    """How each continued flow run of the chains (all but their last) came to be continued,
+    from the resume-runs completed since `since` (ISO time) and the server's events."""
+    deciders = stack.api._every_page(
+        "/flow_runs/filter",
+        {
+            "flows": {"name": {"any_": ["resume-run"]}},
+            "flow_runs": {"expected_start_time": {"after_": since}},
+        },
+    )
+    decided: dict[bool, set[str]] = {True: set(), False: set()}  # by a subflow (the sweep's)?
+    for run in (run for run in deciders if run["state_type"] == "COMPLETED"):
+        ended = str(run["parameters"]["flow_run_id"]).removeprefix("prefect.flow-run.")
+        decided[run["parent_task_run_id"] is not None].add(ended)
+    found = []
+    for chain in chains:
+        for ended in (run["id"] for run in chain[:-1]):
+            query = {
+                "resource": {"id": [f"prefect.flow-run.{ended}"]},
+                "event": {"name": ENDED_EVENTS},
+            }
+            stored = stack.api.post("/events/filter", json={"filter": query, "limit": 1})
+            found.append(
+                Recovery(
+                    ended, ended in decided[False], ended in decided[True], bool(stored["events"])
+                )
+            )
+    return found
+
+
+def recovery_rows(found: list[Recovery]) -> list[str]:
+    """The paths counted, then one row per continued flow run."""
+    counts = (
+        f"{sum(r.trigger for r in found)} decided by the trigger, "
+        f"{sum(r.sweep for r in found)} by the sweep, "
+        f"{sum(not r.delivered for r in found)} state event(s) not stored, of {len(found)}"
+    )
+    return [counts] + [
+        f"{r.flow_run_id[:8]}: trigger {r.trigger}, sweep {r.sweep}, event stored {r.delivered}"
+        for r in found
+    ]
 
 
 def table(kills: list[Kill]) -> str:

@@ -1,7 +1,8 @@
 """Soak: several RL flows on one served Whitney while a driver SIGKILLs and restarts the server
-at seeded random moments and SIGKILLs one of the flows. At the end every flow either finished
-with the adapter of an undisturbed run or was killed; a lease after the end no session is
-open; no seq id ran twice; nothing the killed flow started is left running."""
+at seeded random moments and SIGKILLs one of the flows. Every server kill hits at least one of
+the flows mid-run (alive, cycles left), the killed flow is mid-run too. At the end every flow
+either finished with the adapter of an undisturbed run or was killed; a lease after the end no
+session is open; no seq id ran twice; nothing the killed flow started is left running."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 from flowtest_restart import (
+    FlowProcess,
     assert_no_seq_id_ran_twice,
     kill_and_restart,
     process_parents,
@@ -21,8 +23,9 @@ from flowtest_restart import (
 from tests.local.served import served
 
 SEED = 20261202
-CONFIG = ("--cycles", "6", "--seed", "9", "--base-model", "local/nano")
-VICTIM = ("--cycles", "200", "--seed", "9", "--base-model", "local/nano")
+CYCLES, VICTIM_CYCLES = 6, 200
+CONFIG = ("--cycles", str(CYCLES), "--seed", "9", "--base-model", "local/nano")
+VICTIM = ("--cycles", str(VICTIM_CYCLES), "--seed", "9", "--base-model", "local/nano")
 FLOWS = 3
 SERVER_KILLS = 3
 LEASE_S = 6.0
@@ -30,6 +33,15 @@ CLOSED_WITHIN_S = LEASE_S + 5.0
 """A lease, then the server's reaper looks every lease / 4."""
 GONE_WITHIN_S = 10.0
 """The CLI's watchdog looks every 0.2 s and gives SIGTERM 5 s before SIGKILL."""
+
+
+def mid_run(flows: list[FlowProcess], cycles: int) -> list[str]:
+    """The flows training now: alive, with at least one of their `cycles` done and one left."""
+    return [
+        flow.name
+        for flow in flows
+        if flow.process.poll() is None and 0 < flow.cycles_done() < cycles
+    ]
 
 
 def test_flows_ride_through_random_server_kills_and_a_killed_flow_leaves_nothing(
@@ -48,13 +60,17 @@ def test_flows_ride_through_random_server_kills_and_a_killed_flow_leaves_nothing
 
         victim_dies_after = schedule.randrange(SERVER_KILLS)
         started_by_victim: set[int] = set()
+        hit: list[list[str]] = []
         for kill in range(SERVER_KILLS):
             time.sleep(schedule.uniform(0.5, 6.0))
+            hit.append(mid_run(flows, CYCLES))
             kill_and_restart(server)
             if kill == victim_dies_after:
                 time.sleep(schedule.uniform(0.0, 2.0))
                 started_by_victim = victim.descendants()
+                assert mid_run([victim], VICTIM_CYCLES) == [victim.name], victim.tail()
                 sigkill(victim)
+        assert all(hit), f"a server kill found no flow mid-run (per kill: {hit})"
 
         for flow in flows:
             assert flow.wait() == 0, flow.tail()
