@@ -6,22 +6,16 @@ is missing is refused in one line."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import socket
 import struct
-import subprocess
 import sys
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
+from flowtest_mlflow import MlflowServer, free_port, start_mlflow_server
 from flowtest_resume_plugins import fail_once_at_cycle
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -38,70 +32,17 @@ from flows.rl.metrics import RLResult
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 
-SERVER_START_S = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        return listener.getsockname()[1]
-
-
-@dataclass
-class MlflowServer:
-    """An `mlflow server` process (its own process group) and its URL."""
-
-    process: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    def ready(self) -> str:
-        """The URL, once /health answers (polled; fails if the server exits or is late)."""
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
-                    return self.url
-            except httpx.TransportError:
-                pass
-            assert self.process.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, "mlflow server did not answer /health"
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=0.25)  # returns at once if it dies
-
 
 @pytest.fixture(scope="module")
 def booting_mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     """`mlflow server` started on a free loopback port with a SQLite store in a temporary
     directory (it boots while the tests before the one that waits for it run), stopped by its
     PID (its process group)."""
-    directory = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    command = [
-        *(sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port)),
-        *("--backend-store-uri", f"sqlite:///{directory / 'mlflow.db'}"),
-        *("--artifacts-destination", str(directory / "artifacts"), "--workers", "1"),
-    ]
-    environment = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    environment.pop("WHITNEY_API_KEY", None)
-    log = directory / "server.log"
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            command,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env=environment,
-            start_new_session=True,
-        )
+    server = start_mlflow_server(tmp_path_factory.mktemp("mlflow-server"), free_port())
     try:
-        yield MlflowServer(process, f"http://127.0.0.1:{port}", log)
+        yield server
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        server.stop()
 
 
 def tracked_config(api_url: str, tmp_path: Path, **tracking: Any) -> RLConfig:
