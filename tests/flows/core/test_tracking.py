@@ -8,14 +8,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import struct
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
 import pytest
 from flowtest_mlflow import MlflowServer, free_port, start_mlflow_server
+from flowtest_records import records_once
 from flowtest_resume_plugins import fail_once_at_cycle
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -24,6 +28,8 @@ from wandb.proto import wandb_internal_pb2
 from flows.cli.main import main
 from flows.core.config import ConfigError, settings_with_overrides, validated
 from flows.core.plots import picture_beside
+from flows.core.records import RunRecords
+from flows.core.tracking import delivery
 from flows.core.tracking.backend import LINEAGE_TAG
 from flows.core.tracking.params import config_params
 from flows.rl.config import RLConfig
@@ -278,3 +284,118 @@ def test_mlflow_server_gets_the_run_and_a_resumed_run_continues_it(
     texts = [*params.values(), *params, *tags.values(), *tags]
     texts += [path.read_text(errors="replace") for path in artifacts.rglob("*") if path.is_file()]
     assert not [text for text in texts if key in text]
+
+
+def test_a_file_store_is_refused_before_anything_starts(
+    refused: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLFLOW_TRACKING_URI=file:./mlruns, which MLflow 3 refuses: one line naming the fix,
+    exit 2, no session (`refused`), no store written."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "file:./mlruns")
+    message = (
+        "MLflow 3 refuses the file store file:./mlruns (MLFLOW_TRACKING_URI): use a database "
+        "(sqlite:///mlflow.db; `mlflow migrate-filestore` moves ./mlruns there)"
+    )
+    refused("rl", ["--tracking", "mlflow"], "tracking.tracking_uri", message)
+    assert list(tmp_path.iterdir()) == []
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    """Poll `condition` until it holds; fail past `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.2)
+
+
+def test_an_mlflow_server_stopped_mid_run_never_fails_the_training(
+    whitney: EmbeddedWhitney,
+    refused: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`whitney-flows run rl --tracking mlflow` on a real `mlflow server`, stopped after cycle
+    0 and started again after cycle 1, stopped for good after cycle 2: the run completes,
+    cycle 1's metrics arrive late by the retries, each outage is warned about once, and the
+    summary records both gaps; what the second one held back is given up at the end. Then
+    the stopped server's URL is refused before anything starts."""
+    directory, port = tmp_path / "mlflow-server", free_port()
+    directory.mkdir()
+    servers = [start_mlflow_server(directory, port)]
+    url = servers[-1].ready()
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "outage")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own: fail at once
+    monkeypatch.setattr(delivery, "FINISH_WAIT_S", 5.0)  # for what the stopped server misses
+    client = MlflowClient(tracking_uri=url)
+
+    def steps() -> list[int]:
+        """The cycles whose reward_mean the server holds."""
+        experiment = client.get_experiment_by_name("outage")
+        runs = client.search_runs([experiment.experiment_id]) if experiment else []
+        history = client.get_metric_history(runs[0].info.run_id, "reward_mean") if runs else []
+        return [metric.step for metric in history]
+
+    add_cycle = RunRecords.add_cycle
+
+    def add_cycle_then_stop_or_start(records: RunRecords, metrics: Any) -> None:
+        add_cycle(records, metrics)
+        mlflow = records.tracking.deliveries["mlflow"]
+        if metrics.cycle in (0, 2):
+            wait_until(lambda: steps() == list(range(metrics.cycle + 1)), "cycle delivered")
+            servers[-1].stop()
+        elif metrics.cycle == 1:
+            wait_until(lambda: bool(mlflow.gaps), "the stopped server noticed")
+            servers.append(start_mlflow_server(directory, port))
+            servers[-1].ready()
+            wait_until(lambda: steps() == [0, 1], "cycle 1 delivered late by a retry")
+
+    monkeypatch.setattr(RunRecords, "add_cycle", add_cycle_then_stop_or_start)
+    metrics_path = work / "metrics.jsonl"
+    arguments = ["--api-url", whitney.url, "--base-model", "local/tiny", "--cycles", "3"]
+    arguments += ["--metrics-out", str(metrics_path), "--tracking", "mlflow"]
+    try:
+        assert main(["run", "rl", *arguments]) == 0, capsys.readouterr().err
+        rows = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+        servers.append(start_mlflow_server(directory, port))
+        servers[-1].ready()
+        experiment = client.get_experiment_by_name("outage")
+        (run,) = client.search_runs([experiment.experiment_id])
+        history = client.get_metric_history(run.info.run_id, "reward_mean")
+        assert [(m.step, m.value) for m in history] == [
+            (row["cycle"], pytest.approx(row["reward_mean"])) for row in rows
+        ]
+        assert run.info.status == "RUNNING"  # its end was never delivered
+    finally:
+        servers[-1].stop()
+
+    flow_run_id = UUID(run.data.tags["prefect.flow_run_id"])
+    records = records_once(
+        flow_run_id,
+        lambda r: (
+            any("never got the" in line for line in r.log_messages())
+            and any((a.key or "").endswith("-tracking-gaps") for a in r.artifacts)
+        ),
+    )
+    lines = records.log_messages()
+    assert len([line for line in lines if "mlflow cannot take the" in line]) == 2  # 2 outages
+    assert len([line for line in lines if "mlflow is back" in line]) == 1
+    (lost,) = [line for line in lines if "mlflow never got the" in line]
+    assert lost.startswith("Tracking: mlflow never got the summary, ") and lost.endswith(", end")
+    (record,) = [a for a in records.artifacts if (a.key or "").endswith("-tracking-gaps")]
+    gaps = re.findall(r"^\| mlflow \| (.*) \|$", record.data, re.MULTILINE)
+    assert len(gaps) == 2, record.data
+    late = r"unreachable \S+ UTC to \S+ UTC \(.+\); [1-9]\d* calls delivered late"
+    assert re.fullmatch(late, gaps[0]), gaps[0]
+    assert re.fullmatch(r"unreachable from \S+ UTC \(.+\): never got the summary, .*, end", gaps[1])
+
+    message = f"the MLflow server at {url} does not answer: start it, or correct "
+    refused(
+        "rl", ["--tracking", "mlflow"], "tracking.tracking_uri", message + "MLFLOW_TRACKING_URI"
+    )
