@@ -22,7 +22,7 @@ from flows.core.tracking.backend import Tracker
 RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 15.0)
 """The waits between attempts at a failing call (the last one repeats)."""
 FINISH_WAIT_S = 60.0
-"""How long the end of a flow run waits for a tracker's undelivered calls."""
+"""How long the end of a flow run waits for its trackers' undelivered calls."""
 
 ERROR_CHARS = 200
 """How much of a failure a gap keeps."""
@@ -41,6 +41,11 @@ class Gap:
     ended: float | None = None
     late: int = 0
     lost: list[str] = field(default_factory=list)
+
+
+def finish_deadline() -> float:
+    """When (time.monotonic) the end of a flow run stops waiting for its trackers."""
+    return time.monotonic() + FINISH_WAIT_S
 
 
 def refused(error: Exception) -> bool:
@@ -132,13 +137,13 @@ class Delivery:
             "the later calls wait and are retried, and the gap goes into the run's records",
         )
 
-    def close(self) -> list[str]:
-        """Wait up to FINISH_WAIT_S for the undelivered calls; give up on the rest (recorded
-        in the last gap) and return what they were."""
+    def close(self, deadline: float) -> list[str]:
+        """Wait until `deadline` (time.monotonic) for the undelivered calls; give up on the
+        rest (recorded in the last gap) and return what they were."""
         with self.changed:
             self.closing = True
             self.changed.notify_all()
-            self.changed.wait_for(lambda: not self.pending, timeout=FINISH_WAIT_S)
+            self.changed.wait_for(lambda: not self.pending, timeout=deadline - time.monotonic())
             lost = [what for what, _ in self.pending]
             if lost:
                 self.given_up = True

@@ -41,7 +41,7 @@ from flows.core.lineage import Lineage, branches
 from flows.core.records import artifact_key
 from flows.core.tracking.backend import RunStatus, TrackedRunSpec, Tracker
 from flows.core.tracking.config import Backend
-from flows.core.tracking.delivery import Call, Delivery, Gap
+from flows.core.tracking.delivery import Call, Delivery, Gap, finish_deadline
 from flows.core.tracking.lineage import lineage_key
 from flows.core.tracking.params import config_params, text
 from flows.core.tracking.preflight import check_tracking
@@ -83,7 +83,7 @@ def numbers(row: Mapping[str, Any]) -> dict[str, float]:
 
 
 def clock(seconds: float) -> str:
-    """A wall-clock time as the summary shows it."""
+    """A wall-clock time as the tracking gaps show it."""
     return time.strftime("%H:%M:%S UTC", time.gmtime(seconds))
 
 
@@ -174,8 +174,9 @@ class Tracking:
         """End the tracked runs, waiting a bounded time for what is undelivered; what never
         went through is warned about."""
         self.each("end", lambda tracker: tracker.finish(status))
+        deadline = finish_deadline()
         for backend, delivery in self.deliveries.items():
-            if lost := delivery.close():
+            if lost := delivery.close(deadline):
                 self.logger.warning("Tracking: %s never got the %s", backend, ", ".join(lost))
 
 

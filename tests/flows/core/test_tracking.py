@@ -18,6 +18,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
+import wandb
 from flowtest_mlflow import MlflowServer, free_port, start_mlflow_server
 from flowtest_records import records_once
 from flowtest_resume_plugins import fail_once_at_cycle
@@ -31,7 +32,9 @@ from flows.core.plots import picture_beside
 from flows.core.records import RunRecords
 from flows.core.tracking import delivery
 from flows.core.tracking.backend import LINEAGE_TAG
+from flows.core.tracking.config import TrackingSettings
 from flows.core.tracking.params import config_params
+from flows.core.tracking.preflight import check_tracking
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from flows.rl.metrics import RLResult
@@ -300,6 +303,28 @@ def test_a_file_store_is_refused_before_anything_starts(
     )
     refused("rl", ["--tracking", "mlflow"], "tracking.tracking_uri", message)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_wandb_online_with_no_credentials_is_refused_before_anything_starts(
+    refused: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W&B online with no API key anywhere (no variable, an empty netrc, a fresh config
+    directory): one line naming the fix, exit 2, no session; offline needs none."""
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "netrc").write_text("")
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.chdir(tmp_path)
+    wandb.teardown()  # W&B's settings are read once per process: read them again
+    try:
+        message = "wandb has no credentials: set WANDB_API_KEY, run `wandb login`, or set "
+        refused("rl", ["--tracking", "wandb"], "tracking.backends", message + "WANDB_MODE=offline")
+        wandb.teardown()
+        monkeypatch.setenv("WANDB_MODE", "offline")
+        check_tracking(TrackingSettings(backends=["wandb"]), reach=True)
+    finally:
+        wandb.teardown()
 
 
 def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
