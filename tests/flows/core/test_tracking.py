@@ -19,6 +19,7 @@ from uuid import UUID
 
 import pytest
 import wandb
+from flowtest_helpers import assert_released
 from flowtest_mlflow import MlflowServer, free_port, start_mlflow_server
 from flowtest_records import records_once
 from flowtest_resume_plugins import fail_once_at_cycle
@@ -303,6 +304,30 @@ def test_a_file_store_is_refused_before_anything_starts(
     )
     refused("rl", ["--tracking", "mlflow"], "tracking.tracking_uri", message)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_flow_run_given_a_file_store_fails_before_its_first_cycle(
+    whitney: EmbeddedWhitney,
+    inspector: WhitneyClient,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A flow run started without `whitney-flows run` (as a deployment's) makes the same
+    check before its first cycle: it fails in the same line, trains nothing, and releases its
+    Whitney run."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    config = tracked_config(
+        whitney.url, tmp_path, backends=["mlflow"], tracking_uri="file:./mlruns"
+    )
+    state = rl_flow(config, return_state=True)
+    assert state.is_failed()
+    assert (
+        "tracking.tracking_uri: MLflow 3 refuses the file store file:./mlruns (tracking_uri)"
+        in (state.message)
+    )
+    assert not Path(config.metrics_path).exists() and not (tmp_path / "mlruns").exists()
+    assert_released(inspector, state.state_details.flow_run_id)
 
 
 def test_wandb_online_with_no_credentials_is_refused_before_anything_starts(
