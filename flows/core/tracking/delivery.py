@@ -11,6 +11,7 @@ what is still undelivered after `FINISH_WAIT_S` is given up and recorded as lost
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -27,7 +28,16 @@ FINISH_WAIT_S = 60.0
 ERROR_CHARS = 200
 """How much of a failure a gap keeps."""
 
+URL_USERINFO = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/@\s]+@", re.IGNORECASE)
+"""A URL's user and password, which a tracker's error may quote (MLflow's quote its URL)."""
+
 Call = Callable[[Tracker], None]
+
+
+def shown(error: Exception) -> str:
+    """An error as the warnings and the gaps show it: its repr, with every URL's user and
+    password cut out."""
+    return URL_USERINFO.sub(r"\1", repr(error))
 
 
 @dataclass
@@ -106,7 +116,7 @@ class Delivery:
                 call(self.tracker)
             except Exception as error:
                 if refused(error) and self.tracker is not None:
-                    message = f"{self.name} refused the {what}, which is dropped: {error!r}"
+                    message = f"{self.name} refused the {what}, which is dropped: {shown(error)}"
                     self.report(logging.WARNING, message)
                     self.dropped.append(what)
                     return True
@@ -130,10 +140,10 @@ class Delivery:
         """The first failure of a call: a new gap, warned about once, unless one is open."""
         if self.gaps and self.gaps[-1].ended is None:
             return
-        self.gaps.append(Gap(started=time.time(), error=repr(error)[:ERROR_CHARS]))
+        self.gaps.append(Gap(started=time.time(), error=shown(error)[:ERROR_CHARS]))
         self.report(
             logging.WARNING,
-            f"{self.name} cannot take the {what} ({error!r}): the training goes on; this and "
+            f"{self.name} cannot take the {what} ({shown(error)}): the training goes on; this and "
             "the later calls wait and are retried, and the gap goes into the run's records",
         )
 

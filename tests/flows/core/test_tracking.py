@@ -23,6 +23,7 @@ from flowtest_helpers import assert_released
 from flowtest_mlflow import MlflowServer, free_port, start_mlflow_server
 from flowtest_records import records_once
 from flowtest_resume_plugins import fail_once_at_cycle
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from wandb.proto import wandb_internal_pb2
@@ -34,6 +35,7 @@ from flows.core.records import RunRecords
 from flows.core.tracking import delivery
 from flows.core.tracking.backend import LINEAGE_TAG
 from flows.core.tracking.config import TrackingSettings
+from flows.core.tracking.delivery import shown
 from flows.core.tracking.params import config_params
 from flows.core.tracking.preflight import check_tracking
 from flows.rl.config import RLConfig
@@ -177,6 +179,18 @@ def test_params_are_the_config_flattened_with_nothing_secret() -> None:
     assert params["task_retry.retries"] == "3" and params["loss_config.clip_low"] == "0.2"
     assert params["budget.max_tokens"] == "null" and params["max_tokens"] == "12"
     assert not [value for value in params.values() if "hunter2" in value or ":pw@" in value]
+
+
+def test_a_trackers_error_is_shown_without_url_credentials() -> None:
+    """MLflow's errors quote the URL they called: its user and password never reach the flow
+    run's log or its tracking gaps."""
+    error = MlflowException(
+        "API request to https://bob:s3cret@mlflow.example/api/2.0/mlflow/runs/log-batch failed"
+    )
+    assert shown(error) == (
+        "MlflowException('API request to https://mlflow.example/api/2.0/mlflow/runs/log-batch "
+        "failed')"
+    )
 
 
 @pytest.mark.parametrize("backend", ["mlflow", "tensorboard", "wandb"])
