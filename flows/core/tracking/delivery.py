@@ -5,7 +5,8 @@ A call that fails (the server down, the network away) is retried, with the calls
 held, until it goes through: the first failure of an outage is warned about once, its end
 noted, and the outage kept as a `Gap` (when, how many calls were late) for the run's records.
 A call the tracker refuses (an HTTP 4xx) is warned about and dropped. When the flow run ends,
-what is still undelivered after `FINISH_WAIT_S` is given up and recorded as lost.
+what is still undelivered after `FINISH_WAIT_S` is given up and recorded as lost. An error is
+shown with every URL's user and password cut out (`redacted`).
 """
 
 from __future__ import annotations
@@ -34,10 +35,14 @@ URL_USERINFO = re.compile(r"\b([a-z][a-z0-9+.-]*://)[^/@\s]+@", re.IGNORECASE)
 Call = Callable[[Tracker], None]
 
 
+def redacted(text: str) -> str:
+    """`text` with every URL's user and password cut out."""
+    return URL_USERINFO.sub(r"\1", text)
+
+
 def shown(error: Exception) -> str:
-    """An error as the warnings and the gaps show it: its repr, with every URL's user and
-    password cut out."""
-    return URL_USERINFO.sub(r"\1", repr(error))
+    """An error as the warnings and the gaps show it: its repr, redacted."""
+    return redacted(repr(error))
 
 
 @dataclass

@@ -25,7 +25,7 @@ from mlflow.utils.rest_utils import http_request
 from flows.core.config import ConfigError
 from flows.core.tracking.backend import LINEAGE_TAG, RunStatus, TrackedRunSpec
 from flows.core.tracking.config import TrackingSettings
-from flows.core.tracking.params import without_credentials
+from flows.core.tracking.delivery import redacted
 
 DEFAULT_EXPERIMENT = "whitney-flows"
 CHANGED_PREFIX = "whitney_flows.changed."
@@ -57,7 +57,7 @@ def check_mlflow(settings: TrackingSettings, reach: bool) -> None:
     unknown scheme) or, with `reach`, if the server at an http(s) URI does not answer or
     refuses the credentials (MLflow's own variables), asked once with no retries."""
     uri = tracking_uri(settings)
-    shown = without_credentials(uri)
+    shown = redacted(uri)
     try:
         client = MlflowClient(tracking_uri=uri)
     except MlflowException as error:
@@ -68,7 +68,7 @@ def check_mlflow(settings: TrackingSettings, reach: bool) -> None:
                 "database (sqlite:///mlflow.db; `mlflow migrate-filestore` moves ./mlruns "
                 "there) or a server's http://host:port, or set MLFLOW_ALLOW_FILE_STORE=true",
             ) from None
-        first = error.message.split(". ")[0].splitlines()[0]
+        first = redacted(error.message.split(". ")[0].splitlines()[0])
         raise ConfigError(URI_FIELD, f"MLflow refuses {shown}: {first}") from None
     if not reach or not uri.startswith(("http://", "https://")):
         return

@@ -183,7 +183,17 @@ def test_params_are_the_config_flattened_with_nothing_secret() -> None:
 
 def test_a_trackers_error_is_shown_without_url_credentials() -> None:
     """MLflow's errors quote the URL they called: its user and password never reach the flow
-    run's log or its tracking gaps."""
+    run's log, its tracking gaps or the refusal of a server that does not answer."""
+    port = free_port()  # nothing listens there
+    settings = TrackingSettings(
+        backends=["mlflow"], tracking_uri=f"http://bob:s3cret@127.0.0.1:{port}"
+    )
+    with pytest.raises(ConfigError) as refusal:
+        check_tracking(settings, reach=True)
+    assert str(refusal.value) == (
+        f"tracking.tracking_uri: the MLflow server at http://127.0.0.1:{port} does not answer: "
+        "start it, or correct tracking_uri"
+    )
     error = MlflowException(
         "API request to https://bob:s3cret@mlflow.example/api/2.0/mlflow/runs/log-batch failed"
     )
