@@ -23,7 +23,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from uuid import UUID
 
@@ -102,11 +102,19 @@ class Tracking:
     """One tracked run on each chosen backend; every call goes to each of them, through the
     backend's delivery thread."""
 
-    def __init__(self, logger: logging.LoggerAdapter) -> None:
+    def __init__(self, trackers: Mapping[Backend, Tracker], logger: logging.LoggerAdapter) -> None:
+        """`trackers`: started ones (one still to start is `add`ed)."""
         self.deliveries: dict[Backend, Delivery] = {}
         self.logger = logger
         self.step = 0
         """The last cycle logged: the step of the results logged at the end."""
+        for backend, tracker in trackers.items():
+            self.add(backend, lambda started=tracker: started)
+
+    def add(self, backend: Backend, start: Callable[[], Tracker]) -> None:
+        """Send everything to `backend` too, whose tracker `start` starts in its delivery
+        thread (retried like any call)."""
+        self.deliveries[backend] = Delivery(backend, start, self.report)
 
     def report(self, level: int, message: str) -> None:
         """A delivery's warning or notice, in the flow run's log."""
@@ -194,7 +202,7 @@ def open_tracking(
         return OPEN[flow_run.id]
     logger = get_run_logger()
     settings = config.tracking
-    tracking = Tracking(logger)
+    tracking = Tracking({}, logger)
     if not settings.backends:
         return tracking
     check_tracking(settings, reach=False)
@@ -207,8 +215,7 @@ def open_tracking(
         key = lineage_key(flow_run, config.resume_from, connection)
     spec = TrackedRunSpec(key=key, name=f"{context.flow.name}-{flow_run.name}", settings=settings)
     for backend in settings.backends:
-        start = functools.partial(start_backend, backend, spec)
-        tracking.deliveries[backend] = Delivery(backend, start, tracking.report)
+        tracking.add(backend, functools.partial(start_backend, backend, spec))
     OPEN[flow_run.id] = tracking
     tracking.each("params", lambda tracker: tracker.log_params(config_params(config)))
     tags = {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": flow_run.name}
