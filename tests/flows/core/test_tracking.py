@@ -181,28 +181,6 @@ def test_params_are_the_config_flattened_with_nothing_secret() -> None:
     assert not [value for value in params.values() if "hunter2" in value or ":pw@" in value]
 
 
-def test_a_trackers_error_is_shown_without_url_credentials() -> None:
-    """MLflow's errors quote the URL they called: its user and password never reach the flow
-    run's log, its tracking gaps or the refusal of a server that does not answer."""
-    port = free_port()  # nothing listens there
-    settings = TrackingSettings(
-        backends=["mlflow"], tracking_uri=f"http://bob:s3cret@127.0.0.1:{port}"
-    )
-    with pytest.raises(ConfigError) as refusal:
-        check_tracking(settings, reach=True)
-    assert str(refusal.value) == (
-        f"tracking.tracking_uri: the MLflow server at http://127.0.0.1:{port} does not answer: "
-        "start it, or correct tracking_uri"
-    )
-    error = MlflowException(
-        "API request to https://bob:s3cret@mlflow.example/api/2.0/mlflow/runs/log-batch failed"
-    )
-    assert shown(error) == (
-        "MlflowException('API request to https://mlflow.example/api/2.0/mlflow/runs/log-batch "
-        "failed')"
-    )
-
-
 @pytest.mark.parametrize("backend", ["mlflow", "tensorboard", "wandb"])
 def test_a_missing_tracker_is_refused_naming_its_extra(
     backend: str,
@@ -472,4 +450,26 @@ def test_an_mlflow_server_stopped_mid_run_never_fails_the_training(
     message = f"the MLflow server at {url} does not answer: start it, or correct "
     refused(
         "rl", ["--tracking", "mlflow"], "tracking.tracking_uri", message + "MLFLOW_TRACKING_URI"
+    )
+
+
+def test_a_trackers_error_is_shown_without_url_credentials() -> None:
+    """MLflow's errors quote the URL they called: its user and password never reach the flow
+    run's log, its tracking gaps or the refusal of a server that does not answer."""
+    port = free_port()  # nothing listens there
+    settings = TrackingSettings(
+        backends=["mlflow"], tracking_uri=f"http://bob:s3cret@127.0.0.1:{port}"
+    )
+    with pytest.raises(ConfigError) as refusal:
+        check_tracking(settings, reach=True)
+    assert str(refusal.value) == (
+        f"tracking.tracking_uri: the MLflow server at http://127.0.0.1:{port} does not answer: "
+        "start it, or correct tracking_uri"
+    )
+    error = MlflowException(
+        "API request to https://bob:s3cret@mlflow.example/api/2.0/mlflow/runs/log-batch failed"
+    )
+    assert shown(error) == (
+        "MlflowException('API request to https://mlflow.example/api/2.0/mlflow/runs/log-batch "
+        "failed')"
     )
