@@ -1,10 +1,12 @@
-"""What every `whitney-flows run FLOW` does once its config is checked: reach Whitney (a URL
-that does not answer, or refuses the key, exits 2 before any flow run starts) or start the
-embedded server, run the flow with progress fed by its metrics JSON lines, download the
-exported adapter and write its manifest beside it (`RUN-manifest.json`, flows.core.manifest),
-print a summary table, then where the learning curves are (the summary artifact's picture, as
-a PNG beside the metrics file: `--metrics-out`'s, else in the adapter directory) and the
-command that exports the adapter. Exit codes as in `flows.cli.main`."""
+"""What every `whitney-flows run FLOW` does once its config is checked: check its trackers (a URI a
+tracker refuses, a tracking server that does not answer or refuses the credentials, exits 2
+before anything starts), reach Whitney (a URL that does not answer, or refuses the key, exits 2
+before any flow run starts) or start the embedded server, run the flow with progress fed by its
+metrics JSON lines, download the exported adapter and write its manifest beside it
+(`RUN-manifest.json`, flows.core.manifest), print a summary table, then where the learning
+curves are (the summary artifact's picture, as a PNG beside the metrics file: `--metrics-out`'s,
+else in the adapter directory) and the command that exports the adapter. Exit codes as in
+`flows.cli.main`."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from flows.core.manifest import archive_path, manifest_path, with_archive, write
 from flows.core.plots import picture_beside
 from flows.core.served import check_served
 from flows.core.summary_parts import export_command
+from flows.core.tracking.preflight import check_tracking
 from whitney.client import API_KEY_ENV
 from whitney.local import EmbeddedWhitney, ServerStartError
 from whitney.local.config import default_data_dir
@@ -66,6 +69,7 @@ def launch_flow(
     console = Console()
     with ExitStack() as stack:
         try:
+            check_tracking(config.tracking, reach=True)
             endpoint = resolve_endpoint(config.api_url, url_field="--api-url")
             if endpoint is None:
                 connection, export_url = start_embedded_server(stack, console), None

@@ -17,8 +17,10 @@ import httpx
 import pytest
 
 from whitney.local import EmbeddedWhitney
+from whitney.local.limits import Limits
 
 from .helpers import adamw, assert_error, datum, forward, http, new_run, post_op
+from .long_polls import long_poll, op_path, until_held
 from .served import ServedWhitney, served
 
 CE = forward([datum([1, 2, 3], [4, 5])], "cross_entropy")
@@ -29,10 +31,6 @@ B_CALLS = 20
 B_BOUND_S = 2.0  # generous for a shared 2-core machine (27 s when long-polls held threads)
 
 pytestmark = pytest.mark.timeout(300)
-
-
-def op_path(run_id: str, seq_id: int) -> str:
-    return f"/v1/training/runs/{run_id}/operations/{seq_id}"
 
 
 def op_body(seq_id: int) -> dict:
@@ -49,13 +47,15 @@ def async_client(server: ServedWhitney, tenant: int, connections: int) -> httpx.
     )
 
 
-async def until_refused(polls: list[asyncio.Task], refused: int, timeout_s: float = 10) -> None:
-    """Wait until `refused` of `polls` have been answered 429: all of them were then heard."""
+async def until_refused(polls: list[asyncio.Task], refused: int, timeout_s: float = 60) -> None:
+    """Wait until `refused` of `polls` have been answered 429: all of them were then heard
+    (polled; fails past `timeout_s`)."""
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    while True:
         done = [task.result() for task in polls if task.done()]
         if sum(response.status_code == 429 for response in done) >= refused:
             return
+        assert time.monotonic() < deadline, f"fewer than {refused} refused"
         await asyncio.sleep(0.05)
 
 
@@ -190,7 +190,10 @@ def test_the_request_cap_of_a_tenant(tmp_path):
 
 
 def test_stopping_the_server_answers_every_long_poll(tmp_path):
-    server = EmbeddedWhitney(tmp_path / "data").start()
+    """16 long-polls, all known to wait on the server (its long-poll cap is 16: one more is
+    refused), answer at once when it stops."""
+    server = EmbeddedWhitney(tmp_path / "data", limits=Limits(max_long_polls_per_tenant=16))
+    server.start()
     try:
         with http(server) as a:
             run_id = new_run(a)["run_id"]
@@ -199,12 +202,12 @@ def test_stopping_the_server_answers_every_long_poll(tmp_path):
             def poll() -> tuple[int, dict, float]:
                 started = time.monotonic()
                 with http(server) as client:
-                    response = client.get(op_path(run_id, 2), params={"wait_s": POLL_WAIT_S})
+                    response = long_poll(client, run_id, 2, POLL_WAIT_S)
                 return response.status_code, response.json(), time.monotonic() - started
 
             with ThreadPoolExecutor(16) as pool:
                 polls = [pool.submit(poll) for _ in range(16)]
-                time.sleep(1.0)
+                until_held(a, run_id, 2)
                 server.stop()
                 answers = [future.result() for future in polls]
     finally:
@@ -216,21 +219,23 @@ def test_stopping_the_server_answers_every_long_poll(tmp_path):
 
 def test_serve_answers_its_long_polls_when_told_to_stop(tmp_path: Path) -> None:
     """SIGTERM wakes every long-poll at once: each answers its pending operation before
-    uvicorn's 5 s graceful shutdown would drop it."""
-    with served(tmp_path, "--gap-timeout-s", "120") as server, server.client(0) as api:
+    uvicorn's 5 s graceful shutdown would drop it. The 8 long-polls are known to wait on the
+    server (its long-poll cap is 8: one more is refused) before the signal."""
+    flags = ("--gap-timeout-s", "120", "--max-long-polls-per-tenant", "8")
+    with served(tmp_path, *flags) as server, server.client(0) as api:
         run_id = new_run(api)["run_id"]
         assert post_op(api, run_id, 2, "optim_step", adamw()).status_code == 200  # waits on 1
         answers: list[tuple[int, float]] = []
 
-        def long_poll() -> None:
+        def held_poll() -> None:
             with server.client(0) as client:
-                response = client.get(f"/v1/training/runs/{run_id}/operations/2?wait_s=30")
+                response = long_poll(client, run_id, 2, 30)
                 answers.append((response.status_code, time.monotonic()))
 
-        polls = [threading.Thread(target=long_poll) for _ in range(8)]
+        polls = [threading.Thread(target=held_poll) for _ in range(8)]
         for poll in polls:
             poll.start()
-        time.sleep(1.0)
+        until_held(api, run_id, 2)
         stopped = time.monotonic()
         server.process.send_signal(signal.SIGTERM)
         for poll in polls:

@@ -7,16 +7,21 @@ import hashlib
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
+
+from whitney.local import EmbeddedWhitney
+from whitney.local.limits import Limits
 
 from .helpers import (
     adamw,
     assert_error,
     datum,
     forward,
+    http,
     new_run,
     new_session,
     post_op,
@@ -24,6 +29,7 @@ from .helpers import (
     sample_request,
     wait_op,
 )
+from .long_polls import long_poll, until_held
 
 API_MD = (Path(__file__).resolve().parents[2] / "docs" / "api.md").read_text()
 CE = forward([datum([1, 2, 3], [4, 5, 6])], "cross_entropy")
@@ -272,10 +278,10 @@ def test_finish_drains_then_is_idempotent(api):
     for seq in range(1, 4):
         assert post_op(api, run_id, seq, "forward_backward", CE).status_code == 200
     finished = api.post(f"/v1/training/runs/{run_id}/finish").json()
-    if finished["status"] != "finished":
-        time.sleep(1)
+    deadline = time.monotonic() + 60
+    while finished["status"] != "finished":  # draining: polled until it has finished
+        assert finished["status"] == "finishing" and time.monotonic() < deadline, finished
         finished = api.get(f"/v1/training/runs/{run_id}").json()
-    assert finished["status"] == "finished"
     ops = api.get(f"/v1/training/runs/{run_id}/operations").json()["operations"]
     assert [op["status"] for op in ops] == ["succeeded"] * 3
     assert api.post(f"/v1/training/runs/{run_id}/finish").json()["status"] == "finished"
@@ -630,26 +636,8 @@ def test_get_operation_long_poll_and_the_journal_listing(api):
         api.get(f"/v1/training/runs/{run_id}/operations/x"), 400, "invalid_request", "seq_id"
     )
 
-    # a long-poll answers as soon as the operation is terminal
-    import threading
-
-    answer: dict = {}
-
-    def poll() -> None:
-        started = time.monotonic()
-        answer["op"] = api.get(
-            f"/v1/training/runs/{run_id}/operations/3", params={"wait_s": 30}
-        ).json()
-        answer["waited"] = time.monotonic() - started
-
-    with http_client_for(api) as second:
-        thread = threading.Thread(target=poll)
-        thread.start()
-        time.sleep(0.2)
-        run_op(second, run_id, 2, "forward", CE)
-        thread.join(30)
-    assert answer["op"]["status"] == "succeeded" and answer["waited"] < 10
-
+    run_op(api, run_id, 2, "forward", CE)
+    assert wait_op(api, run_id, 3)["status"] == "succeeded"
     for seq in range(4, 8):
         run_op(api, run_id, seq, "forward", CE)
     listing = api.get(f"/v1/training/runs/{run_id}/operations", params={"after_seq": 2, "limit": 3})
@@ -670,8 +658,28 @@ def test_get_operation_long_poll_and_the_journal_listing(api):
     )
 
 
-def http_client_for(client: httpx.Client) -> httpx.Client:
-    return httpx.Client(base_url=client.base_url, headers=client.headers, timeout=60)
+def test_a_long_poll_answers_as_soon_as_the_operation_is_terminal(tmp_path: Path) -> None:
+    """A long-poll known to be waiting on the server (long_polls.until_held, on a server whose
+    long-poll cap is 1) answers once the gap before its operation is filled."""
+    server = EmbeddedWhitney(tmp_path / "data", limits=Limits(max_long_polls_per_tenant=1))
+    server.start()
+    try:
+        with http(server) as api, http(server) as second:
+            run_id = new_run(api)["run_id"]
+            run_op(api, run_id, 1, "forward", CE)
+            assert post_op(api, run_id, 3, "forward", CE).json()["status"] == "pending"
+            with ThreadPoolExecutor(1) as pool:
+                started = time.monotonic()
+                poll = pool.submit(long_poll, api, run_id, 3, 30)
+                until_held(second, run_id, 3)
+                assert not poll.done()
+                run_op(second, run_id, 2, "forward", CE)
+                answer = poll.result(timeout=30)
+                waited = time.monotonic() - started
+    finally:
+        server.stop()
+    assert answer.status_code == 200 and answer.json()["status"] == "succeeded"
+    assert waited < 10
 
 
 def test_unknown_routes_and_methods_use_the_error_body(api):

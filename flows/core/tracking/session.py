@@ -9,21 +9,26 @@ names, fed by the records (flows.core.records) and ended by the flows' hooks.
                                                        metadata and results, then the status
 
 A flow run's tracking stays open from its first cycle to its end (a retry in the same process
-finds it open); the hooks find it by flow run id. A tracker that cannot be reached when the
-run starts fails the flow run (before any cycle trains); one that fails later is logged as a
-warning and the training goes on.
+finds it open); the hooks find it by flow run id. A tracker never fails the training: a
+setting it refuses is refused before the first cycle (flows.core.tracking.preflight, and by
+`whitney-flows run` before anything starts); every call is delivered by the tracker's own
+thread (flows.core.tracking.delivery), retried while the tracker cannot be reached, and what
+a tracker missed is the flow run's `<flow>-<flow run>-tracking-gaps` artifact (`record_gaps`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 from uuid import UUID
 
-from prefect import Flow, get_run_logger
+from prefect import Flow, get_client, get_run_logger
+from prefect.client.schemas.actions import ArtifactCreate
 from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext
 from prefect.logging.loggers import flow_run_logger
@@ -33,10 +38,13 @@ from pydantic import BaseModel
 from flows.core.config import FlowConfig
 from flows.core.connection import resolve_connection
 from flows.core.lineage import Lineage, branches
+from flows.core.records import artifact_key
 from flows.core.tracking.backend import RunStatus, TrackedRunSpec, Tracker
 from flows.core.tracking.config import Backend
+from flows.core.tracking.delivery import Call, Delivery, Gap, finish_deadline
 from flows.core.tracking.lineage import lineage_key
 from flows.core.tracking.params import config_params, redacted, text, without_credentials
+from flows.core.tracking.preflight import check_tracking
 
 ADAPTER_FIELDS = ("session_id", "run_id", "checkpoint", "resumed_from", "adapter")
 """What every training flow's result says about its exported adapter (TrainingResult)."""
@@ -74,22 +82,60 @@ def numbers(row: Mapping[str, Any]) -> dict[str, float]:
     }
 
 
+def clock(seconds: float) -> str:
+    """A wall-clock time as the tracking gaps show it."""
+    return time.strftime("%H:%M:%S UTC", time.gmtime(seconds))
+
+
+def gap_text(gap: Gap) -> str:
+    """A tracker's gap, once the run has ended, in a sentence."""
+    if gap.lost:
+        lost = ", ".join(gap.lost)
+        return f"unreachable from {clock(gap.started)} ({gap.error}): never got the {lost}"
+    return (
+        f"unreachable {clock(gap.started)} to {clock(gap.ended or gap.started)} "
+        f"({gap.error}); {gap.late} calls delivered late"
+    )
+
+
 class Tracking:
-    """One tracked run on each chosen backend; every call goes to each of them."""
+    """One tracked run on each chosen backend; every call goes to each of them, through the
+    backend's delivery thread."""
 
     def __init__(self, trackers: Mapping[Backend, Tracker], logger: logging.LoggerAdapter) -> None:
-        self.trackers = dict(trackers)
+        """`trackers`: started ones (one still to start is `add`ed)."""
+        self.deliveries: dict[Backend, Delivery] = {}
         self.logger = logger
         self.step = 0
         """The last cycle logged: the step of the results logged at the end."""
+        for backend, tracker in trackers.items():
+            self.add(backend, lambda started=tracker: started)
 
-    def each(self, what: str, call: Callable[[Tracker], None]) -> None:
-        """`call` on every tracker; a failure is a warning, not the training's end."""
-        for backend, tracker in self.trackers.items():
-            try:
-                call(tracker)
-            except Exception as error:
-                self.logger.warning("%s: could not log the %s: %r", backend, what, error)
+    def add(self, backend: Backend, start: Callable[[], Tracker]) -> None:
+        """Send everything to `backend` too, whose tracker `start` starts in its delivery
+        thread (retried like any call)."""
+        self.deliveries[backend] = Delivery(backend, start, self.report)
+
+    def report(self, level: int, message: str) -> None:
+        """A delivery's warning or notice, in the flow run's log."""
+        self.logger.log(level, "Tracking: %s", message)
+
+    def each(self, what: str, call: Call) -> None:
+        """`call` on every tracker, delivered in the background (a failure never raises)."""
+        for delivery in self.deliveries.values():
+            delivery.submit(what, call)
+
+    def gaps_markdown(self) -> str | None:
+        """What a tracker missed, was late with or refused, as a markdown table; None if
+        nothing."""
+        rows = []
+        for backend, delivery in self.deliveries.items():
+            rows += [(backend, gap_text(gap)) for gap in delivery.gaps]
+            rows += [(backend, f"refused the {what}") for what in delivery.dropped]
+        if not rows:
+            return None
+        lines = ["# Tracking gaps", "", "| tracker | what happened |", "| --- | --- |"]
+        return "\n".join(lines + [f"| {backend} | {text} |" for backend, text in rows])
 
     def log_cycle(self, cycle: int, row: Mapping[str, Any]) -> None:
         """A cycle's metrics row (flows.core.records.metrics_row), the cycle as step."""
@@ -135,7 +181,13 @@ class Tracking:
             self.each("results", lambda tracker: tracker.log_metrics(finals, self.step))
 
     def finish(self, status: RunStatus) -> None:
+        """End the tracked runs, waiting a bounded time for what is undelivered; what never
+        went through is warned about."""
         self.each("end", lambda tracker: tracker.finish(status))
+        deadline = finish_deadline()
+        for backend, delivery in self.deliveries.items():
+            if lost := delivery.close(deadline):
+                self.logger.warning("Tracking: %s never got the %s", backend, ", ".join(lost))
 
 
 def open_tracking(
@@ -152,8 +204,10 @@ def open_tracking(
         return OPEN[flow_run.id]
     logger = get_run_logger()
     settings = config.tracking
+    tracking = Tracking({}, logger)
     if not settings.backends:
-        return Tracking({}, logger)
+        return tracking
+    check_tracking(settings, reach=False)
     if branches(lineage):
         key = str(flow_run.id)
     else:
@@ -162,13 +216,8 @@ def open_tracking(
         )
         key = lineage_key(flow_run, config.resume_from, connection)
     spec = TrackedRunSpec(key=key, name=f"{context.flow.name}-{flow_run.name}", settings=settings)
-    tracking = Tracking({}, logger)
     for backend in settings.backends:
-        try:
-            tracking.trackers[backend] = start_backend(backend, spec)
-        except Exception:
-            tracking.finish("FAILED")  # those already started
-            raise
+        tracking.add(backend, functools.partial(start_backend, backend, spec))
     OPEN[flow_run.id] = tracking
     tracking.each("params", lambda tracker: tracker.log_params(config_params(config)))
     tags = {"prefect.flow_run_id": str(flow_run.id), "prefect.flow_run_name": flow_run.name}
@@ -207,5 +256,20 @@ def end_tracking(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) -> 
         else:
             status = "KILLED" if state.is_cancelled() else "FAILED"
         tracking.finish(status)
+        if (markdown := tracking.gaps_markdown()) is not None:
+            record_gaps(flow, flow_run, markdown)
     except Exception as error:
         tracking.logger.error("Ending the tracked run failed: %r", error)
+
+
+def record_gaps(flow: Flow[..., Any], flow_run: FlowRun, markdown: str) -> None:
+    """The flow run's `<flow>-<flow run>-tracking-gaps` artifact: what its trackers missed."""
+    artifact = ArtifactCreate(
+        type="markdown",
+        key=artifact_key(flow.name, flow_run.name, "tracking-gaps"),
+        description="What the experiment trackers missed while they could not be reached",
+        flow_run_id=flow_run.id,
+        data=markdown,
+    )
+    with get_client(sync_client=True) as prefect:
+        prefect.create_artifact(artifact)

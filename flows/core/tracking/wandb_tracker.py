@@ -2,7 +2,8 @@
 run continues it. W&B's own variables decide the rest: WANDB_MODE=offline writes the run under
 `<dir>/wandb` with no account (`wandb sync` uploads it later), WANDB_PROJECT, WANDB_ENTITY,
 WANDB_DIR, WANDB_API_KEY as their users expect. The `experiment` setting, when set, is the
-project; W&B does not capture the flow's console (the run's logs are Prefect's)."""
+project; W&B does not capture the flow's console (the run's logs are Prefect's). `check_wandb`
+refuses, before anything starts, an online run with no credentials."""
 
 from __future__ import annotations
 
@@ -12,10 +13,27 @@ from pathlib import Path
 
 import wandb
 
+from flows.core.config import ConfigError
 from flows.core.tracking.backend import RunStatus, TrackedRunSpec
 
 DEFAULT_PROJECT = "whitney-flows"
 EXIT_CODES: dict[RunStatus, int] = {"FINISHED": 0, "FAILED": 1, "KILLED": 1}
+LOCAL_MODES = ("offline", "dryrun", "disabled")
+"""W&B modes that need no account."""
+
+
+def check_wandb() -> None:
+    """ConfigError if W&B would run online with no credentials configured (WANDB_API_KEY, a
+    `wandb login`, an identity token); they are not verified with the server here. The mode
+    is this process's W&B settings' (WANDB_MODE, `wandb offline`)."""
+    if wandb.setup().settings.mode in LOCAL_MODES:
+        return
+    if not wandb.login(prompt=False, verify=False):
+        raise ConfigError(
+            "tracking.backends",
+            "wandb has no credentials: set WANDB_API_KEY, run `wandb login`, or set "
+            "WANDB_MODE=offline",
+        )
 
 
 class WandbTracker:

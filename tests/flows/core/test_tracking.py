@@ -6,24 +6,25 @@ is missing is refused in one line."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import os
-import signal
-import socket
+import re
 import struct
-import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from uuid import UUID
 
-import httpx
 import pytest
+import wandb
+from flowtest_helpers import assert_released
+from flowtest_mlflow import MlflowServer, free_port, start_mlflow_server
+from flowtest_records import records_once
 from flowtest_resume_plugins import fail_once_at_cycle
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from pydantic import BaseModel
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
@@ -32,9 +33,13 @@ from wandb.proto import wandb_internal_pb2
 from flows.cli.main import main
 from flows.core.config import ConfigError, settings_with_overrides, validated
 from flows.core.plots import picture_beside
+from flows.core.records import RunRecords
+from flows.core.tracking import delivery
 from flows.core.tracking.backend import LINEAGE_TAG, TrackedRunSpec
 from flows.core.tracking.config import Backend, TrackingSettings
+from flows.core.tracking.delivery import shown
 from flows.core.tracking.params import config_params, redacted, text
+from flows.core.tracking.preflight import check_tracking
 from flows.core.tracking.session import Tracking, start_backend
 from flows.core.tracking.tensorboard_tracker import TensorBoardTracker
 from flows.rl.config import RLConfig
@@ -43,70 +48,17 @@ from flows.rl.metrics import RLResult
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 
-SERVER_START_S = 120.0
-
-
-def free_port() -> int:
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        return listener.getsockname()[1]
-
-
-@dataclass
-class MlflowServer:
-    """An `mlflow server` process (its own process group) and its URL."""
-
-    process: subprocess.Popen[bytes]
-    url: str
-    log: Path
-
-    def ready(self) -> str:
-        """The URL, once /health answers (polled; fails if the server exits or is late)."""
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            try:
-                if httpx.get(f"{self.url}/health", timeout=2.0).status_code == 200:
-                    return self.url
-            except httpx.TransportError:
-                pass
-            assert self.process.poll() is None, self.log.read_text()
-            assert time.monotonic() < deadline, "mlflow server did not answer /health"
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=0.25)  # returns at once if it dies
-
 
 @pytest.fixture(scope="module")
 def booting_mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MlflowServer]:
     """`mlflow server` started on a free loopback port with a SQLite store in a temporary
     directory (it boots while the tests before the one that waits for it run), stopped by its
     PID (its process group)."""
-    directory = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    command = [
-        *(sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port)),
-        *("--backend-store-uri", f"sqlite:///{directory / 'mlflow.db'}"),
-        *("--artifacts-destination", str(directory / "artifacts"), "--workers", "1"),
-    ]
-    environment = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    environment.pop("WHITNEY_API_KEY", None)
-    log = directory / "server.log"
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            command,
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env=environment,
-            start_new_session=True,
-        )
+    server = start_mlflow_server(tmp_path_factory.mktemp("mlflow-server"), free_port())
     try:
-        yield MlflowServer(process, f"http://127.0.0.1:{port}", log)
+        yield server
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
+        server.stop()
 
 
 def tracked_config(api_url: str, tmp_path: Path, **tracking: Any) -> RLConfig:
@@ -469,3 +421,186 @@ def test_mlflow_server_gets_the_run_and_a_resumed_run_continues_it(
     texts = [*params.values(), *params, *tags.values(), *tags]
     texts += [path.read_text(errors="replace") for path in artifacts.rglob("*") if path.is_file()]
     assert not [text for text in texts if key in text]
+
+
+def test_a_file_store_is_refused_before_anything_starts(
+    refused: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """MLFLOW_TRACKING_URI=file:./mlruns, which MLflow 3 refuses: one line naming the fix,
+    exit 2, no session (`refused`), no store written."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", "file:./mlruns")
+    message = (
+        "MLflow 3 refuses the file store file:./mlruns (MLFLOW_TRACKING_URI): use a database "
+        "(sqlite:///mlflow.db; `mlflow migrate-filestore` moves ./mlruns there)"
+    )
+    refused("rl", ["--tracking", "mlflow"], "tracking.tracking_uri", message)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_flow_run_given_a_file_store_fails_before_its_first_cycle(
+    whitney: EmbeddedWhitney,
+    inspector: WhitneyClient,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A flow run started without `whitney-flows run` (as a deployment's) makes the same
+    check before its first cycle: it fails in the same line, trains nothing, and releases its
+    Whitney run."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("MLFLOW_ALLOW_FILE_STORE", raising=False)
+    config = tracked_config(
+        whitney.url, tmp_path, backends=["mlflow"], tracking_uri="file:./mlruns"
+    )
+    state = rl_flow(config, return_state=True)
+    assert state.is_failed()
+    assert (
+        "tracking.tracking_uri: MLflow 3 refuses the file store file:./mlruns (tracking_uri)"
+        in (state.message)
+    )
+    assert not Path(config.metrics_path).exists() and not (tmp_path / "mlruns").exists()
+    assert_released(inspector, state.state_details.flow_run_id)
+
+
+def test_wandb_online_with_no_credentials_is_refused_before_anything_starts(
+    refused: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """W&B online with no API key anywhere (no variable, an empty netrc, a fresh config
+    directory): one line naming the fix, exit 2, no session; offline needs none."""
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_IDENTITY_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+    (tmp_path / "netrc").write_text("")
+    monkeypatch.setenv("NETRC", str(tmp_path / "netrc"))
+    monkeypatch.setenv("WANDB_CONFIG_DIR", str(tmp_path / "wandb-config"))
+    monkeypatch.chdir(tmp_path)
+    wandb.teardown()  # W&B's settings are read once per process: read them again
+    try:
+        message = "wandb has no credentials: set WANDB_API_KEY, run `wandb login`, or set "
+        refused("rl", ["--tracking", "wandb"], "tracking.backends", message + "WANDB_MODE=offline")
+        wandb.teardown()
+        monkeypatch.setenv("WANDB_MODE", "offline")
+        check_tracking(TrackingSettings(backends=["wandb"]), reach=True)
+    finally:
+        wandb.teardown()
+
+
+def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 120.0) -> None:
+    """Poll `condition` until it holds; fail past `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.2)
+
+
+def test_an_mlflow_server_stopped_mid_run_never_fails_the_training(
+    whitney: EmbeddedWhitney,
+    refused: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`whitney-flows run rl --tracking mlflow` on a real `mlflow server`, stopped after cycle
+    0 and started again after cycle 1, stopped for good after cycle 2: the run completes,
+    cycle 1's metrics arrive late by the retries, each outage is warned about once, and the
+    summary records both gaps; what the second one held back is given up at the end. Then
+    the stopped server's URL is refused before anything starts."""
+    directory, port = tmp_path / "mlflow-server", free_port()
+    directory.mkdir()
+    servers = [start_mlflow_server(directory, port)]
+    url = servers[-1].ready()
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
+    monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "outage")
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own: fail at once
+    monkeypatch.setattr(delivery, "FINISH_WAIT_S", 5.0)  # for what the stopped server misses
+    client = MlflowClient(tracking_uri=url)
+
+    def steps() -> list[int]:
+        """The cycles whose reward_mean the server holds."""
+        experiment = client.get_experiment_by_name("outage")
+        runs = client.search_runs([experiment.experiment_id]) if experiment else []
+        history = client.get_metric_history(runs[0].info.run_id, "reward_mean") if runs else []
+        return [metric.step for metric in history]
+
+    add_cycle = RunRecords.add_cycle
+
+    def add_cycle_then_stop_or_start(records: RunRecords, metrics: Any) -> None:
+        add_cycle(records, metrics)
+        mlflow = records.tracking.deliveries["mlflow"]
+        if metrics.cycle in (0, 2):
+            wait_until(lambda: steps() == list(range(metrics.cycle + 1)), "cycle delivered")
+            servers[-1].stop()
+        elif metrics.cycle == 1:
+            wait_until(lambda: bool(mlflow.gaps), "the stopped server noticed")
+            servers.append(start_mlflow_server(directory, port))
+            servers[-1].ready()
+            wait_until(lambda: steps() == [0, 1], "cycle 1 delivered late by a retry")
+
+    monkeypatch.setattr(RunRecords, "add_cycle", add_cycle_then_stop_or_start)
+    metrics_path = work / "metrics.jsonl"
+    arguments = ["--api-url", whitney.url, "--base-model", "local/tiny", "--cycles", "3"]
+    arguments += ["--metrics-out", str(metrics_path), "--tracking", "mlflow"]
+    try:
+        assert main(["run", "rl", *arguments]) == 0, capsys.readouterr().err
+        rows = [json.loads(line) for line in metrics_path.read_text().splitlines()]
+        servers.append(start_mlflow_server(directory, port))
+        servers[-1].ready()
+        experiment = client.get_experiment_by_name("outage")
+        (run,) = client.search_runs([experiment.experiment_id])
+        history = client.get_metric_history(run.info.run_id, "reward_mean")
+        assert [(m.step, m.value) for m in history] == [
+            (row["cycle"], pytest.approx(row["reward_mean"])) for row in rows
+        ]
+        assert run.info.status == "RUNNING"  # its end was never delivered
+    finally:
+        servers[-1].stop()
+
+    flow_run_id = UUID(run.data.tags["prefect.flow_run_id"])
+    records = records_once(
+        flow_run_id,
+        lambda r: (
+            any("never got the" in line for line in r.log_messages())
+            and any((a.key or "").endswith("-tracking-gaps") for a in r.artifacts)
+        ),
+    )
+    lines = records.log_messages()
+    assert len([line for line in lines if "mlflow cannot take the" in line]) == 2  # 2 outages
+    assert len([line for line in lines if "mlflow is back" in line]) == 1
+    (lost,) = [line for line in lines if "mlflow never got the" in line]
+    assert lost.startswith("Tracking: mlflow never got the summary, ") and lost.endswith(", end")
+    (record,) = [a for a in records.artifacts if (a.key or "").endswith("-tracking-gaps")]
+    gaps = re.findall(r"^\| mlflow \| (.*) \|$", record.data, re.MULTILINE)
+    assert len(gaps) == 2, record.data
+    late = r"unreachable \S+ UTC to \S+ UTC \(.+\); [1-9]\d* calls delivered late"
+    assert re.fullmatch(late, gaps[0]), gaps[0]
+    assert re.fullmatch(r"unreachable from \S+ UTC \(.+\): never got the summary, .*, end", gaps[1])
+
+    message = f"the MLflow server at {url} does not answer: start it, or correct "
+    refused(
+        "rl", ["--tracking", "mlflow"], "tracking.tracking_uri", message + "MLFLOW_TRACKING_URI"
+    )
+
+
+def test_a_trackers_error_is_shown_without_url_credentials() -> None:
+    """MLflow's errors quote the URL they called: its user and password never reach the flow
+    run's log, its tracking gaps or the refusal of a server that does not answer."""
+    port = free_port()  # nothing listens there
+    settings = TrackingSettings(
+        backends=["mlflow"], tracking_uri=f"http://bob:s3cret@127.0.0.1:{port}"
+    )
+    with pytest.raises(ConfigError) as refusal:
+        check_tracking(settings, reach=True)
+    assert str(refusal.value) == (
+        f"tracking.tracking_uri: the MLflow server at http://127.0.0.1:{port} does not answer: "
+        "start it, or correct tracking_uri"
+    )
+    error = MlflowException(
+        "API request to https://bob:s3cret@mlflow.example/api/2.0/mlflow/runs/log-batch failed"
+    )
+    assert shown(error) == (
+        "MlflowException('API request to https://mlflow.example/api/2.0/mlflow/runs/log-batch "
+        "failed')"
+    )
