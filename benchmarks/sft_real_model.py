@@ -69,10 +69,12 @@ def follow(path: Path, stop: threading.Event) -> None:
         lines = path.read_text().splitlines() if path.exists() else []
         for line in lines[done:]:
             cycle = json.loads(line)
-            evals = ", ".join(f"step {e['step']} {e['loss']:.3f}" for e in cycle["evals"])
+            evals = "".join(
+                f", held-out loss {e['loss']:.3f} at step {e['step']}" for e in cycle["evals"]
+            )
             print(
-                f"cycle {cycle['cycle']}: train loss {cycle['train_loss']:.3f}, eval loss "
-                f"{evals}, {cycle['wall_seconds']:.0f} s",
+                f"cycle {cycle['cycle']}: train loss {cycle['train_loss']:.3f}{evals}, "
+                f"{cycle['wall_seconds']:.0f} s",
                 flush=True,
             )
         done = len(lines)
