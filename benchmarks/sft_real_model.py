@@ -1,15 +1,17 @@
 """Does SFT on chat conversations lower a real model's held-out loss? The SFT flow on
 SmolLM2-135M-Instruct (dequantised from the Q4_1 GGUF that `whitney-flows models pull
 smollm2-135m-instruct` imports), on one embedded Whitney server, with the arithmetic
-environment's training sums as `{"messages": [...]}` lines ("What is 3 + 4?", "3 + 4 = 7"),
-a fifth of them held out by the flow (`eval_fraction`). Prints each step's training loss as it
-goes (one step a cycle), then the eval loss per token on the held-out conversations before the
-first step and after the last, the seconds, the CPU and the load the machine was under.
+environment's training sums as `{"messages": [...]}` lines ("What is 3 + 4?", "3 + 4 = 7", then
+"What is 4 + 3?", "4 + 3 = 7": both orders in one conversation, so none is trained on while its
+twin is held out), a fifth of the conversations held out by the flow (`eval_fraction`). Prints
+each step's training loss as it goes (one step a cycle), then the eval loss per token on the
+held-out conversations before the first step and after the last, the seconds, the CPU and the
+load the machine was under.
 
     python benchmarks/sft_real_model.py [--steps N] [--batch-size N] [--learning-rate X]
         [--base-model M]
 
-`--base-model local/tiny` runs the same on the embedded byte model in about a minute.
+`--base-model local/tiny` runs the same on the embedded byte model in minutes (a smoke check).
 """
 
 from __future__ import annotations
@@ -43,22 +45,28 @@ SMOLLM2 = "gguf/SmolLM2-135M-Instruct-Q4_1"
 
 def conversations() -> list[dict]:
     """The built-in arithmetic environment's training sums (every one-digit sum neither held
-    out nor a held-out sum's twin), each a user question and the assistant's `a + b = c`."""
+    out nor a held-out sum's twin), a conversation per pair of operands: the user asks `a + b`,
+    the assistant answers `a + b = c`, then the same with the operands swapped (one turn when
+    they are equal), so the flow's held-out split never has a sum's twin in training."""
     environment = ArithmeticEnvironment()
-    sums = [
-        (left, "+", right)
+    pairs = [
+        (left, right)
         for left in range(10)
-        for right in range(10)
+        for right in range(left, 10)
         if (left, "+", right) not in environment.held_out_set
     ]
     return [
         {
             "messages": [
-                {"role": "user", "content": problem_text((left, "+", right))},
-                {"role": "assistant", "content": f"{left} + {right} = {left + right}"},
+                message
+                for a, b in dict.fromkeys([(left, right), (right, left)])
+                for message in (
+                    {"role": "user", "content": problem_text((a, "+", b))},
+                    {"role": "assistant", "content": f"{a} + {b} = {a + b}"},
+                )
             ]
         }
-        for left, _, right in sums
+        for left, right in pairs
     ]
 
 
@@ -121,7 +129,8 @@ def main() -> None:
             metrics_path=str(metrics),
         )
         print(
-            f"{config.base_model}: {len(examples)} conversations (a fifth held out), "
+            f"{config.base_model}: {len(examples)} conversations of both orders of a sum "
+            f"({sum(len(e['messages']) for e in examples) // 2} sums; a fifth held out), "
             f"{config.steps} steps of {config.batch_size} at a constant lr "
             f"{config.learning_rate:g}",
             flush=True,
