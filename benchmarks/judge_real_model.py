@@ -3,7 +3,9 @@ examples/judge-rubric.toml (SmolLM2-135M-Instruct on one-digit sums, rewarded by
 SmolLM2 judge's odds of "Yes" to a rubric question, docs/judge.md) on one embedded Whitney
 server. Prints the judge's reward per cycle, its mean over the first and the last cycles, the
 judge calls sent and answered from the cache, the minutes, the CPU and the load the machine
-was under.
+was under. The training reward is the reward optimised; then the held-out measure: the judge's
+mean reward of replies to the environment's held-out prompts, which training never asked
+(greedy, and `group_size` sampled each), from the base model and from the trained adapter.
 
     python benchmarks/judge_real_model.py [--config FILE] [--cycles N] [--group-size G]
         [--prompts-per-cycle P] [--max-tokens T] [--learning-rate X]
@@ -27,13 +29,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from judging import Frozen  # noqa: E402
 from real_model_learning import cpu_model, machine  # noqa: E402
 from served import quiet_prefect  # noqa: E402
 
 from flows.core.config import settings_with_overrides, validated  # noqa: E402
+from flows.core.environments import held_out_prompts, load_environment  # noqa: E402
+from flows.core.rendering import config_renderer  # noqa: E402
 from flows.rl.config import RLConfig  # noqa: E402
 from flows.rl.flow import rl_flow  # noqa: E402
+from flows.rl.plan import load_rubric  # noqa: E402
 from whitney import hf_cache  # noqa: E402
+from whitney.client import WhitneyClient  # noqa: E402
 from whitney.local import EmbeddedWhitney  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,6 +83,42 @@ def with_judge_model(settings: dict, judge_model: str | None) -> dict:
     if settings.get("base_model", "").startswith("local/"):
         settings = {**settings, "renderer": "auto"}
     return {**settings, "judge": judge}
+
+
+def held_out_judged(client: WhitneyClient, config: RLConfig, checkpoint: str) -> dict[str, str]:
+    """The judge's mean reward of greedy and sampled replies to the environment's held-out
+    prompts (never trained on), by the base model and by the trained adapter (`checkpoint`)."""
+    rubric = load_rubric(config, multi_turn=False)
+    assert rubric is not None, "the config names a judge"
+    renderer = config_renderer(config)
+    prompts = held_out_prompts(load_environment(config.env), 32, config.seed)
+    session = client.open_session({"whitney-flows.role": "held-out-judged"})
+    judge = Frozen.open(client, session.session_id, rubric.model)
+    measured = {}
+    for label, weights in (("base model", None), ("trained", checkpoint)):
+        policy = Frozen.open(
+            client, session.session_id, config.base_model, weights, config.lora_rank
+        )
+        greedy, sampled = [], []
+        for index, prompt in enumerate(prompts):
+            best = policy.replies(renderer, prompt, 1, config.max_tokens, top_k=1)
+            drawn = policy.replies(
+                renderer,
+                prompt,
+                config.group_size,
+                config.max_tokens,
+                temperature=config.temperature,
+                seed=config.seed + index,
+            )
+            rewards = judge.judged(rubric, prompt, best + drawn)
+            greedy.append(rewards[0])
+            sampled.extend(rewards[1:])
+        measured[label] = (
+            f"greedy {statistics.fmean(greedy):.3f}, sampled {statistics.fmean(sampled):.3f}"
+        )
+        print(f"held-out judged reward, {label}: {measured[label]}", flush=True)
+    client.close_session(session.session_id)
+    return measured
 
 
 def main() -> None:
@@ -129,6 +172,10 @@ def main() -> None:
         minutes = (time.perf_counter() - started) / 60
         (cache,) = (Path(scratch) / "judge").iterdir()
         asked = len(cache.read_text().splitlines())
+        prompts = len(held_out_prompts(load_environment(config.env), 32, config.seed))
+        print(f"judging replies to the {prompts} held-out prompts (never trained on)", flush=True)
+        with WhitneyClient(server.url, server.api_key) as client:
+            held_out = held_out_judged(client, config, result.checkpoint)
     rewards = [cycle.reward_mean for cycle in result.cycles]
     window = max(1, min(WINDOW, len(rewards) // 2))
     first, last = statistics.fmean(rewards[:window]), statistics.fmean(rewards[-window:])
@@ -140,6 +187,10 @@ def main() -> None:
         f"judged reward, first {window} cycles {first:.3f} -> last {window} {last:.3f} "
         f"({last - first:+.3f}) in {minutes:.1f} minutes, {config.base_model} judged by "
         f"{config.judge.model}, on {cpu_model()}"
+    )
+    print(
+        f"held-out judged reward on {prompts} prompts never trained on: base model "
+        f"{held_out['base model']} -> trained {held_out['trained']}"
     )
 
 

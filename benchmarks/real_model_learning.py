@@ -3,8 +3,8 @@ examples/smollm2-arithmetic.toml (SmolLM2-135M-Instruct, dequantised from the Q4
 `whitney-flows models pull smollm2-135m-instruct` imports, on one-digit sums) on one embedded
 Whitney server, with eval_at_start: the flow evaluates the base model (the fresh run's zero
 adapter) before the first cycle exactly as it evaluates later cycles. Prints the reward curve,
-each evaluation, the held-out greedy accuracy before and after, the minutes, the CPU and the
-load the machine was under.
+each evaluation, the held-out greedy accuracy before and after (the final one, and the best
+one beside it), the minutes, the CPU and the load the machine was under.
 
     python benchmarks/real_model_learning.py [--config FILE] [--cycles N] [--eval-every N]
         [--learning-rate X] [--group-size G] [--prompts-per-cycle P] [--max-tokens T]
@@ -153,9 +153,11 @@ def main() -> None:
         options.picture.write_bytes(picture(curve, [c.reward_mean for c in result.cycles]))
         print(f"learning curves: {options.picture}")
     after = curve[-1][1]
+    best_cycle, best = max(curve[1:], key=lambda point: point[1].reward_mean)
     print(
-        f"held-out greedy accuracy {before.reward_mean:.3f} -> {after.reward_mean:.3f} "
-        f"({after.reward_mean - before.reward_mean:+.3f}) in {minutes:.1f} minutes "
+        f"held-out greedy accuracy {before.reward_mean:.3f} -> {after.reward_mean:.3f} final "
+        f"({after.reward_mean - before.reward_mean:+.3f}; best {best.reward_mean:.3f}, after "
+        f"cycle {best_cycle}) in {minutes:.1f} minutes "
         f"(base evaluation, {len(result.cycles)} cycles and their evaluations), "
         f"{config.base_model}, on {cpu_model()}"
     )

@@ -10,8 +10,9 @@ result, else 0.0 (also for a reply with no integer).
 Operands have `digits` digits (1: 0 to 9; 2: 10 to 99; ...); `operations` are drawn from
 `+`, `-` (the larger operand first: no negative results) and `*`. The held-out problems are
 `eval_count` problems (default 32, at most a quarter of them all) drawn once from a seed of
-their own; training never asks them (a drawn problem that is held out is drawn again). The
-built-in `arithmetic` is one-digit addition (25 held-out sums, 75 for training); another
+their own; training never asks them nor their swapped twins (`5 + 3` for `3 + 5`, `5 * 3` for
+`3 * 5`): a drawn problem that is held out is drawn again. The built-in `arithmetic` is
+one-digit addition (25 held-out sums, whose 16 twins are held out too: 59 for training); another
 setting is an instance at an import path, e.g. `env = "mymodule:SUMS"` with
 `SUMS = ArithmeticEnvironment(digits=3, operations="+-*")`.
 """
@@ -31,6 +32,8 @@ OPERATIONS: dict[str, Callable[[int, int], int]] = {
     "-": operator.sub,
     "*": operator.mul,
 }
+COMMUTATIVE = "+*"
+"""The operations whose swapped problem (b op a) has the same answer: its twin."""
 INTEGER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?!\d)|-?\d+")
 EVAL_COUNT = 32
 """Held-out problems by default (at most a quarter of all the problems)."""
@@ -49,6 +52,12 @@ def last_integer(text: str) -> int | None:
 def problem_text(problem: Problem) -> str:
     left, symbol, right = problem
     return f"What is {left} {symbol} {right}?"
+
+
+def twin(problem: Problem) -> Problem:
+    """The problem with its operands swapped (itself for a difference, never asked swapped)."""
+    left, symbol, right = problem
+    return (right, symbol, left) if symbol in COMMUTATIVE else problem
 
 
 def answer(problem: Problem) -> int:
@@ -81,7 +90,8 @@ class ArithmeticEnvironment:
         if not 0 < eval_count <= space // 4:
             raise ValueError(f"eval_count must be 1 to {space // 4} (a quarter of the problems)")
         self.held_out = self.draw(random.Random(EVAL_SEED), eval_count, frozenset(), True)
-        self.held_out_set = frozenset(self.held_out)
+        self.held_out_set = frozenset(self.held_out) | {twin(p) for p in self.held_out}
+        """What training never asks: the held-out problems and their twins."""
 
     def draw(
         self, rng: random.Random, count: int, excluded: frozenset[Problem], distinct: bool

@@ -78,10 +78,38 @@ def test_training_never_asks_a_held_out_problem():
         for p in environment.prompts(seed, 64, seed=seed)
     }
     assert not asked & set(held_out)
-    assert len(asked) == 75  # every other problem is asked
+    assert len(asked) == 59  # every other problem but the 16 held-out sums' twins is asked
     assert held_out_prompts(environment, 8, 0) == environment.eval_prompts()
     assert ArithmeticEnvironment(digits=1).eval_prompts() == environment.eval_prompts()
     assert len(ArithmeticEnvironment(digits=2).eval_prompts()) == 32
+
+
+def test_training_never_asks_a_held_out_problem_swapped():
+    """`b + a` is `a + b` to a learner: training never asks a held-out sum or product with its
+    operands swapped; a difference (larger operand first) has no swapped twin to keep out."""
+    environment = ArithmeticEnvironment(digits=1)
+    held_out = {environment.problem_of(p) for p in environment.eval_prompts()}
+    swapped = {(right, symbol, left) for left, symbol, right in held_out}
+    assert len(swapped - held_out) == 16  # the built-in's twins that were once training sums
+    every_sum = {(left, "+", right) for left in range(10) for right in range(10)}
+    asked = {
+        environment.problem_of(p)
+        for seed in range(20)
+        for p in environment.prompts(seed, 64, seed=seed)
+    }
+    assert asked == every_sum - held_out - swapped
+    mixed = ArithmeticEnvironment(digits=1, operations="+-*", eval_count=60)
+    kept_out = {mixed.problem_of(p) for p in mixed.eval_prompts()}
+    kept_out |= {(right, symbol, left) for left, symbol, right in kept_out if symbol in "+*"}
+    every_problem = {
+        (left, symbol, right)
+        for left in range(10)
+        for right in range(10)
+        for symbol in "+-*"
+        if symbol != "-" or left >= right
+    }
+    asked = {mixed.problem_of(p) for seed in range(20) for p in mixed.prompts(0, 400, seed=seed)}
+    assert asked == every_problem - kept_out
 
 
 def test_the_built_in_is_one_digit_addition():
