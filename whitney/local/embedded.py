@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import shutil
 import socket
 import tempfile
@@ -61,7 +62,7 @@ def check_data_dir(path: Path) -> Path:
     path = Path(path).expanduser()
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-probe"
+        probe = path / f".write-probe-{os.getpid()}-{threading.get_ident()}"  # one per start
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as exc:
