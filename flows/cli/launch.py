@@ -28,7 +28,7 @@ from rich.table import Table
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_FLOW_FAILED, EXIT_OK
 from flows.cli.watchdog import watch
 from flows.core.config import ConfigError, FlowConfig
-from flows.core.connection import EMBEDDED_URL_ENV, check_whitney
+from flows.core.connection import EMBEDDED_DATA_DIR_ENV, EMBEDDED_URL_ENV, check_whitney
 from flows.core.endpoint import resolve_endpoint
 from flows.core.manifest import file_sha256, manifest_path, write_manifest
 from flows.core.plots import picture_beside
@@ -123,7 +123,7 @@ def launch_flow(
                     shutil.copyfile(picture, adapter_dir / f"{result.run_id}-learning-curves.png")
                 )
             console.print(f"Learning curves: {picture.resolve()}", soft_wrap=True, markup=False)
-        command = export_command(result.run_id, export_url)
+        command = export_command(result.run_id, export_url, os.environ.get(EMBEDDED_DATA_DIR_ENV))
         console.print(f"Export the adapter: {command}", soft_wrap=True, markup=False)
     return EXIT_OK
 
@@ -133,7 +133,8 @@ def start_embedded_server(stack: ExitStack, console: Console) -> WhitneyConnecti
     while another live server owns that one, on the first free `<dir>-2`, `<dir>-3`, ...;
     its connection. Its key goes in WHITNEY_API_KEY (where the cleanup hooks read it), its
     URL in WHITNEY_FLOWS_EMBEDDED_URL (the summary artifact's export command then needs no
-    --api-url)."""
+    --api-url) and a directory other than the default in WHITNEY_FLOWS_EMBEDDED_DATA_DIR
+    (the export commands name it)."""
     default = default_data_dir()
     server = stack.enter_context(start_on_first_free(default))
     os.environ[API_KEY_ENV] = server.api_key
@@ -142,6 +143,8 @@ def start_embedded_server(stack: ExitStack, console: Console) -> WhitneyConnecti
     where = f"data: {server.data_dir}"
     if server.data_dir != default.expanduser().resolve():
         where += f"; {default} is another live server's"
+        os.environ[EMBEDDED_DATA_DIR_ENV] = str(server.data_dir)  # export commands name it
+        stack.callback(os.environ.pop, EMBEDDED_DATA_DIR_ENV, None)
     console.print(f"Embedded Whitney server at {server.url} ({where})", soft_wrap=True)
     return WhitneyConnection(base_url=server.url, api_key=SecretStr(server.api_key))
 

@@ -25,6 +25,7 @@ from flowtest_cli import CONSOLE_SCRIPT, console_environment, run_console_script
 ARGUMENTS = ("run", "rl", "--cycles", "3")
 TIMEOUT_S = 400.0
 SERVER_LINE = re.compile(r"Embedded Whitney server at \S+ \(data: (\S+?)[;)]")
+EXPORT_LINE = re.compile(r"^Export the adapter: (whitney-flows export .+?)\s*$", re.M)
 OUTSTANDING = (
     "SELECT operations.run_id FROM runs JOIN operations USING (run_id)"
     " WHERE runs.status = 'ready' AND operations.status IN ('pending', 'running')"
@@ -118,6 +119,10 @@ def test_two_runs_started_together_on_one_data_directory_each_execute_once(
         assert len(counts) > 10, directory
         assert {tuple(row[2:]) for row in counts} == {(1, 0)}, (directory, counts)
     assert directories == [default, default.with_name("local-2")]
+    exports = [EXPORT_LINE.findall(output) for output in outputs]
+    assert [len(found) for found in exports] == [1, 1]
+    assert exports[0][0].endswith(f"exports/{exports[0][0].split()[2]}")
+    assert exports[1][0].endswith(f"--data-dir {default.with_name('local-2')}")
     for directory in directories:
         assert len(read_journal(directory / "journal.sqlite3", "SELECT run_id FROM runs")) == 1
     assert [adapter_sha256(tmp_path / name) for name in ("first", "second")] == [undisturbed] * 2
