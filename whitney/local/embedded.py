@@ -4,7 +4,8 @@
         client = WhitneyClient(server.url, api_key=server.api_key)
         ...
 
-The data directory is a fresh temporary one (removed on exit) unless one is given.
+The data directory is a fresh temporary one (removed on exit) unless one is given; a given
+one a live server owns is refused (`whitney.local.ownership.DataDirOwned`).
 """
 
 from __future__ import annotations
