@@ -11,8 +11,10 @@ overlap does not depend on how long either takes to start on a busy machine."""
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import hashlib
+import json
 import re
 import signal
 import sqlite3
@@ -20,7 +22,14 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 from flowtest_cli import CONSOLE_SCRIPT, console_environment, run_console_script
+
+from flows.cli.commands import journal_source
+from flows.cli.main import main
+from whitney.client import WhitneyClient
+from whitney.local.config import default_data_dir
+from whitney.local.ownership import start_on_first_free
 
 ARGUMENTS = ("run", "rl", "--cycles", "3")
 TIMEOUT_S = 400.0
@@ -126,3 +135,27 @@ def test_two_runs_started_together_on_one_data_directory_each_execute_once(
     for directory in directories:
         assert len(read_journal(directory / "journal.sqlite3", "SELECT run_id FROM runs")) == 1
     assert [adapter_sha256(tmp_path / name) for name in ("first", "second")] == [undisturbed] * 2
+
+
+def test_inspect_and_export_find_a_run_in_the_directory_it_was_started_in(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With no --data-dir, a RUN_ID is looked up in `local`, then `local-2`, ...: the second
+    of two runs at once is found without one."""
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    monkeypatch.delenv("WHITNEY_API_URL", raising=False)
+    default = default_data_dir()
+    with (
+        start_on_first_free(default),
+        start_on_first_free(default) as second,
+        WhitneyClient(second.url, second.api_key) as client,
+    ):
+        session = client.open_session()
+        run_id = client.create_run(session.session_id, "local", "local/nano").run_id
+    assert second.data_dir == default.with_name("local-2")
+    options = argparse.Namespace(api_url=None, data_dir=None, run_id=run_id)
+    assert journal_source(options).path == second.data_dir / "journal.sqlite3"
+    assert main(["inspect", run_id, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["run"]["run_id"] == run_id
+    assert main(["inspect", "run-0000000000000000"]) == 1
+    assert "run-0000000000000000" in capsys.readouterr().err
