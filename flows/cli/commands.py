@@ -6,14 +6,17 @@ No Prefect import: they start fast.
 
 `inspect` and `runs` read the Whitney API at `--api-url` (else WHITNEY_API_URL), with the key
 from WHITNEY_API_KEY, or an embedded server's data directory (`--data-dir`, else the one
-`whitney-flows run` uses when neither URL is set).
+`whitney-flows run` uses when neither URL is set: for a RUN_ID, the first of its directories,
+`local`, `local-2`, ..., that holds the run).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_NOT_FOUND, EXIT_OK
@@ -36,13 +39,29 @@ def journal_source(options: argparse.Namespace) -> ApiJournal | DataDirJournal:
             raise ValueError(error.message) from None
         if endpoint is not None:
             return ApiJournal(endpoint.connection.new_client())
-        from whitney.local.config import default_data_dir
-
-        options.data_dir = default_data_dir()
+        options.data_dir = data_dir_holding(getattr(options, "run_id", None))
     try:
         return DataDirJournal(options.data_dir)
     except FileNotFoundError as error:
         raise ValueError(f"{error} (give --api-url or --data-dir)") from None
+
+
+def data_dir_holding(run_id: str | None) -> Path:
+    """The data directory `whitney-flows run` uses by default or, for a run started while a
+    live server held that one, the first of its siblings (`local-2`, ...) whose journal holds
+    `run_id`."""
+    from flows.cli.inspection_sources import DataDirJournal, RunNotFound
+    from whitney.local.config import default_data_dir
+    from whitney.local.ownership import siblings
+
+    default = default_data_dir()
+    if run_id is not None:
+        for directory in siblings(default):
+            if (directory / "journal.sqlite3").is_file():
+                with contextlib.suppress(RunNotFound):
+                    DataDirJournal(directory).run(run_id)
+                    return directory
+    return default
 
 
 def run_inspection(options: argparse.Namespace) -> int:

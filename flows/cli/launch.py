@@ -30,7 +30,7 @@ from rich.table import Table
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_FLOW_FAILED, EXIT_OK
 from flows.cli.watchdog import watch
 from flows.core.config import ConfigError, FlowConfig
-from flows.core.connection import EMBEDDED_URL_ENV, check_whitney
+from flows.core.connection import EMBEDDED_DATA_DIR_ENV, EMBEDDED_URL_ENV, check_whitney
 from flows.core.endpoint import resolve_endpoint
 from flows.core.manifest import archive_path, manifest_path, with_archive, write_manifest
 from flows.core.plots import picture_beside
@@ -38,8 +38,9 @@ from flows.core.served import check_served
 from flows.core.summary_parts import export_command
 from flows.core.tracking.preflight import check_tracking
 from whitney.client import API_KEY_ENV
-from whitney.local import EmbeddedWhitney, ServerStartError
+from whitney.local import ServerStartError
 from whitney.local.config import default_data_dir
+from whitney.local.ownership import start_on_first_free
 from whitney_calls.connection import WhitneyConnection
 
 ProgressFactory = Callable[[Path, Console], AbstractContextManager[Any]]
@@ -128,22 +129,29 @@ def launch_flow(
                     shutil.copyfile(picture, adapter_dir / f"{result.run_id}-learning-curves.png")
                 )
             console.print(f"Learning curves: {picture.resolve()}", soft_wrap=True, markup=False)
-        command = export_command(result.run_id, export_url)
+        command = export_command(result.run_id, export_url, os.environ.get(EMBEDDED_DATA_DIR_ENV))
         console.print(f"Export the adapter: {command}", soft_wrap=True, markup=False)
     return EXIT_OK
 
 
 def start_embedded_server(stack: ExitStack, console: Console) -> WhitneyConnection:
-    """The embedded server, for the duration of `stack`; its connection. Its key goes in
-    WHITNEY_API_KEY (where the cleanup hooks read it), its URL in WHITNEY_FLOWS_EMBEDDED_URL
-    (the summary artifact's export command then needs no --api-url)."""
-    server = stack.enter_context(EmbeddedWhitney(data_dir=default_data_dir()))
+    """The embedded server, for the duration of `stack`, on the default data directory or,
+    while another live server owns that one, on the first free `<dir>-2`, `<dir>-3`, ...;
+    its connection. Its key goes in WHITNEY_API_KEY (where the cleanup hooks read it), its
+    URL in WHITNEY_FLOWS_EMBEDDED_URL (the summary artifact's export command then needs no
+    --api-url) and a directory other than the default in WHITNEY_FLOWS_EMBEDDED_DATA_DIR
+    (the export commands name it)."""
+    default = default_data_dir()
+    server = stack.enter_context(start_on_first_free(default))
     os.environ[API_KEY_ENV] = server.api_key
     os.environ[EMBEDDED_URL_ENV] = server.url
     stack.callback(os.environ.pop, EMBEDDED_URL_ENV, None)
-    console.print(
-        f"Embedded Whitney server at {server.url} (data: {server.data_dir})", soft_wrap=True
-    )
+    where = f"data: {server.data_dir}"
+    if server.data_dir != default.expanduser().resolve():
+        where += f"; {default} is another live server's"
+        os.environ[EMBEDDED_DATA_DIR_ENV] = str(server.data_dir)  # export commands name it
+        stack.callback(os.environ.pop, EMBEDDED_DATA_DIR_ENV, None)
+    console.print(f"Embedded Whitney server at {server.url} ({where})", soft_wrap=True)
     return WhitneyConnection(base_url=server.url, api_key=SecretStr(server.api_key))
 
 

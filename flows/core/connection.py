@@ -13,6 +13,7 @@ from prefect.context import FlowRunContext
 
 from flows.core.config import ConfigError
 from flows.core.endpoint import Endpoint, resolve_endpoint
+from flows.core.summary_parts import export_command
 from whitney import wire
 from whitney.client import API_KEY_ENV, API_URL_ENV
 from whitney.errors import TransportError, Unauthorized, WhitneyError
@@ -20,6 +21,9 @@ from whitney_calls.connection import WhitneyConnection
 
 EMBEDDED_URL_ENV = "WHITNEY_FLOWS_EMBEDDED_URL"
 """Set by `whitney-flows run` to the URL of the embedded server it started for the flow."""
+EMBEDDED_DATA_DIR_ENV = "WHITNEY_FLOWS_EMBEDDED_DATA_DIR"
+"""Set by `whitney-flows run` to that server's data directory when it is not the default one
+(another live server held the default)."""
 PROBE_TIMEOUT_S = 2.0
 """How long `check_whitney` waits for the capabilities answer (one attempt)."""
 
@@ -66,3 +70,11 @@ def flow_run_api_url() -> str | None:
     config = parameters.get("config") or {}
     url = resolve_connection(config.get("api_url"), parameters.get("whitney_block")).base_url
     return None if url == os.environ.get(EMBEDDED_URL_ENV) else url
+
+
+def flow_run_export_command(run_id: str) -> str:
+    """The command that exports the current flow run's adapter of `run_id`: with the URL of
+    its Whitney, or the data directory of `whitney-flows run`'s embedded server if not the
+    default one."""
+    api_url = flow_run_api_url()
+    return export_command(run_id, api_url, os.environ.get(EMBEDDED_DATA_DIR_ENV))

@@ -21,11 +21,10 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
-from flows.core.connection import flow_run_api_url
+from flows.core.connection import flow_run_export_command
 from flows.core.cost import format_cost
 from flows.core.operation_rows import metrics_text, operation_row, seconds_text
 from flows.core.plots import Panel, picture_beside, render_png
-from flows.core.summary_parts import export_command
 from whitney import wire
 
 if TYPE_CHECKING:
@@ -171,7 +170,7 @@ def run_rows(result: Any) -> list[tuple[str, str]]:
             f"artifact `{adapter.artifact_id}` ({adapter.format}, {adapter.bytes} bytes)",
         ),
         ("adapter sha256", f"`{adapter.sha256}`"),
-        ("export", f"`{export_command(result.run_id, flow_run_api_url())}`"),
+        ("export", f"`{flow_run_export_command(result.run_id)}`"),
         *lineage_rows(getattr(result, "lineage", None)),
     ]
 

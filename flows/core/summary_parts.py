@@ -30,10 +30,13 @@ def first_and_last(
     ]
 
 
-def export_command(run_id: str, api_url: str | None) -> str:
+def export_command(run_id: str, api_url: str | None, data_dir: str | None = None) -> str:
     """The shell command that exports the run's adapter; `api_url` None for a run on the
-    embedded server of `whitney-flows run`. The key stays in WHITNEY_API_KEY."""
+    embedded server of `whitney-flows run`, `data_dir` its data directory when not the
+    default one. The key stays in WHITNEY_API_KEY."""
     command = ["whitney-flows", "export", run_id, "--out", f"exports/{run_id}"]
     if api_url:
         command += ["--api-url", api_url]
+    elif data_dir:
+        command += ["--data-dir", data_dir]
     return shlex.join(command)

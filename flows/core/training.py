@@ -27,14 +27,13 @@ from pydantic import BaseModel, Field
 
 from flows.core.cleanup import session_labels
 from flows.core.config import FlowConfig
-from flows.core.connection import flow_run_api_url
+from flows.core.connection import flow_run_export_command
 from flows.core.events import checkpoint_saved, run_finished, run_forked
 from flows.core.lineage import Lineage, find_lineage, lineage_artifact
 from flows.core.manifest import flow_manifest
 from flows.core.records import artifact_key
 from flows.core.sequenced_client import SequencedClient
 from flows.core.served import check_served
-from flows.core.summary_parts import export_command
 from tasks.lifecycle import capabilities, close_session, create_run, finish_run, open_session
 from tasks.resume import ResumePoint, find_resume_point
 from whitney import wire
@@ -205,6 +204,6 @@ def end_training_run(
         lineage_artifact(training.connection, training.lineage, training.run_id, key)
     checkpoint_saved(result.checkpoint, training.config.eval_settings())
     adapter = result.adapter
-    command = export_command(result.run_id, flow_run_api_url())
+    command = flow_run_export_command(result.run_id)
     run_finished(result.run_id, result.checkpoint, adapter.sha256, adapter.artifact_id, command)
     return result

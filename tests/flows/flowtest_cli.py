@@ -24,16 +24,21 @@ def run_console_script(flow: str, tmp_path: Path, metrics: Path, *arguments: str
     """`whitney-flows run FLOW --metrics-out METRICS [ARGUMENTS]` in `tmp_path`, on the
     embedded server (no WHITNEY_API_* variables) and this session's Prefect API; it must
     succeed. Its stdout."""
+    argv = [str(CONSOLE_SCRIPT), "run", flow, "--metrics-out", str(metrics), *arguments]
+    return run_ok(argv, tmp_path, console_environment(tmp_path / "data"), timeout=400)
+
+
+def console_environment(data_home: Path) -> dict[str, str]:
+    """This environment for the console script on the embedded server (no WHITNEY_API_*
+    variables), its data under `data_home` (XDG_DATA_HOME), on this session's Prefect API."""
     environment = {
         key: value for key, value in os.environ.items() if not key.startswith("WHITNEY_API_")
     }
-    environment |= {
-        "XDG_DATA_HOME": str(tmp_path / "data"),
+    return environment | {
+        "XDG_DATA_HOME": str(data_home),
         "PREFECT_API_URL": PREFECT_API_URL.value(),
         "COLUMNS": "200",
     }
-    argv = [str(CONSOLE_SCRIPT), "run", flow, "--metrics-out", str(metrics), *arguments]
-    return run_ok(argv, tmp_path, environment, timeout=400)
 
 
 def run_ok(argv: list[str], cwd: Path, environment: dict[str, str], timeout: float) -> str:

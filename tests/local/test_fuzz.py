@@ -90,11 +90,12 @@ def document(server: ServedWhitney) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the document
 
 
-def app_routes() -> set[tuple[str, str]]:
+def app_routes(data_dir: Path) -> set[tuple[str, str]]:
     """`(method, path)` of every route `create_app` declares, the document's own excepted, and
     the OpenAI-compatible routes (docs/openai.md: OpenAI's shapes, not this document's)."""
-    service = WhitneyService(ServerConfig(data_dir=Path("/nonexistent"), api_keys=["k"]))
+    service = WhitneyService(ServerConfig(data_dir=data_dir, api_keys=["k"]))
     app = create_app(service)
+    service.shutdown()
     return {
         (method.lower(), route.path)
         for route in app.routes
@@ -103,11 +104,13 @@ def app_routes() -> set[tuple[str, str]]:
     }
 
 
-def test_the_openapi_document_is_valid_and_names_every_route(document: dict[str, Any]) -> None:
+def test_the_openapi_document_is_valid_and_names_every_route(
+    document: dict[str, Any], tmp_path: Path
+) -> None:
     assert document["openapi"].startswith("3.")
     schemathesis.openapi.from_dict(document).validate()
     named = {(m, path) for path, item in document["paths"].items() for m in item}
-    assert named == app_routes()
+    assert named == app_routes(tmp_path)
     for schema in document["components"]["schemas"].values():
         jsonschema.Draft202012Validator.check_schema(schema)
     assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"

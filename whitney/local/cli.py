@@ -1,7 +1,7 @@
 """`whitney-flows serve` / `python -m whitney.local serve`: run the embedded Whitney server.
 
-Start-up failures (port in use, unwritable data directory, missing torch) print one line on
-stderr and exit 2, with no traceback.
+Start-up failures (a data directory a live server owns, port in use, unwritable data
+directory, missing torch) print one line on stderr and exit 2, with no traceback.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from whitney.local.embedded import (
     make_uvicorn,
 )
 from whitney.local.limits import LIMIT_HELP, Limits
+from whitney.local.ownership import DataDirOwned
 
 Number = TypeVar("Number", int, float)
 
@@ -219,7 +220,6 @@ def main(argv: list[str] | None = None) -> int:
             keys = [generate_api_key()]
         if args.capture and not args.capture.expanduser().resolve().parent.is_dir():
             raise ServerStartError(f"--capture: no directory for {str(args.capture)!r}")
-        sock = bind_socket(args.host, args.port)
         from whitney.local.app import create_app
         from whitney.local.service import WhitneyService
 
@@ -238,12 +238,18 @@ def main(argv: list[str] | None = None) -> int:
             capture=args.capture.expanduser().resolve() if args.capture else None,
         )
         try:
-            service = WhitneyService(config)
+            service = WhitneyService(config)  # owns the data directory from here on
+        except DataDirOwned as exc:
+            raise ServerStartError(f"{exc}: stop it, or give another --data-dir") from None
         except (sqlite3.Error, OSError) as exc:
-            sock.close()
             raise ServerStartError(
                 f"cannot open the journal under {str(data_dir)!r}: {exc}"
             ) from None
+        try:
+            sock = bind_socket(args.host, args.port)
+        except ServerStartError:
+            service.shutdown()
+            raise
     except ServerStartError as exc:
         print(f"{PROG}: {exc}", file=sys.stderr)
         return EXIT_START_FAILURE

@@ -4,13 +4,15 @@
         client = WhitneyClient(server.url, api_key=server.api_key)
         ...
 
-The data directory is a fresh temporary one (removed on exit) unless one is given.
+The data directory is a fresh temporary one (removed on exit) unless one is given; a given
+one a live server owns is refused (`whitney.local.ownership.DataDirOwned`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import os
 import shutil
 import socket
 import tempfile
@@ -61,7 +63,7 @@ def check_data_dir(path: Path) -> Path:
     path = Path(path).expanduser()
     try:
         path.mkdir(parents=True, exist_ok=True)
-        probe = path / ".write-probe"
+        probe = path / f".write-probe-{os.getpid()}-{threading.get_ident()}"  # one per start
         probe.write_bytes(b"ok")
         probe.unlink()
     except OSError as exc:

@@ -4,7 +4,8 @@ Each part holds one thing: `Sessions` (sessions and their leases), `Runs` (runs,
 and workers), `Operations` (operations journaled and read back, admitted by `Admission`),
 `RunFiles` (the disk layout and what a checkpoint URI names), `ServedModels` (the models
 the OpenAI-compatible routes sample), `Workers` (the active runs'
-workers) and `Takeover` (the runs an earlier process left active). Everything is plain Python
+workers), `Ownership` (the data directory's lock, held while the service lives) and
+`Takeover` (the runs an earlier, dead, owner left active). Everything is plain Python
 called from worker threads (but `Operations.wait`, awaited on the HTTP layer's event loop so
 that a long-poll holds no thread); every refusal raises the `whitney.errors` class of its
 docs/api.md error type. The HTTP layer (`app.py`) only parses, authenticates and serialises
@@ -29,6 +30,7 @@ from whitney.local.files import RunFiles
 from whitney.local.idempotency import Idempotency
 from whitney.local.journal import Journal
 from whitney.local.operations import Operations
+from whitney.local.ownership import Ownership
 from whitney.local.runs import Runs, engine_module, load_engine, max_lora_rank
 from whitney.local.served_models import ServedModels
 from whitney.local.sessions import Sessions, lease_expiry
@@ -50,8 +52,13 @@ class WhitneyService:
         self.config = config
         self.data_dir = Path(config.data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
-        self.journal = Journal(self.data_dir / "journal.sqlite3")
-        self.journal.renew_open_leases(lease_expiry(config.session_ttl_s))
+        self.ownership = Ownership(self.data_dir)  # before the journal: no live owner's runs
+        try:
+            self.journal = Journal(self.data_dir / "journal.sqlite3")
+            self.journal.renew_open_leases(lease_expiry(config.session_ttl_s))
+        except BaseException:
+            self.ownership.release()
+            raise
         self.faults = FaultInjector(
             latency_ms=config.latency_ms,
             fail_before_rate=config.fail_before_rate,
@@ -90,13 +97,15 @@ class WhitneyService:
         self._preload.start()
 
     def shutdown(self) -> None:
-        """Stop every worker (the running operation completes), then close the journal."""
+        """Stop every worker (the running operation completes), close the journal, then let
+        another server own the data directory."""
         self.workers.stop()
         if self._preload is not None:
             self._preload.join()
         self.sessions.join()
         self._takeover.join()
         self.journal.close()
+        self.ownership.release()
 
     def wake_waiters(self) -> None:
         """Server stopping: wake every long-poll so it answers now."""

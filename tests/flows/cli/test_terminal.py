@@ -87,6 +87,12 @@ def test_the_export_command_names_the_url_only_off_the_embedded_server() -> None
     assert export_command("run-1", "https://w.example/api?x=1") == (
         "whitney-flows export run-1 --out exports/run-1 --api-url 'https://w.example/api?x=1'"
     )
+    assert export_command("run-1", None, "/d/local 2") == (
+        "whitney-flows export run-1 --out exports/run-1 --data-dir '/d/local 2'"
+    )
+    assert export_command("run-1", "https://w.example", "/d/local-2").endswith(
+        "--api-url https://w.example"
+    )
 
 
 def test_piped_output_is_one_plain_line_per_cycle_as_it_happens(tmp_path: Path) -> None:
