@@ -30,7 +30,7 @@ def test_lost_answers_are_retried_and_applied_once(server: ServedWhitney) -> Non
     assert kinds.count("forward_backward") == 3 and kinds.count("optim_step") == 3
 
 
-def test_a_seq_id_ahead_of_the_sequence_is_refused_and_a_reused_one_conflicts(
+def test_a_past_seq_id_is_refused_a_resend_answers_the_same_and_a_reused_one_conflicts(
     server: ServedWhitney,
 ) -> None:
     headers = {"X-API-Key": sdk_key(0)}
@@ -39,14 +39,14 @@ def test_a_seq_id_ahead_of_the_sequence_is_refused_and_a_reused_one_conflicts(
         model = {"session_id": session, "model_seq_id": 0, "base_model": "local/tiny"}
         model_id = api.post("/api/v1/create_model", json=model).json()["model_id"]
         step = {"model_id": model_id, "optim_params": {"learning_rate": 0.001}}
-        ahead = api.post("/api/v1/optim_step", json={**step, "seq_id": 3})
-        assert ahead.status_code == 400
-        assert "out of order" in ahead.json()["error"]["message"]
-        first = api.post("/api/v1/optim_step", json={**step, "seq_id": 1})
-        again = api.post("/api/v1/optim_step", json={**step, "seq_id": 1})
+        first = api.post("/api/v1/optim_step", json={**step, "seq_id": 3})
+        again = api.post("/api/v1/optim_step", json={**step, "seq_id": 3})
         assert first.status_code == again.status_code == 200
         assert first.json() == again.json()
-        other = {**step, "optim_params": {"learning_rate": 0.5}, "seq_id": 1}
+        past = api.post("/api/v1/optim_step", json={**step, "seq_id": 2})
+        assert past.status_code == 400
+        assert "out of order" in past.json()["error"]["message"]
+        other = {**step, "optim_params": {"learning_rate": 0.5}, "seq_id": 3}
         conflict = api.post("/api/v1/optim_step", json=other)
         assert conflict.status_code == 400
         assert conflict.json()["error"]["details"]["field"] == "seq_id"

@@ -273,11 +273,13 @@ class TinkerFront:
         return {"request_id": found.request_id, "model_id": run_id}
 
     def _check_order(self, stream: str, tinker_seq: int) -> None:
-        expected = self.store.last_seq(stream) + 1
-        if tinker_seq != expected:
+        """A training client's `seq_id`s only grow (a refused request leaves a gap)."""
+        last = self.store.last_seq(stream)
+        if tinker_seq <= last:
             raise InvalidRequest(
-                f"seq_id: {tinker_seq} is out of order for model {stream}: the next is {expected}",
-                details={"field": "seq_id", "seq_id": tinker_seq, "expected": expected},
+                f"seq_id: {tinker_seq} is out of order for model {stream}: it is past "
+                f"(the last request was {last})",
+                details={"field": "seq_id", "seq_id": tinker_seq, "last": last},
             )
 
     def _journal(

@@ -16,6 +16,16 @@ import numpy as np
 VARINT, I64, LEN, I32 = 0, 1, 2, 5
 DTYPE_FLOAT32, DTYPE_INT64, DTYPE_INT32 = 1, 2, 3
 STOP_REASON = {"stop": 0, "length": 1}
+REQUEST_FIELDS = {
+    1: "model_id",
+    2: "seq_id",
+    3: "data",
+    4: "loss_fn",
+    5: "loss_fn_config",
+    6: "forward_only",
+    7: "loss_fn_config_v2",
+}
+"""The fields of `ForwardBackwardRequest`, by number."""
 
 
 class ProtoError(ValueError):
@@ -41,31 +51,35 @@ def _varint(buf: bytes, pos: int, where: str) -> tuple[int, int]:
             raise ProtoError(where, "varint longer than 10 bytes")
 
 
-def fields(buf: bytes, where: str) -> Iterator[tuple[int, int, int | bytes]]:
-    """(field number, wire type, value) of each field of a message, in order."""
+def fields(
+    buf: bytes, where: str, names: dict[int, str] | None = None
+) -> Iterator[tuple[int, int, int | bytes]]:
+    """(field number, wire type, value) of each field of a message, in order; an error reading
+    a field of `names` names that field."""
     pos = 0
     while pos < len(buf):
         key, pos = _varint(buf, pos, where)
         number, wire = key >> 3, key & 7
         if number == 0:
             raise ProtoError(where, "field number 0")
+        at = (names or {}).get(number, where)
         if wire == VARINT:
-            value, pos = _varint(buf, pos, where)
+            value, pos = _varint(buf, pos, at)
             yield number, wire, value
         elif wire == LEN:
-            size, pos = _varint(buf, pos, where)
+            size, pos = _varint(buf, pos, at)
             if pos + size > len(buf):
-                raise ProtoError(where, "length-delimited field runs past the message")
+                raise ProtoError(at, "length-delimited field runs past the message")
             yield number, wire, buf[pos : pos + size]
             pos += size
         elif wire in (I64, I32):
             width = 8 if wire == I64 else 4
             if pos + width > len(buf):
-                raise ProtoError(where, "truncated fixed-width field")
+                raise ProtoError(at, "truncated fixed-width field")
             yield number, wire, buf[pos : pos + width]
             pos += width
         else:
-            raise ProtoError(where, f"unsupported wire type {wire}")
+            raise ProtoError(at, f"unsupported wire type {wire}")
 
 
 def _bytes(value: int | bytes, where: str) -> bytes:
@@ -206,7 +220,7 @@ def decode_forward_backward(buf: bytes) -> ForwardBackwardIn:
     """A `ForwardBackwardRequest`; `ProtoError` naming the field if it is not one."""
     request = ForwardBackwardIn()
     legacy: dict[str, float | str] = {}
-    for number, _, value in fields(buf, "body"):
+    for number, _, value in fields(buf, "body", REQUEST_FIELDS):
         if number == 1:
             request.model_id = _text(value, "model_id")
         elif number == 2:

@@ -87,24 +87,24 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> TinkerFr
             return _refusal(InternalError("internal server error"))
         return _json(result)
 
-    @app.get(f"{PREFIX}/healthz")
+    @app.get(f"{PREFIX}/healthz", include_in_schema=False)
     async def healthz() -> Response:
         return _json({"status": "ok"})
 
-    @app.post(f"{PREFIX}/client/config")
+    @app.post(f"{PREFIX}/client/config", include_in_schema=False)
     async def client_config(request: Request) -> Response:
         return await call(request, lambda tenant, body: CLIENT_CONFIG)
 
-    @app.post(f"{PREFIX}/client/dynamic_config")
+    @app.post(f"{PREFIX}/client/dynamic_config", include_in_schema=False)
     async def dynamic_config(request: Request) -> Response:
         config = {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
         return await call(request, lambda tenant, body: config)
 
-    @app.get(f"{PREFIX}/get_server_capabilities")
+    @app.get(f"{PREFIX}/get_server_capabilities", include_in_schema=False)
     async def capabilities(request: Request) -> Response:
         return await call(request, lambda tenant: front.capabilities(), body=None)
 
-    @app.post(f"{PREFIX}/telemetry")
+    @app.post(f"{PREFIX}/telemetry", include_in_schema=False)
     async def telemetry(request: Request) -> Response:
         return await call(request, lambda tenant, body: {"status": "accepted"})
 
@@ -126,12 +126,12 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> TinkerFr
         async def handler(request: Request) -> Response:
             return await call(request, fn)
 
-        app.post(f"{PREFIX}/{name}", name=f"tinker_{name}")(handler)
+        app.post(f"{PREFIX}/{name}", name=f"tinker_{name}", include_in_schema=False)(handler)
 
     for name, fn in routes.items():
         json_route(name, fn)
 
-    @app.post(f"{PREFIX}/forward_backward")
+    @app.post(f"{PREFIX}/forward_backward", include_in_schema=False)
     async def forward_backward(request: Request) -> Response:
         content_type = request.headers.get("content-type", "")
         if not content_type.startswith(PROTOBUF):
@@ -144,15 +144,15 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> TinkerFr
             )
         return await call(request, front.forward_backward, body="proto")
 
-    @app.post(f"{PREFIX}/sessions/{{session_id}}/finish")
+    @app.post(f"{PREFIX}/sessions/{{session_id}}/finish", include_in_schema=False)
     async def finish_session(request: Request, session_id: str) -> Response:
         return await call(request, front.finish_session, session_id, body=None)
 
-    @app.get(f"{PREFIX}/samplers/{{sampling_session_id}}")
+    @app.get(f"{PREFIX}/samplers/{{sampling_session_id}}", include_in_schema=False)
     async def get_sampler(request: Request, sampling_session_id: str) -> Response:
         return await call(request, front.get_sampler, sampling_session_id, body=None)
 
-    @app.post(f"{PREFIX}/retrieve_future")
+    @app.post(f"{PREFIX}/retrieve_future", include_in_schema=False)
     async def retrieve_future(request: Request) -> Response:
         try:
             tenant = front.authenticate(request.headers.get("x-api-key"))
