@@ -24,6 +24,7 @@ from whitney.local.service import WhitneyService
 from whitney.local.tinker import proto, translate
 from whitney.local.tinker.proto import ForwardBackwardIn
 from whitney.local.tinker.store import RequestStore, TinkerRequest
+from whitney.tokenizers import get_tokenizer
 
 BASE_SAMPLER = "base"
 """The sampler a base-model sampling session samples: its frozen run's first operation."""
@@ -139,39 +140,60 @@ class TinkerFront:
     def _model(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
         model_id = _text(body, "model_id")
         try:
-            return self.service.runs.get(tenant, model_id)
+            return self.service.runs.get(tenant, self.store.resolve(tenant, model_id))
         except NotFound:
             raise not_found("model", model_id) from None
+
+    def _run_id(self, tenant: str, body: dict[str, Any]) -> str:
+        return self.store.resolve(tenant, _text(body, "model_id"))
 
     # training requests
 
     def forward_backward(self, tenant: str, request: ForwardBackwardIn) -> dict[str, Any]:
         kind, payload = translate.forward_payload(request)
-        return self._submit(tenant, request.model_id, request.seq_id, [(kind, None, payload)])
+        run_id = self.store.resolve(tenant, request.model_id)
+        return self._submit(tenant, run_id, request.seq_id, [(kind, None, payload)])
 
     def optim_step(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
         operation = ("optim_step", None, translate.optimizer(body))
-        return self._submit(tenant, _text(body, "model_id"), _seq_id(body), [operation])
+        return self._submit(tenant, self._run_id(tenant, body), _seq_id(body), [operation])
 
     def save_weights(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
         operation = ("save_state", None, {"name": _text(body, "path")})
-        return self._submit(tenant, _text(body, "model_id"), _seq_id(body), [operation])
+        return self._submit(tenant, self._run_id(tenant, body), _seq_id(body), [operation])
 
     def save_weights_for_sampler(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
         name = body.get("path")
         if body.get("kind", "snapshot") != "snapshot":
             raise translate.refused("kind", f"{body['kind']!r} sampling clients (snapshot only)")
         operation = ("save_weights_for_sampler", None, {} if name is None else {"name": name})
-        return self._submit(tenant, _text(body, "model_id"), _seq_id(body), [operation])
+        return self._submit(tenant, self._run_id(tenant, body), _seq_id(body), [operation])
 
     def load_weights(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
-        if body.get("session_id") is not None:
-            raise translate.refused("session_id", "create-via-load (create_model, then load)")
+        """A checkpoint into a model; with `session_id`, into a new model (create-via-load)."""
         run_id, name = translate.parse_path(body.get("path"), "path", sampler=False)
+        source = self.service.runs.own(tenant, run_id)
         checkpoint = self.service.files.checkpoint_uri(run_id, name)
         payload = {"checkpoint": checkpoint, "with_optimizer": bool(body.get("optimizer"))}
         operation = ("load_state", None, payload)
-        return self._submit(tenant, _text(body, "model_id"), _seq_id(body), [operation])
+        if body.get("session_id") is None:
+            return self._submit(tenant, self._run_id(tenant, body), _seq_id(body), [operation])
+        session_id = _text(body, "session_id")
+        model_seq_id = body.get("model_seq_id")
+        if not isinstance(model_seq_id, int):
+            raise translate.bad("model_seq_id", "expected an integer")
+        run = {
+            "session_id": session_id,
+            "provider": "tinker",
+            "base_model": source["base_model"],
+            "lora_rank": source["lora_rank"],
+        }
+        key = f"tinker-model:{session_id}:{model_seq_id}"
+        new_run = self.service.runs.create(tenant, run, key)["run_id"]
+        alias = f"{session_id}:train:{model_seq_id}"
+        self.store.alias(alias, tenant, new_run)
+        future = self._submit(tenant, new_run, 0, [operation])
+        return {**future, "model_id": alias}
 
     # sampling
 
@@ -218,11 +240,11 @@ class TinkerFront:
         if session is None:
             raise translate.bad("sampling_session_id", "required (create a sampling session)")
         run_id, sampler_id = translate.parse_session(session)
-        sample, logprobs = translate.sample_payloads(body)
+        sample, logprobs, stops = translate.sample_payloads(body)
         operations = [("sample", sampler_id, sample)]
         if logprobs is not None:
             operations.append(("logprobs", sampler_id, logprobs))
-        future = self._submit(tenant, run_id, _seq_id(body), operations, stream=session)
+        future = self._submit(tenant, run_id, _seq_id(body), operations, session, stops)
         count = sample["num_samples"]
         future["sample_sequence_ids"] = [f"{future['request_id']}/{i}" for i in range(count)]
         return future
@@ -236,11 +258,12 @@ class TinkerFront:
         tinker_seq: int,
         operations: list[tuple[str, str | None, dict[str, Any]]],
         stream: str | None = None,
+        stops: tuple[str, ...] = (),
     ) -> dict[str, Any]:
         """The future of a Tinker request: its operations journaled once, in order."""
         run = self.service.runs.own(tenant, run_id, live=True)
         stream = run_id if stream is None else stream
-        body_hash = _hash([[kind, sampler, payload] for kind, sampler, payload in operations])
+        body_hash = _hash([[list(stops)], *([k, s, p] for k, s, p in operations)])
         with self.store.run_lock(run_id):
             found = self.store.find(stream, tinker_seq)
             if found is None:
@@ -256,6 +279,7 @@ class TinkerFront:
                     run_id=run_id,
                     seq_ids=tuple(range(first, first + len(operations))),
                     body_hash=body_hash,
+                    stops=stops,
                 )
                 self.store.insert(found)
                 try:
@@ -316,6 +340,12 @@ class TinkerFront:
             if operation["status"] != "succeeded":
                 return Done(json=_failure(operation))
             results.append(operation["result"])
+        if request.stops:
+            base_model = self.service.runs.own(tenant, request.run_id)["base_model"]
+            decode = get_tokenizer(base_model).decode
+            sequences = results[0]["sequences"]
+            cut = [translate.cut_at_stop(seq, request.stops, decode) for seq in sequences]
+            results[0] = {**results[0], "sequences": cut}
         return Done(**_answer(request, results))
 
 

@@ -26,9 +26,13 @@ CREATE TABLE IF NOT EXISTS requests (
     run_id TEXT NOT NULL,
     seq_ids TEXT NOT NULL,
     body_hash TEXT NOT NULL,
+    stops TEXT NOT NULL,
     UNIQUE (stream, tinker_seq)
 );
 CREATE TABLE IF NOT EXISTS run_seqs (run_id TEXT PRIMARY KEY, next_seq INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS aliases (
+    alias TEXT PRIMARY KEY, tenant TEXT NOT NULL, run_id TEXT NOT NULL
+);
 """
 
 
@@ -42,12 +46,22 @@ class TinkerRequest:
     run_id: str
     seq_ids: tuple[int, ...]
     body_hash: str
+    stops: tuple[str, ...] = ()
+    """A sample's stop strings, applied to its sequences when it is answered."""
 
 
 def _row(row: tuple) -> TinkerRequest:  # type: ignore[type-arg]
-    request_id, tenant, stream, tinker_seq, kind, run_id, seq_ids, body_hash = row
+    request_id, tenant, stream, tinker_seq, kind, run_id, seq_ids, body_hash, stops = row
     return TinkerRequest(
-        request_id, tenant, stream, tinker_seq, kind, run_id, tuple(json.loads(seq_ids)), body_hash
+        request_id,
+        tenant,
+        stream,
+        tinker_seq,
+        kind,
+        run_id,
+        tuple(json.loads(seq_ids)),
+        body_hash,
+        tuple(json.loads(stops)),
     )
 
 
@@ -84,12 +98,12 @@ class RequestStore:
         return None if row is None else _row(row)
 
     def last_seq(self, stream: str) -> int:
-        """The highest Tinker `seq_id` the stream has used (0 for none)."""
+        """The highest Tinker `seq_id` the stream has used (-1 for none)."""
         with self._lock:
             row = self._db.execute(
                 "SELECT MAX(tinker_seq) FROM requests WHERE stream = ?", (stream,)
             ).fetchone()
-        return int(row[0] or 0)
+        return -1 if row[0] is None else int(row[0])
 
     def next_seq(self, run_id: str) -> int:
         with self._lock:
@@ -103,7 +117,7 @@ class RequestStore:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute(
-                "INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     request.request_id,
                     request.tenant,
@@ -113,6 +127,7 @@ class RequestStore:
                     request.run_id,
                     json.dumps(list(request.seq_ids)),
                     request.body_hash,
+                    json.dumps(list(request.stops)),
                 ),
             )
             self._db.execute(
@@ -133,6 +148,21 @@ class RequestStore:
                 (min(request.seq_ids), request.run_id),
             )
             self._db.execute("COMMIT")
+
+    def alias(self, alias: str, tenant: str, run_id: str) -> None:
+        """Let `alias` (a model id the SDK made up: `<session>:train:<n>`) name `run_id`."""
+        with self._lock:
+            self._db.execute(
+                "INSERT OR IGNORE INTO aliases VALUES (?, ?, ?)", (alias, tenant, run_id)
+            )
+
+    def resolve(self, tenant: str, model_id: str) -> str:
+        """The run a model id names: an alias's run, else the id itself."""
+        with self._lock:
+            row = self._db.execute(
+                "SELECT run_id FROM aliases WHERE alias = ? AND tenant = ?", (model_id, tenant)
+            ).fetchone()
+        return model_id if row is None else row[0]
 
     def close(self) -> None:
         with self._lock:
