@@ -169,6 +169,13 @@ class TinkerFront:
         operation = ("save_weights_for_sampler", None, {} if name is None else {"name": name})
         return self._submit(tenant, self._run_id(tenant, body), _seq_id(body), [operation])
 
+    def save_weights_external(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
+        """The PEFT adapter exported (`export_lora`); its path names the artifact."""
+        if body.get("age_encryption_recipients"):
+            raise translate.refused("age_encryption_recipients", "encrypted exports")
+        operation = ("export_lora", None, {})
+        return self._submit(tenant, self._run_id(tenant, body), _seq_id(body), [operation])
+
     def load_weights(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
         """A checkpoint into a model; with `session_id`, into a new model (create-via-load)."""
         run_id, name = translate.parse_path(body.get("path"), "path", sampler=False)
@@ -366,6 +373,11 @@ def _answer(request: TinkerRequest, results: list[dict[str, Any]]) -> dict[str, 
         name = result["checkpoint"].rsplit("/", 1)[1]
         return {
             "json": {"type": "save_weights", "path": translate.checkpoint_path(run_id, name, False)}
+        }
+    if request.kind == "export_lora":
+        path = f"{translate.TINKER_SCHEME}{run_id}/external_weights/{result['artifact_id']}"
+        return {
+            "json": {"type": "save_weights_external", "path": path, "size_bytes": result["bytes"]}
         }
     if request.kind == "load_state":
         return {"json": {"type": "load_weights", "model_id": run_id}}

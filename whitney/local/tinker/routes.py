@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
@@ -23,7 +24,9 @@ from whitney.local.api_errors import error_object
 from whitney.local.fairness import TenantGate
 from whitney.local.operations import Waiting
 from whitney.local.service import WhitneyService
+from whitney.local.tinker import translate
 from whitney.local.tinker.body import read_json_body, read_raw
+from whitney.local.tinker.checkpoints import Checkpoints
 from whitney.local.tinker.front import LONG_POLL_S, Done, TinkerFront
 from whitney.local.tinker.proto import ProtoError, decode_forward_backward
 
@@ -56,9 +59,14 @@ def _refusal(exc: WhitneyError) -> Response:
     return _json({"error": error_object(exc)}, 400 if status == 409 else status)
 
 
+def _refuse_delete(tenant: str) -> None:
+    raise translate.refused("checkpoint_id", "deleting checkpoints (the server keeps them)")
+
+
 def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> TinkerFront:
     """Mount the Tinker routes on `app`."""
     front = TinkerFront(service)
+    checkpoints = Checkpoints(service)
     max_bytes = service.config.limits.max_body_bytes
 
     async def call(
@@ -118,6 +126,7 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> TinkerFr
         "save_weights": front.save_weights,
         "save_weights_for_sampler": front.save_weights_for_sampler,
         "load_weights": front.load_weights,
+        "save_weights_external": front.save_weights_external,
         "create_sampling_session": front.create_sampling_session,
         "asample": front.asample,
     }
@@ -151,6 +160,47 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> TinkerFr
     @app.get(f"{PREFIX}/samplers/{{sampling_session_id}}", include_in_schema=False)
     async def get_sampler(request: Request, sampling_session_id: str) -> Response:
         return await call(request, front.get_sampler, sampling_session_id, body=None)
+
+    runs = f"{PREFIX}/training_runs"
+    checkpoint = f"{runs}/{{run_id}}/checkpoints/{{kind}}/{{name}}"
+
+    @app.get(runs, include_in_schema=False)
+    async def training_runs(request: Request, limit: int = 20, offset: int = 0) -> Response:
+        if not (1 <= limit <= 1000 and offset >= 0):
+            return _refusal(translate.bad("limit", "limit within 1..1000, offset >= 0"))
+        return await call(request, checkpoints.training_runs, limit, offset, body=None)
+
+    @app.get(f"{runs}/{{run_id}}", include_in_schema=False)
+    async def training_run(request: Request, run_id: str) -> Response:
+        return await call(request, checkpoints.training_run, run_id, body=None)
+
+    @app.get(f"{runs}/{{run_id}}/checkpoints", include_in_schema=False)
+    async def list_checkpoints(request: Request, run_id: str) -> Response:
+        return await call(request, checkpoints.checkpoints, run_id, body=None)
+
+    @app.get(f"{checkpoint}/external_weights_urls", include_in_schema=False)
+    async def external_urls(request: Request, run_id: str, kind: str, name: str) -> Response:
+        base_url = str(request.base_url).rstrip("/")
+        fn = checkpoints.external_urls
+        return await call(request, fn, run_id, kind, name, base_url, body=None)
+
+    @app.put(f"{checkpoint}/ttl", include_in_schema=False)
+    async def checkpoint_ttl(request: Request, run_id: str, kind: str, name: str) -> Response:
+        """Accepted: the embedded server keeps every checkpoint, with no expiry."""
+        return await call(request, lambda tenant, body: {})
+
+    @app.delete(checkpoint, include_in_schema=False)
+    async def delete_checkpoint(request: Request, run_id: str, kind: str, name: str) -> Response:
+        return await call(request, _refuse_delete, body=None)
+
+    @app.get(f"{PREFIX}/external_weights/{{token}}/{{member:path}}", include_in_schema=False)
+    async def external_file(token: str, member: str) -> Response:
+        """A signed URL's file: the token is the credential (the SDK sends no key)."""
+        try:
+            data = await anyio.to_thread.run_sync(checkpoints.file, token, member)
+        except WhitneyError as exc:
+            return _refusal(exc)
+        return Response(data, media_type="application/octet-stream")
 
     @app.post(f"{PREFIX}/retrieve_future", include_in_schema=False)
     async def retrieve_future(request: Request) -> Response:
