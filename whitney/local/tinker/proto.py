@@ -135,7 +135,8 @@ class DatumIn:
     tokens: list[int] = field(default_factory=list)
     loss_fn_inputs: dict[str, TensorIn] = field(default_factory=dict)
     refused: str | None = None
-    """What the datum holds that is not served (an image, audio, provenance spans)."""
+    """What the datum holds that is not served (an image, audio). Provenance spans (fields 3
+    and 4) are skipped: only `stable_reinforce`, which is not served, reads them."""
 
 
 @dataclass
@@ -202,8 +203,6 @@ def _datum(buf: bytes, where: str) -> DatumIn:
         elif number == 2:
             key, body = _entry(_bytes(value, f"{where}.loss_fn_inputs"), f"{where}.loss_fn_inputs")
             datum.loss_fn_inputs[key] = _tensor(body, f"{where}.loss_fn_inputs.{key}")
-        elif number in (3, 4):
-            datum.refused = datum.refused or "provenance spans (stable_reinforce)"
     return datum
 
 
