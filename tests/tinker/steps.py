@@ -1,9 +1,11 @@
-"""The same training through both fronts on `local/tiny`: two supervised steps, one RL cycle
-(sample, `importance_sampling`, step), a last forward and the sampler's prompt logprobs; once
-through the official `tinker` SDK, once through `whitney.WhitneyClient`."""
+"""The same training through both fronts on `local/tiny`: supervised steps (two by default), RL
+cycles (one: a sampler, two samples, `importance_sampling`, a step), a last forward and the
+sampler's prompt logprobs; once through the official `tinker` SDK, once through
+`whitney.WhitneyClient` (the tests, and `benchmarks/tinker_front.py`, which times them)."""
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -41,6 +43,8 @@ class Trace:
     grad_norms: list[float] = field(default_factory=list)
     prompt_logprobs: list[float | None] = field(default_factory=list)
     run_id: str = ""
+    setup_s: float = 0.0
+    """Wall time to the first training request: the client, its session and the run."""
 
 
 def shifted(prompt: list[int], completion: list[int]) -> tuple[list[int], list[int], list[float]]:
@@ -80,13 +84,15 @@ def sl_rows() -> list[dict[str, list]]:
     return rows
 
 
-def through_tinker(base_url: str, api_key: str) -> Trace:
+def through_tinker(base_url: str, api_key: str, sl_steps: int = 2, rl_cycles: int = 1) -> Trace:
     trace = Trace()
+    started = time.perf_counter()
     service = tinker.ServiceClient(base_url=base_url, api_key=api_key)
     training = service.create_lora_training_client(
         base_model=BASE_MODEL, rank=RANK, seed=SEED
     ).result()
     trace.run_id = training.model_id
+    trace.setup_s = time.perf_counter() - started
     sl = [_tinker_datum(row) for row in sl_rows()]
 
     def step(data: list[types.Datum], loss: str) -> None:
@@ -97,13 +103,14 @@ def through_tinker(base_url: str, api_key: str) -> Trace:
         trace.logprobs.append([np.asarray(o["logprobs"].data) for o in output.loss_fn_outputs])
         trace.grad_norms.append(optim.result().metrics["grad_norm"])
 
-    for _ in range(2):
+    for _ in range(sl_steps):
         step(sl, "cross_entropy")
-    sampler = training.save_weights_and_get_sampling_client().result()
     prompt = types.ModelInput.from_ints(PROMPT)
-    answer = sampler.sample(prompt, 2, types.SamplingParams(**SAMPLE)).result()
-    trace.samples = [(list(s.tokens), np.asarray(s.logprobs)) for s in answer.sequences]
-    step([_tinker_datum(row) for row in rl_rows(trace.samples)], "importance_sampling")
+    for _ in range(rl_cycles):
+        sampler = training.save_weights_and_get_sampling_client().result()
+        answer = sampler.sample(prompt, 2, types.SamplingParams(**SAMPLE)).result()
+        trace.samples = [(list(s.tokens), np.asarray(s.logprobs)) for s in answer.sequences]
+        step([_tinker_datum(row) for row in rl_rows(trace.samples)], "importance_sampling")
     last = training.forward(sl, "cross_entropy").result()
     trace.losses.append(last.metrics["loss:sum"])
     trace.logprobs.append([np.asarray(o["logprobs"].data) for o in last.loss_fn_outputs])
@@ -122,14 +129,16 @@ def _whitney_datum(row: dict[str, list]) -> dict:
     return {"input": {"token_ids": row["input"]}, "loss_inputs": loss_inputs}
 
 
-def through_whitney(base_url: str, api_key: str) -> Trace:
+def through_whitney(base_url: str, api_key: str, sl_steps: int = 2, rl_cycles: int = 1) -> Trace:
     trace = Trace()
+    started = time.perf_counter()
     with WhitneyClient(base_url, api_key) as client:
         session = client.open_session()
         run = client.create_run(
             session.session_id, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED
         ).run_id
         trace.run_id = run
+        trace.setup_s = time.perf_counter() - started
         sl = [_whitney_datum(row) for row in sl_rows()]
 
         def step(data: list[dict], loss: str) -> None:
@@ -140,17 +149,14 @@ def through_whitney(base_url: str, api_key: str) -> Trace:
             optim = client.run_operation(run, "optim_step", {"optimizer": ADAM})
             trace.grad_norms.append(optim["metrics"]["grad_norm"])
 
-        for _ in range(2):
+        for _ in range(sl_steps):
             step(sl, "cross_entropy")
-        sampler = client.run_operation(run, "save_weights_for_sampler", {})["sampler_id"]
-        request = {
-            "prompt": {"token_ids": PROMPT},
-            "num_samples": 2,
-            "sampling_params": SAMPLE,
-        }
-        answer = client.sampler_operation(run, sampler, "sample", request)
-        trace.samples = [(s["tokens"], np.float32(s["logprobs"])) for s in answer["sequences"]]
-        step([_whitney_datum(row) for row in rl_rows(trace.samples)], "importance_sampling")
+        request = {"prompt": {"token_ids": PROMPT}, "num_samples": 2, "sampling_params": SAMPLE}
+        for _ in range(rl_cycles):
+            sampler = client.run_operation(run, "save_weights_for_sampler", {})["sampler_id"]
+            answer = client.sampler_operation(run, sampler, "sample", request)
+            trace.samples = [(s["tokens"], np.float32(s["logprobs"])) for s in answer["sequences"]]
+            step([_whitney_datum(row) for row in rl_rows(trace.samples)], "importance_sampling")
         payload = {"data": sl, "loss_function": "cross_entropy"}
         last = client.run_operation(run, "forward", payload)
         trace.losses.append(last["metrics"]["loss:sum"])

@@ -71,6 +71,7 @@ class RequestStore:
     def __init__(self, path: Path) -> None:
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")  # as the journal: a crash loses nothing
         self._db.executescript(_SCHEMA)
         self._lock = threading.Lock()
         self._run_locks: dict[str, threading.Lock] = {}
