@@ -119,7 +119,7 @@ def through_tinker(base_url: str, api_key: str, sl_steps: int = 2, rl_cycles: in
     return trace
 
 
-def _whitney_datum(row: dict[str, list]) -> dict:
+def whitney_datum(row: dict[str, list]) -> dict:
     loss_inputs = {}
     for name, values in row.items():
         if name == "input":
@@ -139,7 +139,7 @@ def through_whitney(base_url: str, api_key: str, sl_steps: int = 2, rl_cycles: i
         ).run_id
         trace.run_id = run
         trace.setup_s = time.perf_counter() - started
-        sl = [_whitney_datum(row) for row in sl_rows()]
+        sl = [whitney_datum(row) for row in sl_rows()]
 
         def step(data: list[dict], loss: str) -> None:
             payload = {"data": data, "loss_function": loss}
@@ -156,7 +156,7 @@ def through_whitney(base_url: str, api_key: str, sl_steps: int = 2, rl_cycles: i
             sampler = client.run_operation(run, "save_weights_for_sampler", {})["sampler_id"]
             answer = client.sampler_operation(run, sampler, "sample", request)
             trace.samples = [(s["tokens"], np.float32(s["logprobs"])) for s in answer["sequences"]]
-            step([_whitney_datum(row) for row in rl_rows(trace.samples)], "importance_sampling")
+            step([whitney_datum(row) for row in rl_rows(trace.samples)], "importance_sampling")
         payload = {"data": sl, "loss_function": "cross_entropy"}
         last = client.run_operation(run, "forward", payload)
         trace.losses.append(last["metrics"]["loss:sum"])

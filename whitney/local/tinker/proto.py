@@ -231,9 +231,9 @@ def decode_forward_backward(buf: bytes) -> ForwardBackwardIn:
             request.loss_fn = _text(value, "loss_fn")
         elif number == 5:
             key, body = _entry(_bytes(value, "loss_fn_config"), "loss_fn_config")
-            if len(body) != 9 or body[0] != (2 << 3 | I64):  # field 2, a double
+            if len(body) not in (0, 8):  # a double (absent: 0.0)
                 raise ProtoError(f"loss_fn_config.{key}", "expected a double")
-            legacy[key] = struct.unpack("<d", body[1:])[0]
+            legacy[key] = struct.unpack("<d", body)[0] if body else 0.0
         elif number == 6:
             request.forward_only = bool(_int(value, "forward_only"))
         elif number == 7:

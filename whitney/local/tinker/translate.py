@@ -13,6 +13,9 @@ from whitney.errors import InvalidRequest
 from whitney.local.tinker.proto import ForwardBackwardIn, ProtoError
 
 TINKER_SCHEME = "tinker://"
+CLIP_KEYS = frozenset({"clip_low_threshold", "clip_high_threshold"})
+"""`loss_fn_config` keys the route turns into the per-token tensors of the same names (the
+`tinker` provider's form of the same clip range)."""
 SESSION_SEPARATOR = "~"
 """A sampling session id is `<run_id>~<sampler_id>`: the run's sampler it samples."""
 
@@ -56,7 +59,11 @@ def forward_payload(request: ForwardBackwardIn) -> tuple[str, dict[str, Any]]:
                 raise refused(field, f"a tensor of shape {tensor.shape} (1-D tensors only)")
             dtype = "float32" if tensor.dtype == 1 else "int64"
             inputs[name] = {"dtype": dtype, "shape": [len(values)], "values": values}
+        for key in CLIP_KEYS & config.keys():  # Tinker's scalar clip: a tensor per token here
+            values = [config[key]] * len(datum.tokens)
+            inputs[key] = {"dtype": "float32", "shape": [len(values)], "values": values}
         data.append({"input": {"token_ids": datum.tokens}, "loss_inputs": inputs})
+    config = {key: value for key, value in config.items() if key not in CLIP_KEYS}
     payload = {"data": data, "loss_function": request.loss_fn, "loss_config": config}
     return ("forward" if request.forward_only else "forward_backward"), payload
 
