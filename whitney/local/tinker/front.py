@@ -21,7 +21,7 @@ from whitney.local.api_errors import not_found
 from whitney.local.journal import canonical_json
 from whitney.local.operations import Waiting
 from whitney.local.service import WhitneyService
-from whitney.local.tinker import proto, translate
+from whitney.local.tinker import SDK_VERSION, proto, translate
 from whitney.local.tinker.proto import ForwardBackwardIn
 from whitney.local.tinker.store import RequestStore, TinkerRequest
 from whitney.tokenizers import get_tokenizer
@@ -80,7 +80,13 @@ class TinkerFront:
 
     def create_session(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
         session = self.service.sessions.create(tenant, {"labels": {}}, None)
-        return {"type": "create_session", "session_id": session["session_id"]}
+        answer = {"type": "create_session", "session_id": session["session_id"]}
+        if body.get("sdk_version") != SDK_VERSION:
+            answer["warning_message"] = (
+                f"this server is checked against tinker {SDK_VERSION}, not "
+                f"{str(body.get('sdk_version'))[:32]}"
+            )
+        return answer
 
     def heartbeat(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
         self.service.sessions.heartbeat(tenant, _text(body, "session_id"))
