@@ -20,7 +20,9 @@ from tinker_cookbook.supervised.data import FromConversationFileBuilder
 from tinker_cookbook.supervised.types import ChatDatasetBuilderCommonConfig
 from tinker_cookbook.tokenizer_utils import get_tokenizer
 
-MODEL = "gguf/SmolLM2-135M-Instruct-Q4_1"
+from tests.hfmodels.real_model import REPO_ID
+
+MODEL = REPO_ID
 """SmolLM2-135M-Instruct as `whitney-flows models pull smollm2-135m-instruct` imports it."""
 RENDERER = "role_colon"
 TARGET = "blue"
