@@ -164,7 +164,3 @@ class RequestStore:
                 "SELECT run_id FROM aliases WHERE alias = ? AND tenant = ?", (model_id, tenant)
             ).fetchone()
         return model_id if row is None else row[0]
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
