@@ -48,22 +48,23 @@ CLIENT_CONFIG = {
 order; custom losses run client-side (a `cross_entropy` with the loss's gradient as weights)."""
 
 
-def _json(content: Any, status: int = 200) -> Response:
+def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
     body = json.dumps(content, separators=(",", ":")).encode()
-    return Response(body, status_code=status, media_type="application/json")
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
 def _refusal(exc: WhitneyError) -> Response:
-    """Whitney's error body and status (409 answered 400)."""
+    """Whitney's error body, status (409 answered 400) and Retry-After."""
     status = exc.status or type(exc).status or InternalError.status
-    return _json({"error": error_object(exc)}, 400 if status == 409 else status)
+    headers = None if exc.retry_after is None else {"Retry-After": f"{exc.retry_after:g}"}
+    return _json({"error": error_object(exc)}, 400 if status == 409 else status, headers)
 
 
 def _refuse_delete(tenant: str) -> None:
     raise translate.refused("checkpoint_id", "deleting checkpoints (the server keeps them)")
 
 
-def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> TinkerFront:
+def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
     """Mount the Tinker routes on `app`."""
     front = TinkerFront(service)
     checkpoints = Checkpoints(service)
@@ -230,5 +231,3 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> TinkerFr
         if answer.proto is not None:
             return Response(answer.proto, media_type=PROTOBUF)
         return _json(answer.json)
-
-    return front
