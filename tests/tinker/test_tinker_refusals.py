@@ -185,6 +185,16 @@ def test_malformed_protobuf_and_json_are_400_naming_the_field(
     assert _error(broken, 400)["details"]["field"] == "body"
     missing = api.post("/api/v1/optim_step", json={"seq_id": 1, "optim_params": {}})
     assert _error(missing, 400)["details"]["field"] == "model_id"
+    nan = b'{"model_id": "%s", "seq_id": 1000000, "optim_params": {"learning_rate": NaN}}'
+    answer = api.post(
+        "/api/v1/optim_step",
+        content=nan % training.model_id.encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    assert 400 <= answer.status_code < 500
+    assert answer.json()["error"]["details"]["field"].endswith("optimizer.learning_rate")
+    huge = {"model_id": training.model_id, "seq_id": 2**70, "optim_params": {}}
+    assert _error(api.post("/api/v1/optim_step", json=huge), 400)["details"]["field"] == "seq_id"
     bad_params = {"model_id": training.model_id, "seq_id": 1, "optim_params": [1]}
     assert _error(api.post("/api/v1/optim_step", json=bad_params), 400)["details"]["field"] == (
         "optim_params"

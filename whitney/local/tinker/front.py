@@ -16,8 +16,11 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
+from whitney import wire
 from whitney.errors import InvalidRequest, NotFound, Unauthorized, WhitneyError
-from whitney.local.api_errors import not_found
+from whitney.local.api_errors import from_validation_error, not_found
 from whitney.local.journal import canonical_json
 from whitney.local.operations import Waiting
 from whitney.local.service import WhitneyService
@@ -46,8 +49,8 @@ def _hash(value: Any) -> str:
 
 def _seq_id(body: dict[str, Any]) -> int:
     seq_id = body.get("seq_id")
-    if not isinstance(seq_id, int) or isinstance(seq_id, bool) or seq_id < 0:
-        raise translate.bad("seq_id", "expected an integer >= 0")
+    if not isinstance(seq_id, int) or isinstance(seq_id, bool) or not 0 <= seq_id < 2**31:
+        raise translate.bad("seq_id", "expected an integer in 0..2^31-1 (the SDK's int32)")
     return seq_id
 
 
@@ -276,6 +279,11 @@ class TinkerFront:
         """The future of a Tinker request: its operations journaled once, in order."""
         run = self.service.runs.own(tenant, run_id, live=True)
         stream = run_id if stream is None else stream
+        for kind, _, payload in operations:  # refused naming the field, before any hash
+            try:
+                wire.validate_payload(kind, payload)
+            except ValidationError as exc:
+                raise from_validation_error(exc, "payload") from None
         body_hash = _hash([[list(stops)], *([k, s, p] for k, s, p in operations)])
         with self.store.run_lock(run_id):
             found = self.store.find(stream, tinker_seq)
