@@ -40,6 +40,7 @@ from whitney.local.fairness import TenantGate
 from whitney.local.operations import RawJson, Waiting
 from whitney.local.request_body import read_json
 from whitney.local.service import WhitneyService
+from whitney.local.tinker import routes as tinker_routes
 
 log = logging.getLogger("whitney.local.app")
 
@@ -328,6 +329,7 @@ def create_app(service: WhitneyService) -> FastAPI:
         return await call(request, service.files.artifact_path, artifact_id, wrap=file)
 
     openai_routes.install(app, service, gate)
+    tinker_routes.install(app, service, gate)
 
     if faults.latency_s > 0:
         app.add_middleware(LatencyMiddleware, delay_s=faults.latency_s)

@@ -1,0 +1,77 @@
+"""Exactly once across a restart: the server is SIGKILLed after an `optim_step` was answered
+and started again on the same data directory; the resent request gets the original future and
+answer, the run goes on from where it was, and its journal holds that step once."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+from tinker.proto import tinker_public_pb2 as pb
+
+from tests.local.served import served
+from tests.tinker.steps import KEYS, sdk_key
+from whitney import WhitneyClient
+
+TOKENS = [5, 9, 12, 40, 41]
+PROTO = {"Content-Type": "application/x-protobuf"}
+
+
+def _forward_backward(model_id: str, seq_id: int) -> bytes:
+    message = pb.ForwardBackwardRequest(model_id=model_id, seq_id=seq_id, loss_fn="cross_entropy")
+    datum = message.data.add()
+    datum.model_input.add().encoded_text.tokens = np.asarray(TOKENS[:-1], np.int32).tobytes()
+    target = datum.loss_fn_inputs["target_tokens"]
+    target.dtype, target.dense = pb.DTYPE_INT64, np.asarray(TOKENS[1:], np.int64).tobytes()
+    target.shape.append(len(TOKENS) - 1)
+    return message.SerializeToString()
+
+
+def _answer(api: httpx.Client, request_id: str) -> dict:
+    while True:
+        answer = api.post("/api/v1/retrieve_future", json={"request_id": request_id}, timeout=120)
+        assert answer.status_code == 200, answer.text
+        if answer.json().get("type") != "try_again":
+            return answer.json()
+
+
+def test_a_request_resent_after_a_restart_gets_its_original_answer(tmp_path: Path) -> None:
+    with served(tmp_path, keys=KEYS) as server:
+        api = httpx.Client(base_url=server.url, headers={"X-API-Key": sdk_key(0)}, timeout=60)
+        session = api.post("/api/v1/create_session", json={"tags": []}).json()["session_id"]
+        model = {"session_id": session, "model_seq_id": 0, "base_model": "local/tiny"}
+        model_id = api.post("/api/v1/create_model", json=model).json()["model_id"]
+        first = api.post(
+            "/api/v1/forward_backward", content=_forward_backward(model_id, 1), headers=PROTO
+        ).json()
+        step = {"model_id": model_id, "seq_id": 2, "optim_params": {"learning_rate": 0.01}}
+        future = api.post("/api/v1/optim_step", json=step).json()
+        before = _answer(api, future["request_id"])
+        api.post("/api/v1/retrieve_future", json={"request_id": first["request_id"]})
+        api.close()
+
+        server.kill()
+        server.restart()
+        api = httpx.Client(base_url=server.url, headers={"X-API-Key": sdk_key(0)}, timeout=60)
+        assert api.post("/api/v1/optim_step", json=step).json() == future
+        assert _answer(api, future["request_id"]) == before
+        deadline = time.monotonic() + 120
+        while True:  # 503 while the run is rebuilt: the SDK retries it, as here
+            again = api.post(
+                "/api/v1/forward_backward", content=_forward_backward(model_id, 3), headers=PROTO
+            )
+            if again.status_code != 503 or time.monotonic() > deadline:
+                break
+            time.sleep(0.5)
+        assert again.status_code == 200, again.text
+        request_id = again.json()["request_id"]
+        answer = api.post("/api/v1/retrieve_future", json={"request_id": request_id}, timeout=120)
+        assert answer.status_code == 200 and answer.headers["content-type"].startswith(
+            "application/x-protobuf"
+        )
+        api.close()
+        with WhitneyClient(server.url, KEYS[0]) as client:
+            kinds = [op.kind for op in client.iter_journal(model_id)]
+        assert kinds == ["forward_backward", "optim_step", "forward_backward"]

@@ -1,0 +1,233 @@
+"""Tinker's REST routes (`/api/v1/...`) on the embedded server's app, beside Whitney's.
+
+Each handler authenticates the `X-API-Key`, admits the call under the tenant's caps, reads
+the body (JSON, or the protobuf of `forward_backward`, zstd or not, measured both ways), and
+runs `TinkerFront` in one of the tenant's worker threads. A refusal is Whitney's error body
+with its status, except that a 409 is answered 400: the SDK retries a 409 for minutes, and a
+conflict never resolves by waiting. An unexpected exception is a 500 with a short message.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import anyio.to_thread
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
+
+from whitney.errors import InternalError, InvalidRequest, WhitneyError
+from whitney.local.api_errors import error_object
+from whitney.local.fairness import TenantGate
+from whitney.local.operations import Waiting
+from whitney.local.service import WhitneyService
+from whitney.local.tinker import translate
+from whitney.local.tinker.body import read_json_body, read_raw
+from whitney.local.tinker.checkpoints import Checkpoints
+from whitney.local.tinker.front import LONG_POLL_S, Done, TinkerFront
+from whitney.local.tinker.proto import ProtoError, decode_forward_backward
+
+log = logging.getLogger("whitney.local.tinker")
+
+PREFIX = "/api/v1"
+PROTOBUF = "application/x-protobuf"
+CLIENT_CONFIG = {
+    "pjwt_auth_enabled": False,
+    "credential_default_source": "api_key",
+    "parallel_fwdbwd_chunks": False,
+    "proto_compress_fwdbwd": True,
+    "use_pyqwest_transport": False,
+    "sample_use_retrieve_futures": False,
+    "custom_loss_server_side": False,
+    "sample_join_sampling_session": False,
+}
+"""The SDK's flags: chunks of a `forward_backward` are sent one after another, in `seq_id`
+order; custom losses run client-side (a `cross_entropy` with the loss's gradient as weights)."""
+
+
+def _json(content: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    body = json.dumps(content, separators=(",", ":")).encode()
+    return Response(body, status_code=status, media_type="application/json", headers=headers)
+
+
+def _refusal(exc: WhitneyError) -> Response:
+    """Whitney's error body, status (409 answered 400) and Retry-After."""
+    status = exc.status or type(exc).status or InternalError.status
+    headers = None if exc.retry_after is None else {"Retry-After": f"{exc.retry_after:g}"}
+    return _json({"error": error_object(exc)}, 400 if status == 409 else status, headers)
+
+
+def _refuse_delete(tenant: str) -> None:
+    raise translate.refused("checkpoint_id", "deleting checkpoints (the server keeps them)")
+
+
+def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
+    """Mount the Tinker routes on `app`."""
+    front = TinkerFront(service)
+    checkpoints = Checkpoints(service)
+    max_bytes = service.config.limits.max_body_bytes
+
+    async def call(
+        request: Request, fn: Callable[..., Any], *args: Any, body: str | None = "json"
+    ) -> Response:
+        try:
+            tenant = front.authenticate(request.headers.get("x-api-key"))
+            with gate.admit(tenant):
+                call_args: list[Any] = [tenant, *args]
+                if body == "json":
+                    call_args.append(await read_json_body(request, max_bytes))
+                elif body == "proto":
+                    raw = await read_raw(request, max_bytes)
+                    try:
+                        call_args.append(decode_forward_backward(raw))
+                    except ProtoError as exc:
+                        raise InvalidRequest(
+                            f"body (protobuf ForwardBackwardRequest): {exc}",
+                            details={"field": exc.field},
+                        ) from None
+                result = await gate.run_sync(tenant, fn, *call_args)
+        except WhitneyError as exc:
+            return _refusal(exc)
+        except Exception:
+            log.exception("%s %s failed", request.method, request.url.path)
+            return _refusal(InternalError("internal server error"))
+        return _json(result)
+
+    @app.get(f"{PREFIX}/healthz", include_in_schema=False)
+    async def healthz() -> Response:
+        return _json({"status": "ok"})
+
+    @app.post(f"{PREFIX}/client/config", include_in_schema=False)
+    async def client_config(request: Request) -> Response:
+        return await call(request, lambda tenant, body: CLIENT_CONFIG)
+
+    @app.post(f"{PREFIX}/client/dynamic_config", include_in_schema=False)
+    async def dynamic_config(request: Request) -> Response:
+        config = {"refresh_interval_sec": 300, "sample_cancel_enabled": False}
+        return await call(request, lambda tenant, body: config)
+
+    @app.get(f"{PREFIX}/get_server_capabilities", include_in_schema=False)
+    async def capabilities(request: Request) -> Response:
+        return await call(request, lambda tenant: front.capabilities(), body=None)
+
+    @app.post(f"{PREFIX}/telemetry", include_in_schema=False)
+    async def telemetry(request: Request) -> Response:
+        return await call(request, lambda tenant, body: {"status": "accepted"})
+
+    routes: dict[str, Callable[..., Any]] = {
+        "create_session": front.create_session,
+        "session_heartbeat": front.heartbeat,
+        "create_model": front.create_model,
+        "get_info": front.get_info,
+        "unload_model": front.unload_model,
+        "optim_step": front.optim_step,
+        "save_weights": front.save_weights,
+        "save_weights_for_sampler": front.save_weights_for_sampler,
+        "load_weights": front.load_weights,
+        "save_weights_external": front.save_weights_external,
+        "create_sampling_session": front.create_sampling_session,
+        "asample": front.asample,
+    }
+
+    def json_route(name: str, fn: Callable[..., Any]) -> None:
+        async def handler(request: Request) -> Response:
+            return await call(request, fn)
+
+        app.post(f"{PREFIX}/{name}", name=f"tinker_{name}", include_in_schema=False)(handler)
+
+    for name, fn in routes.items():
+        json_route(name, fn)
+
+    @app.post(f"{PREFIX}/forward_backward", include_in_schema=False)
+    async def forward_backward(request: Request) -> Response:
+        content_type = request.headers.get("content-type", "")
+        if not content_type.startswith(PROTOBUF):
+            return _refusal(
+                InvalidRequest(
+                    f"Content-Type: {content_type[:64]!r} is not served for forward_backward "
+                    f"(the SDK sends {PROTOBUF})",
+                    details={"field": "Content-Type"},
+                )
+            )
+        return await call(request, front.forward_backward, body="proto")
+
+    @app.post(f"{PREFIX}/sessions/{{session_id}}/finish", include_in_schema=False)
+    async def finish_session(request: Request, session_id: str) -> Response:
+        return await call(request, front.finish_session, session_id, body=None)
+
+    @app.get(f"{PREFIX}/samplers/{{sampling_session_id}}", include_in_schema=False)
+    async def get_sampler(request: Request, sampling_session_id: str) -> Response:
+        return await call(request, front.get_sampler, sampling_session_id, body=None)
+
+    runs = f"{PREFIX}/training_runs"
+    checkpoint = f"{runs}/{{run_id}}/checkpoints/{{kind}}/{{name}}"
+
+    @app.get(runs, include_in_schema=False)
+    async def training_runs(request: Request, limit: int = 20, offset: int = 0) -> Response:
+        if not (1 <= limit <= 1000 and offset >= 0):
+            return _refusal(translate.bad("limit", "limit within 1..1000, offset >= 0"))
+        return await call(request, checkpoints.training_runs, limit, offset, body=None)
+
+    @app.get(f"{runs}/{{run_id}}", include_in_schema=False)
+    async def training_run(request: Request, run_id: str) -> Response:
+        return await call(request, checkpoints.training_run, run_id, body=None)
+
+    @app.get(f"{runs}/{{run_id}}/checkpoints", include_in_schema=False)
+    async def list_checkpoints(request: Request, run_id: str) -> Response:
+        return await call(request, checkpoints.checkpoints, run_id, body=None)
+
+    @app.get(f"{checkpoint}/external_weights_urls", include_in_schema=False)
+    async def external_urls(request: Request, run_id: str, kind: str, name: str) -> Response:
+        base_url = str(request.base_url).rstrip("/")
+        fn = checkpoints.external_urls
+        return await call(request, fn, run_id, kind, name, base_url, body=None)
+
+    @app.put(f"{checkpoint}/ttl", include_in_schema=False)
+    async def checkpoint_ttl(request: Request, run_id: str, kind: str, name: str) -> Response:
+        """Accepted: the embedded server keeps every checkpoint, with no expiry."""
+        return await call(request, lambda tenant, body: {})
+
+    @app.delete(checkpoint, include_in_schema=False)
+    async def delete_checkpoint(request: Request, run_id: str, kind: str, name: str) -> Response:
+        return await call(request, _refuse_delete, body=None)
+
+    @app.get(f"{PREFIX}/external_weights/{{token}}/{{member:path}}", include_in_schema=False)
+    async def external_file(token: str, member: str) -> Response:
+        """A signed URL's file: the token is the credential (the SDK sends no key)."""
+        try:
+            data = await anyio.to_thread.run_sync(checkpoints.file, token, member)
+        except WhitneyError as exc:
+            return _refusal(exc)
+        return Response(data, media_type="application/octet-stream")
+
+    @app.post(f"{PREFIX}/retrieve_future", include_in_schema=False)
+    async def retrieve_future(request: Request) -> Response:
+        try:
+            tenant = front.authenticate(request.headers.get("x-api-key"))
+            with gate.admit(tenant, long_poll=True):
+                body = await read_json_body(request, max_bytes)
+                request_id = body.get("request_id")
+                if not isinstance(request_id, str):
+                    raise InvalidRequest(
+                        "request_id: expected a string", details={"field": "request_id"}
+                    )
+                deadline = time.monotonic() + LONG_POLL_S
+                while True:
+                    wait_s = max(0.0, deadline - time.monotonic())
+                    answer = await gate.run_sync(tenant, front.poll, tenant, request_id, wait_s)
+                    if not isinstance(answer, Waiting):
+                        break
+                    await service.operations.wait(answer)
+        except WhitneyError as exc:
+            return _refusal(exc)
+        except Exception:
+            log.exception("retrieve_future failed")
+            return _refusal(InternalError("internal server error"))
+        if not isinstance(answer, Done):
+            return _json({"type": "try_again", "request_id": request_id, "queue_state": "active"})
+        if answer.proto is not None:
+            return Response(answer.proto, media_type=PROTOBUF)
+        return _json(answer.json)
