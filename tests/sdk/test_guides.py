@@ -34,6 +34,9 @@ TOP = (
 )
 REPO_PATH = re.compile(rf"^(?:{'|'.join(TOP)})(?:/[A-Za-z0-9_.-]+)*/?$")
 MAIN_JOB = 'pip install -e ".[local]" && whitney-flows run rl'
+MEASURED_HEADER = "| benchmark | what it compares | measured (2 cores) |"
+COMMANDS_HEADER = "| figure | where | command |"
+COMMAND_PATH = re.compile(r"\b(?:benchmarks|tests|examples)/[\w./-]+\.(?:py|toml)\b")
 
 
 def slug(heading: str) -> str:
@@ -102,6 +105,20 @@ def test_every_path_a_guide_names_exists() -> None:
 def table_rows(page: str, header: str) -> list[list[str]]:
     """The cells of each row of the markdown table of docs/`page` whose header is `header`."""
     return table((ROOT / "docs" / page).read_text(), header)
+
+
+def test_every_figures_command_names_files_that_exist() -> None:
+    """Each benchmark of docs/measured.md's table, and each script, test or example the
+    commands behind the figures name, is a file of the repository."""
+    benchmarks = [row[0].strip("`") for row in table_rows("measured.md", MEASURED_HEADER)]
+    commands = [row[2] for row in table_rows("measured.md", COMMANDS_HEADER)]
+    named = [path for command in commands for path in COMMAND_PATH.findall(command)]
+    assert len(benchmarks) > 10 and len(named) > 10 and all(commands)
+    missing = [
+        f"benchmarks/{name}" for name in benchmarks if not (ROOT / "benchmarks" / name).is_file()
+    ]
+    missing += [path for path in named if not (ROOT / path).is_file()]
+    assert missing == []
 
 
 def test_the_rl_guides_loss_table_is_the_sdks() -> None:
