@@ -10,7 +10,9 @@ T = TypeVar("T")
 
 def every_page(read: Callable[[int], list[T]]) -> list[T]:
     """Everything `read(offset)` gives, page after page (of the server's size) until one is
-    empty."""
+    empty. `read` selects, on the server, what only grows while it is read (a tag, a parent, an
+    ended state) in a fixed order: a run leaving the selection meanwhile (one that ends, read
+    among open ones) would shift a later page past another. Act once everything is read."""
     items: list[T] = []
     while page := read(len(items)):
         items.extend(page)

@@ -24,6 +24,7 @@ from prefect import Flow, flow, get_client, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 from prefect.client.schemas.objects import FlowRun
+from prefect.client.schemas.sorting import FlowRunSort
 from prefect.context import FlowRunContext
 from prefect.deployments import run_deployment
 from prefect.states import Cancelling, State
@@ -33,6 +34,7 @@ from flows.core.budget import check_budget, flow_cost_model
 from flows.core.connection import resolve_connection
 from flows.core.cost import Budget
 from flows.core.events import sweep_best
+from flows.core.paging import every_page
 from flows.core.records import artifact_key
 from flows.sweep.comparison import comparison_markdown, summaries
 from flows.sweep.config import SweepConfig
@@ -51,9 +53,13 @@ def cancel_trials(flow: Flow[..., Any], flow_run: FlowRun, state: State) -> None
     """The sweep's hook on failure, crash and cancellation: cancel its trials still running
     (their own hooks then release their Whitney runs)."""
     with get_client(sync_client=True) as prefect:
-        runs = prefect.read_flow_runs(
-            flow_run_filter=FlowRunFilter(
-                tags=FlowRunFilterTags(all_=[f"{SWEEP_TAG}:{flow_run.id}"])
+        runs = every_page(
+            lambda offset: prefect.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    tags=FlowRunFilterTags(all_=[f"{SWEEP_TAG}:{flow_run.id}"])
+                ),
+                sort=FlowRunSort.ID_DESC,
+                offset=offset,
             )
         )
         for run in runs:
