@@ -19,6 +19,7 @@ stopped trial holds nothing on Whitney; the sweep releases anything its flow run
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 from prefect import Flow, flow, get_client, get_run_logger
 from prefect.artifacts import create_markdown_artifact
@@ -47,6 +48,12 @@ from flows.sweep.trials import SWEEP_TAG, TrialRequest, run_trial
 PROMOTE_DEPLOYMENT = "promote-checkpoint/promote-checkpoint"
 WAITING_TRIALS = 256
 """Threads of the sweep's task runner: trials waiting for a slot wait in one each."""
+
+
+def comparison_key(sweep_id: UUID) -> str:
+    """The key of the sweep's comparison artifact: its flow run's id, not its name (names
+    repeat)."""
+    return artifact_key("sweep", str(sweep_id))
 
 
 def cancel_trials(flow: Flow[..., Any], flow_run: FlowRun, state: State) -> None:
@@ -170,7 +177,7 @@ def sweep_flow(config: SweepConfig, whitney_block: str | None = None) -> SweepRe
     )
     create_markdown_artifact(
         markdown=comparison_markdown(result, config.rungs),
-        key=artifact_key("sweep", sweep_run.name),
+        key=comparison_key(sweep_run.id),
         description=f"Every trial of the sweep, by {config.metric}",
     )
     if best is None or best_rung is None:

@@ -1,7 +1,8 @@
 """The flows' Prefect reads on the test harness's API (no Whitney): a sweep that fails cancels
 every open trial of more than a page of them; after an outage every open subflow of more than
 a page of them, and theirs, is marked Crashed; a retried sweep finds its trial's run that
-ended, the last to end. Prefect answers a read that names no limit with a page of 200
+ended, the last to end; the sweep's comparison artifact is keyed by its flow run's id (names
+repeat). Prefect answers a read that names no limit with a page of 200
 (PREFECT_SERVER_API_DEFAULT_LIMIT)."""
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from uuid import UUID, uuid4
 import pytest
 from prefect import get_client, task
 from prefect.client.orchestration import SyncPrefectClient
+from prefect.client.schemas.actions import ArtifactCreate
+from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
 from prefect.client.schemas.objects import FlowRun, State, StateType
 from prefect.states import Completed, Failed, Running
 
 from flows.core.orchestrator import crash_open_subflows
-from flows.sweep.flow import cancel_trials, sweep_flow
+from flows.sweep.flow import cancel_trials, comparison_key, sweep_flow
 from flows.sweep.trials import SWEEP_TAG, TrialRequest, ended_trial_run
 
 PAGE = 200
@@ -141,3 +144,24 @@ def test_a_retried_sweep_finds_its_trials_run_that_ended_last(
     last = new_run(prefect, deployment, Completed(), tags=tags, name=request.flow_run_name)
     found = ended_trial_run(prefect, request)
     assert found is not None and found.id == last.id
+
+
+def test_the_comparison_is_keyed_by_the_sweeps_flow_run_id(
+    prefect: SyncPrefectClient, deployment: UUID
+) -> None:
+    """Two sweep flow runs of one name: two keys, each a key Prefect takes, so neither
+    comparison overwrites the other's."""
+    first = new_run(prefect, deployment, Completed())
+    second = new_run(prefect, deployment, Completed(), name=first.name)
+    assert second.name == first.name
+    keys = [comparison_key(run.id) for run in (first, second)]
+    assert keys == [f"sweep-{first.id}", f"sweep-{second.id}"]
+    for key, run in zip(keys, (first, second), strict=True):
+        prefect.create_artifact(
+            ArtifactCreate(key=key, type="markdown", data=str(run.id), flow_run_id=run.id)
+        )
+    for key, run in zip(keys, (first, second), strict=True):
+        (artifact,) = prefect.read_latest_artifacts(
+            artifact_filter=ArtifactCollectionFilter(key=ArtifactCollectionFilterKey(any_=[key]))
+        )
+        assert artifact.data == str(run.id)
