@@ -5,7 +5,9 @@ server and the Whitney server are SIGKILLed `--each` times each, in a seeded ran
 seeded random moments, and started again. Prints the kills and what each recovery cost, then
 checks every run against an undisturbed run of its seed (run first, one at a time): the same
 adapter sha256, each seq id executed once, every Whitney session closed, no flow run left
-open, no flow process left alive. tests/e2e/test_chaos.py is the short one.
+open, no flow process left alive; then the recoveries by path: for each continued flow run,
+whether the resume-run trigger or the resume sweep decided, and whether its Crashed or Failed
+state event was stored. tests/e2e/test_chaos.py is the short one.
 
     python benchmarks/chaos_soak.py [--seed 29] [--runs 3] [--each 2] [--cycles 30]
 
@@ -33,6 +35,8 @@ from tests.e2e.chaos import (  # noqa: E402
     check,
     live_flow_processes,
     open_flow_runs,
+    recoveries,
+    recovery_rows,
     table,
 )
 from tests.e2e.conftest import RESUME_SWEEP, RESUME_TRIGGER, running_stack  # noqa: E402
@@ -96,9 +100,12 @@ def main() -> int:
             lambda: live_flow_processes(stack, since, seen) == [],
             120,
         )
+        paths = recovery_rows(recoveries(stack, chains, since))  # every resume-run ended
     print(f"\nchaos soak, seed {args.seed}: {len(soak.kills)} kills")
     print(table(soak.kills))
     print("\n".join(rows))
+    print("\nrecoveries by path")
+    print("\n".join(paths))
     print(
         f"wall time: {disturbed_s:.1f} s under chaos ({args.runs} runs side by side) against "
         f"{undisturbed_s:.1f} s undisturbed (one after the other); every run ended with its "

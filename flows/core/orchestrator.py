@@ -40,16 +40,13 @@ from typing import Any, TypeVar
 import httpx
 from prefect import get_client
 from prefect.client.orchestration import SyncPrefectClient
-from prefect.client.schemas.filters import (
-    FlowRunFilter,
-    FlowRunFilterParentFlowRunId,
-    FlowRunFilterState,
-    FlowRunFilterStateType,
-)
-from prefect.client.schemas.objects import StateType
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterParentFlowRunId
+from prefect.client.schemas.sorting import FlowRunSort
 from prefect.context import FlowRunContext
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Crashed
+
+from flows.core.paging import every_page
 
 T = TypeVar("T")
 OUTAGE_ENV = "WHITNEY_FLOWS_PREFECT_OUTAGE_S"
@@ -235,20 +232,22 @@ def ride_out(call: Callable[[], T], notice: PrefectAwayNotice, what: str) -> T:
         return result
 
 
-FINAL_STATES = [StateType.COMPLETED, StateType.FAILED, StateType.CANCELLED, StateType.CRASHED]
-
-
 def crash_open_subflows(prefect: SyncPrefectClient, parent_id: Any, why: str) -> list[str]:
     """Mark Crashed (with `why`) every subflow run of `parent_id`, and theirs, not in a final
     state: runs whose process or API went away under them. Their names."""
-    children = prefect.read_flow_runs(
-        flow_run_filter=FlowRunFilter(
-            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_id]),
-            state=FlowRunFilterState(type=FlowRunFilterStateType(not_any_=FINAL_STATES)),
+    children = every_page(
+        lambda offset: prefect.read_flow_runs(
+            flow_run_filter=FlowRunFilter(
+                parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[parent_id])
+            ),
+            sort=FlowRunSort.ID_DESC,
+            offset=offset,
         )
     )
     names: list[str] = []
     for child in children:
+        if child.state is not None and child.state.is_final():
+            continue
         names += crash_open_subflows(prefect, child.id, why)
         prefect.set_flow_run_state(child.id, Crashed(message=why), force=True)
         names.append(child.name)

@@ -15,9 +15,8 @@ of decisions is read, however many old failures a busy server holds.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any, TypeVar
+from typing import Any
 
 from prefect import flow, get_client, get_run_logger
 from prefect.client.orchestration import SyncPrefectClient
@@ -36,6 +35,7 @@ from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.client.schemas.sorting import ArtifactCollectionSort, FlowRunSort
 
 from flows.catalogue import DEPLOYMENTS
+from flows.core.paging import every_page
 from flows.resume.flow import decision_key, resume_run
 
 
@@ -77,18 +77,6 @@ def undecided(prefect: SyncPrefectClient, runs: list[FlowRun]) -> list[FlowRun]:
     )
     seen = {artifact.key for artifact in decided}
     return [run for key, run in keys.items() if key not in seen]
-
-
-T = TypeVar("T")
-
-
-def every_page(read: Callable[[int], list[T]]) -> list[T]:
-    """Everything `read(offset)` gives, page after page (of the server's size) until one is
-    empty."""
-    items: list[T] = []
-    while page := read(len(items)):
-        items.extend(page)
-    return items
 
 
 @flow(name="resume-sweep", persist_result=False)

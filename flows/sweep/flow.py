@@ -19,11 +19,13 @@ stopped trial holds nothing on Whitney; the sweep releases anything its flow run
 from __future__ import annotations
 
 from typing import Any
+from uuid import UUID
 
 from prefect import Flow, flow, get_client, get_run_logger
 from prefect.artifacts import create_markdown_artifact
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterTags
 from prefect.client.schemas.objects import FlowRun
+from prefect.client.schemas.sorting import FlowRunSort
 from prefect.context import FlowRunContext
 from prefect.deployments import run_deployment
 from prefect.states import Cancelling, State
@@ -33,6 +35,7 @@ from flows.core.budget import check_budget, flow_cost_model
 from flows.core.connection import resolve_connection
 from flows.core.cost import Budget
 from flows.core.events import sweep_best
+from flows.core.paging import every_page
 from flows.core.records import artifact_key
 from flows.sweep.comparison import comparison_markdown, summaries
 from flows.sweep.config import SweepConfig
@@ -47,13 +50,23 @@ WAITING_TRIALS = 256
 """Threads of the sweep's task runner: trials waiting for a slot wait in one each."""
 
 
+def comparison_key(sweep_id: UUID) -> str:
+    """The key of the sweep's comparison artifact: its flow run's id, not its name (names
+    repeat)."""
+    return artifact_key("sweep", str(sweep_id))
+
+
 def cancel_trials(flow: Flow[..., Any], flow_run: FlowRun, state: State) -> None:
     """The sweep's hook on failure, crash and cancellation: cancel its trials still running
     (their own hooks then release their Whitney runs)."""
     with get_client(sync_client=True) as prefect:
-        runs = prefect.read_flow_runs(
-            flow_run_filter=FlowRunFilter(
-                tags=FlowRunFilterTags(all_=[f"{SWEEP_TAG}:{flow_run.id}"])
+        runs = every_page(
+            lambda offset: prefect.read_flow_runs(
+                flow_run_filter=FlowRunFilter(
+                    tags=FlowRunFilterTags(all_=[f"{SWEEP_TAG}:{flow_run.id}"])
+                ),
+                sort=FlowRunSort.ID_DESC,
+                offset=offset,
             )
         )
         for run in runs:
@@ -164,7 +177,7 @@ def sweep_flow(config: SweepConfig, whitney_block: str | None = None) -> SweepRe
     )
     create_markdown_artifact(
         markdown=comparison_markdown(result, config.rungs),
-        key=artifact_key("sweep", sweep_run.name),
+        key=comparison_key(sweep_run.id),
         description=f"Every trial of the sweep, by {config.metric}",
     )
     if best is None or best_rung is None:

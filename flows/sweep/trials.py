@@ -19,8 +19,15 @@ from typing import Any
 from prefect import get_client, get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 from prefect.client.orchestration import SyncPrefectClient
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterName, FlowRunFilterTags
-from prefect.client.schemas.objects import FlowRun
+from prefect.client.schemas.filters import (
+    FlowRunFilter,
+    FlowRunFilterName,
+    FlowRunFilterState,
+    FlowRunFilterStateType,
+    FlowRunFilterTags,
+)
+from prefect.client.schemas.objects import TERMINAL_STATES, FlowRun
+from prefect.client.schemas.sorting import FlowRunSort
 from prefect.concurrency.sync import concurrency
 from prefect.deployments import run_deployment
 from prefect.events.filters import (
@@ -67,14 +74,18 @@ class TrialRequest(BaseModel):
 
 
 def ended_trial_run(prefect: SyncPrefectClient, request: TrialRequest) -> FlowRun | None:
-    """The trial's flow run of this sweep if one already ended (a retried sweep)."""
+    """The trial's flow run of this sweep if one already ended (a retried sweep), the last to
+    end."""
     runs = prefect.read_flow_runs(
         flow_run_filter=FlowRunFilter(
             tags=FlowRunFilterTags(all_=[request.tag]),
             name=FlowRunFilterName(any_=[request.flow_run_name]),
-        )
+            state=FlowRunFilterState(type=FlowRunFilterStateType(any_=list(TERMINAL_STATES))),
+        ),
+        sort=FlowRunSort.END_TIME_DESC,
+        limit=1,
     )
-    return next((run for run in runs if run.state is not None and run.state.is_final()), None)
+    return runs[0] if runs else None
 
 
 def start_and_wait(

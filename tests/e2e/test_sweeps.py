@@ -147,6 +147,7 @@ def test_a_sweep_of_four_trials_runs_two_at_a_time_and_halves(alive: Stack) -> N
 
     # the comparison lists all 4, how each ended, and the picture
     (artifact,) = [a for a in alive.api.artifacts([done["id"]]) if a["type"] == "markdown"]
+    assert artifact["key"] == f"sweep-{done['id']}"
     rows = [line for line in artifact["data"].splitlines() if re.match(r"^\| \d+ \|", line)]
     assert [int(row.split("|")[1]) for row in rows] == list(range(4))
     status = {int(row.split("|")[1]): row.split("|")[-4].strip() for row in rows}
