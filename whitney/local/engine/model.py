@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor
 
-from whitney.local.engine import exact
+from whitney.local.engine import exact, kernels
 from whitney.tokenizers import EOS_ID, VOCAB_SIZE
 
 if TYPE_CHECKING:
@@ -217,10 +217,7 @@ class Values:
 
     @classmethod
     def of(cls, v: Tensor, grid: Tensor) -> Values:
-        scaled = v.detach().double() / grid
-        hi = torch.round(scaled)
-        lo = torch.round((scaled - hi) * 2.0**VALUE_BITS) * 2.0**-VALUE_BITS
-        return cls(hi * grid, lo * grid)
+        return cls(*VALUE_PARTS(v.detach().float().contiguous(), grid))
 
     def rows(self, index: Tensor) -> Values:
         return Values(self.hi[index], self.lo[index])
@@ -236,16 +233,45 @@ def attention_weights_times_values(
     """sum_j p_j v_j / sum_j p_j for p in [0, 1] (float32) [B, H, Tq, Tk], from exact sums (p
     split in hi + lo parts of prob_bits each, on grids common to all keys) combined in a fixed
     order; and sum_j p_j itself (exact, float64)."""
-    scaled = p.double() * 2.0**prob_bits
-    p_hi = torch.round(scaled)
-    p_lo = torch.round((scaled - p_hi) * 2.0**prob_bits) * 2.0**-prob_bits
-    z = p_hi.sum(-1, keepdim=True) + p_lo.sum(-1, keepdim=True)
+    p_hi, p_lo, z = PROB_PARTS(p.reshape(-1, p.shape[-1]), exact.power(prob_bits, torch.float64))
     check()
     hi, lo, kv = values.hi, values.lo, values.hi.shape[1]
-    p_hi, p_lo = grouped(p_hi, kv), grouped(p_lo, kv)
+    p_hi, p_lo = grouped(p_hi.view(p.shape), kv), grouped(p_lo.view(p.shape), kv)
     fine = torch.matmul(p_hi, lo) + torch.matmul(p_lo, hi)
-    out = (torch.matmul(p_hi, hi) + fine).view(*p.shape[:-1], hi.shape[-1])
-    return (out / z).float(), z * 2.0**-prob_bits
+    out = torch.matmul(p_hi, hi)
+    return WEIGHTED_MEAN(out.view(-1, out.shape[-1]), fine.view(-1, out.shape[-1]), z).view(
+        *p.shape[:-1], hi.shape[-1]
+    ), z.view(*p.shape[:-1], 1) * 2.0**-prob_bits
+
+
+def prob_parts(p: Tensor, unit: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Rows of attention weights [N, keys] (float32, in [0, 1]) as hi + lo parts on the grids
+    1 / unit and 1 / unit**2, and the rows' exact sums in units of 1 / unit (float64)."""
+    scaled = p.double() * unit
+    p_hi = scaled.round()
+    p_lo = ((scaled - p_hi) * unit).round() / unit
+    return p_hi, p_lo, p_hi.sum(-1, keepdim=True) + p_lo.sum(-1, keepdim=True)
+
+
+def weighted_mean(coarse: Tensor, fine: Tensor, z: Tensor) -> Tensor:
+    """(coarse + fine) / z rounded to float32, row by row (rows [N, d], sums [N, 1])."""
+    return ((coarse + fine) / z).float()
+
+
+def value_parts(v: Tensor, grid: Tensor) -> tuple[Tensor, Tensor]:
+    """`Values` of float32 values [B, kv_heads, T, d] on their grid [kv_heads, 1, d]."""
+    scaled = v.double() / grid
+    hi = scaled.round()
+    lo = ((scaled - hi) * 2.0**VALUE_BITS).round() * 2.0**-VALUE_BITS
+    return hi * grid, lo * grid
+
+
+def shifted_scores(raw: Tensor, visible: Tensor, scale: Tensor) -> Tensor:
+    """Exact scores [B, H, Tq, Tk] (float64) rounded to float32 and scaled, the keys not
+    `visible` [B, 1, Tq, Tk] at -inf, less each row's largest: the exponent of a probability."""
+    scores = raw.float() * scale
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return scores - scores.amax(-1, keepdim=True)
 
 
 def grouped(x: Tensor, kv_heads: int) -> Tensor:
@@ -284,10 +310,16 @@ def query_chunks(
 def attention_probabilities(fq: Tensor, keys: Tensor, visible: Tensor) -> Tensor:
     """exp(score - the row's largest score) [B, H, Tq, Tk] (float32) of fixed-point queries over
     keys; each element's bits depend on its row alone (exact scores, `vectorized` exp)."""
-    scores = exact.matmul(grouped(fq, keys.shape[1]), keys).view(*fq.shape[:-1], keys.shape[2])
-    scores = scores * (1.0 / math.sqrt(fq.shape[-1]))
-    scores = scores.masked_fill(~visible, float("-inf"))
-    return exact.vectorized(torch.exp, scores - scores.amax(-1, keepdim=True))
+    raw = torch.matmul(grouped(fq, keys.shape[1]), keys.transpose(-1, -2))
+    scale = score_scale(fq.shape[-1])
+    exponent = SHIFTED_SCORES(raw.view(*fq.shape[:-1], keys.shape[2]), visible.contiguous(), scale)
+    return exact.vectorized(torch.exp, exponent)
+
+
+@functools.cache
+def score_scale(head_dim: int) -> Tensor:
+    """1 / sqrt(head_dim) in float32, as a kernel's argument."""
+    return torch.tensor(1.0 / math.sqrt(head_dim), dtype=torch.float32)
 
 
 class Attention(torch.autograd.Function):
@@ -737,3 +769,46 @@ class Llama:
         if torch.is_grad_enabled() and hidden.requires_grad:
             return ExactLinear.apply(hidden, self.head, self.w["lm_head.weight"])
         return exact.linear(hidden, self.head)
+
+
+def attention_examples() -> list[tuple]:
+    """Attention weights [N, keys] to compile `prob_parts` on."""
+    p = torch.rand(6, 40, generator=torch.Generator().manual_seed(0))
+    return [
+        (p, exact.power(20, torch.float64)),
+        (p[2:3, :3].clone(), exact.power(21, torch.float64)),
+    ]
+
+
+def mean_examples() -> list[tuple]:
+    gen = torch.Generator().manual_seed(0)
+    coarse, fine = (
+        torch.randn(6, 8, dtype=torch.float64, generator=gen),
+        torch.rand(6, 8, dtype=torch.float64),
+    )
+    z = torch.rand(6, 1, dtype=torch.float64) + 1
+    return [(coarse, fine, z), (coarse[:1].clone(), fine[:1].clone(), z[:1].clone())]
+
+
+def value_examples() -> list[tuple]:
+    gen = torch.Generator().manual_seed(0)
+    grid = exact.pow2(torch.randint(-12, -8, (3, 1, 8), generator=gen))
+    v = torch.randn(2, 3, 5, 8, generator=gen)
+    return [(v, grid), (v[:1, :, :1].clone(), grid)]
+
+
+def score_examples() -> list[tuple]:
+    gen = torch.Generator().manual_seed(0)
+    raw = torch.randn(2, 4, 5, 7, dtype=torch.float64, generator=gen) * 30
+    visible = torch.arange(7)[None, None, None, :] <= torch.arange(2, 7)[None, None, :, None]
+    visible = visible.expand(2, 1, 5, 7).contiguous()
+    return [
+        (raw, visible, score_scale(32)),
+        (raw[:1, :, :1].clone(), visible[:1, :, :1].clone(), score_scale(64)),
+    ]
+
+
+PROB_PARTS = kernels.kernel(attention_examples, (0, 1))(prob_parts)
+WEIGHTED_MEAN = kernels.kernel(mean_examples, (0, 1), (0, 1), (0,))(weighted_mean)
+VALUE_PARTS = kernels.kernel(value_examples, (0, 2))(value_parts)
+SHIFTED_SCORES = kernels.kernel(score_examples, (0, 2, 3), (0, 2, 3))(shifted_scores)

@@ -1,0 +1,202 @@
+"""The exact elementwise work around each product (roundings to fixed point, exact sums of
+integers), fused into C++ kernels by torch.compile (Inductor, the machine's C++ compiler).
+
+Every kernel is a plain torch function of exact operations only (scalings by powers of two,
+roundings, bit manipulations, sums of integers below 2**53, comparisons): the compiled kernel
+gives the bits of the eager function, which runs instead where no compiler is present, under
+`WHITNEY_ENGINE_COMPILE=0`, until the kernels are compiled, or after a compiled kernel fails.
+Kernels compile once in a background thread (eager meanwhile: the same bits), each checked bit
+for bit against its eager function first, with every dimension dynamic so that no shape
+compiles again; the cache is the user's (`$XDG_CACHE_HOME/whitney-flows/inductor`)."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+log = logging.getLogger("whitney.local.engine")
+
+COMPILE_ENV = "WHITNEY_ENGINE_COMPILE"
+Examples = Callable[[], list[tuple]]
+
+
+@dataclass
+class Kernel:
+    """One fused kernel: the eager function, its compiled form once ready, and example
+    arguments to compile it on (`dynamic` the dims of each tensor argument left unspecialised,
+    so that sizes 0 and 1 run the same kernel)."""
+
+    eager: Callable[..., object]
+    examples: Examples
+    dynamic: tuple[tuple[int, ...], ...]
+    compiled: Callable[..., object] | None = None
+
+    def __call__(self, *args):
+        compiled = self.compiled
+        if compiled is None:
+            STATE.start()
+            return self.eager(*args)
+        try:
+            with torch.no_grad():  # as compiled: the kernels' inputs are detached
+                return compiled(*args)
+        except Exception as error:  # noqa: BLE001 - any failure falls back to the same bits
+            STATE.fail(f"a compiled kernel failed ({type(error).__name__}: {error})")
+            return self.eager(*args)
+
+
+class State:
+    """Whether kernels compile, and the one background compilation of all of them."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.kernels: list[Kernel] = []
+        self.thread: threading.Thread | None = None
+        self.done = threading.Event()
+        self.stop = threading.Event()
+        self.said = False
+        self.seconds = 0.0
+
+    def say(self, message: str) -> None:
+        """Log `message` once per process (the first reason kernels run eager)."""
+        if not self.said:
+            self.said = True
+            log.warning("engine: %s; running eager (the same bits)", message)
+
+    def fail(self, message: str) -> None:
+        for kernel in self.kernels:
+            kernel.compiled = None
+        self.thread = self.thread or threading.current_thread()  # never start again
+        self.done.set()
+        self.say(message)
+
+    def start(self) -> None:
+        """Start compiling every kernel in the background, once per process (unless off)."""
+        if self.thread is not None:
+            return
+        with self.lock:
+            if self.thread is not None:
+                return
+            reason = unavailable()
+            if reason is not None:
+                self.thread = threading.current_thread()
+                self.done.set()
+                self.say(reason)
+                return
+            self.thread = threading.Thread(target=self.compile_all, name="engine-compile")
+            self.thread.daemon = True
+            self.thread.start()
+
+    def compile_all(self) -> None:
+        """Compile the kernels at the lowest priority (they only use a core nothing else wants),
+        stopping between two kernels if the process exits."""
+        t0 = time.perf_counter()
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread, and gcc
+        compiled = []
+        try:
+            for kernel in self.kernels:
+                if self.stop.is_set():
+                    return
+                compiled.append(compile_kernel(kernel))
+        except Exception as error:  # noqa: BLE001 - no compiled kernels, the same bits
+            self.fail(f"compiling the engine's kernels failed ({type(error).__name__}: {error})")
+            return
+        if any(c is None for c in compiled):
+            self.fail("a compiled kernel's bits differed from its eager function's")
+            return
+        # a call whose guards fail (an unforeseen shape or stride) runs eager, never compiles
+        torch.compiler.set_stance("eager_on_recompile")
+        for kernel, fn in zip(self.kernels, compiled, strict=True):
+            kernel.compiled = fn
+        self.seconds = time.perf_counter() - t0
+        log.info("engine: %d kernels compiled in %.1f s", len(compiled), self.seconds)
+        self.done.set()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Start compiling if not started and wait for it; True if the kernels are compiled."""
+        self.start()
+        self.done.wait(timeout)
+        return all(kernel.compiled is not None for kernel in self.kernels)
+
+    def finish(self) -> None:
+        """At exit: wait for the kernel being compiled (an interpreter cannot exit during it)."""
+        self.stop.set()
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread() and thread.is_alive():
+            thread.join()
+
+    def after_fork(self) -> None:
+        """A forked child has no compiling thread: it starts its own, if it needs kernels."""
+        self.lock = threading.Lock()
+        if not self.done.is_set():
+            self.thread, self.done = None, threading.Event()
+
+
+STATE = State()
+os.register_at_fork(after_in_child=STATE.after_fork)
+atexit.register(STATE.finish)
+
+
+def unavailable() -> str | None:
+    """Why kernels run eager in this process, or None if they compile."""
+    if os.environ.get(COMPILE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return f"compiled kernels off ({COMPILE_ENV}=0)"
+    compiler = os.environ.get("CXX", "g++")
+    if shutil.which(compiler) is None:
+        return f"no C++ compiler ({compiler}) for compiled kernels"
+    return None
+
+
+def cache_directory() -> Path:
+    """Where compiled kernels are kept: the user's cache directory."""
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "whitney-flows" / "inductor"
+
+
+def compile_kernel(kernel: Kernel) -> Callable[..., object] | None:
+    """The kernel compiled, or None if its bits on the examples differ from the eager ones."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_directory()))
+    import torch._inductor.config
+    import torch.fx.experimental._config as fx_config
+
+    torch._inductor.config.compile_threads = 1  # in this thread: no pool of compile processes
+    fx_config.use_duck_shape = False  # equal sizes in one call are no reason to recompile
+    compiled = torch.compile(kernel.eager, dynamic=True, fullgraph=True)
+    for args in kernel.examples():
+        for arg, dims in zip(args, kernel.dynamic, strict=False):
+            for dim in dims:
+                torch._dynamo.decorators.mark_unbacked(arg, dim)
+        with torch.no_grad():
+            if not same_bits(compiled(*args), kernel.eager(*args)):
+                return None
+    return compiled
+
+
+def same_bits(a, b) -> bool:
+    if isinstance(a, tuple):
+        return all(same_bits(x, y) for x, y in zip(a, b, strict=True))
+    return a.dtype == b.dtype and a.shape == b.shape and bool(bits(a).eq(bits(b)).all())
+
+
+def bits(t: Tensor) -> Tensor:
+    return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()])
+
+
+def kernel(examples: Examples, *dynamic: tuple[int, ...]) -> Callable[[Callable], Kernel]:
+    """Register a fused kernel: `examples` builds arguments to compile and check it on."""
+
+    def register(fn: Callable) -> Kernel:
+        made = Kernel(fn, examples, dynamic)
+        STATE.kernels.append(made)
+        return made
+
+    return register
