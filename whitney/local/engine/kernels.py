@@ -5,9 +5,10 @@ Every kernel is a plain torch function of exact operations only (scalings by pow
 roundings, bit manipulations, sums of integers below 2**53, comparisons): the compiled kernel
 gives the bits of the eager function, which runs instead where no compiler is present, under
 `WHITNEY_ENGINE_COMPILE=0`, until the kernels are compiled, or after a compiled kernel fails.
-Kernels compile once in a background thread (eager meanwhile: the same bits), each checked bit
-for bit against its eager function first, with every dimension dynamic so that no shape
-compiles again; the cache is the user's (`$XDG_CACHE_HOME/whitney-flows/inductor`)."""
+Kernels compile once per process in the background (eager meanwhile: the same bits), in a
+child process at the lowest priority, then load from the cache it filled (the user's:
+`$XDG_CACHE_HOME/whitney-flows/inductor`), each checked bit for bit against its eager
+function first, every dimension dynamic so that no shape compiles again."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import atexit
 import logging
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -55,12 +58,16 @@ class Kernel:
 
 
 class State:
-    """Whether kernels compile, and the one background compilation of all of them."""
+    """Whether kernels compile, and the one background compilation of all of them: a child
+    process compiles them into the cache (at the lowest priority, so it only takes a core
+    nothing else wants), then this process loads them from it (seconds, not a compiler's
+    minutes: a process exiting waits for that, and stops the child)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.kernels: list[Kernel] = []
         self.thread: threading.Thread | None = None
+        self.child: subprocess.Popen | None = None
         self.done = threading.Event()
         self.stop = threading.Event()
         self.said = False
@@ -68,7 +75,7 @@ class State:
 
     def say(self, message: str) -> None:
         """Log `message` once per process (the first reason kernels run eager)."""
-        if not self.said:
+        if not self.said and not self.stop.is_set():
             self.said = True
             log.warning("engine: %s; running eager (the same bits)", message)
 
@@ -97,24 +104,36 @@ class State:
             self.thread.start()
 
     def compile_all(self) -> None:
-        """Compile the kernels at the lowest priority (they only use a core nothing else wants),
-        stopping between two kernels if the process exits."""
+        """The child compiles into the cache, then this process loads the kernels from it."""
         t0 = time.perf_counter()
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread, and gcc
-        compiled = []
-        try:
-            for kernel in self.kernels:
-                if self.stop.is_set():
-                    return
-                compiled.append(compile_kernel(kernel))
-        except Exception as error:  # noqa: BLE001 - no compiled kernels, the same bits
-            self.fail(f"compiling the engine's kernels failed ({type(error).__name__}: {error})")
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread, its child
+        environment = os.environ | {"TORCHINDUCTOR_CACHE_DIR": inductor_cache()}
+        with self.lock:
+            if self.stop.is_set():
+                return
+            self.child = subprocess.Popen(
+                [sys.executable, "-m", "whitney.local.engine.kernels"],
+                env=environment,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        _, errors = self.child.communicate()
+        if self.stop.is_set():
             return
-        if any(c is None for c in compiled):
+        if self.child.returncode != 0:
+            last = (errors.strip().splitlines() or ["no message"])[-1]
+            self.fail(f"compiling the engine's kernels failed ({last})")
+            return
+        try:
+            compiled = compile_here(self.kernels)
+        except Exception as error:  # noqa: BLE001 - no compiled kernels, the same bits
+            self.fail(f"loading the engine's kernels failed ({type(error).__name__}: {error})")
+            return
+        if compiled is None:
             self.fail("a compiled kernel's bits differed from its eager function's")
             return
-        # a call whose guards fail (an unforeseen shape or stride) runs eager, never compiles
-        torch.compiler.set_stance("eager_on_recompile")
         for kernel, fn in zip(self.kernels, compiled, strict=True):
             kernel.compiled = fn
         self.seconds = time.perf_counter() - t0
@@ -128,8 +147,11 @@ class State:
         return all(kernel.compiled is not None for kernel in self.kernels)
 
     def finish(self) -> None:
-        """At exit: wait for the kernel being compiled (an interpreter cannot exit during it)."""
-        self.stop.set()
+        """At exit: stop the compiling child, wait for the kernels being loaded."""
+        with self.lock:
+            self.stop.set()
+            if self.child is not None and self.child.poll() is None:
+                self.child.kill()
         thread = self.thread
         if thread is not None and thread is not threading.current_thread() and thread.is_alive():
             thread.join()
@@ -138,7 +160,7 @@ class State:
         """A forked child has no compiling thread: it starts its own, if it needs kernels."""
         self.lock = threading.Lock()
         if not self.done.is_set():
-            self.thread, self.done = None, threading.Event()
+            self.thread, self.child, self.done = None, None, threading.Event()
 
 
 STATE = State()
@@ -156,28 +178,37 @@ def unavailable() -> str | None:
     return None
 
 
-def cache_directory() -> Path:
-    """Where compiled kernels are kept: the user's cache directory."""
+def inductor_cache() -> str:
+    """Inductor's cache directory: TORCHINDUCTOR_CACHE_DIR if set, else the user's."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "whitney-flows" / "inductor"
+    default = Path(base) / "whitney-flows" / "inductor"
+    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(default)
 
 
-def compile_kernel(kernel: Kernel) -> Callable[..., object] | None:
-    """The kernel compiled, or None if its bits on the examples differ from the eager ones."""
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_directory()))
+def compile_here(kernels: list[Kernel]) -> list[Callable[..., object]] | None:
+    """Every kernel compiled in this process, or None if one's bits on its examples differ
+    from its eager function's. After it, a call whose guards fail (an unforeseen shape or
+    stride) runs the kernel's function eagerly, never compiling again."""
+    os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache()
     import torch._inductor.config
     import torch.fx.experimental._config as fx_config
 
+    import whitney.local.engine.model  # noqa: F401 - registers the model's kernels
+
     torch._inductor.config.compile_threads = 1  # in this thread: no pool of compile processes
     fx_config.use_duck_shape = False  # equal sizes in one call are no reason to recompile
-    compiled = torch.compile(kernel.eager, dynamic=True, fullgraph=True)
-    for args in kernel.examples():
-        for arg, dims in zip(args, kernel.dynamic, strict=False):
-            for dim in dims:
-                torch._dynamo.decorators.mark_unbacked(arg, dim)
-        with torch.no_grad():
-            if not same_bits(compiled(*args), kernel.eager(*args)):
-                return None
+    compiled = []
+    for kernel in kernels:
+        fn = torch.compile(kernel.eager, dynamic=True, fullgraph=True)
+        for args in kernel.examples():
+            for arg, dims in zip(args, kernel.dynamic, strict=False):
+                for dim in dims:
+                    torch._dynamo.decorators.mark_unbacked(arg, dim)
+            with torch.no_grad():
+                if not same_bits(fn(*args), kernel.eager(*args)):
+                    return None
+        compiled.append(fn)
+    torch.compiler.set_stance("eager_on_recompile")
     return compiled
 
 
@@ -200,3 +231,9 @@ def kernel(examples: Examples, *dynamic: tuple[int, ...]) -> Callable[[Callable]
         return made
 
     return register
+
+
+if __name__ == "__main__":  # the child of `State.compile_all`: compile into the cache
+    from whitney.local.engine import kernels
+
+    sys.exit(0 if compile_here(kernels.STATE.kernels) is not None else 1)
