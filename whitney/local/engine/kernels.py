@@ -13,6 +13,9 @@ function first, every dimension dynamic so that no shape compiles again."""
 from __future__ import annotations
 
 import atexit
+import hashlib
+import inspect
+import json
 import logging
 import os
 import shutil
@@ -107,25 +110,26 @@ class State:
         """The child compiles into the cache, then this process loads the kernels from it."""
         t0 = time.perf_counter()
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread, its child
-        environment = os.environ | {"TORCHINDUCTOR_CACHE_DIR": inductor_cache()}
-        with self.lock:
+        if not compiled_marker().exists():
+            environment = os.environ | {"TORCHINDUCTOR_CACHE_DIR": inductor_cache()}
+            with self.lock:
+                if self.stop.is_set():
+                    return
+                self.child = subprocess.Popen(
+                    [sys.executable, "-c", CHILD],
+                    env=environment,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            _, errors = self.child.communicate()
             if self.stop.is_set():
                 return
-            self.child = subprocess.Popen(
-                [sys.executable, "-m", "whitney.local.engine.kernels"],
-                env=environment,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        _, errors = self.child.communicate()
-        if self.stop.is_set():
-            return
-        if self.child.returncode != 0:
-            last = (errors.strip().splitlines() or ["no message"])[-1]
-            self.fail(f"compiling the engine's kernels failed ({last})")
-            return
+            if self.child.returncode != 0:
+                last = (errors.strip().splitlines() or ["no message"])[-1]
+                self.fail(f"compiling the engine's kernels failed ({last})")
+                return
         try:
             compiled = compile_here(self.kernels)
         except Exception as error:  # noqa: BLE001 - no compiled kernels, the same bits
@@ -185,6 +189,27 @@ def inductor_cache() -> str:
     return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(default)
 
 
+def compiled_marker() -> Path:
+    """The file the child writes once every kernel of this source and torch is in the cache."""
+    import whitney.local.engine.model  # noqa: F401 - registers the model's kernels
+
+    source = [inspect.getsource(kernel.eager) for kernel in STATE.kernels]
+    key = hashlib.sha256(json.dumps([torch.__version__, sys.version, source]).encode())
+    return Path(inductor_cache()) / f"whitney-kernels-{key.hexdigest()[:16]}"
+
+
+def main() -> int:
+    """The child's work: compile every kernel into the cache, then write the marker."""
+    compiled = compile_here(STATE.kernels)
+    if compiled is None:
+        return 1
+    compiled_marker().touch()
+    return 0
+
+
+CHILD = "import sys; from whitney.local.engine import kernels; sys.exit(kernels.main())"
+
+
 def compile_here(kernels: list[Kernel]) -> list[Callable[..., object]] | None:
     """Every kernel compiled in this process, or None if one's bits on its examples differ
     from its eager function's. After it, a call whose guards fail (an unforeseen shape or
@@ -231,9 +256,3 @@ def kernel(examples: Examples, *dynamic: tuple[int, ...]) -> Callable[[Callable]
         return made
 
     return register
-
-
-if __name__ == "__main__":  # the child of `State.compile_all`: compile into the cache
-    from whitney.local.engine import kernels
-
-    sys.exit(0 if compile_here(kernels.STATE.kernels) is not None else 1)

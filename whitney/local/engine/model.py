@@ -327,8 +327,8 @@ class Attention(torch.autograd.Function):
     gradient is softmax attention's own. Queries run in chunks (`query_chunks`); the backward
     recomputes each chunk's probabilities (the same bits) from the exact sums the forward kept,
     unless all of them fit in ATTENTION_CHUNK scores (then they are kept), so neither pass holds
-    more than that. `check` runs between the stages of the forward (long ones, for long
-    sequences)."""
+    more than that. `chunks` are `query_chunks`'s, shared by every layer of a pass. `check`
+    runs between the stages of the forward (long ones, for long sequences)."""
 
     @staticmethod
     def forward(
@@ -338,8 +338,7 @@ class Attention(torch.autograd.Function):
         v,
         keys: Tensor,
         values: Values,
-        positions: Tensor,
-        key_positions: Tensor,
+        chunks: list[tuple[slice, Tensor]],
         prob_bits: int,
         check: Check,
     ):
@@ -348,7 +347,7 @@ class Attention(torch.autograd.Function):
         sums = torch.empty(*q.shape[:-1], 1, dtype=torch.float64)
         keep = ctx.needs_input_grad[0] and q.numel() // q.shape[-1] * k.shape[2] <= ATTENTION_CHUNK
         ctx.probs = [] if keep else None  # small: the probabilities are kept, not recomputed
-        for rows, visible in query_chunks(positions, key_positions, q.shape[1]):
+        for rows, visible in chunks:
             check()
             seen = visible.shape[-1]
             p = attention_probabilities(fq[:, :, rows], keys[:, :, :seen], visible)
@@ -359,19 +358,20 @@ class Attention(torch.autograd.Function):
             if keep:
                 ctx.probs.append((p.double() / sums[:, :, rows]).float())
         if ctx.needs_input_grad[0]:
-            ctx.save_for_backward(q, k, v, keys, positions, key_positions, sums, out)
+            ctx.save_for_backward(q, k, v, keys, sums, out)
+            ctx.chunks = chunks
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, keys, positions, key_positions, sums, out = ctx.saved_tensors
+        q, k, v, keys, sums, out = ctx.saved_tensors
         heads, scale = q.shape[1], 1.0 / math.sqrt(q.shape[-1])
         groups = heads // k.shape[1]
         if ctx.probs is None:
             fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
         k, v = repeat_heads(k, heads), repeat_heads(v, heads)
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for n, (rows, visible) in enumerate(query_chunks(positions, key_positions, heads)):
+        for n, (rows, visible) in enumerate(ctx.chunks):
             seen = visible.shape[-1]
             if ctx.probs is not None:
                 probs = ctx.probs[n]
@@ -384,11 +384,11 @@ class Attention(torch.autograd.Function):
             grad_s = probs * (grad_p - (g * o).sum(-1, keepdim=True)) * scale
             grad_q[:, :, rows] = grad_s @ k[:, :, :seen]
             grad_k[:, :, :seen] += grad_s.transpose(-1, -2) @ q[:, :, rows]
-        ctx.probs = None
+        ctx.probs = ctx.chunks = None
         if groups > 1:
             grad_k = grad_k.unflatten(1, (-1, groups)).sum(2)
             grad_v = grad_v.unflatten(1, (-1, groups)).sum(2)
-        return grad_q, grad_k, grad_v, None, None, None, None, None, None
+        return grad_q, grad_k, grad_v, None, None, None, None, None
 
 
 class Checkpoint(torch.autograd.Function):
@@ -529,6 +529,29 @@ class LayerWeights:
     biases: dict[str, Tensor]
 
 
+@dataclass(frozen=True)
+class Pass:
+    """What every layer of one pass over token positions [B, T] shares, computed once per pass
+    (for a decode step, once per step): RoPE's cos and sin at the positions [B, T, 1, d], how
+    many keys the pass sees (with a cache, up to the furthest position written), and the
+    attention's query chunks with their causal masks (`query_chunks`)."""
+
+    positions: Tensor
+    cos: Tensor
+    sin: Tensor
+    keys: int
+    chunks: list[tuple[slice, Tensor]]
+
+    @classmethod
+    def of(cls, model: Llama, positions: Tensor, cached: bool) -> Pass:
+        batch, length = positions.shape
+        keys = int(positions.max()) + 1 if cached else length
+        key_positions = torch.arange(keys).expand(batch, -1) if cached else positions
+        chunks = list(query_chunks(positions, key_positions, model.cfg.num_heads))
+        cos, sin = model.cos[positions][:, :, None], model.sin[positions][:, :, None]
+        return cls(positions, cos, sin, keys, chunks)
+
+
 class KVCache:
     """Keys (fixed point) and values (on their grid) of every layer for `batch` rows of up to
     `length` positions; `positions[r]` is the next position of row r."""
@@ -554,12 +577,13 @@ class KVCache:
         out.positions = self.positions[index].clone()
         return out
 
-    def write(self, n: int, k: Tensor, v: Tensor, grid: Tensor) -> tuple[Tensor, Values]:
-        """Store keys/values [B, kv_heads, T, d] at each row's positions; return the keys and
-        values of layer n up to the furthest position written (the rest are invisible)."""
-        B, _, T, _ = k.shape
-        rows = torch.arange(B)[:, None]
-        cols = self.positions[:, None] + torch.arange(T)[None, :]
+    def write(
+        self, n: int, k: Tensor, v: Tensor, grid: Tensor, step: Pass
+    ) -> tuple[Tensor, Values]:
+        """Store keys/values [B, kv_heads, T, d] at each row's positions (`step`'s); return the
+        keys and values of layer n up to the furthest position written (the rest are
+        invisible)."""
+        rows, cols, filled = torch.arange(k.shape[0])[:, None], step.positions, step.keys
         fv = Values.of(v, grid)
         for store, new in (
             (self.keys[n], exact.fixed_point(k, exact.bits_for(k.shape[-1]))),
@@ -567,7 +591,6 @@ class KVCache:
             (self.values[n].lo, fv.lo),
         ):
             store.permute(0, 2, 1, 3)[rows, cols] = new.permute(0, 2, 1, 3)
-        filled = int(cols.max()) + 1
         return self.keys[n][:, :, :filled], self.values[n].upto(filled)
 
 
@@ -659,7 +682,7 @@ class Llama:
         x: Tensor,
         n: int,
         layer: LayerWeights,
-        positions: Tensor,
+        step: Pass,
         cache: KVCache | None,
         check: Check = no_check,
     ) -> Tensor:
@@ -667,17 +690,14 @@ class Llama:
         B, T, _ = x.shape
         h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.dim_head
         qkv = self.linear(x, layer, "qkv").view(B, T, h + 2 * kv, d)
-        cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]
-        qk = rope(qkv[:, :, : h + kv], cos, sin)
+        qk = rope(qkv[:, :, : h + kv], step.cos, step.sin)
         q, k, v = (t.transpose(1, 2) for t in (qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]))
         if cache is None:
             keys = exact.fixed_point(k, exact.bits_for(d))
             values = Values.of(v, layer.value_grid)
-            key_positions = positions
         else:
-            keys, values = cache.write(n, k, v, layer.value_grid)
-            key_positions = torch.arange(keys.shape[2]).expand(B, -1)
-        y = Attention.apply(q, k, v, keys, values, positions, key_positions, cfg.prob_bits, check)
+            keys, values = cache.write(n, k, v, layer.value_grid, step)
+        y = Attention.apply(q, k, v, keys, values, step.chunks, cfg.prob_bits, check)
         return self.linear(y.transpose(1, 2).reshape(B, T, h * d), layer, "o")
 
     def mlp(self, x: Tensor, layer: LayerWeights) -> Tensor:
@@ -701,7 +721,7 @@ class Llama:
         bits: its arithmetic is exact)."""
         B, T = ids.shape
         start = torch.zeros(B, dtype=torch.long) if cache is None else cache.positions
-        positions = start[:, None] + torch.arange(T)[None, :]
+        step = Pass.of(self, start[:, None] + torch.arange(T)[None, :], cache is not None)
         x = F.embedding(ids, self.w["model.embed_tokens.weight"])
         probe = check or no_check
         layers = layers or self.layer_weights()
@@ -715,14 +735,14 @@ class Llama:
                     x,
                     span,
                     layers,
-                    positions,
+                    step,
                     cache,
                     probe,
                     use_reentrant=False,
                     preserve_rng_state=False,
                 )
             else:
-                x = self.blocks(x, span, layers, positions, cache, probe)
+                x = self.blocks(x, span, layers, step, cache, probe)
             if check is not None and x.requires_grad:
                 x = Checkpoint.apply(x, check)
         if cache is not None:
@@ -734,13 +754,13 @@ class Llama:
         x: Tensor,
         span: range,
         layers: list[LayerWeights],
-        positions: Tensor,
+        step: Pass,
         cache: KVCache | None,
         probe: Check,
     ) -> Tensor:
         """Decoder layers `span`, one after the other."""
         for n in span:
-            x = self.block(x, n, layers[n], positions, cache, probe)
+            x = self.block(x, n, layers[n], step, cache, probe)
         return x
 
     def block(
@@ -748,7 +768,7 @@ class Llama:
         x: Tensor,
         n: int,
         layer: LayerWeights,
-        positions: Tensor,
+        step: Pass,
         cache: KVCache | None,
         probe: Check,
     ) -> Tensor:
@@ -756,7 +776,7 @@ class Llama:
         probe()
         p = f"model.layers.{n}."
         attn_in = rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_eps)
-        x = x + self.attention(attn_in, n, layer, positions, cache, probe)
+        x = x + self.attention(attn_in, n, layer, step, cache, probe)
         probe()
         mlp_in = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_eps)
         return x + self.mlp(mlp_in, layer)
