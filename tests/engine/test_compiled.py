@@ -94,6 +94,7 @@ def probe(compile_flag: str, cache: str) -> dict:
     return json.loads(completed.stdout.splitlines()[-1])
 
 
+@pytest.mark.timeout(1800)  # the kernels compile cold (into tmp_path) on a busy machine
 @pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="no C++ compiler")
 def test_compiled_kernels_give_the_eager_bits(tmp_path) -> None:
     compiled, eager = probe("1", str(tmp_path)), probe("0", str(tmp_path))
