@@ -72,14 +72,17 @@ def ceil_log2(y: Tensor) -> Tensor:
 
 @functools.cache
 def power(exponent: int, dtype: torch.dtype = torch.float32) -> Tensor:
-    """2**exponent as a 0-dim tensor: a kernel's argument (one compiled kernel for every value)."""
-    return torch.tensor(2.0**exponent, dtype=dtype)
+    """2**exponent as a 0-dim tensor: a kernel's argument (one compiled kernel for every value;
+    never an inference tensor, whatever mode it is first asked for in)."""
+    with torch.inference_mode(False):
+        return torch.tensor(2.0**exponent, dtype=dtype)
 
 
 @functools.cache
 def integer(value: int) -> Tensor:
-    """`value` as a 0-dim int64 tensor: a kernel's argument."""
-    return torch.tensor(value, dtype=torch.int64)
+    """`value` as a 0-dim int64 tensor: a kernel's argument (never an inference tensor)."""
+    with torch.inference_mode(False):
+        return torch.tensor(value, dtype=torch.int64)
 
 
 def rows(x: Tensor) -> Tensor:

@@ -193,7 +193,7 @@ def compiled_marker() -> Path:
     """The file the child writes once every kernel of this source and torch is in the cache."""
     import whitney.local.engine.model  # noqa: F401 - registers the model's kernels
 
-    source = [inspect.getsource(kernel.eager) for kernel in STATE.kernels]
+    source = [inspect.getsource(k.eager) for k in STATE.kernels] + [inspect.getsource(compile_here)]
     key = hashlib.sha256(json.dumps([torch.__version__, sys.version, source]).encode())
     return Path(inductor_cache()) / f"whitney-kernels-{key.hexdigest()[:16]}"
 
@@ -221,20 +221,35 @@ def compile_here(kernels: list[Kernel]) -> list[Callable[..., object]] | None:
     import whitney.local.engine.model  # noqa: F401 - registers the model's kernels
 
     torch._inductor.config.compile_threads = 1  # in this thread: no pool of compile processes
+    # one thread a kernel: a parallel kernel waits at its end for its slowest thread, which on
+    # a busy machine is often descheduled (decode steps ran 2.4x slower than eager with two)
+    torch._inductor.config.cpp.threads = 1
     fx_config.use_duck_shape = False  # equal sizes in one call are no reason to recompile
     compiled = []
     for kernel in kernels:
         fn = torch.compile(kernel.eager, dynamic=True, fullgraph=True)
         for args in kernel.examples():
-            for arg, dims in zip(args, kernel.dynamic, strict=False):
-                for dim in dims:
-                    torch._dynamo.decorators.mark_unbacked(arg, dim)
-            with torch.no_grad():
-                if not same_bits(fn(*args), kernel.eager(*args)):
-                    return None
+            for mode, inference in inference_patterns(len(args)):
+                with torch.inference_mode():  # inference tensors, as sampling and logprobs hold
+                    made = [a.clone() if i else a for a, i in zip(args, inference, strict=True)]
+                for arg, dims in zip(made, kernel.dynamic, strict=False):
+                    for dim in dims:
+                        torch._dynamo.decorators.mark_unbacked(arg, dim)
+                with torch.inference_mode(mode), torch.no_grad():
+                    if not same_bits(fn(*made), kernel.eager(*made)):
+                        return None
         compiled.append(fn)
     torch.compiler.set_stance("eager_on_recompile")
     return compiled
+
+
+def inference_patterns(count: int) -> list[tuple[bool, tuple[bool, ...]]]:
+    """The calls a kernel compiles for (its guards tell them apart): whether inference mode is
+    on, and which arguments are inference tensors: outside it none; inside it none (weights
+    built there), all, or the first alone (data beside cached constants)."""
+    none, first = (False,) * count, (True,) + (False,) * (count - 1)
+    patterns = [(False, none), (True, none), (True, (True,) * count), (True, first)]
+    return list(dict.fromkeys(patterns))
 
 
 def same_bits(a, b) -> bool:

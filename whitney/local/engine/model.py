@@ -318,8 +318,9 @@ def attention_probabilities(fq: Tensor, keys: Tensor, visible: Tensor) -> Tensor
 
 @functools.cache
 def score_scale(head_dim: int) -> Tensor:
-    """1 / sqrt(head_dim) in float32, as a kernel's argument."""
-    return torch.tensor(1.0 / math.sqrt(head_dim), dtype=torch.float32)
+    """1 / sqrt(head_dim) in float32, as a kernel's argument (never an inference tensor)."""
+    with torch.inference_mode(False):
+        return torch.tensor(1.0 / math.sqrt(head_dim), dtype=torch.float32)
 
 
 class Attention(torch.autograd.Function):
