@@ -280,7 +280,7 @@ def spawn(args: argparse.Namespace, side: str, extra: list[str] = ()) -> dict:
             command += [f"--{name.replace('_', '-')}", str(value)]
     if args.memory:
         command += ["--memory", args.memory]
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    env = os.environ | {"PYTHONPATH": str(ROOT), "WHITNEY_ENGINE_COMPILE": args.compile}
     out = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -408,6 +408,7 @@ def main() -> None:
     parser.add_argument("--tiny-cycles", type=int, default=5)
     parser.add_argument("--tiny-rounds", type=int, default=2)
     parser.add_argument("--skip-tiny", action="store_true")
+    parser.add_argument("--compile", default="1", help="WHITNEY_ENGINE_COMPILE of the engine")
     parser.add_argument("--worker", choices=("engine", "peft"), help=argparse.SUPPRESS)
     parser.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
