@@ -15,6 +15,7 @@ engine's exact float64 ones is the least a cycle of exact products costs here.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -70,6 +71,10 @@ def worker(model: str, cycles: int, threads: int) -> dict[str, list[float]]:
     from whitney.tokenizers import ByteTokenizer
 
     torch.set_num_threads(threads)
+    if importlib.util.find_spec("whitney.local.engine.kernels") is not None:
+        from whitney.local.engine import kernels  # this engine: its compiled kernels, waited for
+
+        kernels.STATE.wait()
     tok = ByteTokenizer()
     prompts = [
         [tok.bos_id] + tok.encode(f"Question {i}: say the letter a, {'please ' * (i % 3)}")

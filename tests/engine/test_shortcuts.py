@@ -264,8 +264,7 @@ def test_attention_over_chunks_of_queries_is_softmax_attention(monkeypatch, chun
             *inputs,
             keys,
             model.Values.of(v, grid),
-            positions,
-            positions,
+            list(model.query_chunks(positions, positions, 4)),
             cfg.prob_bits,
             model.no_check,
         )

@@ -26,11 +26,14 @@ BLAS, whose kernels differ between CPUs, so gradients are the same bits on one m
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
+
+from whitney.local.engine import kernels
 
 MANTISSA_BITS = 53  # float64: every integer below 2**53 is exact, and so is every partial sum
 EXPONENT_BITS = 0x7F800000  # of a float32
@@ -62,9 +65,54 @@ def weight_bits(length: int) -> int:
 
 
 def ceil_log2(y: Tensor) -> Tensor:
-    """ceil(log2(y)) for y > 0, from the float's own exponent (exact, no log kernel)."""
-    mantissa, exponent = torch.frexp(y)
-    return exponent - (mantissa == 0.5).to(exponent.dtype)
+    """ceil(log2(y)) for float64 y >= 2**-1022, from the float's own bits (exact, no log kernel)."""
+    bits = y.view(torch.int64)
+    return (bits >> 52) - 1023 + ((bits & (2**52 - 1)) != 0).to(torch.int64)
+
+
+@functools.cache
+def power(exponent: int, dtype: torch.dtype = torch.float32) -> Tensor:
+    """2**exponent as a 0-dim tensor: a kernel's argument (one compiled kernel for every value;
+    never an inference tensor, whatever mode it is first asked for in)."""
+    with torch.inference_mode(False):
+        return torch.tensor(2.0**exponent, dtype=dtype)
+
+
+@functools.cache
+def integer(value: int) -> Tensor:
+    """`value` as a 0-dim int64 tensor: a kernel's argument (never an inference tensor)."""
+    with torch.inference_mode(False):
+        return torch.tensor(value, dtype=torch.int64)
+
+
+def rows(x: Tensor) -> Tensor:
+    """x [..., K] as float32 rows [N, K] (a view where x is float32 and contiguous)."""
+    return x.detach().float().reshape(-1, x.shape[-1])
+
+
+def examples() -> list[tuple[Tensor]]:
+    """Rows to compile and check a kernel on: of several sizes, a flat one among them."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(5, 96, generator=gen) * 3
+    x[1] = 1.0
+    return [(x,), (x[:1, :7].contiguous() * 2.0**-60,)]
+
+
+def row_steps(x: Tensor, unit: Tensor | float) -> Tensor:
+    """Per row, `unit` over the power of two just above its largest element (the float32
+    exponent bits of that element, doubled): the row's scale to its fixed-point grid."""
+    largest = x.abs().amax(-1, keepdim=True)
+    top = (largest.view(torch.int32) & EXPONENT_BITS).view(torch.float32) * 2.0
+    return unit / top.clamp(min=2.0**-99)
+
+
+def activation_grid(x: Tensor, room: Tensor) -> Tensor:
+    """`activation_rows` of float32 rows [N, K], branch-free, with room = 52 - weight bits."""
+    up = row_steps(x, 2.0**ACTIVATION_BITS)
+    rounded = (x * up).round()
+    magnitude = rounded.abs().sum(-1, keepdim=True, dtype=torch.float64) + x.shape[-1] / 2
+    up = up / pow2((ceil_log2(magnitude) - room).clamp(min=0)).float()
+    return (x * up).round().double() * (1.0 / up.double())
 
 
 def activation_rows(x: Tensor, weight_bits: int) -> Tensor:
@@ -76,32 +124,24 @@ def activation_rows(x: Tensor, weight_bits: int) -> Tensor:
     (|n_i| + 1/2) / 2**shift + 1/2, so sum |m_i| <= 2**(52 - b) + K/2, and against weight
     integers of at most 2**b every partial sum is at most 2**52 + K * 2**(b - 1) <= 2**53 in
     units of its output's step."""
-    x = x.detach().float()
-    largest = x.abs().amax(-1, keepdim=True)
-    top = (largest.view(torch.int32) & EXPONENT_BITS).view(torch.float32) * 2.0
-    up = 2.0**ACTIVATION_BITS / top.clamp_(min=2.0**-99)
-    rounded = (x * up).round_()
-    magnitude = rounded.abs().sum(-1, keepdim=True, dtype=torch.float64) + x.shape[-1] / 2
-    room = MANTISSA_BITS - 1 - weight_bits
-    if bool((magnitude > 2.0**room).any()):  # rows that need a coarser grid (the others keep it)
-        up = up / pow2((ceil_log2(magnitude) - room).clamp_(min=0)).float()
-        rounded = (x * up).round_()
-    return rounded.double().mul_(1.0 / up.double())
+    room = integer(MANTISSA_BITS - 1 - weight_bits)
+    return ACTIVATION_GRID(rows(x), room).view(*x.shape[:-1], x.shape[-1])
+
+
+def fixed_grid(x: Tensor, unit: Tensor) -> Tensor:
+    """`fixed_point` of float32 rows [N, K], with unit = 2**bits."""
+    up = row_steps(x, unit)
+    return (x * up).round().double() * (1.0 / up.double())
 
 
 def fixed_point(x: Tensor, bits: int) -> Tensor:
     """x as float64 with each row (last dim) rounded to its own power-of-two grid, on which its
     largest element has `bits` bits. The grid depends only on the row, so the result does too.
     (Scaling by a power of two is exact; rows below 2**-100 lose what lies under the grid.)"""
-    x = x.detach().float()
-    largest = x.abs().amax(-1, keepdim=True)
-    # the power of two just above the row's largest element: its float32 exponent bits, doubled
-    top = (largest.view(torch.int32) & EXPONENT_BITS).view(torch.float32) * 2.0
-    up = 2.0**bits / top.clamp_(min=2.0**-99)
     # in float32, as in float64: x * up is exact (a power of two, at most 2**24 in magnitude, or
-    # below 2**-100 where either rounds to 0), its rounding is too (torch's round is vectorized);
-    # 1 / up is a power of two as well, so the product with it is the quotient
-    return (x * up).round_().double().mul_(1.0 / up.double())
+    # below 2**-100 where either rounds to 0), its rounding is too; 1 / up is a power of two as
+    # well, so the product with it is the quotient
+    return FIXED_GRID(rows(x), power(bits)).view(*x.shape[:-1], x.shape[-1])
 
 
 def matmul(x: Tensor, w: Tensor) -> Tensor:
@@ -119,10 +159,16 @@ def weight(w: Tensor) -> Tensor:
     return fixed_point(w, weight_bits(w.shape[-1]))
 
 
+def mean_square_rows(x: Tensor, unit: Tensor) -> Tensor:
+    """`mean_square` of float32 rows [N, K], with unit = 2**bits_for(K)."""
+    fixed = fixed_grid(x, unit)
+    return ((fixed * fixed).sum(-1, keepdim=True) / x.shape[-1]).float()
+
+
 def mean_square(x: Tensor) -> Tensor:
     """Mean of x**2 over the last dim, exactly (a sum of squared integers), as float32."""
-    fixed = fixed_point(x, bits_for(x.shape[-1]))
-    return ((fixed * fixed).sum(-1, keepdim=True) / x.shape[-1]).float()
+    unit = power(bits_for(x.shape[-1]))
+    return MEAN_SQUARE(rows(x), unit).view(*x.shape[:-1], 1)
 
 
 def prefix_sum(x: Tensor, dtype: torch.dtype | None = None) -> Tensor:
@@ -169,15 +215,27 @@ class Vectorized(torch.autograd.Function):
         return grad_x, None
 
 
+def shifted(x: Tensor) -> tuple[Tensor, Tensor]:
+    """Float32 rows' max, and the rows less it in float64."""
+    top = x.amax(-1, keepdim=True)
+    return top, (x - top).double()
+
+
+def exact_total(terms: Tensor, grid: Tensor) -> Tensor:
+    """The sum of each row of `terms` (float64, at most 1) rounded to the step 1 / grid."""
+    return (terms * grid).round().sum(-1, keepdim=True) / grid
+
+
 def log_normaliser(x: Tensor) -> tuple[Tensor, Tensor]:
     """The row's max (float32) and the log of the exact sum of exp(x - max) (float64): the exp
     of the shifted row in float64 through the vector code, each term on the grid
     2**-(52 - log2 V) (terms are at most 1, so their sum is exact in any order)."""
-    top = x.detach().amax(-1, keepdim=True)
-    terms = vectorized(torch.exp, (x.detach() - top).double())
-    grid = 2.0 ** (MANTISSA_BITS - 1 - math.ceil(math.log2(max(x.shape[-1], 2))))
-    total = terms.mul_(grid).round_().sum(-1, keepdim=True) / grid
-    return top, vectorized(torch.log, total)
+    top, rest = SHIFTED(rows(x))
+    terms = vectorized(torch.exp, rest)
+    grid = power(MANTISSA_BITS - 1 - math.ceil(math.log2(max(x.shape[-1], 2))), torch.float64)
+    total = EXACT_TOTAL(terms, grid)
+    lead = x.shape[:-1]
+    return top.view(*lead, 1), vectorized(torch.log, total).view(*lead, 1)
 
 
 def log_softmax(x: Tensor) -> Tensor:
@@ -197,3 +255,24 @@ def log_softmax_at(x: Tensor, index: Tensor) -> Tensor:
     elements."""
     top, log_total = log_normaliser(x)
     return ((x.detach().gather(-1, index) - top).double() - log_total).float()
+
+
+def examples_double() -> list[tuple[Tensor, Tensor]]:
+    """`exact_total`'s example: terms in [0, 1] and a grid."""
+    terms = torch.rand(4, 300, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    return [
+        (terms, power(43, torch.float64)),
+        (terms[:1, :5].contiguous(), power(40, torch.float64)),
+    ]
+
+
+ROWS = (0, 1)
+ACTIVATION_GRID = kernels.kernel(lambda: [(x, integer(30)) for (x,) in examples()], ROWS)(
+    activation_grid
+)
+FIXED_GRID = kernels.kernel(lambda: [(x, power(21)) for (x,) in examples()], ROWS)(fixed_grid)
+MEAN_SQUARE = kernels.kernel(lambda: [(x, power(21)) for (x,) in examples()], ROWS)(
+    mean_square_rows
+)
+SHIFTED = kernels.kernel(examples, ROWS)(shifted)
+EXACT_TOTAL = kernels.kernel(examples_double, ROWS)(exact_total)

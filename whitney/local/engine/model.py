@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor
 
-from whitney.local.engine import exact
+from whitney.local.engine import exact, kernels
 from whitney.tokenizers import EOS_ID, VOCAB_SIZE
 
 if TYPE_CHECKING:
@@ -217,10 +217,7 @@ class Values:
 
     @classmethod
     def of(cls, v: Tensor, grid: Tensor) -> Values:
-        scaled = v.detach().double() / grid
-        hi = torch.round(scaled)
-        lo = torch.round((scaled - hi) * 2.0**VALUE_BITS) * 2.0**-VALUE_BITS
-        return cls(hi * grid, lo * grid)
+        return cls(*VALUE_PARTS(v.detach().float().contiguous(), grid))
 
     def rows(self, index: Tensor) -> Values:
         return Values(self.hi[index], self.lo[index])
@@ -236,16 +233,45 @@ def attention_weights_times_values(
     """sum_j p_j v_j / sum_j p_j for p in [0, 1] (float32) [B, H, Tq, Tk], from exact sums (p
     split in hi + lo parts of prob_bits each, on grids common to all keys) combined in a fixed
     order; and sum_j p_j itself (exact, float64)."""
-    scaled = p.double() * 2.0**prob_bits
-    p_hi = torch.round(scaled)
-    p_lo = torch.round((scaled - p_hi) * 2.0**prob_bits) * 2.0**-prob_bits
-    z = p_hi.sum(-1, keepdim=True) + p_lo.sum(-1, keepdim=True)
+    p_hi, p_lo, z = PROB_PARTS(p.reshape(-1, p.shape[-1]), exact.power(prob_bits, torch.float64))
     check()
     hi, lo, kv = values.hi, values.lo, values.hi.shape[1]
-    p_hi, p_lo = grouped(p_hi, kv), grouped(p_lo, kv)
+    p_hi, p_lo = grouped(p_hi.view(p.shape), kv), grouped(p_lo.view(p.shape), kv)
     fine = torch.matmul(p_hi, lo) + torch.matmul(p_lo, hi)
-    out = (torch.matmul(p_hi, hi) + fine).view(*p.shape[:-1], hi.shape[-1])
-    return (out / z).float(), z * 2.0**-prob_bits
+    out = torch.matmul(p_hi, hi)
+    return WEIGHTED_MEAN(out.view(-1, out.shape[-1]), fine.view(-1, out.shape[-1]), z).view(
+        *p.shape[:-1], hi.shape[-1]
+    ), z.view(*p.shape[:-1], 1) * 2.0**-prob_bits
+
+
+def prob_parts(p: Tensor, unit: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Rows of attention weights [N, keys] (float32, in [0, 1]) as hi + lo parts on the grids
+    1 / unit and 1 / unit**2, and the rows' exact sums in units of 1 / unit (float64)."""
+    scaled = p.double() * unit
+    p_hi = scaled.round()
+    p_lo = ((scaled - p_hi) * unit).round() / unit
+    return p_hi, p_lo, p_hi.sum(-1, keepdim=True) + p_lo.sum(-1, keepdim=True)
+
+
+def weighted_mean(coarse: Tensor, fine: Tensor, z: Tensor) -> Tensor:
+    """(coarse + fine) / z rounded to float32, row by row (rows [N, d], sums [N, 1])."""
+    return ((coarse + fine) / z).float()
+
+
+def value_parts(v: Tensor, grid: Tensor) -> tuple[Tensor, Tensor]:
+    """`Values` of float32 values [B, kv_heads, T, d] on their grid [kv_heads, 1, d]."""
+    scaled = v.double() / grid
+    hi = scaled.round()
+    lo = ((scaled - hi) * 2.0**VALUE_BITS).round() * 2.0**-VALUE_BITS
+    return hi * grid, lo * grid
+
+
+def shifted_scores(raw: Tensor, visible: Tensor, scale: Tensor) -> Tensor:
+    """Exact scores [B, H, Tq, Tk] (float64) rounded to float32 and scaled, the keys not
+    `visible` [B, 1, Tq, Tk] at -inf, less each row's largest: the exponent of a probability."""
+    scores = raw.float() * scale
+    scores = scores.masked_fill(~visible, float("-inf"))
+    return scores - scores.amax(-1, keepdim=True)
 
 
 def grouped(x: Tensor, kv_heads: int) -> Tensor:
@@ -284,10 +310,17 @@ def query_chunks(
 def attention_probabilities(fq: Tensor, keys: Tensor, visible: Tensor) -> Tensor:
     """exp(score - the row's largest score) [B, H, Tq, Tk] (float32) of fixed-point queries over
     keys; each element's bits depend on its row alone (exact scores, `vectorized` exp)."""
-    scores = exact.matmul(grouped(fq, keys.shape[1]), keys).view(*fq.shape[:-1], keys.shape[2])
-    scores = scores * (1.0 / math.sqrt(fq.shape[-1]))
-    scores = scores.masked_fill(~visible, float("-inf"))
-    return exact.vectorized(torch.exp, scores - scores.amax(-1, keepdim=True))
+    raw = torch.matmul(grouped(fq, keys.shape[1]), keys.transpose(-1, -2))
+    scale = score_scale(fq.shape[-1])
+    exponent = SHIFTED_SCORES(raw.view(*fq.shape[:-1], keys.shape[2]), visible.contiguous(), scale)
+    return exact.vectorized(torch.exp, exponent)
+
+
+@functools.cache
+def score_scale(head_dim: int) -> Tensor:
+    """1 / sqrt(head_dim) in float32, as a kernel's argument (never an inference tensor)."""
+    with torch.inference_mode(False):
+        return torch.tensor(1.0 / math.sqrt(head_dim), dtype=torch.float32)
 
 
 class Attention(torch.autograd.Function):
@@ -295,8 +328,8 @@ class Attention(torch.autograd.Function):
     gradient is softmax attention's own. Queries run in chunks (`query_chunks`); the backward
     recomputes each chunk's probabilities (the same bits) from the exact sums the forward kept,
     unless all of them fit in ATTENTION_CHUNK scores (then they are kept), so neither pass holds
-    more than that. `check` runs between the stages of the forward (long ones, for long
-    sequences)."""
+    more than that. `chunks` are `query_chunks`'s, shared by every layer of a pass. `check`
+    runs between the stages of the forward (long ones, for long sequences)."""
 
     @staticmethod
     def forward(
@@ -306,8 +339,7 @@ class Attention(torch.autograd.Function):
         v,
         keys: Tensor,
         values: Values,
-        positions: Tensor,
-        key_positions: Tensor,
+        chunks: list[tuple[slice, Tensor]],
         prob_bits: int,
         check: Check,
     ):
@@ -316,7 +348,7 @@ class Attention(torch.autograd.Function):
         sums = torch.empty(*q.shape[:-1], 1, dtype=torch.float64)
         keep = ctx.needs_input_grad[0] and q.numel() // q.shape[-1] * k.shape[2] <= ATTENTION_CHUNK
         ctx.probs = [] if keep else None  # small: the probabilities are kept, not recomputed
-        for rows, visible in query_chunks(positions, key_positions, q.shape[1]):
+        for rows, visible in chunks:
             check()
             seen = visible.shape[-1]
             p = attention_probabilities(fq[:, :, rows], keys[:, :, :seen], visible)
@@ -327,19 +359,20 @@ class Attention(torch.autograd.Function):
             if keep:
                 ctx.probs.append((p.double() / sums[:, :, rows]).float())
         if ctx.needs_input_grad[0]:
-            ctx.save_for_backward(q, k, v, keys, positions, key_positions, sums, out)
+            ctx.save_for_backward(q, k, v, keys, sums, out)
+            ctx.chunks = chunks
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, keys, positions, key_positions, sums, out = ctx.saved_tensors
+        q, k, v, keys, sums, out = ctx.saved_tensors
         heads, scale = q.shape[1], 1.0 / math.sqrt(q.shape[-1])
         groups = heads // k.shape[1]
         if ctx.probs is None:
             fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
         k, v = repeat_heads(k, heads), repeat_heads(v, heads)
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for n, (rows, visible) in enumerate(query_chunks(positions, key_positions, heads)):
+        for n, (rows, visible) in enumerate(ctx.chunks):
             seen = visible.shape[-1]
             if ctx.probs is not None:
                 probs = ctx.probs[n]
@@ -352,11 +385,11 @@ class Attention(torch.autograd.Function):
             grad_s = probs * (grad_p - (g * o).sum(-1, keepdim=True)) * scale
             grad_q[:, :, rows] = grad_s @ k[:, :, :seen]
             grad_k[:, :, :seen] += grad_s.transpose(-1, -2) @ q[:, :, rows]
-        ctx.probs = None
+        ctx.probs = ctx.chunks = None
         if groups > 1:
             grad_k = grad_k.unflatten(1, (-1, groups)).sum(2)
             grad_v = grad_v.unflatten(1, (-1, groups)).sum(2)
-        return grad_q, grad_k, grad_v, None, None, None, None, None, None
+        return grad_q, grad_k, grad_v, None, None, None, None, None
 
 
 class Checkpoint(torch.autograd.Function):
@@ -497,6 +530,29 @@ class LayerWeights:
     biases: dict[str, Tensor]
 
 
+@dataclass(frozen=True)
+class Pass:
+    """What every layer of one pass over token positions [B, T] shares, computed once per pass
+    (for a decode step, once per step): RoPE's cos and sin at the positions [B, T, 1, d], how
+    many keys the pass sees (with a cache, up to the furthest position written), and the
+    attention's query chunks with their causal masks (`query_chunks`)."""
+
+    positions: Tensor
+    cos: Tensor
+    sin: Tensor
+    keys: int
+    chunks: list[tuple[slice, Tensor]]
+
+    @classmethod
+    def of(cls, model: Llama, positions: Tensor, cached: bool) -> Pass:
+        batch, length = positions.shape
+        keys = int(positions.max()) + 1 if cached else length
+        key_positions = torch.arange(keys).expand(batch, -1) if cached else positions
+        chunks = list(query_chunks(positions, key_positions, model.cfg.num_heads))
+        cos, sin = model.cos[positions][:, :, None], model.sin[positions][:, :, None]
+        return cls(positions, cos, sin, keys, chunks)
+
+
 class KVCache:
     """Keys (fixed point) and values (on their grid) of every layer for `batch` rows of up to
     `length` positions; `positions[r]` is the next position of row r."""
@@ -522,12 +578,13 @@ class KVCache:
         out.positions = self.positions[index].clone()
         return out
 
-    def write(self, n: int, k: Tensor, v: Tensor, grid: Tensor) -> tuple[Tensor, Values]:
-        """Store keys/values [B, kv_heads, T, d] at each row's positions; return the keys and
-        values of layer n up to the furthest position written (the rest are invisible)."""
-        B, _, T, _ = k.shape
-        rows = torch.arange(B)[:, None]
-        cols = self.positions[:, None] + torch.arange(T)[None, :]
+    def write(
+        self, n: int, k: Tensor, v: Tensor, grid: Tensor, step: Pass
+    ) -> tuple[Tensor, Values]:
+        """Store keys/values [B, kv_heads, T, d] at each row's positions (`step`'s); return the
+        keys and values of layer n up to the furthest position written (the rest are
+        invisible)."""
+        rows, cols, filled = torch.arange(k.shape[0])[:, None], step.positions, step.keys
         fv = Values.of(v, grid)
         for store, new in (
             (self.keys[n], exact.fixed_point(k, exact.bits_for(k.shape[-1]))),
@@ -535,7 +592,6 @@ class KVCache:
             (self.values[n].lo, fv.lo),
         ):
             store.permute(0, 2, 1, 3)[rows, cols] = new.permute(0, 2, 1, 3)
-        filled = int(cols.max()) + 1
         return self.keys[n][:, :, :filled], self.values[n].upto(filled)
 
 
@@ -627,7 +683,7 @@ class Llama:
         x: Tensor,
         n: int,
         layer: LayerWeights,
-        positions: Tensor,
+        step: Pass,
         cache: KVCache | None,
         check: Check = no_check,
     ) -> Tensor:
@@ -635,17 +691,14 @@ class Llama:
         B, T, _ = x.shape
         h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.dim_head
         qkv = self.linear(x, layer, "qkv").view(B, T, h + 2 * kv, d)
-        cos, sin = self.cos[positions][:, :, None], self.sin[positions][:, :, None]
-        qk = rope(qkv[:, :, : h + kv], cos, sin)
+        qk = rope(qkv[:, :, : h + kv], step.cos, step.sin)
         q, k, v = (t.transpose(1, 2) for t in (qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]))
         if cache is None:
             keys = exact.fixed_point(k, exact.bits_for(d))
             values = Values.of(v, layer.value_grid)
-            key_positions = positions
         else:
-            keys, values = cache.write(n, k, v, layer.value_grid)
-            key_positions = torch.arange(keys.shape[2]).expand(B, -1)
-        y = Attention.apply(q, k, v, keys, values, positions, key_positions, cfg.prob_bits, check)
+            keys, values = cache.write(n, k, v, layer.value_grid, step)
+        y = Attention.apply(q, k, v, keys, values, step.chunks, cfg.prob_bits, check)
         return self.linear(y.transpose(1, 2).reshape(B, T, h * d), layer, "o")
 
     def mlp(self, x: Tensor, layer: LayerWeights) -> Tensor:
@@ -669,7 +722,7 @@ class Llama:
         bits: its arithmetic is exact)."""
         B, T = ids.shape
         start = torch.zeros(B, dtype=torch.long) if cache is None else cache.positions
-        positions = start[:, None] + torch.arange(T)[None, :]
+        step = Pass.of(self, start[:, None] + torch.arange(T)[None, :], cache is not None)
         x = F.embedding(ids, self.w["model.embed_tokens.weight"])
         probe = check or no_check
         layers = layers or self.layer_weights()
@@ -683,14 +736,14 @@ class Llama:
                     x,
                     span,
                     layers,
-                    positions,
+                    step,
                     cache,
                     probe,
                     use_reentrant=False,
                     preserve_rng_state=False,
                 )
             else:
-                x = self.blocks(x, span, layers, positions, cache, probe)
+                x = self.blocks(x, span, layers, step, cache, probe)
             if check is not None and x.requires_grad:
                 x = Checkpoint.apply(x, check)
         if cache is not None:
@@ -702,13 +755,13 @@ class Llama:
         x: Tensor,
         span: range,
         layers: list[LayerWeights],
-        positions: Tensor,
+        step: Pass,
         cache: KVCache | None,
         probe: Check,
     ) -> Tensor:
         """Decoder layers `span`, one after the other."""
         for n in span:
-            x = self.block(x, n, layers[n], positions, cache, probe)
+            x = self.block(x, n, layers[n], step, cache, probe)
         return x
 
     def block(
@@ -716,7 +769,7 @@ class Llama:
         x: Tensor,
         n: int,
         layer: LayerWeights,
-        positions: Tensor,
+        step: Pass,
         cache: KVCache | None,
         probe: Check,
     ) -> Tensor:
@@ -724,7 +777,7 @@ class Llama:
         probe()
         p = f"model.layers.{n}."
         attn_in = rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_eps)
-        x = x + self.attention(attn_in, n, layer, positions, cache, probe)
+        x = x + self.attention(attn_in, n, layer, step, cache, probe)
         probe()
         mlp_in = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_eps)
         return x + self.mlp(mlp_in, layer)
@@ -737,3 +790,46 @@ class Llama:
         if torch.is_grad_enabled() and hidden.requires_grad:
             return ExactLinear.apply(hidden, self.head, self.w["lm_head.weight"])
         return exact.linear(hidden, self.head)
+
+
+def attention_examples() -> list[tuple]:
+    """Attention weights [N, keys] to compile `prob_parts` on."""
+    p = torch.rand(6, 40, generator=torch.Generator().manual_seed(0))
+    return [
+        (p, exact.power(20, torch.float64)),
+        (p[2:3, :3].clone(), exact.power(21, torch.float64)),
+    ]
+
+
+def mean_examples() -> list[tuple]:
+    gen = torch.Generator().manual_seed(0)
+    coarse, fine = (
+        torch.randn(6, 8, dtype=torch.float64, generator=gen),
+        torch.rand(6, 8, dtype=torch.float64),
+    )
+    z = torch.rand(6, 1, dtype=torch.float64) + 1
+    return [(coarse, fine, z), (coarse[:1].clone(), fine[:1].clone(), z[:1].clone())]
+
+
+def value_examples() -> list[tuple]:
+    gen = torch.Generator().manual_seed(0)
+    grid = exact.pow2(torch.randint(-12, -8, (3, 1, 8), generator=gen))
+    v = torch.randn(2, 3, 5, 8, generator=gen)
+    return [(v, grid), (v[:1, :, :1].clone(), grid)]
+
+
+def score_examples() -> list[tuple]:
+    gen = torch.Generator().manual_seed(0)
+    raw = torch.randn(2, 4, 5, 7, dtype=torch.float64, generator=gen) * 30
+    visible = torch.arange(7)[None, None, None, :] <= torch.arange(2, 7)[None, None, :, None]
+    visible = visible.expand(2, 1, 5, 7).contiguous()
+    return [
+        (raw, visible, score_scale(32)),
+        (raw[:1, :, :1].clone(), visible[:1, :, :1].clone(), score_scale(64)),
+    ]
+
+
+PROB_PARTS = kernels.kernel(attention_examples, (0, 1))(prob_parts)
+WEIGHTED_MEAN = kernels.kernel(mean_examples, (0, 1), (0, 1), (0,))(weighted_mean)
+VALUE_PARTS = kernels.kernel(value_examples, (0, 2))(value_parts)
+SHIFTED_SCORES = kernels.kernel(score_examples, (0, 2, 3), (0, 2, 3))(shifted_scores)

@@ -1,0 +1,105 @@
+"""The compiled kernels give the eager engine's bits: the same work in two fresh interpreters,
+one with the kernels compiled (waited for) and one with `WHITNEY_ENGINE_COMPILE=0`, on
+`local/tiny` and on a small Llama built here (grouped-query attention, q/k/v biases, a head
+size whose 1/sqrt is no power of two): forward outputs, logprobs, sampled tokens and their
+logprobs, forward_backward's outputs, loss and gradients, and a training step's adapter and
+the forward after it, compared as raw bytes."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import hashlib, json, logging, sys
+import torch
+from whitney.local.engine import kernels
+from whitney.local.engine.lora import Lora
+from whitney.local.engine.model import ModelConfig, init_weights
+from whitney.local.engine.runtime import EngineRun
+
+compiled = kernels.STATE.wait()
+kernels.COMPILED_FROM = 0  # every call compiled, however small
+found = {"compiled": compiled}
+
+def digest(value):
+    if isinstance(value, torch.Tensor):
+        return hashlib.sha256(value.detach().contiguous().numpy().tobytes()).hexdigest()
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()
+
+def exercise(name, run):
+    run.save_weights_for_sampler("s")
+    text = [256, *b"Q: What sound does the frog make?\\nA: The frog says croak.", 257]
+    short = [256, *b"1 + 2 = 3"]
+    lp = run.logprobs("s", {"sequences": [{"token_ids": text}, {"token_ids": short}]})
+    found[name + " logprobs"] = digest(lp.result)
+    requests = [
+        {"prompt": {"token_ids": text[:12]}, "num_samples": 5,
+         "sampling_params": {"max_tokens": 20, "temperature": 1.0, "seed": 5}},
+        {"prompt": {"token_ids": short}, "num_samples": 1,
+         "sampling_params": {"max_tokens": 9, "temperature": 0.8, "top_p": 0.9, "seed": 2}},
+    ]
+    found[name + " sample"] = digest([o.result for o in run.sample("s", requests, [1, 2])])
+    def tensor(values, dtype="float32"):
+        return {"dtype": dtype, "shape": [len(values)], "values": values}
+    data = [
+        {"input": {"token_ids": t[:-1]},
+         "loss_inputs": {"target_tokens": tensor(t[1:], "int64"),
+                         "weights": tensor([0.0] * 3 + [1.0] * (len(t) - 4)),
+                         "logprobs": tensor([-2.0] * (len(t) - 1)),
+                         "advantages": tensor([0.5] * (len(t) - 1))}}
+        for t in (text, short)
+    ]
+    payload = {"data": data, "loss_function": "importance_sampling"}
+    found[name + " forward"] = digest(run.forward(payload, backward=False).result)
+    found[name + " forward_backward"] = digest(run.forward(payload, backward=True).result)
+    found[name + " gradients"] = {
+        n: digest(p.grad) for n, p in run.trainable_parameters().items() if p.grad is not None
+    }
+    run.optim_step({"type": "adamw", "learning_rate": 1e-2})
+    found[name + " adapter"] = {n: digest(p) for n, p in run.trainable_parameters().items()}
+    found[name + " after step"] = digest(run.forward(payload, backward=False).result)
+
+exercise("tiny", EngineRun.create(base_model="local/tiny", lora_rank=8, seed=3))
+cfg = ModelConfig(hidden_size=96, num_layers=2, num_heads=6, num_kv_heads=2, head_dim=24,
+                  intermediate_size=160, architecture="qwen2", attention_bias=True)
+weights = init_weights(cfg, seed=7)
+gen = torch.Generator().manual_seed(8)
+for name, w in weights.items():
+    if name.endswith(".bias"):
+        weights[name] = torch.randn(w.shape, generator=gen) * 0.1
+lora = Lora.init(cfg, 4, seed=9)
+for b in lora.B.values():
+    b.copy_(torch.randn(b.shape, generator=gen) * 0.01)
+exercise("small", EngineRun("built", cfg, weights, lora, "policy", True, {}, "built"))
+print(json.dumps(found))
+"""
+
+
+def probe(compile_flag: str, cache: str) -> dict:
+    environment = os.environ | {"WHITNEY_ENGINE_COMPILE": compile_flag, "XDG_CACHE_HOME": cache}
+    completed = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(completed.stdout.splitlines()[-1])
+
+
+@pytest.mark.timeout(1800)  # the kernels compile cold (into tmp_path) on a busy machine
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="no C++ compiler")
+def test_compiled_kernels_give_the_eager_bits(tmp_path) -> None:
+    compiled, eager = probe("1", str(tmp_path)), probe("0", str(tmp_path))
+    assert compiled.pop("compiled") is True
+    assert eager.pop("compiled") is False
+    assert len(compiled["tiny gradients"]) == 2 * 7 * 4  # A and B of every projection
+    assert compiled == eager
