@@ -102,6 +102,12 @@ def rebuild(
     base model from `hf_cache`, as the server created it). Setting `interrupt` stops the
     rebuild (`OperationCancelled`)."""
     run_id, tenant = run["run_id"], run["tenant"]
+    if run.get("trained_at"):
+        raise InternalError(
+            f"run {run_id} trains on the tinker endpoint {run['trained_at']}: it is not rebuilt "
+            "on the CPU engine after a restart",
+            details={"run_id": run_id, "trained_at": run["trained_at"]},
+        )
     start = run["from_checkpoint"]
     engine = engine_module.EngineRun.create(
         base_model=run["base_model"],

@@ -1,0 +1,122 @@
+"""Train on Tinker without an account: a broker (`serve --tinker-url`) forwards its provider
+`tinker` runs through the official SDK to a second served process, the Tinker front, whose
+engine trains them. The chain gives the bits and the adapter of the same run emulated on the
+CPU engine (provider `tinker` on a server without `--tinker-url`); both are real processes on
+loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.local.served import ServedWhitney, served
+from tests.tinker.steps import (
+    BASE_MODEL,
+    KEYS,
+    RANK,
+    adapter_sha256,
+    assert_same,
+    sdk_key,
+    through_whitney,
+)
+from whitney import WhitneyClient
+
+
+@contextmanager
+def tinker_key(key: str) -> Iterator[None]:
+    """TINKER_API_KEY in this process's environment (which the served broker inherits)."""
+    before = os.environ.get("TINKER_API_KEY")
+    os.environ["TINKER_API_KEY"] = key
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TINKER_API_KEY", None)
+        else:
+            os.environ["TINKER_API_KEY"] = before
+
+
+@pytest.fixture(scope="module")
+def broker(
+    server: ServedWhitney, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServedWhitney]:
+    """A served broker whose provider `tinker` runs go to `server` (the front) as tenant A."""
+    tmp = tmp_path_factory.mktemp("tinker-broker")
+    with tinker_key(sdk_key(0)), served(tmp, "--tinker-url", server.url, keys=KEYS) as process:
+        yield process
+
+
+def front_runs(server: ServedWhitney) -> list[dict]:
+    """The runs in the front's journal (read from its data directory)."""
+    data_dir = Path(server.argv[server.argv.index("--data-dir") + 1])
+    with sqlite3.connect(data_dir / "journal.sqlite3") as conn:
+        conn.row_factory = sqlite3.Row
+        return [dict(row) for row in conn.execute("SELECT * FROM runs ORDER BY created_at")]
+
+
+def test_a_forwarded_run_gives_the_cpu_engines_bits_and_adapter(
+    server: ServedWhitney, broker: ServedWhitney
+) -> None:
+    before = {run["run_id"] for run in front_runs(server)}
+    forwarded = through_whitney(broker.url, KEYS[0])
+    emulated = through_whitney(server.url, KEYS[0])  # provider tinker on the CPU engine
+    assert_same(forwarded, emulated)
+    assert forwarded.losses[-1] < forwarded.losses[0]
+    assert adapter_sha256(broker.url, KEYS[0], forwarded.run_id) == adapter_sha256(
+        server.url, KEYS[0], emulated.run_id
+    )
+    # the broker's run says where it trained; the front holds the Tinker model that trained it
+    with WhitneyClient(broker.url, KEYS[0]) as client:
+        run = client.get_run(forwarded.run_id)
+    assert run.model_extra["trained_at"] == server.url
+    assert run.step == 3
+    models = [run for run in front_runs(server) if run["run_id"] not in before]
+    tinker_models = [m for m in models if m["run_id"] != emulated.run_id]
+    assert len(tinker_models) == 1
+    model = tinker_models[0]
+    assert (model["provider"], model["base_model"], model["lora_rank"]) == (
+        "tinker",
+        BASE_MODEL,
+        RANK,
+    )
+    assert model["step"] == 3
+
+
+def test_finishing_a_forwarded_run_ends_its_tinker_session(
+    server: ServedWhitney, broker: ServedWhitney
+) -> None:
+    with WhitneyClient(broker.url, KEYS[0]) as client:
+        session = client.open_session()
+        run_id = client.create_run(session.session_id, "tinker", BASE_MODEL, lora_rank=RANK).run_id
+        client.run_operation(run_id, "save_weights_for_sampler", {})
+        before = {run["run_id"]: run for run in front_runs(server)}
+        active = [r for r in before.values() if r["status"] == "ready"]
+        assert client.cancel(run_id).status == "cancelled"
+    after = {run["run_id"]: run for run in front_runs(server)}
+    ended = [rid for rid in (r["run_id"] for r in active) if after[rid]["status"] != "ready"]
+    assert ended, "cancelling the forwarded run left its Tinker model loaded"
+
+
+def test_a_forwarded_run_never_falls_back_to_the_cpu(tmp_path: Path) -> None:
+    """An endpoint that is down: the run's creation fails in one line naming it."""
+    with (
+        tinker_key(sdk_key(0)),
+        served(tmp_path, "--tinker-url", "http://127.0.0.1:9", keys=KEYS) as broker,
+    ):
+        with WhitneyClient(broker.url, KEYS[0]) as client:
+            session = client.open_session()
+            with pytest.raises(Exception) as caught:
+                client.create_run(session.session_id, "tinker", BASE_MODEL, lora_rank=RANK)
+            message = str(caught.value)
+            assert "http://127.0.0.1:9" in message and "CPU" in message
+            assert "\n" not in message and sdk_key(0) not in message
+            assert client.get_session(session.session_id).run_ids == []
+        log = broker.log.read_text()
+    assert sdk_key(0) not in log
+    assert sdk_key(0) not in json.dumps(broker.argv)  # the key is in the environment only

@@ -1,0 +1,376 @@
+"""`TinkerRun`: a run of provider `tinker` executed on a Tinker endpoint through the official
+`tinker` SDK, beside `EngineRun` (the CPU engine) as the other implementation of the
+`whitney.local.execution.Engine` interface. The server keeps its journal, seq ids, tenants,
+leases, limits and recovery; each operation becomes the SDK call of the same meaning, and its
+answer Whitney's result. The API key is the SDK's (`TINKER_API_KEY`): never read or kept here.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import hashlib
+import io
+import json
+import socket
+import tarfile
+import threading
+import urllib.request
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from whitney import wire
+from whitney.errors import (
+    InvalidRequest,
+    NotFound,
+    OperationCancelled,
+    Unavailable,
+    WhitneyError,
+)
+
+CONNECT_TIMEOUT_S = 20.0
+"""How long creating the Tinker model may take before the run's creation fails (less than a
+client's read timeout, so that the refusal reaches it)."""
+REACH_TIMEOUT_S = 5.0
+"""How long the endpoint may take to accept a connection before the run's creation fails."""
+POLL_S = 0.25
+"""How often a wait on a Tinker future looks at the run's interrupt (cancel)."""
+POINTER = "tinker.json"
+"""The file a forwarded `save_state` writes in the checkpoint directory: the Tinker path."""
+
+
+def endpoint_of(url: str) -> str:
+    """The endpoint a run's records name: the URL without credentials, query or fragment."""
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"--tinker-url: expected an http(s) URL, got {url[:200]!r}")
+    host = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
+    return urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
+
+
+def reach(url: str, endpoint: str) -> None:
+    """Fail in one line unless the endpoint accepts a TCP connection (the SDK itself would
+    retry a refused connection for minutes)."""
+    parts = urlsplit(url)
+    port = parts.port or (443 if parts.scheme == "https" else 80)
+    try:
+        socket.create_connection((parts.hostname, port), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        raise Unavailable(
+            f"tinker endpoint {endpoint} is unreachable ({type(exc).__name__}): the run is "
+            "not moved to the CPU engine",
+            details={"endpoint": endpoint},
+        ) from None
+
+
+def provider_error(endpoint: str, exc: BaseException) -> WhitneyError:
+    """A Tinker SDK failure as one line naming the endpoint: 4xx as the refusal it is (its
+    message), anything else (unreachable, 5xx after the SDK's retries) as 503."""
+    import tinker
+
+    if isinstance(exc, WhitneyError):
+        return exc
+    status = getattr(exc, "status_code", None)
+    if isinstance(exc, tinker.APIStatusError) and status is not None and 400 <= status < 500:
+        message = _message(exc)
+        if status == 404:
+            return NotFound(f"tinker endpoint {endpoint}: {message}")
+        return InvalidRequest(f"tinker endpoint {endpoint}: {message}", details={"status": status})
+    reason = type(exc).__name__ if status is None else f"HTTP {status}"
+    return Unavailable(
+        f"tinker endpoint {endpoint} failed ({reason}): the run is not moved to the CPU engine",
+        details={"endpoint": endpoint},
+    )
+
+
+def _message(exc: BaseException) -> str:
+    body = getattr(exc, "body", None)
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"].splitlines()[0][:500]
+    return str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__
+
+
+class Output:
+    """An operation's answer, as `EngineRun`'s `OpOutput` has it."""
+
+    def __init__(self, result: dict[str, Any], usage: dict[str, int]) -> None:
+        self.result = result
+        self.usage = usage
+
+
+def _datum(datum: dict[str, Any]) -> Any:
+    from tinker import types
+
+    inputs = {
+        name: types.TensorData(data=tensor["values"], dtype=tensor["dtype"], shape=tensor["shape"])
+        for name, tensor in datum["loss_inputs"].items()
+    }
+    tokens = _tokens(datum["input"])
+    return types.Datum(model_input=types.ModelInput.from_ints(tokens), loss_fn_inputs=inputs)
+
+
+def _tokens(model_input: dict[str, Any]) -> list[int]:
+    tokens = model_input.get("token_ids")
+    if not isinstance(tokens, list):
+        raise InvalidRequest("input: the tinker provider takes token_ids only")
+    return [int(token) for token in tokens]
+
+
+def archive(files: dict[str, bytes]) -> bytes:
+    """`files` as the engine's `export_lora` tar (USTAR, sorted, mtime 0, mode 0644)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(files[name]), 0, 0o644
+            tar.addfile(info, io.BytesIO(files[name]))
+    return buffer.getvalue()
+
+
+class TinkerRun:
+    """One run's Tinker model (a LoRA training client) and its sampling clients."""
+
+    def __init__(self, endpoint: str, service: Any, training: Any, step: int) -> None:
+        self.endpoint = endpoint
+        self.step = step
+        self.interrupt = threading.Event()
+        self.samplers: dict[str, Any] = {}  # sampler id -> its SamplingClient
+        self.sampler_paths: dict[str, str] = {}  # sampler id -> its Tinker path
+        self._service = service
+        self._training = training
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"TinkerRun(endpoint={self.endpoint!r}, model_id={self.model_id!r})"
+
+    @property
+    def model_id(self) -> str:
+        return str(self._training.model_id)
+
+    @classmethod
+    def create(
+        cls,
+        url: str,
+        *,
+        base_model: str,
+        lora_rank: int,
+        seed: int,
+        checkpoint_dir: Path | None = None,
+    ) -> TinkerRun:
+        """A Tinker LoRA model for a new run (from a forwarded checkpoint, with its
+        optimizer, when `checkpoint_dir` is one); one-line failure when the endpoint fails."""
+        import tinker
+
+        endpoint = endpoint_of(url)
+        reach(url, endpoint)
+        service = tinker.ServiceClient(base_url=url)
+        try:
+            if checkpoint_dir is None:
+                future = service.create_lora_training_client(
+                    base_model=base_model, rank=lora_rank, seed=seed
+                )
+            else:
+                path = read_pointer(checkpoint_dir)
+                future = service.create_training_client_from_state_with_optimizer(path)
+            training = future.result(CONNECT_TIMEOUT_S)
+        except BaseException as exc:
+            _close_quietly(service, "errored")
+            if isinstance(exc, TimeoutError):
+                raise Unavailable(
+                    f"tinker endpoint {endpoint} did not create the model within "
+                    f"{CONNECT_TIMEOUT_S:g} s: the run is not moved to the CPU engine",
+                    details={"endpoint": endpoint},
+                ) from None
+            raise provider_error(endpoint, exc) from None
+        step = 0
+        if checkpoint_dir is not None:
+            step = int(json.loads((checkpoint_dir / POINTER).read_text())["step"])
+        return cls(endpoint, service, training, step)
+
+    # --- waiting ------------------------------------------------------------------------
+
+    def _wait(self, api_future: Any) -> Any:
+        """The future's value; `OperationCancelled` once the run is cancelled."""
+        future = api_future.future()
+        while True:
+            done, _ = concurrent.futures.wait([future], timeout=POLL_S)
+            if done:
+                try:
+                    return future.result()
+                except Exception as exc:
+                    raise provider_error(self.endpoint, exc) from None
+            if self.interrupt.is_set():
+                raise OperationCancelled("the run was cancelled")
+
+    # --- training -----------------------------------------------------------------------
+
+    def forward(self, payload: dict, *, backward: bool) -> Output:
+        data = [_datum(datum) for datum in payload["data"]]
+        loss, config = payload["loss_function"], payload.get("loss_config") or None
+        call = self._training.forward_backward if backward else self._training.forward
+        output = self._wait(call(data, loss, config))
+        outputs = [
+            {name: [float(v) for v in tensor.data] for name, tensor in record.items()}
+            for record in output.loss_fn_outputs
+        ]
+        metrics = {key: float(value) for key, value in output.metrics.items()}
+        tokens = sum(len(datum["input"]["token_ids"]) for datum in payload["data"])
+        usage = {"tokens": tokens} | ({"trained_tokens": tokens} if backward else {})
+        result = {"loss": metrics.get("loss:sum", 0.0), "metrics": metrics, "outputs": outputs}
+        return Output(result, usage)
+
+    def optim_step(self, optimizer: dict) -> Output:
+        from tinker import types
+
+        params = wire.Optimizer.model_validate(optimizer).model_dump(exclude={"type"})
+        output = self._wait(self._training.optim_step(types.AdamParams(**params)))
+        self.step += 1
+        metrics = {key: float(value) for key, value in (output.metrics or {}).items()}
+        return Output({"step": self.step, "metrics": metrics}, {"tokens": 0})
+
+    # --- samplers -----------------------------------------------------------------------
+
+    def save_weights_for_sampler(self, sampler_id: str) -> Output:
+        saved = self._wait(self._training.save_weights_for_sampler(sampler_id))
+        self.samplers[sampler_id] = self._wait(self._training.create_sampling_client(saved.path))
+        self.sampler_paths[sampler_id] = saved.path
+        return Output({"sampler_id": sampler_id}, {"tokens": 0})
+
+    def write_sampler(self, sampler_id: str, path: Path) -> None:
+        """The sampler's weights are Tinker's: the file holds the sampler's Tinker path."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        model_path = self.sampler_paths[sampler_id]
+        path.write_text(json.dumps({"endpoint": self.endpoint, "model_path": model_path}))
+
+    def _sampler(self, sampler_id: str) -> Any:
+        if sampler_id not in self.samplers:
+            raise NotFound(f"sampler_id {sampler_id!r} does not exist in this run")
+        return self.samplers[sampler_id]
+
+    def sample(
+        self, sampler_id: str, requests: list[dict], default_seeds: list[int]
+    ) -> list[Output | WhitneyError]:
+        """One Tinker `sample` per request, each with its seed (the run's default where it
+        names none, as on the engine)."""
+        from tinker import types
+
+        sampler = self._sampler(sampler_id)
+        futures = []
+        for request, seed in zip(requests, default_seeds, strict=True):
+            parsed = wire.SampleRequest.model_validate(request)
+            params = parsed.sampling_params
+            sampling = types.SamplingParams(
+                max_tokens=params.max_tokens,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                top_k=-1 if params.top_k is None else params.top_k,
+                stop=list(params.stop_token_ids) or None,
+                seed=seed if params.seed is None else params.seed,
+            )
+            prompt = _tokens(request["prompt"])
+            futures.append(
+                (
+                    prompt,
+                    sampler.sample(
+                        types.ModelInput.from_ints(prompt), parsed.num_samples, sampling
+                    ),
+                )
+            )
+        outputs: list[Output | WhitneyError] = []
+        for prompt, future in futures:
+            answer = self._wait(future)
+            sequences = [
+                {
+                    "tokens": [int(t) for t in sequence.tokens],
+                    "logprobs": [float(v) for v in sequence.logprobs or []],
+                    "stop_reason": str(sequence.stop_reason),
+                }
+                for sequence in answer.sequences
+            ]
+            sampled = sum(len(s["tokens"]) for s in sequences)
+            usage = {
+                "tokens": len(prompt) + sampled,
+                "prefill_tokens": len(prompt),
+                "sampled_tokens": sampled,
+            }
+            outputs.append(Output({"sequences": sequences, "prompt_tokens": len(prompt)}, usage))
+        return outputs
+
+    def logprobs(self, sampler_id: str, request: dict) -> Output:
+        """`compute_logprobs` of each sequence (None first, as on the engine)."""
+        from tinker import types
+
+        sampler = self._sampler(sampler_id)
+        sequences = [_tokens(sequence) for sequence in request["sequences"]]
+        futures = [
+            sampler.compute_logprobs(types.ModelInput.from_ints(tokens)) for tokens in sequences
+        ]
+        result = [
+            [None if v is None else float(v) for v in self._wait(future)] for future in futures
+        ]
+        return Output({"logprobs": result}, {"tokens": sum(len(s) for s in sequences)})
+
+    # --- checkpoints --------------------------------------------------------------------
+
+    def save_state(self, directory: Path) -> Output:
+        """Tinker keeps the state; `directory` keeps its Tinker path (and the step)."""
+        saved = self._wait(self._training.save_state(Path(directory).name))
+        directory.mkdir(parents=True, exist_ok=True)
+        pointer = {"endpoint": self.endpoint, "path": saved.path, "step": self.step}
+        (directory / POINTER).write_text(json.dumps(pointer))
+        return Output({"step": self.step}, {"tokens": 0})
+
+    def load_state(self, directory: Path, *, with_optimizer: bool = True) -> Output:
+        path = read_pointer(directory)
+        training = self._training
+        load = training.load_state_with_optimizer if with_optimizer else training.load_state
+        self._wait(load(path))
+        self.step = int(json.loads((directory / POINTER).read_text())["step"])
+        return Output({"step": self.step}, {"tokens": 0})
+
+    def export_lora(self, archive_path: Path) -> Output:
+        """`save_weights_external`, its files fetched through their signed URLs and written as
+        the engine's archive (the same bytes when the files are the same)."""
+        saved = self._wait(self._training.save_weights_external(archive_path.stem))
+        rest = self._service.create_rest_client()
+        urls = self._wait(rest.get_external_weights_urls(saved.path)).urls
+        files = {}
+        for name, url in urls.items():
+            with urllib.request.urlopen(url, timeout=CONNECT_TIMEOUT_S) as answer:  # noqa: S310
+                files[name] = answer.read()
+        data = archive(files)
+        archive_path.parent.mkdir(parents=True, exist_ok=True)
+        archive_path.write_bytes(data)
+        sha256 = hashlib.sha256(data).hexdigest()
+        return Output({"format": "peft", "sha256": sha256, "bytes": len(data)}, {"tokens": 0})
+
+    # --- the end ------------------------------------------------------------------------
+
+    def close(self, status: str) -> None:
+        """The run ended (`finished`, `cancelled`, `failed`): end the Tinker session, which
+        frees its model."""
+        if self._closed:
+            return
+        self._closed = True
+        reason = {"finished": "success", "cancelled": "interrupted"}.get(status, "errored")
+        _close_quietly(self._service, reason)
+
+
+def read_pointer(directory: Path) -> str:
+    """The Tinker path a forwarded checkpoint directory names."""
+    try:
+        return str(json.loads((Path(directory) / POINTER).read_text())["path"])
+    except (OSError, ValueError, KeyError):
+        raise InvalidRequest(
+            "checkpoint: not a checkpoint of a run forwarded to Tinker (its state is on this "
+            "server's CPU engine)",
+            details={"field": "checkpoint"},
+        ) from None
+
+
+def _close_quietly(service: Any, status: str) -> None:
+    with contextlib.suppress(Exception):  # the endpoint may be gone: its session lapses
+        service.close(status).result(CONNECT_TIMEOUT_S)
