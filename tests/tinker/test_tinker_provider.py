@@ -17,13 +17,17 @@ import pytest
 
 from tests.local.served import ServedWhitney, served
 from tests.tinker.steps import (
+    ADAM,
     BASE_MODEL,
     KEYS,
     RANK,
+    SEED,
     adapter_sha256,
     assert_same,
     sdk_key,
+    sl_rows,
     through_whitney,
+    whitney_datum,
 )
 from whitney import WhitneyClient
 
@@ -86,6 +90,45 @@ def test_a_forwarded_run_gives_the_cpu_engines_bits_and_adapter(
         RANK,
     )
     assert model["step"] == 3
+
+
+def checkpoints(base_url: str) -> tuple[list[float], str]:
+    """A step, save_state, two steps, load_state (with the optimizer), a step again, then a
+    new run from the checkpoint and a step: the losses, and the new run's adapter sha256."""
+    payload = {"data": [whitney_datum(row) for row in sl_rows()], "loss_function": "cross_entropy"}
+    losses: list[float] = []
+    with WhitneyClient(base_url, KEYS[0]) as client:
+        session = client.open_session().session_id
+        run = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED).run_id
+
+        def step(run_id: str) -> None:
+            losses.append(client.run_operation(run_id, "forward_backward", payload)["loss"])
+            client.run_operation(run_id, "optim_step", {"optimizer": ADAM})
+
+        step(run)
+        saved = client.run_operation(run, "save_state", {"name": "after-one"})["checkpoint"]
+        step(run)
+        step(run)
+        loaded = client.run_operation(run, "load_state", {"checkpoint": saved})
+        assert loaded["step"] == 1
+        step(run)
+        resumed = client.create_run(
+            session, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED, from_checkpoint=saved
+        ).run_id
+        assert client.get_run(resumed).step == 1
+        step(resumed)
+        sha256 = client.run_operation(resumed, "export_lora", {})["sha256"]
+    return losses, sha256
+
+
+def test_checkpoints_of_a_forwarded_run_are_the_cpu_engines(
+    server: ServedWhitney, broker: ServedWhitney
+) -> None:
+    forwarded, emulated = checkpoints(broker.url), checkpoints(server.url)
+    assert forwarded == emulated  # the losses and the resumed run's adapter
+    losses = forwarded[0]
+    assert losses[3] == losses[1] == losses[4]  # back at the saved state, twice
+    assert losses[2] < losses[1]
 
 
 def test_finishing_a_forwarded_run_ends_its_tinker_session(

@@ -102,7 +102,7 @@ def tinker_url(url: str | None) -> str | None:
     try:
         endpoint_of(url)
     except ValueError as exc:
-        raise ServerStartError(str(exc)) from None
+        raise ServerStartError(f"--tinker-url: {exc}") from None
     return url
 
 

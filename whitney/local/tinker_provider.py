@@ -29,6 +29,8 @@ from whitney.errors import (
     WhitneyError,
 )
 
+TINKER_URL_ENV = "TINKER_BASE_URL"
+"""The endpoint of the server `whitney-flows run` starts (as the SDK names it)."""
 CONNECT_TIMEOUT_S = 20.0
 """How long creating the Tinker model may take before the run's creation fails (less than a
 client's read timeout, so that the refusal reaches it)."""
@@ -44,7 +46,7 @@ def endpoint_of(url: str) -> str:
     """The endpoint a run's records name: the URL without credentials, query or fragment."""
     parts = urlsplit(url)
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"--tinker-url: expected an http(s) URL, got {url[:200]!r}")
+        raise ValueError(f"expected an http(s) URL, got {url[:200]!r}")
     host = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
     return urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
 
