@@ -163,3 +163,27 @@ def test_a_forwarded_run_never_falls_back_to_the_cpu(tmp_path: Path) -> None:
         log = broker.log.read_text()
     assert sdk_key(0) not in log
     assert sdk_key(0) not in json.dumps(broker.argv)  # the key is in the environment only
+
+
+def ppo_forward(base_url: str) -> dict:
+    """A `ppo` forward with a per-token clip range (the `tinker` provider's form)."""
+    data = []
+    for row in sl_rows():
+        n = len(row["input"])
+        row = {**row, "logprobs": [-1.5] * n, "advantages": [0.5] * n}
+        row |= {"clip_low_threshold": [0.9] * n, "clip_high_threshold": [1.1] * n}
+        data.append(whitney_datum(row))
+    with WhitneyClient(base_url, KEYS[0]) as client:
+        session = client.open_session().session_id
+        run = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK, seed=9).run_id
+        return client.run_operation(run, "forward", {"data": data, "loss_function": "ppo"})
+
+
+def test_a_per_token_clip_range_is_forwarded_as_tinkers_scalar(
+    server: ServedWhitney, broker: ServedWhitney
+) -> None:
+    forwarded, emulated = ppo_forward(broker.url), ppo_forward(server.url)
+    assert forwarded["metrics"]["loss:sum"] == emulated["metrics"]["loss:sum"]
+    assert [o["logprobs"] for o in forwarded["outputs"]] == [
+        o["logprobs"] for o in emulated["outputs"]
+    ]

@@ -38,6 +38,8 @@ REACH_TIMEOUT_S = 5.0
 """How long the endpoint may take to accept a connection before the run's creation fails."""
 POLL_S = 0.25
 """How often a wait on a Tinker future looks at the run's interrupt (cancel)."""
+CLIP_KEYS = ("clip_low_threshold", "clip_high_threshold")
+"""The per-token tensors Tinker takes as scalars of `loss_fn_config`."""
 POINTER = "tinker.json"
 """The file a forwarded `save_state` writes in the checkpoint directory: the Tinker path."""
 
@@ -103,12 +105,31 @@ class Output:
         self.usage = usage
 
 
-def _datum(datum: dict[str, Any]) -> Any:
+def clip_config(data: list[dict[str, Any]]) -> dict[str, float]:
+    """The per-token clip tensors as Tinker's scalar `loss_fn_config` (Tinker takes one clip
+    range per request); a clip range that varies is refused, naming the tensor."""
+    config: dict[str, float] = {}
+    for name in CLIP_KEYS:
+        values = {
+            float(v) for datum in data for v in datum["loss_inputs"].get(name, {}).get("values", [])
+        }
+        if len(values) > 1:
+            raise InvalidRequest(
+                f"loss_inputs.{name}: the tinker provider takes one clip value per request "
+                "(Tinker's loss_fn_config), not one per token",
+                details={"field": f"loss_inputs.{name}"},
+            )
+        config |= {name: values.pop()} if values else {}
+    return config
+
+
+def _datum(datum: dict[str, Any], drop: Any = ()) -> Any:
     from tinker import types
 
     inputs = {
         name: types.TensorData(data=tensor["values"], dtype=tensor["dtype"], shape=tensor["shape"])
         for name, tensor in datum["loss_inputs"].items()
+        if name not in drop
     }
     tokens = _tokens(datum["input"])
     return types.Datum(model_input=types.ModelInput.from_ints(tokens), loss_fn_inputs=inputs)
@@ -210,10 +231,11 @@ class TinkerRun:
     # --- training -----------------------------------------------------------------------
 
     def forward(self, payload: dict, *, backward: bool) -> Output:
-        data = [_datum(datum) for datum in payload["data"]]
-        loss, config = payload["loss_function"], payload.get("loss_config") or None
+        clip = clip_config(payload["data"])
+        data = [_datum(datum, drop=clip.keys()) for datum in payload["data"]]
+        loss, config = payload["loss_function"], (payload.get("loss_config") or {}) | clip
         call = self._training.forward_backward if backward else self._training.forward
-        output = self._wait(call(data, loss, config))
+        output = self._wait(call(data, loss, config or None))
         outputs = [
             {name: [float(v) for v in tensor.data] for name, tensor in record.items()}
             for record in output.loss_fn_outputs
