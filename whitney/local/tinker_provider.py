@@ -156,8 +156,9 @@ def archive(files: dict[str, bytes]) -> bytes:
 class TinkerRun:
     """One run's Tinker model (a LoRA training client) and its sampling clients."""
 
-    def __init__(self, endpoint: str, service: Any, training: Any, step: int) -> None:
-        self.endpoint = endpoint
+    def __init__(self, url: str, service: Any, training: Any, step: int) -> None:
+        self.endpoint = endpoint_of(url)
+        self._url = url
         self.step = step
         self.interrupt = threading.Event()
         self.samplers: dict[str, Any] = {}  # sampler id -> its SamplingClient
@@ -211,7 +212,7 @@ class TinkerRun:
         step = 0
         if checkpoint_dir is not None:
             step = int(json.loads((checkpoint_dir / POINTER).read_text())["step"])
-        return cls(endpoint, service, training, step)
+        return cls(url, service, training, step)
 
     # --- waiting ------------------------------------------------------------------------
 
@@ -359,7 +360,9 @@ class TinkerRun:
         """`save_weights_external`, its files fetched through their signed URLs and written as
         the engine's archive (the same bytes when the files are the same)."""
         saved = self._wait(self._training.save_weights_external(archive_path.stem))
-        rest = self._service.create_rest_client()
+        import tinker
+
+        rest = tinker.RestClient(base_url=self._url)
         urls = self._wait(rest.get_external_weights_urls(saved.path)).urls
         files = {}
         for name, url in urls.items():
