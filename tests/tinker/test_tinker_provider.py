@@ -187,3 +187,23 @@ def test_a_per_token_clip_range_is_forwarded_as_tinkers_scalar(
     assert [o["logprobs"] for o in forwarded["outputs"]] == [
         o["logprobs"] for o in emulated["outputs"]
     ]
+
+
+def test_a_killed_broker_does_not_rebuild_a_forwarded_run_on_the_cpu(
+    server: ServedWhitney, tmp_path: Path
+) -> None:
+    """SIGKILL and restart: the forwarded run ends `failed`, naming its endpoint, and no
+    operation of it runs on the broker's engine (reconnecting is issue 42's next part)."""
+    with tinker_key(sdk_key(0)), served(tmp_path, "--tinker-url", server.url, keys=KEYS) as broker:
+        with WhitneyClient(broker.url, KEYS[0]) as client:
+            session = client.open_session().session_id
+            run = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK).run_id
+            client.run_operation(run, "save_weights_for_sampler", {})
+        broker.kill()
+        broker.restart()
+        with WhitneyClient(broker.url, KEYS[0]) as client:
+            ended = client.wait_terminal(run, timeout=60)
+    assert ended.status == "failed"
+    message = ended.error["message"]
+    assert server.url in message and "CPU engine" in message and "\n" not in message
+    assert sdk_key(0) not in broker.log.read_text()
