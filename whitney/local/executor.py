@@ -39,6 +39,7 @@ from whitney.local.api_errors import error_object
 from whitney.local.execution import Engine, Execution, Outcome, RunHooks, Ticket
 from whitney.local.journal import Journal
 from whitney.local.limits import sample_tokens
+from whitney.local.tinker_provider import TinkerRun
 
 log = logging.getLogger("whitney.local.executor")
 
@@ -360,6 +361,8 @@ class RunWorker:
                     if ticket is None:
                         break
                     ticket.running = True
+                if isinstance(self.engine, TinkerRun):  # its record is by seq_id
+                    self.engine.seq_id = ticket.seq_id
                 self._run_batch([ticket])
             self._leave_lanes()
             with self.cond:

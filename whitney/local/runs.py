@@ -165,6 +165,7 @@ class Runs:
                 lora_rank=run["lora_rank"],
                 seed=run["seed"],
                 checkpoint_dir=checkpoint_dir,
+                record=self.files.tinker_record(run["run_id"]),
             )
         return load_engine().EngineRun.create(
             base_model=run["base_model"],

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import io
 import json
+import os
 import socket
 import tarfile
 import threading
@@ -40,6 +41,8 @@ POLL_S = 0.25
 """How often a wait on a Tinker future looks at the run's interrupt (cancel)."""
 CLIP_KEYS = ("clip_low_threshold", "clip_high_threshold")
 """The per-token tensors Tinker takes as scalars of `loss_fn_config`."""
+RECORDED_CALLS = 4
+"""How many of the latest training operations' request ids the record keeps (one runs)."""
 POINTER = "tinker.json"
 """The file a forwarded `save_state` writes in the checkpoint directory: the Tinker path."""
 
@@ -154,18 +157,97 @@ def archive(files: dict[str, bytes]) -> bytes:
 
 
 class TinkerRun:
-    """One run's Tinker model (a LoRA training client) and its sampling clients."""
+    """One run's Tinker model (a LoRA training client) and its sampling clients. `record`
+    keeps, on disk, the model and the Tinker request id each training operation was sent
+    under (written before the broker waits), so that after a restart the operation is sent
+    again under the same ids, which the Tinker side answers from its record."""
 
-    def __init__(self, url: str, service: Any, training: Any, step: int) -> None:
+    def __init__(
+        self, url: str, service: Any, training: Any, step: int, record: Path | None = None
+    ) -> None:
         self.endpoint = endpoint_of(url)
         self._url = url
         self.step = step
         self.interrupt = threading.Event()
+        self.seq_id: int | None = None  # the Whitney seq_id the training lane executes
         self.samplers: dict[str, Any] = {}  # sampler id -> its SamplingClient
         self.sampler_paths: dict[str, str] = {}  # sampler id -> its Tinker path
         self._service = service
         self._training = training
+        self._sessions: list[Any] = [service]  # closed with the run
         self._closed = False
+        self._record_path = record
+        self._record: dict[str, Any] = {
+            "endpoint": self.endpoint,
+            "session_id": getattr(service.holder, "_session_id", None),
+            "model_id": self.model_id,
+            "model_seq_id": getattr(training, "_training_client_id", 0),
+            "next": 0,
+            "calls": {},
+        }
+        self._save_record()
+
+    def _save_record(self) -> None:
+        if self._record_path is None:
+            return
+        self._record_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self._record_path.with_name(self._record_path.name + ".tmp")
+        tmp.write_text(json.dumps(self._record))
+        os.replace(tmp, self._record_path)
+
+    def _submit(self, submit: Any) -> Any:
+        """A training client call, under the request ids recorded for this seq_id if it was
+        sent before a restart (else recorded now, before waiting); its answer."""
+        training, seq = self._training, self.seq_id
+        calls = self._record["calls"]
+        start = calls.get(str(seq))
+        if start is not None:  # sent before the broker restarted: the same Tinker seq ids
+            training._request_id_counter = training._turn_counter = start
+        elif seq is not None:
+            calls[str(seq)] = training._request_id_counter
+            for old in sorted(calls, key=int)[:-RECORDED_CALLS]:
+                del calls[old]
+            self._save_record()
+        value = self._wait(submit())
+        self._record["next"] = training._request_id_counter
+        self._save_record()
+        return value
+
+    @classmethod
+    def reconnect(cls, record: Path, *, step: int, sampler_paths: dict[str, str]) -> TinkerRun:
+        """The run's Tinker model again after a broker restart: its training client on the
+        model's session (kept alive again), a new session for its sampling clients."""
+        import tinker
+        from tinker.lib.internal_client_holder import InternalClientHolder
+        from tinker.lib.public_interfaces.training_client import (
+            TrainingClient,
+            fetch_training_info,
+        )
+
+        saved = json.loads(record.read_text())
+        url = endpoint = saved["endpoint"]
+        reach(url, endpoint)
+        try:
+            holder = InternalClientHolder(session_id=saved["session_id"], base_url=url)
+            info = holder.run_coroutine_threadsafe(
+                fetch_training_info(holder, saved["model_id"])
+            ).result(CONNECT_TIMEOUT_S)
+            training = TrainingClient(
+                holder, model_seq_id=saved["model_seq_id"], model_id=saved["model_id"], info=info
+            )
+            training._request_id_counter = training._turn_counter = saved["next"]
+            service = tinker.ServiceClient(base_url=url)
+        except Exception as exc:
+            raise provider_error(endpoint, exc) from None
+        old_session = tinker.ServiceClient(base_url=url)
+        old_session._session_holder = holder  # closing it ends the model's session
+        run = cls(url, service, training, step, None)
+        run._record, run._record_path = saved, record
+        run._sessions.append(old_session)
+        for sampler_id, path in sampler_paths.items():
+            run.samplers[sampler_id] = run._wait(service.create_sampling_client(model_path=path))
+            run.sampler_paths[sampler_id] = path
+        return run
 
     def __repr__(self) -> str:
         return f"TinkerRun(endpoint={self.endpoint!r}, model_id={self.model_id!r})"
@@ -183,6 +265,7 @@ class TinkerRun:
         lora_rank: int,
         seed: int,
         checkpoint_dir: Path | None = None,
+        record: Path | None = None,
     ) -> TinkerRun:
         """A Tinker LoRA model for a new run (from a forwarded checkpoint, with its
         optimizer, when `checkpoint_dir` is one); one-line failure when the endpoint fails."""
@@ -212,7 +295,7 @@ class TinkerRun:
         step = 0
         if checkpoint_dir is not None:
             step = int(json.loads((checkpoint_dir / POINTER).read_text())["step"])
-        return cls(url, service, training, step)
+        return cls(url, service, training, step, record)
 
     # --- waiting ------------------------------------------------------------------------
 
@@ -236,7 +319,7 @@ class TinkerRun:
         data = [_datum(datum, drop=clip.keys()) for datum in payload["data"]]
         loss, config = payload["loss_function"], (payload.get("loss_config") or {}) | clip
         call = self._training.forward_backward if backward else self._training.forward
-        output = self._wait(call(data, loss, config or None))
+        output = self._submit(lambda: call(data, loss, config or None))
         outputs = [
             {name: [float(v) for v in tensor.data] for name, tensor in record.items()}
             for record in output.loss_fn_outputs
@@ -251,7 +334,7 @@ class TinkerRun:
         from tinker import types
 
         params = wire.Optimizer.model_validate(optimizer).model_dump(exclude={"type"})
-        output = self._wait(self._training.optim_step(types.AdamParams(**params)))
+        output = self._submit(lambda: self._training.optim_step(types.AdamParams(**params)))
         self.step += 1
         metrics = {key: float(value) for key, value in (output.metrics or {}).items()}
         return Output({"step": self.step, "metrics": metrics}, {"tokens": 0})
@@ -259,7 +342,7 @@ class TinkerRun:
     # --- samplers -----------------------------------------------------------------------
 
     def save_weights_for_sampler(self, sampler_id: str) -> Output:
-        saved = self._wait(self._training.save_weights_for_sampler(sampler_id))
+        saved = self._submit(lambda: self._training.save_weights_for_sampler(sampler_id))
         self.samplers[sampler_id] = self._wait(self._training.create_sampling_client(saved.path))
         self.sampler_paths[sampler_id] = saved.path
         return Output({"sampler_id": sampler_id}, {"tokens": 0})
@@ -342,7 +425,7 @@ class TinkerRun:
 
     def save_state(self, directory: Path) -> Output:
         """Tinker keeps the state; `directory` keeps its Tinker path (and the step)."""
-        saved = self._wait(self._training.save_state(Path(directory).name))
+        saved = self._submit(lambda: self._training.save_state(Path(directory).name))
         directory.mkdir(parents=True, exist_ok=True)
         pointer = {"endpoint": self.endpoint, "path": saved.path, "step": self.step}
         (directory / POINTER).write_text(json.dumps(pointer))
@@ -352,14 +435,14 @@ class TinkerRun:
         path = read_pointer(directory)
         training = self._training
         load = training.load_state_with_optimizer if with_optimizer else training.load_state
-        self._wait(load(path))
+        self._submit(lambda: load(path))
         self.step = int(json.loads((directory / POINTER).read_text())["step"])
         return Output({"step": self.step}, {"tokens": 0})
 
     def export_lora(self, archive_path: Path) -> Output:
         """`save_weights_external`, its files fetched through their signed URLs and written as
         the engine's archive (the same bytes when the files are the same)."""
-        saved = self._wait(self._training.save_weights_external(archive_path.stem))
+        saved = self._submit(lambda: self._training.save_weights_external(archive_path.stem))
         import tinker
 
         rest = tinker.RestClient(base_url=self._url)
@@ -383,7 +466,8 @@ class TinkerRun:
             return
         self._closed = True
         reason = {"finished": "success", "cancelled": "interrupted"}.get(status, "errored")
-        _close_quietly(self._service, reason)
+        for session in reversed(self._sessions):
+            _close_quietly(session, reason)
 
 
 def read_pointer(directory: Path) -> str:
