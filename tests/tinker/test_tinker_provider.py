@@ -10,6 +10,8 @@ import contextlib
 import json
 import os
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -252,3 +254,13 @@ def test_a_broker_killed_mid_operation_sends_nothing_twice(tmp_path: Path) -> No
     ]
     assert all(executions == 1 for _, executions in kinds)
     assert sdk_key(0) not in broker.log.read_text()
+
+
+def test_a_bad_tinker_url_stops_serve_in_one_line(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "whitney.local", "serve", "--port", "0"]
+    argv += ["--data-dir", str(tmp_path / "data"), "--tinker-url", "ftp://tinker.example"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "whitney-flows serve: --tinker-url: expected an http(s) URL, got 'ftp://tinker.example'"
+    ]
