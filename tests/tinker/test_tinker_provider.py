@@ -194,6 +194,13 @@ def test_a_per_token_clip_range_is_forwarded_as_tinkers_scalar(
     ]
 
 
+SAMPLE_REQUEST = {
+    "prompt": {"token_ids": [5, 9, 12]},
+    "num_samples": 2,
+    "sampling_params": {"max_tokens": 4, "seed": 5},
+}
+
+
 def train(client: WhitneyClient, run: str, steps: int) -> None:
     payload = {"data": [whitney_datum(row) for row in sl_rows()], "loss_function": "cross_entropy"}
     for _ in range(steps):
@@ -218,6 +225,7 @@ def test_a_broker_killed_mid_operation_sends_nothing_twice(tmp_path: Path) -> No
             session = client.open_session().session_id
             run = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED)
             train(client, run.run_id, 1)
+            client.run_operation(run.run_id, "save_weights_for_sampler", {"name": "one"})
 
         def send() -> None:  # its answer is lost with the broker; read again below
             with contextlib.suppress(Exception), WhitneyClient(broker.url, KEYS[0]) as client:
@@ -229,14 +237,20 @@ def test_a_broker_killed_mid_operation_sends_nothing_twice(tmp_path: Path) -> No
         broker.kill()
         broker.restart()
         with WhitneyClient(broker.url, KEYS[0]) as client:
-            resent = client.get_operation(run.run_id, 3, wait_s=60)
+            resent = client.get_operation(run.run_id, 4, wait_s=60)
             assert (resent.kind, resent.status) == ("forward_backward", "succeeded")
             client.run_operation(run.run_id, "optim_step", {"optimizer": ADAM})
+            sampled = client.sampler_operation(run.run_id, "one", "sample", SAMPLE_REQUEST)
             forwarded = client.run_operation(run.run_id, "export_lora", {})["sha256"]
         with WhitneyClient(front.url, KEYS[0]) as client:
             session = client.open_session().session_id
             emulated = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED)
-            train(client, emulated.run_id, 2)
+            train(client, emulated.run_id, 1)
+            client.run_operation(emulated.run_id, "save_weights_for_sampler", {"name": "one"})
+            train(client, emulated.run_id, 1)
+            assert sampled == client.sampler_operation(
+                emulated.run_id, "one", "sample", SAMPLE_REQUEST
+            )  # the sampler published before the kill, sampled after it
             assert forwarded == client.run_operation(emulated.run_id, "export_lora", {})["sha256"]
         model = next(r for r in front_runs(front) if r["run_id"] != emulated.run_id)
         data_dir = Path(front.argv[front.argv.index("--data-dir") + 1])
@@ -248,8 +262,10 @@ def test_a_broker_killed_mid_operation_sends_nothing_twice(tmp_path: Path) -> No
     assert [kind for kind, _ in kinds] == [
         "forward_backward",
         "optim_step",
+        "save_weights_for_sampler",
         "forward_backward",
         "optim_step",
+        "sample",
         "export_lora",
     ]
     assert all(executions == 1 for _, executions in kinds)
