@@ -41,7 +41,7 @@ from whitney.client import API_KEY_ENV
 from whitney.local import ServerStartError
 from whitney.local.config import default_data_dir
 from whitney.local.ownership import start_on_first_free
-from whitney.local.tinker_provider import TINKER_URL_ENV, endpoint_of
+from whitney.local.tinker_endpoint import TINKER_URL_ENV, endpoint_of
 from whitney_calls.connection import WhitneyConnection
 
 ProgressFactory = Callable[[Path, Console], AbstractContextManager[Any]]

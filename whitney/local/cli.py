@@ -97,7 +97,7 @@ def tinker_url(url: str | None) -> str | None:
     """`--tinker-url`, checked (ServerStartError naming the flag), or None."""
     if url is None:
         return None
-    from whitney.local.tinker_provider import endpoint_of
+    from whitney.local.tinker_endpoint import endpoint_of
 
     try:
         endpoint_of(url)

@@ -17,7 +17,7 @@ from whitney.errors import (
     UnsupportedBaseModel,
     WhitneyError,
 )
-from whitney.local import hf_models, providers, tinker_provider
+from whitney.local import hf_models, providers, tinker_endpoint, tinker_provider
 from whitney.local.api_errors import error_object, not_found
 from whitney.local.config import ServerConfig
 from whitney.local.executor import RunWorker
@@ -112,7 +112,7 @@ class Runs:
             "status": "allocating",
         }
         if forwarded:
-            run["trained_at"] = tinker_provider.endpoint_of(str(self.config.tinker_url))
+            run["trained_at"] = tinker_endpoint.endpoint_of(str(self.config.tinker_url))
         self.journal.insert_run(run)
         try:
             engine_run = self._allocate(run, checkpoint_dir)

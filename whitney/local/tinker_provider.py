@@ -10,16 +10,12 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import hashlib
-import io
 import json
 import os
-import socket
-import tarfile
 import threading
 import urllib.request
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from whitney import wire
 from whitney.errors import (
@@ -29,75 +25,25 @@ from whitney.errors import (
     Unavailable,
     WhitneyError,
 )
+from whitney.local.tinker_endpoint import (
+    archive,
+    clip_config,
+    endpoint_of,
+    provider_error,
+    reach,
+    tinker_datum,
+    tokens,
+)
 
-TINKER_URL_ENV = "TINKER_BASE_URL"
-"""The endpoint of the server `whitney-flows run` starts (as the SDK names it)."""
 CONNECT_TIMEOUT_S = 20.0
 """How long creating the Tinker model may take before the run's creation fails (less than a
 client's read timeout, so that the refusal reaches it)."""
-REACH_TIMEOUT_S = 5.0
-"""How long the endpoint may take to accept a connection before the run's creation fails."""
 POLL_S = 0.25
 """How often a wait on a Tinker future looks at the run's interrupt (cancel)."""
-CLIP_KEYS = ("clip_low_threshold", "clip_high_threshold")
-"""The per-token tensors Tinker takes as scalars of `loss_fn_config`."""
 RECORDED_CALLS = 4
 """How many of the latest training operations' request ids the record keeps (one runs)."""
 POINTER = "tinker.json"
 """The file a forwarded `save_state` writes in the checkpoint directory: the Tinker path."""
-
-
-def endpoint_of(url: str) -> str:
-    """The endpoint a run's records name: the URL without credentials, query or fragment."""
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError(f"expected an http(s) URL, got {url[:200]!r}")
-    host = parts.hostname if parts.port is None else f"{parts.hostname}:{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path.rstrip("/"), "", ""))
-
-
-def reach(url: str, endpoint: str) -> None:
-    """Fail in one line unless the endpoint accepts a TCP connection (the SDK itself would
-    retry a refused connection for minutes)."""
-    parts = urlsplit(url)
-    port = parts.port or (443 if parts.scheme == "https" else 80)
-    try:
-        socket.create_connection((parts.hostname, port), timeout=REACH_TIMEOUT_S).close()
-    except OSError as exc:
-        raise Unavailable(
-            f"tinker endpoint {endpoint} is unreachable ({type(exc).__name__}): the run is "
-            "not moved to the CPU engine",
-            details={"endpoint": endpoint},
-        ) from None
-
-
-def provider_error(endpoint: str, exc: BaseException) -> WhitneyError:
-    """A Tinker SDK failure as one line naming the endpoint: 4xx as the refusal it is (its
-    message), anything else (unreachable, 5xx after the SDK's retries) as 503."""
-    import tinker
-
-    if isinstance(exc, WhitneyError):
-        return exc
-    status = getattr(exc, "status_code", None)
-    if isinstance(exc, tinker.APIStatusError) and status is not None and 400 <= status < 500:
-        message = _message(exc)
-        if status == 404:
-            return NotFound(f"tinker endpoint {endpoint}: {message}")
-        return InvalidRequest(f"tinker endpoint {endpoint}: {message}", details={"status": status})
-    reason = type(exc).__name__ if status is None else f"HTTP {status}"
-    return Unavailable(
-        f"tinker endpoint {endpoint} failed ({reason}): the run is not moved to the CPU engine",
-        details={"endpoint": endpoint},
-    )
-
-
-def _message(exc: BaseException) -> str:
-    body = getattr(exc, "body", None)
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"].splitlines()[0][:500]
-    return str(exc).splitlines()[0][:500] if str(exc) else type(exc).__name__
 
 
 class Output:
@@ -106,54 +52,6 @@ class Output:
     def __init__(self, result: dict[str, Any], usage: dict[str, int]) -> None:
         self.result = result
         self.usage = usage
-
-
-def clip_config(data: list[dict[str, Any]]) -> dict[str, float]:
-    """The per-token clip tensors as Tinker's scalar `loss_fn_config` (Tinker takes one clip
-    range per request); a clip range that varies is refused, naming the tensor."""
-    config: dict[str, float] = {}
-    for name in CLIP_KEYS:
-        values = {
-            float(v) for datum in data for v in datum["loss_inputs"].get(name, {}).get("values", [])
-        }
-        if len(values) > 1:
-            raise InvalidRequest(
-                f"loss_inputs.{name}: the tinker provider takes one clip value per request "
-                "(Tinker's loss_fn_config), not one per token",
-                details={"field": f"loss_inputs.{name}"},
-            )
-        config |= {name: values.pop()} if values else {}
-    return config
-
-
-def _datum(datum: dict[str, Any], drop: Any = ()) -> Any:
-    from tinker import types
-
-    inputs = {
-        name: types.TensorData(data=tensor["values"], dtype=tensor["dtype"], shape=tensor["shape"])
-        for name, tensor in datum["loss_inputs"].items()
-        if name not in drop
-    }
-    tokens = _tokens(datum["input"])
-    return types.Datum(model_input=types.ModelInput.from_ints(tokens), loss_fn_inputs=inputs)
-
-
-def _tokens(model_input: dict[str, Any]) -> list[int]:
-    tokens = model_input.get("token_ids")
-    if not isinstance(tokens, list):
-        raise InvalidRequest("input: the tinker provider takes token_ids only")
-    return [int(token) for token in tokens]
-
-
-def archive(files: dict[str, bytes]) -> bytes:
-    """`files` as the engine's `export_lora` tar (USTAR, sorted, mtime 0, mode 0644)."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for name in sorted(files):
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = len(files[name]), 0, 0o644
-            tar.addfile(info, io.BytesIO(files[name]))
-    return buffer.getvalue()
 
 
 class TinkerRun:
@@ -316,7 +214,7 @@ class TinkerRun:
 
     def forward(self, payload: dict, *, backward: bool) -> Output:
         clip = clip_config(payload["data"])
-        data = [_datum(datum, drop=clip.keys()) for datum in payload["data"]]
+        data = [tinker_datum(datum, drop=clip.keys()) for datum in payload["data"]]
         loss, config = payload["loss_function"], (payload.get("loss_config") or {}) | clip
         call = self._training.forward_backward if backward else self._training.forward
         output = self._submit(lambda: call(data, loss, config or None))
@@ -325,8 +223,8 @@ class TinkerRun:
             for record in output.loss_fn_outputs
         ]
         metrics = {key: float(value) for key, value in output.metrics.items()}
-        tokens = sum(len(datum["input"]["token_ids"]) for datum in payload["data"])
-        usage = {"tokens": tokens} | ({"trained_tokens": tokens} if backward else {})
+        count = sum(len(datum["input"]["token_ids"]) for datum in payload["data"])
+        usage = {"tokens": count} | ({"trained_tokens": count} if backward else {})
         result = {"loss": metrics.get("loss:sum", 0.0), "metrics": metrics, "outputs": outputs}
         return Output(result, usage)
 
@@ -378,7 +276,7 @@ class TinkerRun:
                 stop=list(params.stop_token_ids) or None,
                 seed=seed if params.seed is None else params.seed,
             )
-            prompt = _tokens(request["prompt"])
+            prompt = tokens(request["prompt"])
             futures.append(
                 (
                     prompt,
@@ -412,7 +310,7 @@ class TinkerRun:
         from tinker import types
 
         sampler = self._sampler(sampler_id)
-        sequences = [_tokens(sequence) for sequence in request["sequences"]]
+        sequences = [tokens(sequence) for sequence in request["sequences"]]
         futures = [
             sampler.compute_logprobs(types.ModelInput.from_ints(tokens)) for tokens in sequences
         ]
