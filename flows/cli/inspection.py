@@ -61,6 +61,7 @@ def render_run_report(report: Mapping[str, Any], console: Any) -> None:
         f"[bold]run {run['run_id']}[/bold]  session {run['session_id']}  {run['role']}"
         f"{'' if run['trainable'] else ' (frozen)'}  "
         f"{model_text(run['provider'], run['base_model'])}  "
+        f"{trained_at_text(run)}"
         f"status {run['status']}  step {run['step']}  {report['operations']} operations  "
         f"{report['tokens']:,} tokens ({format_usage(report['usage'])})",
         soft_wrap=True,
@@ -123,6 +124,11 @@ def turns_text(blocks: Sequence[Mapping[str, Any]]) -> str:
         f"{block['sampled_tokens']:,} tokens sampled"
         for block in blocks
     )
+
+
+def trained_at_text(run: Mapping[str, Any]) -> str:
+    """Where a forwarded run trains (`trained at <endpoint>  `), else nothing."""
+    return f"trained at {run['trained_at']}  " if run.get("trained_at") else ""
 
 
 def model_text(provider: str, base_model: str) -> str:

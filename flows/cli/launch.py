@@ -41,6 +41,7 @@ from whitney.client import API_KEY_ENV
 from whitney.local import ServerStartError
 from whitney.local.config import default_data_dir
 from whitney.local.ownership import start_on_first_free
+from whitney.local.tinker_endpoint import TINKER_URL_ENV, endpoint_of
 from whitney_calls.connection import WhitneyConnection
 
 ProgressFactory = Callable[[Path, Console], AbstractContextManager[Any]]
@@ -142,7 +143,13 @@ def start_embedded_server(stack: ExitStack, console: Console) -> WhitneyConnecti
     --api-url) and a directory other than the default in WHITNEY_FLOWS_EMBEDDED_DATA_DIR
     (the export commands name it)."""
     default = default_data_dir()
-    server = stack.enter_context(start_on_first_free(default))
+    tinker_url = os.environ.get(TINKER_URL_ENV) or None
+    if tinker_url is not None:
+        try:
+            endpoint_of(tinker_url)
+        except ValueError as exc:
+            raise ServerStartError(f"{TINKER_URL_ENV}: {exc}") from None
+    server = stack.enter_context(start_on_first_free(default, tinker_url=tinker_url))
     os.environ[API_KEY_ENV] = server.api_key
     os.environ[EMBEDDED_URL_ENV] = server.url
     stack.callback(os.environ.pop, EMBEDDED_URL_ENV, None)
@@ -151,6 +158,8 @@ def start_embedded_server(stack: ExitStack, console: Console) -> WhitneyConnecti
         where += f"; {default} is another live server's"
         os.environ[EMBEDDED_DATA_DIR_ENV] = str(server.data_dir)  # export commands name it
         stack.callback(os.environ.pop, EMBEDDED_DATA_DIR_ENV, None)
+    if tinker_url is not None:
+        where += f"; provider tinker runs train at {endpoint_of(tinker_url)}"
     console.print(f"Embedded Whitney server at {server.url} ({where})", soft_wrap=True)
     return WhitneyConnection(base_url=server.url, api_key=SecretStr(server.api_key))
 

@@ -94,7 +94,7 @@ class Admission:
         if kind == "load_state":
             self._check_checkpoint(tenant, worker, seq_id, payload["checkpoint"])
         engine = worker.engine
-        if engine is not None:
+        if engine is not None and not run.get("trained_at"):  # a forwarded run's: its provider's
             from whitney.local.engine import validation  # torch: loaded with the run's engine
 
             validation.check_request(kind, payload, engine.role, engine.cfg)

@@ -93,6 +93,19 @@ def keys_from_file(path: Path | None) -> list[str]:
         raise ServerStartError(f"--api-keys-file: {exc}") from None
 
 
+def tinker_url(url: str | None) -> str | None:
+    """`--tinker-url`, checked (ServerStartError naming the flag), or None."""
+    if url is None:
+        return None
+    from whitney.local.tinker_endpoint import endpoint_of
+
+    try:
+        endpoint_of(url)
+    except ValueError as exc:
+        raise ServerStartError(f"--tinker-url: {exc}") from None
+    return url
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -187,6 +200,12 @@ def build_parser() -> argparse.ArgumentParser:
         "cancelled (0: never)",
     )
     parser.add_argument(
+        "--tinker-url",
+        default=None,
+        help="run provider-tinker runs on this Tinker endpoint through the official SDK (the "
+        "key from $TINKER_API_KEY); without it they run on the CPU engine",
+    )
+    parser.add_argument(
         "--log-level",
         default="warning",
         choices=["debug", "info", "warning", "error"],
@@ -236,6 +255,7 @@ def main(argv: list[str] | None = None) -> int:
             hf_dirs=tuple(path.expanduser().resolve() for path in args.hf_dir),
             hf_cache=(args.hf_cache or cache_dir()).expanduser().resolve(),
             capture=args.capture.expanduser().resolve() if args.capture else None,
+            tinker_url=tinker_url(args.tinker_url),
         )
         try:
             service = WhitneyService(config)  # owns the data directory from here on

@@ -68,6 +68,10 @@ class ServerConfig:
     capture: Path | None = None
     """`serve --capture FILE`: the JSONL file the OpenAI-compatible routes append each
     exchange to (`whitney.local.capture`); None, the default, keeps nothing."""
+    tinker_url: str | None = None
+    """`serve --tinker-url URL`: runs of provider `tinker` execute on that Tinker endpoint
+    through the official SDK (`whitney.local.tinker_provider`), the key from the SDK's
+    TINKER_API_KEY; None, the default, runs them on the CPU engine under Tinker's rules."""
     hf_cache: Path = field(default_factory=cache_dir)
     """The Hugging Face cache whose Llama and Qwen2 checkpoints are served by repo id
     (`serve --hf-cache`; default: $HF_HUB_CACHE, else $HF_HOME/hub, else

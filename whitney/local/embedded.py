@@ -128,6 +128,7 @@ class EmbeddedWhitney:
         hf_cache: str | Path | None = None,
         session_ttl_s: float = DEFAULT_SESSION_TTL_S,
         capture: str | Path | None = None,
+        tinker_url: str | None = None,
         host: str = "127.0.0.1",
     ) -> None:
         self._given_data_dir = Path(data_dir) if data_dir is not None else None
@@ -145,6 +146,7 @@ class EmbeddedWhitney:
             "hf_dirs": tuple(Path(d).resolve() for d in hf_dirs),
             "session_ttl_s": session_ttl_s,
             "capture": None if capture is None else Path(capture),
+            "tinker_url": tinker_url,
         }
         if hf_cache is not None:  # else the environment's, when the server starts
             self._settings["hf_cache"] = Path(hf_cache)

@@ -39,6 +39,7 @@ from whitney.local.api_errors import error_object
 from whitney.local.execution import Engine, Execution, Outcome, RunHooks, Ticket
 from whitney.local.journal import Journal
 from whitney.local.limits import sample_tokens
+from whitney.local.tinker_provider import TinkerRun
 
 log = logging.getLogger("whitney.local.executor")
 
@@ -360,13 +361,15 @@ class RunWorker:
                     if ticket is None:
                         break
                     ticket.running = True
+                if isinstance(self.engine, TinkerRun):  # its record is by seq_id
+                    self.engine.seq_id = ticket.seq_id
                 self._run_batch([ticket])
             self._leave_lanes()
             with self.cond:
                 if not self._stopping:
                     final = "cancelled" if self.status == "cancelling" else "finished"
                     self._set_status(final)
-                    self.engine = None  # release the weights
+                    self._release(final)
         except Exception:  # pragma: no cover - a bug in the worker itself
             log.exception("run worker %s crashed", self.run_id)
             self._leave_lanes()
@@ -375,10 +378,18 @@ class RunWorker:
                 for ticket in list(self.tickets.values()):
                     self._conclude(ticket, Outcome("failed", error=error))
                 self._set_status("failed", error=error)
-                self.engine = None
+                self._release("failed")
         finally:
             if self.on_exit is not None and not self._stopping:
                 self.on_exit(self.run_id)
+
+    def _release(self, status: str) -> None:
+        """The run ended `status`: release the weights (a forwarded run's provider model too,
+        `TinkerRun.close`)."""
+        close = getattr(self.engine, "close", None)
+        self.engine = None
+        if close is not None:
+            close(status)
 
     def _leave_lanes(self) -> None:
         """Tell the sampler lane to leave once its running batch is done, and wait for it."""

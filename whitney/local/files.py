@@ -28,6 +28,10 @@ class RunFiles:
     def sampler_path(self, run_id: str, sampler_id: str) -> Path:
         return self.data_dir / "runs" / run_id / "samplers" / f"{sampler_id}.safetensors"
 
+    def tinker_record(self, run_id: str) -> Path:
+        """A forwarded run's Tinker model and request ids (`whitney.local.tinker_provider`)."""
+        return self.data_dir / "runs" / run_id / "tinker-provider.json"
+
     def checkpoint_uri(self, run_id: str, name: str) -> str:
         return checkpoint_uri(run_id, name)
 

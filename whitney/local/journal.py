@@ -117,6 +117,7 @@ OP_NON_TERMINAL = ("pending", "running")
 ADDED_COLUMNS = {
     "sessions": {"lease_expires_at": "REAL", "closed_reason": "TEXT"},
     "operations": {"interrupted": "INTEGER NOT NULL DEFAULT 0"},
+    "runs": {"trained_at": "TEXT"},
 }
 """Columns added after the first journals were written: an older journal gets them on open."""
 
@@ -209,6 +210,7 @@ def run_out(run: dict[str, Any]) -> dict[str, Any]:
         "seed": run["seed"],
         "from_checkpoint": run["from_checkpoint"],
         "labels": run["labels"],
+        "trained_at": run.get("trained_at"),
     }
 
 
@@ -430,8 +432,8 @@ class Journal:
         with self.transaction() as conn:
             conn.execute(
                 "INSERT INTO runs (run_id, tenant, session_id, provider, base_model, lora_rank,"
-                " seed, role, trainable, from_checkpoint, labels, status, step, created_at)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " seed, role, trainable, from_checkpoint, labels, status, step, created_at,"
+                " trained_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run["run_id"],
                     run["tenant"],
@@ -447,6 +449,7 @@ class Journal:
                     run["status"],
                     run.get("step", 0),
                     utcnow(),
+                    run.get("trained_at"),
                 ),
             )
 

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from whitney.errors import InternalError
+from whitney.local import tinker_provider
 from whitney.local.execution import (
     Engine,
     RunHooks,
@@ -102,6 +103,8 @@ def rebuild(
     base model from `hf_cache`, as the server created it). Setting `interrupt` stops the
     rebuild (`OperationCancelled`)."""
     run_id, tenant = run["run_id"], run["tenant"]
+    if run.get("trained_at"):
+        return reconnect(run, rows, hooks)
     start = run["from_checkpoint"]
     engine = engine_module.EngineRun.create(
         base_model=run["base_model"],
@@ -132,6 +135,11 @@ def rebuild(
         elif kind in STATEFUL_KINDS:
             _replay(engine, row, run, hooks)
             replayed += 1
+    return queued(engine, rows, base, replayed)
+
+
+def queued(engine: Engine, rows: list[sqlite3.Row], base: int | None, replayed: int) -> Rebuilt:
+    """`engine` rebuilt, with the run's queue: its operations not terminal, queued again."""
     terminal = {row["seq_id"] for row in rows if row["status"] in TERMINAL}
     frontier = 1
     while frontier in terminal:
@@ -156,6 +164,23 @@ def rebuild(
         base_seq_id=base,
         replayed=replayed,
     )
+
+
+def reconnect(run: dict[str, Any], rows: list[sqlite3.Row], hooks: RunHooks) -> Rebuilt:
+    """A forwarded run's Tinker model, reached again (nothing replayed: its state is
+    Tinker's), and its queue: an operation sent before the restart is sent again under its
+    recorded Tinker request ids, which the Tinker side answers from its record."""
+    run_id = run["run_id"]
+    samplers = {}
+    for row in rows:
+        if row["status"] == "succeeded" and row["kind"] == "save_weights_for_sampler":
+            sampler_id = sampler_of(row)
+            saved = json.loads(hooks.sampler_path(run_id, sampler_id).read_text())
+            samplers[sampler_id] = saved["model_path"]
+    engine = tinker_provider.TinkerRun.reconnect(
+        hooks.tinker_record(run_id), step=int(run["step"]), sampler_paths=samplers
+    )
+    return queued(engine, rows, None, 0)
 
 
 def _replay(engine: Any, row: sqlite3.Row, run: dict[str, Any], hooks: RunHooks) -> None:

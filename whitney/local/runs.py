@@ -17,7 +17,7 @@ from whitney.errors import (
     UnsupportedBaseModel,
     WhitneyError,
 )
-from whitney.local import hf_models, providers
+from whitney.local import hf_models, providers, tinker_endpoint, tinker_provider
 from whitney.local.api_errors import error_object, not_found
 from whitney.local.config import ServerConfig
 from whitney.local.executor import RunWorker
@@ -85,22 +85,9 @@ class Runs:
             )
         check_labels(request.labels, self.config.limits)
         providers.check_run_role(request.provider, request.role)
-        engine = load_engine()
-        if request.base_model.startswith(HF_PREFIX):
-            self._check_hf_source(request.base_model)
-        elif not self._serves(engine, request.base_model):
-            raise UnsupportedBaseModel(
-                f"base_model: {request.base_model!r} is not served (served: "
-                f"{', '.join(engine.BASE_MODELS)}, the Hugging Face repo ids (owner/name) of the "
-                "server's cache that GET /v1/training/capabilities lists, or hf:<repo id>)",
-                details={"field": "base_model"},
-            )
-        max_rank = max_lora_rank(engine)
-        if request.lora_rank > max_rank:
-            raise InvalidRequest(
-                f"lora_rank: {request.lora_rank} exceeds max_lora_rank {max_rank}",
-                details={"field": "lora_rank", "max_lora_rank": max_rank},
-            )
+        forwarded = request.provider == "tinker" and self.config.tinker_url is not None
+        if not forwarded:  # a forwarded run's model and rank are the endpoint's to refuse
+            self._check_served(request)
         checkpoint_dir = None
         if request.from_checkpoint is not None:
             checkpoint_dir = self.files.resolve_checkpoint(
@@ -124,17 +111,11 @@ class Runs:
             "labels": request.labels,
             "status": "allocating",
         }
+        if forwarded:
+            run["trained_at"] = tinker_endpoint.endpoint_of(str(self.config.tinker_url))
         self.journal.insert_run(run)
         try:
-            engine_run = engine.EngineRun.create(
-                base_model=request.base_model,
-                lora_rank=request.lora_rank,
-                seed=seed,
-                role=request.role,
-                trainable=request.trainable,
-                checkpoint_dir=checkpoint_dir,
-                hf_cache=self.config.hf_cache,
-            )
+            engine_run = self._allocate(run, checkpoint_dir)
         except WhitneyError:
             self.journal.delete_run(run_id)
             raise
@@ -154,6 +135,47 @@ class Runs:
         if self.journal.get_session(request.session_id)["status"] != "open":
             self.workers.cancel(run_id)  # the session closed while the run was allocated
         return run_id
+
+    def _check_served(self, request: wire.RunCreate) -> None:
+        """The CPU engine serves the base model and the rank."""
+        engine = load_engine()
+        if request.base_model.startswith(HF_PREFIX):
+            self._check_hf_source(request.base_model)
+        elif not self._serves(engine, request.base_model):
+            raise UnsupportedBaseModel(
+                f"base_model: {request.base_model!r} is not served (served: "
+                f"{', '.join(engine.BASE_MODELS)}, the Hugging Face repo ids (owner/name) of the "
+                "server's cache that GET /v1/training/capabilities lists, or hf:<repo id>)",
+                details={"field": "base_model"},
+            )
+        max_rank = max_lora_rank(engine)
+        if request.lora_rank > max_rank:
+            raise InvalidRequest(
+                f"lora_rank: {request.lora_rank} exceeds max_lora_rank {max_rank}",
+                details={"field": "lora_rank", "max_lora_rank": max_rank},
+            )
+
+    def _allocate(self, run: dict[str, Any], checkpoint_dir: Path | None) -> Any:
+        """The run's engine: a Tinker model when the run is forwarded (`trained_at`), else
+        the CPU engine's."""
+        if run.get("trained_at"):
+            return tinker_provider.TinkerRun.create(
+                str(self.config.tinker_url),
+                base_model=run["base_model"],
+                lora_rank=run["lora_rank"],
+                seed=run["seed"],
+                checkpoint_dir=checkpoint_dir,
+                record=self.files.tinker_record(run["run_id"]),
+            )
+        return load_engine().EngineRun.create(
+            base_model=run["base_model"],
+            lora_rank=run["lora_rank"],
+            seed=run["seed"],
+            role=run["role"],
+            trainable=run["trainable"],
+            checkpoint_dir=checkpoint_dir,
+            hf_cache=self.config.hf_cache,
+        )
 
     def new_worker(self, run: dict[str, Any], engine_run: Any, frontier: int = 1) -> RunWorker:
         """The (not yet started) worker of `run` on its engine, executing from `frontier`."""

@@ -1,0 +1,282 @@
+"""Train on Tinker without an account: a broker (`serve --tinker-url`) forwards its provider
+`tinker` runs through the official SDK to a second served process, the Tinker front, whose
+engine trains them. The chain gives the bits and the adapter of the same run emulated on the
+CPU engine (provider `tinker` on a server without `--tinker-url`); both are real processes on
+loopback."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.local.served import ServedWhitney, served
+from tests.tinker.steps import (
+    ADAM,
+    BASE_MODEL,
+    KEYS,
+    RANK,
+    SEED,
+    adapter_sha256,
+    assert_same,
+    sdk_key,
+    sl_rows,
+    through_whitney,
+    whitney_datum,
+)
+from whitney import WhitneyClient
+
+
+@contextmanager
+def tinker_key(key: str) -> Iterator[None]:
+    """TINKER_API_KEY in this process's environment (which the served broker inherits)."""
+    before = os.environ.get("TINKER_API_KEY")
+    os.environ["TINKER_API_KEY"] = key
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("TINKER_API_KEY", None)
+        else:
+            os.environ["TINKER_API_KEY"] = before
+
+
+@pytest.fixture(scope="module")
+def broker(
+    server: ServedWhitney, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[ServedWhitney]:
+    """A served broker whose provider `tinker` runs go to `server` (the front) as tenant A."""
+    tmp = tmp_path_factory.mktemp("tinker-broker")
+    with tinker_key(sdk_key(0)), served(tmp, "--tinker-url", server.url, keys=KEYS) as process:
+        yield process
+
+
+def front_runs(server: ServedWhitney) -> list[dict]:
+    """The runs in the front's journal (read from its data directory)."""
+    data_dir = Path(server.argv[server.argv.index("--data-dir") + 1])
+    with sqlite3.connect(data_dir / "journal.sqlite3") as conn:
+        conn.row_factory = sqlite3.Row
+        return [dict(row) for row in conn.execute("SELECT * FROM runs ORDER BY created_at")]
+
+
+def test_a_forwarded_run_gives_the_cpu_engines_bits_and_adapter(
+    server: ServedWhitney, broker: ServedWhitney
+) -> None:
+    before = {run["run_id"] for run in front_runs(server)}
+    forwarded = through_whitney(broker.url, KEYS[0])
+    emulated = through_whitney(server.url, KEYS[0])  # provider tinker on the CPU engine
+    assert_same(forwarded, emulated)
+    assert forwarded.losses[-1] < forwarded.losses[0]
+    assert adapter_sha256(broker.url, KEYS[0], forwarded.run_id) == adapter_sha256(
+        server.url, KEYS[0], emulated.run_id
+    )
+    # the broker's run says where it trained; the front holds the Tinker model that trained it
+    with WhitneyClient(broker.url, KEYS[0]) as client:
+        run = client.get_run(forwarded.run_id)
+    assert run.model_extra["trained_at"] == server.url
+    assert run.step == 3
+    models = [run for run in front_runs(server) if run["run_id"] not in before]
+    tinker_models = [m for m in models if m["run_id"] != emulated.run_id]
+    assert len(tinker_models) == 1
+    model = tinker_models[0]
+    assert (model["provider"], model["base_model"], model["lora_rank"]) == (
+        "tinker",
+        BASE_MODEL,
+        RANK,
+    )
+    assert model["step"] == 3
+
+
+def checkpoints(base_url: str) -> tuple[list[float], str]:
+    """A step, save_state, two steps, load_state (with the optimizer), a step again, then a
+    new run from the checkpoint and a step: the losses, and the new run's adapter sha256."""
+    payload = {"data": [whitney_datum(row) for row in sl_rows()], "loss_function": "cross_entropy"}
+    losses: list[float] = []
+    with WhitneyClient(base_url, KEYS[0]) as client:
+        session = client.open_session().session_id
+        run = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED).run_id
+
+        def step(run_id: str) -> None:
+            losses.append(client.run_operation(run_id, "forward_backward", payload)["loss"])
+            client.run_operation(run_id, "optim_step", {"optimizer": ADAM})
+
+        step(run)
+        saved = client.run_operation(run, "save_state", {"name": "after-one"})["checkpoint"]
+        step(run)
+        step(run)
+        loaded = client.run_operation(run, "load_state", {"checkpoint": saved})
+        assert loaded["step"] == 1
+        step(run)
+        resumed = client.create_run(
+            session, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED, from_checkpoint=saved
+        ).run_id
+        assert client.get_run(resumed).step == 1
+        step(resumed)
+        sha256 = client.run_operation(resumed, "export_lora", {})["sha256"]
+    return losses, sha256
+
+
+def test_checkpoints_of_a_forwarded_run_are_the_cpu_engines(
+    server: ServedWhitney, broker: ServedWhitney
+) -> None:
+    forwarded, emulated = checkpoints(broker.url), checkpoints(server.url)
+    assert forwarded == emulated  # the losses and the resumed run's adapter
+    losses = forwarded[0]
+    assert losses[3] == losses[1] == losses[4]  # back at the saved state, twice
+    assert losses[2] < losses[1]
+
+
+def test_finishing_a_forwarded_run_ends_its_tinker_session(
+    server: ServedWhitney, broker: ServedWhitney
+) -> None:
+    with WhitneyClient(broker.url, KEYS[0]) as client:
+        session = client.open_session()
+        run_id = client.create_run(session.session_id, "tinker", BASE_MODEL, lora_rank=RANK).run_id
+        client.run_operation(run_id, "save_weights_for_sampler", {})
+        before = {run["run_id"]: run for run in front_runs(server)}
+        active = [r for r in before.values() if r["status"] == "ready"]
+        assert client.cancel(run_id).status == "cancelled"
+    after = {run["run_id"]: run for run in front_runs(server)}
+    ended = [rid for rid in (r["run_id"] for r in active) if after[rid]["status"] != "ready"]
+    assert ended, "cancelling the forwarded run left its Tinker model loaded"
+
+
+def test_a_forwarded_run_never_falls_back_to_the_cpu(tmp_path: Path) -> None:
+    """An endpoint that is down: the run's creation fails in one line naming it."""
+    with (
+        tinker_key(sdk_key(0)),
+        served(tmp_path, "--tinker-url", "http://127.0.0.1:9", keys=KEYS) as broker,
+    ):
+        with WhitneyClient(broker.url, KEYS[0]) as client:
+            session = client.open_session()
+            with pytest.raises(Exception) as caught:
+                client.create_run(session.session_id, "tinker", BASE_MODEL, lora_rank=RANK)
+            message = str(caught.value)
+            assert "http://127.0.0.1:9" in message and "CPU" in message
+            assert "\n" not in message and sdk_key(0) not in message
+            assert client.get_session(session.session_id).run_ids == []
+        log = broker.log.read_text()
+    assert sdk_key(0) not in log
+    assert sdk_key(0) not in json.dumps(broker.argv)  # the key is in the environment only
+
+
+def ppo_forward(base_url: str) -> dict:
+    """A `ppo` forward with a per-token clip range (the `tinker` provider's form)."""
+    data = []
+    for row in sl_rows():
+        n = len(row["input"])
+        row = {**row, "logprobs": [-1.5] * n, "advantages": [0.5] * n}
+        row |= {"clip_low_threshold": [0.9] * n, "clip_high_threshold": [1.1] * n}
+        data.append(whitney_datum(row))
+    with WhitneyClient(base_url, KEYS[0]) as client:
+        session = client.open_session().session_id
+        run = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK, seed=9).run_id
+        return client.run_operation(run, "forward", {"data": data, "loss_function": "ppo"})
+
+
+def test_a_per_token_clip_range_is_forwarded_as_tinkers_scalar(
+    server: ServedWhitney, broker: ServedWhitney
+) -> None:
+    forwarded, emulated = ppo_forward(broker.url), ppo_forward(server.url)
+    assert forwarded["metrics"]["loss:sum"] == emulated["metrics"]["loss:sum"]
+    assert [o["logprobs"] for o in forwarded["outputs"]] == [
+        o["logprobs"] for o in emulated["outputs"]
+    ]
+
+
+SAMPLE_REQUEST = {
+    "prompt": {"token_ids": [5, 9, 12]},
+    "num_samples": 2,
+    "sampling_params": {"max_tokens": 4, "seed": 5},
+}
+
+
+def train(client: WhitneyClient, run: str, steps: int) -> None:
+    payload = {"data": [whitney_datum(row) for row in sl_rows()], "loss_function": "cross_entropy"}
+    for _ in range(steps):
+        client.run_operation(run, "forward_backward", payload)
+        client.run_operation(run, "optim_step", {"optimizer": ADAM})
+
+
+def test_a_broker_killed_mid_operation_sends_nothing_twice(tmp_path: Path) -> None:
+    """SIGKILL while a forward_backward waits on Tinker (the front answers 1.5 s late), then
+    restart: the run reconnects to its Tinker model, sends the operation again under its
+    recorded Tinker seq_id, which the front answers from its record; each of the front's
+    operations ran once and the adapter is the CPU engine's."""
+    payload = {"data": [whitney_datum(row) for row in sl_rows()], "loss_function": "cross_entropy"}
+    (tmp_path / "front").mkdir()
+    (tmp_path / "broker").mkdir()
+    with (
+        served(tmp_path / "front", "--latency-ms", "1500", keys=KEYS) as front,
+        tinker_key(sdk_key(0)),
+        served(tmp_path / "broker", "--tinker-url", front.url, keys=KEYS) as broker,
+    ):
+        with WhitneyClient(broker.url, KEYS[0]) as client:
+            session = client.open_session().session_id
+            run = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED)
+            train(client, run.run_id, 1)
+            client.run_operation(run.run_id, "save_weights_for_sampler", {"name": "one"})
+
+        def send() -> None:  # its answer is lost with the broker; read again below
+            with contextlib.suppress(Exception), WhitneyClient(broker.url, KEYS[0]) as client:
+                client.run_operation(run.run_id, "forward_backward", payload)
+
+        caller = threading.Thread(target=send, daemon=True)
+        caller.start()
+        time.sleep(1.0)  # journaled, sent to the front, not answered yet
+        broker.kill()
+        broker.restart()
+        with WhitneyClient(broker.url, KEYS[0]) as client:
+            resent = client.get_operation(run.run_id, 4, wait_s=60)
+            assert (resent.kind, resent.status) == ("forward_backward", "succeeded")
+            client.run_operation(run.run_id, "optim_step", {"optimizer": ADAM})
+            sampled = client.sampler_operation(run.run_id, "one", "sample", SAMPLE_REQUEST)
+            forwarded = client.run_operation(run.run_id, "export_lora", {})["sha256"]
+        with WhitneyClient(front.url, KEYS[0]) as client:
+            session = client.open_session().session_id
+            emulated = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED)
+            train(client, emulated.run_id, 1)
+            client.run_operation(emulated.run_id, "save_weights_for_sampler", {"name": "one"})
+            train(client, emulated.run_id, 1)
+            assert sampled == client.sampler_operation(
+                emulated.run_id, "one", "sample", SAMPLE_REQUEST
+            )  # the sampler published before the kill, sampled after it
+            assert forwarded == client.run_operation(emulated.run_id, "export_lora", {})["sha256"]
+        model = next(r for r in front_runs(front) if r["run_id"] != emulated.run_id)
+        data_dir = Path(front.argv[front.argv.index("--data-dir") + 1])
+        with sqlite3.connect(data_dir / "journal.sqlite3") as conn:
+            kinds = conn.execute(
+                "SELECT kind, executions FROM operations WHERE run_id=? ORDER BY seq_id",
+                (model["run_id"],),
+            ).fetchall()
+    assert [kind for kind, _ in kinds] == [
+        "forward_backward",
+        "optim_step",
+        "save_weights_for_sampler",
+        "forward_backward",
+        "optim_step",
+        "sample",
+        "export_lora",
+    ]
+    assert all(executions == 1 for _, executions in kinds)
+    assert sdk_key(0) not in broker.log.read_text()
+
+
+def test_a_bad_tinker_url_stops_serve_in_one_line(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "whitney.local", "serve", "--port", "0"]
+    argv += ["--data-dir", str(tmp_path / "data"), "--tinker-url", "ftp://tinker.example"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "whitney-flows serve: --tinker-url: expected an http(s) URL, got 'ftp://tinker.example'"
+    ]
