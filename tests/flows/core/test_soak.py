@@ -1,8 +1,9 @@
 """Soak: several RL flows on one served Whitney while a driver SIGKILLs and restarts the server
-at seeded random moments and SIGKILLs one of the flows. Every server kill hits at least one of
-the flows mid-run (alive, cycles left), the killed flow is mid-run too. At the end every flow
-either finished with the adapter of an undisturbed run or was killed; a lease after the end no
-session is open; no seq id ran twice; nothing the killed flow started is left running."""
+at seeded random moments and, after the last, SIGKILLs the longest of the flows. Every server
+kill hits at least one flow mid-run (alive, cycles left), the killed flow is mid-run too. At
+the end every flow either finished with the adapter of an undisturbed run or was killed; a
+lease after the end no session is open; no seq id ran twice; nothing the killed flow started
+is left running."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from flowtest_restart import (
 from tests.local.served import served
 
 SEED = 20261202
-CYCLES, VICTIM_CYCLES = 6, 200
+CYCLES, VICTIM_CYCLES = 6, 400
 CONFIG = ("--cycles", str(CYCLES), "--seed", "9", "--base-model", "local/nano")
 VICTIM = ("--cycles", str(VICTIM_CYCLES), "--seed", "9", "--base-model", "local/nano")
 FLOWS = 3
@@ -58,12 +59,12 @@ def test_flows_ride_through_random_server_kills_and_a_killed_flow_leaves_nothing
         for flow in flows:
             wait_for_cycles(flow, 1)  # past the check that the server answers
 
-        victim_dies_after = schedule.randrange(SERVER_KILLS)
+        victim_dies_after = SERVER_KILLS - 1  # so every server kill finds the victim training
         started_by_victim: set[int] = set()
         hit: list[list[str]] = []
         for kill in range(SERVER_KILLS):
             time.sleep(schedule.uniform(0.5, 6.0))
-            hit.append(mid_run(flows, CYCLES))
+            hit.append(mid_run(flows, CYCLES) + mid_run([victim], VICTIM_CYCLES))
             kill_and_restart(server)
             if kill == victim_dies_after:
                 time.sleep(schedule.uniform(0.0, 2.0))
