@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")  # busy CPU
 
-from real_model_learning import cpu_model, machine  # noqa: E402
+from real_model_learning import cpu_model, machine, pulled  # noqa: E402
 from served import quiet_prefect  # noqa: E402
 
 from flows.core.environments.arithmetic import answer, problem_text  # noqa: E402
@@ -108,12 +108,7 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=6)
     parser.add_argument("--base-model", default=SMOLLM2)
     options = parser.parse_args()
-    real = not options.base_model.startswith("local/")
-    if real and hf_cache.snapshot(options.base_model) is None:
-        sys.exit(
-            f"{options.base_model} is not in {hf_cache.cache_dir()}: "
-            "run `whitney-flows models pull smollm2-135m-instruct` first"
-        )
+    real = pulled(options.base_model) is not None
     print(f"machine: {machine()}", flush=True)
     with (
         tempfile.TemporaryDirectory(prefix="whitney-bench-") as scratch,

@@ -30,7 +30,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from judging import Frozen  # noqa: E402
-from real_model_learning import cpu_model, machine  # noqa: E402
+from real_model_learning import cpu_model, machine, pulled  # noqa: E402
 from served import quiet_prefect  # noqa: E402
 
 from flows.core.config import settings_with_overrides, validated  # noqa: E402
@@ -139,11 +139,8 @@ def main() -> None:
     )
     config = validated(RLConfig, with_judge_model(settings, options.judge_model))
     for model in {config.base_model, config.judge.model}:
-        if model and not model.startswith("local/") and hf_cache.snapshot(model) is None:
-            sys.exit(
-                f"{model} is not in {hf_cache.cache_dir()}: "
-                "run `whitney-flows models pull smollm2-135m-instruct` first"
-            )
+        if model:
+            pulled(model)
     print(f"machine: {machine()}", flush=True)
     print(
         f"config: {options.config.name}, {config.base_model} judged by {config.judge.model} "

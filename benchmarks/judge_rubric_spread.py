@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from judging import Frozen  # noqa: E402
-from real_model_learning import machine  # noqa: E402
+from real_model_learning import machine, pulled  # noqa: E402
 
 from flows.core.rendering import load_renderer  # noqa: E402
 from flows.rl.judge_config import JudgeSettings  # noqa: E402
@@ -58,12 +58,7 @@ def main() -> None:
     options = parser.parse_args()
     few_shot = tomllib.loads(options.config.read_text())["judge"]
     model = options.judge_model or few_shot["model"]
-    real = not model.startswith("local/")
-    if real and hf_cache.snapshot(model) is None:
-        sys.exit(
-            f"{model} is not in {hf_cache.cache_dir()}: "
-            "run `whitney-flows models pull smollm2-135m-instruct` first"
-        )
+    real = pulled(model) is not None
     rubrics = [
         (f"bare, chat template: {rubric!r}", {"model": model, "rubric": rubric})
         for rubric in BARE_RUBRICS

@@ -19,7 +19,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
-from real_model_learning import machine  # noqa: E402
+from real_model_learning import machine, pulled  # noqa: E402
 
 from flows.cli.main import main as whitney_flows  # noqa: E402
 from flows.cli.model_pull import PULLABLE  # noqa: E402
@@ -63,12 +63,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     options = parser.parse_args()
-    snapshot = hf_cache.snapshot(MODEL)
-    if snapshot is None:
-        sys.exit(
-            f"{MODEL} is not in {hf_cache.cache_dir()}: "
-            "run `whitney-flows models pull smollm2-135m-instruct` first"
-        )
+    snapshot = pulled(MODEL)
     os.environ["HF_HUB_OFFLINE"] = "1"
     from peft import AutoPeftModelForCausalLM
     from transformers import AutoModelForCausalLM

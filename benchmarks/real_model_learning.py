@@ -50,6 +50,20 @@ def cpu_model() -> str:
     return platform.processor() or "unknown CPU"
 
 
+def pulled(model: str) -> Path | None:
+    """The snapshot of a hub model in the cache (None for a `local/*` model); exits in one
+    line naming the pull command when a hub model is missing."""
+    if model.startswith("local/"):
+        return None
+    snapshot = hf_cache.snapshot(model)
+    if snapshot is None:
+        sys.exit(
+            f"{model} is not in {hf_cache.cache_dir()}: "
+            "run `whitney-flows models pull smollm2-135m-instruct` first"
+        )
+    return snapshot
+
+
 def machine() -> str:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
@@ -116,11 +130,7 @@ def main() -> None:
     overrides = {name: getattr(options, name) for name in (*OVERRIDES, "max_tokens")}
     settings = settings_with_overrides(options.config, overrides)
     config = validated(RLConfig, {**settings, "eval_at_start": True})
-    if hf_cache.snapshot(config.base_model) is None:
-        sys.exit(
-            f"{config.base_model} is not in {hf_cache.cache_dir()}: "
-            "run `whitney-flows models pull smollm2-135m-instruct` first"
-        )
+    pulled(config.base_model)
     print(f"machine: {machine()}", flush=True)
     print(
         f"config: {options.config.name}, {config.cycles} cycles of {config.prompts_per_cycle} "
