@@ -8,7 +8,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 from uuid import UUID
 
 from prefect import get_client
@@ -26,17 +25,7 @@ from prefect.client.schemas.objects import Artifact, FlowRun, Log, TaskRun
 from prefect.client.schemas.sorting import ArtifactSort, FlowRunSort, LogSort, TaskRunSort
 from prefect.logging.handlers import APILogWorker
 
-PAGE = 200
-"""Rows per read (the Prefect API's default cap)."""
-T = TypeVar("T")
-
-
-def every_page(read: Callable[[int, int], list[T]]) -> list[T]:
-    """All rows of a paged read `read(limit, offset)`, in its (stable) order."""
-    rows: list[T] = []
-    while len(page := read(PAGE, len(rows))) == PAGE:
-        rows += page
-    return rows + page
+from flows.core.paging import every_page
 
 
 @dataclass(frozen=True)
@@ -58,8 +47,8 @@ def family(prefect: SyncPrefectClient, flow_run_id: UUID) -> list[FlowRun]:
     while parents:
         children = FlowRunFilter(parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=parents))
         found = every_page(
-            lambda limit, offset, f=children: prefect.read_flow_runs(
-                flow_run_filter=f, sort=FlowRunSort.ID_DESC, limit=limit, offset=offset
+            lambda offset, f=children: prefect.read_flow_runs(
+                flow_run_filter=f, sort=FlowRunSort.ID_DESC, offset=offset
             )
         )
         runs += found
@@ -73,26 +62,23 @@ def read_records(flow_run_id: UUID) -> FlowRunRecords:
         flow_runs = family(prefect, flow_run_id)
         ids = [run.id for run in flow_runs]
         task_runs = every_page(
-            lambda limit, offset: prefect.read_task_runs(
+            lambda offset: prefect.read_task_runs(
                 flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)),
                 sort=TaskRunSort.ID_DESC,
-                limit=limit,
                 offset=offset,
             )
         )
         logs = every_page(
-            lambda limit, offset: prefect.read_logs(
+            lambda offset: prefect.read_logs(
                 log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=ids)),
                 sort=LogSort.TIMESTAMP_ASC,
-                limit=limit,
                 offset=offset,
             )
         )
         artifacts = every_page(
-            lambda limit, offset: prefect.read_artifacts(
+            lambda offset: prefect.read_artifacts(
                 artifact_filter=ArtifactFilter(flow_run_id=ArtifactFilterFlowRunId(any_=ids)),
                 sort=ArtifactSort.ID_DESC,
-                limit=limit,
                 offset=offset,
             )
         )
