@@ -29,9 +29,11 @@ FLAG = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 UNCOMMITTED = ("no committed command", "by hand")
 FENCE = re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE)
 INDENTED = re.compile(r"^(?: {4}|\t).*$", re.MULTILINE)
-FIGURE = re.compile(r"\b\d+(?:\.\d+)?×|\b\d+\.\d+ ?(?:s|ms|min|minutes|GiB|GFLOPS)\b")
-"""A measured-looking figure: a ratio, or seconds, minutes, memory or a rate with a decimal
-(settings are whole: a 300 s lease, every 15 minutes, 2 GiB of activations)."""
+FIGURE = re.compile(
+    r"\b\d+(?:\.\d+)?×|\b\d+\.\d+ ?(?:s|ms|min|minutes|GiB|GFLOPS)\b|\b\d+\.\d+e-\d+\b"
+)
+"""A measured-looking figure: a ratio, seconds, minutes, memory or a rate with a decimal, or a
+difference such as 5.2e-5 (settings are whole: a 300 s lease, 2 GiB, a bound of 1e-4)."""
 
 
 def sections() -> dict[str, str]:
@@ -114,11 +116,7 @@ def test_no_guide_repeats_a_measured_figure() -> None:
 
 
 def test_the_checks_catch_a_figure_and_a_wrong_command() -> None:
-    assert FIGURE.findall("took 53.9 minutes, 1.48× PEFT, 3.20 GiB, 5.2 s; 300 s, 2 GiB") == [
-        "53.9 minutes",
-        "1.48×",
-        "3.20 GiB",
-        "5.2 s",
-    ]
+    text = "took 53.9 minutes, 1.48× PEFT, 3.20 GiB, 5.2 s, 5.2e-5; 300 s, 2 GiB, 1e-4"
+    assert FIGURE.findall(text) == ["53.9 minutes", "1.48×", "3.20 GiB", "5.2 s", "5.2e-5"]
     assert FLAG.findall("--rounds 2 --memory 16x1024 (`-k x`)") == ["--rounds", "--memory"]
     assert ROW_ID.match('<a id="engine-group"></a>a group') and not ROW_ID.match("a group")
