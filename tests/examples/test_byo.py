@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flowtest_cli import console_environment, run_ok
+from flowtest_cli import assert_refused_before_any_session, console_environment, run_ok
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.core.config import ConfigError, read_config_file, validated
@@ -203,6 +203,28 @@ def test_the_dpo_pairs_start_at_log_2_and_are_learned(
     assert records[0]["loss"] == pytest.approx(math.log(2), abs=1e-9)
     assert records[0]["eval_before"]["accuracy"] == 0.0
     assert records[-1]["loss"] < records[0]["loss"] and records[-1]["reward_accuracy"] > 0.5
+
+
+def test_the_cli_refuses_a_recipe_of_another_loss_in_one_line(
+    embedded_server: EmbeddedWhitney,
+    whitney_client: WhitneyClient,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.syspath_prepend(str(BYO))
+    monkeypatch.setenv("WHITNEY_API_KEY", embedded_server.api_keys[0])
+    config = tmp_path / "rl.toml"
+    config.write_text('loss = "ppo"\nrecipe = "centered:RECIPE"\n')
+    assert_refused_before_any_session(
+        embedded_server.url,
+        whitney_client,
+        capsys,
+        "rl",
+        ["--config", str(config)],
+        "recipe",
+        "the centered recipe trains importance_sampling, not ppo",
+    )
 
 
 @pytest.mark.parametrize("name", ["shout", "vowels", "centered"])
