@@ -120,6 +120,12 @@ class RLConfig(FlowConfig):
         description="Loss function; its build_loss recipe comes from flows.rl.recipes "
         "(ppo_critic: PPO with a critic run, ppo on the policy)",
     )
+    recipe: str = Field(
+        default="",
+        description="A build_loss recipe of your own by import path module:attr (a "
+        "flows.rl.recipes.Recipe whose loss_function is `loss`); empty: the built-in recipe "
+        "of `loss`",
+    )
     loss_config: dict[str, float] = Field(
         default_factory=dict,
         description="The loss's settings by Whitney's key names (clip_low_threshold, "

@@ -196,13 +196,18 @@ class ProbeRun:
 def compose_recipe(config: RLConfig) -> Recipe:
     """The loss's recipe with its options bound, wrapped for the reference KL if enabled;
     ConfigError naming the field if they do not go together."""
+    where = "recipe" if config.recipe else "loss"
     try:
-        recipe = load_recipe(config.loss)
+        recipe = load_recipe(config.recipe or config.loss)
     except ValueError as error:
-        raise ConfigError("loss", str(error)) from None
+        raise ConfigError(where, str(error)) from None
+    if config.recipe and recipe.loss_function != config.loss:
+        raise ConfigError(
+            "recipe", f"the {recipe.name} recipe trains {recipe.loss_function}, not {config.loss}"
+        )
     if recipe.options is not None:
         if recipe.options not in RLConfig.model_fields:
-            raise ConfigError("loss", f"the {recipe.name} recipe wants unknown options")
+            raise ConfigError(where, f"the {recipe.name} recipe wants unknown options")
         recipe = recipe.bind_options(getattr(config, recipe.options))
     if config.reference_kl.enabled:
         try:

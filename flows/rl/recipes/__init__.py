@@ -3,8 +3,9 @@
 A recipe is the `build_loss(sample, cycle, request, ctx) -> dict` of Whitney's Loop building
 blocks, called once per group (one sample request per prompt) with a
 `flows.rl.recipes.context.LossContext`; the cycle joins the groups' payloads into one
-forward_backward. A recipe may make further ordered calls through `ctx.client`. New recipes
-register their module here.
+forward_backward. A recipe may make further ordered calls through `ctx.client`. Built-in
+recipes register their module in `RECIPES`; one of your own loads by import path (`RLConfig.recipe`,
+`module:attr`).
 
 Beside `build_loss`, a recipe may declare:
 
@@ -136,11 +137,13 @@ RECIPES: dict[str, str] = {
 
 
 def load_recipe(name: str) -> Recipe:
-    """The recipe for loss `name`; ValueError naming the available ones if there is none."""
-    path = RECIPES.get(name)
-    if path is None:
+    """The built-in recipe for loss `name`, or the recipe at import path `name` (`module:attr`);
+    ValueError naming the available ones if there is none."""
+    path = RECIPES.get(name, name)
+    if ":" not in path:
         raise ValueError(
-            f"no build_loss recipe for loss {name!r} yet (available: {', '.join(RECIPES)})"
+            f"no build_loss recipe for loss {name!r} yet (available: {', '.join(RECIPES)}; "
+            "or an import path module:attr)"
         )
     recipe = import_object(path)
     if not isinstance(recipe, Recipe):

@@ -1,8 +1,7 @@
 """`whitney-flows run rl --env quiz` with every other setting at its default but the cycles:
 in its first 10 cycles the tiny model's reward on the multi-turn quiz climbs well above where
-it started. The whole default run (30 cycles, from about 0.14 over the first 5 to about 0.99
-over the last 5) is a benchmark, measured in docs/multi-turn.md; two runs of one config giving
-the same adapter sha256 are `tests/flows/rl/test_multiturn.py`'s."""
+it started. The whole default run (30 cycles) is measured in docs/measured.md (learn-quiz);
+two runs of one config giving the same adapter sha256 are `tests/flows/rl/test_multiturn.py`'s."""
 
 from __future__ import annotations
 
