@@ -39,7 +39,7 @@ CLIENT_CONFIG = {
     "credential_default_source": "api_key",
     "parallel_fwdbwd_chunks": False,
     "proto_compress_fwdbwd": True,
-    "use_pyqwest_transport": False,
+    "use_pyqwest_transport": True,
     "sample_use_retrieve_futures": False,
     "custom_loss_server_side": False,
     "sample_join_sampling_session": False,
