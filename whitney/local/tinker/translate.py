@@ -16,6 +16,11 @@ TINKER_SCHEME = "tinker://"
 CLIP_KEYS = frozenset({"clip_low_threshold", "clip_high_threshold"})
 """`loss_fn_config` keys the route turns into the per-token tensors of the same names (the
 `tinker` provider's form of the same clip range)."""
+ADVANTAGE_LOSSES = frozenset({"importance_sampling", "ppo", "cispo"})
+"""Losses whose every term is a multiple of the token's advantage (Tinker's have no weights):
+a datum without `weights` is weighted where it carries a sample (`sampled_weights`), which
+leaves the loss and gradient as they are and keeps its unsampled positions out of the metrics
+(`tokens:sum`, `kl_sample_train:mean`, `clip_fraction:mean`)."""
 SESSION_SEPARATOR = "~"
 """A sampling session id is `<run_id>~<sampler_id>`: the run's sampler it samples."""
 
@@ -59,6 +64,9 @@ def forward_payload(request: ForwardBackwardIn) -> tuple[str, dict[str, Any]]:
                 raise refused(field, f"a tensor of shape {tensor.shape} (1-D tensors only)")
             dtype = "float32" if tensor.dtype == 1 else "int64"
             inputs[name] = {"dtype": dtype, "shape": [len(values)], "values": values}
+        weights = sampled_weights(inputs) if request.loss_fn in ADVANTAGE_LOSSES else None
+        if weights is not None:
+            inputs["weights"] = {"dtype": "float32", "shape": [len(weights)], "values": weights}
         for key in CLIP_KEYS & config.keys():  # Tinker's scalar clip: a tensor per token here
             values = [config[key]] * len(datum.tokens)
             inputs[key] = {"dtype": "float32", "shape": [len(values)], "values": values}
@@ -66,6 +74,19 @@ def forward_payload(request: ForwardBackwardIn) -> tuple[str, dict[str, Any]]:
     config = {key: value for key, value in config.items() if key not in CLIP_KEYS}
     payload = {"data": data, "loss_function": request.loss_fn, "loss_config": config}
     return ("forward" if request.forward_only else "forward_backward"), payload
+
+
+def sampled_weights(inputs: dict[str, Any]) -> list[float] | None:
+    """For a datum without `weights`: 1 where a position carries a sampled token (a nonzero
+    advantage or sampler logprob), 0 where both are 0, as at the prompt positions a cookbook
+    RL datum pads (its `mask`, which the cookbook does not send). None with `weights`, or
+    without same-length `advantages` and `logprobs` (the engine names what is wrong)."""
+    if "weights" in inputs or not inputs.keys() >= {"advantages", "logprobs"}:
+        return None
+    advantages, logprobs = inputs["advantages"]["values"], inputs["logprobs"]["values"]
+    if len(advantages) != len(logprobs):
+        return None
+    return [1.0 if a != 0 or q != 0 else 0.0 for a, q in zip(advantages, logprobs, strict=True)]
 
 
 def optimizer(body: dict[str, Any]) -> dict[str, Any]:
