@@ -6,7 +6,6 @@ engine does not have is named as not served.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from whitney.errors import InvalidRequest
@@ -119,11 +118,9 @@ def _prompt_tokens(prompt: Any, field: str) -> list[int]:
     return tokens
 
 
-def sample_payloads(
-    body: dict[str, Any],
-) -> tuple[dict[str, Any], dict[str, Any] | None, tuple[str, ...]]:
-    """A SampleRequest as Whitney's `sample` payload, a `logprobs` one if it asks for prompt
-    logprobs, and its stop strings (applied to the sequences when answered: `cut_at_stop`)."""
+def sample_payloads(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """A SampleRequest as Whitney's `sample` payload (its stop strings honoured as the engine
+    samples), and a `logprobs` one if it asks for prompt logprobs."""
     for field in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
         if body.get(field):
             raise refused(field, f"{field} (top-k logprobs and alternative tokens)")
@@ -145,14 +142,15 @@ def sample_payloads(
     stop = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not isinstance(s, str) or not s for s in stop) and any(isinstance(s, str) for s in stop):
         raise bad("sampling_params.stop", "expected stop strings or stop token ids, not both")
-    stops = tuple(s for s in stop if isinstance(s, str))
+    strings = [s for s in stop if isinstance(s, str)]
     top_k = params.get("top_k", -1)
     sampling: dict[str, Any] = {
         "max_tokens": params["max_tokens"],
         "temperature": temperature,
         "top_p": params.get("top_p", 1),
         "top_k": None if top_k == -1 else top_k,
-        "stop_token_ids": [] if stops else stop,
+        "stop_token_ids": [] if strings else stop,
+        "stop": strings,
         "seed": params.get("seed"),
     }
     sample = {
@@ -161,21 +159,7 @@ def sample_payloads(
         "sampling_params": sampling,
     }
     logprobs = {"sequences": [{"token_ids": tokens}]} if body.get("prompt_logprobs") else None
-    return sample, logprobs, stops
-
-
-def cut_at_stop(
-    sequence: dict[str, Any], stops: tuple[str, ...], decode: Callable[[list[int]], str]
-) -> dict[str, Any]:
-    """`sequence` ended at the first token whose text completes a stop string (that token
-    kept, `stop_reason` "stop"), as if sampling had stopped there; unchanged without one."""
-    tokens = sequence["tokens"]
-    for end in range(1, len(tokens) + 1):
-        text = decode(tokens[:end])
-        if any(stop in text for stop in stops):
-            logprobs = sequence["logprobs"][:end]
-            return {"tokens": tokens[:end], "logprobs": logprobs, "stop_reason": "stop"}
-    return sequence
+    return sample, logprobs
 
 
 def prompt_logprobs(result: dict[str, Any]) -> list[float | None]:
