@@ -26,7 +26,6 @@ from whitney.local.api_errors import error_object
 from whitney.local.fairness import DoneEvent
 from whitney.local.journal import Journal
 from whitney.local.stop_strings import stop_watch
-from whitney.tokenizers import get_tokenizer
 
 log = logging.getLogger("whitney.local.executor")
 
@@ -161,7 +160,7 @@ class Execution:
         sampler_id = self._require_sampler(batch[0].sampler_id, samplers)
         payloads = [ticket.payload for ticket in batch]
         seeds = [default_seed(self.run_seed, ticket.seq_id) for ticket in batch]
-        watch = stop_watch(payloads, lambda tokens: get_tokenizer(self.base_model).decode(tokens))
+        watch = stop_watch(payloads, self.base_model)
         if watch is None:  # a provider's engine need not know watches
             outputs = engine.sample(sampler_id, payloads, seeds)
         else:

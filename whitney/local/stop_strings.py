@@ -4,19 +4,22 @@ completes one of its request's `sampling_params.stop` strings (that token kept, 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
+from whitney.tokenizers import get_tokenizer
 
-def stop_watch(payloads: list[dict[str, Any]], decode: Callable[[list[int]], str]) -> Any | None:
+
+def stop_watch(payloads: list[dict[str, Any]], base_model: str) -> Any | None:
     """The `Watch` of a batch of sample payloads (rows numbered over the payloads in order,
-    a payload's samples together), or None when no payload has stop strings."""
+    a payload's samples together; texts decoded by `base_model`'s tokenizer), or None when no
+    payload has stop strings."""
     stops: list[tuple[str, ...]] = []
     for payload in payloads:
         strings = tuple(payload["sampling_params"].get("stop") or ())
         stops += [strings] * payload.get("num_samples", 1)
     if not any(stops):
         return None
+    decode = get_tokenizer(base_model).decode
     drawn: list[list[int]] = [[] for _ in stops]
 
     def on_step(step: Any) -> list[int]:
