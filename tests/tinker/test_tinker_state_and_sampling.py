@@ -63,7 +63,7 @@ def test_load_state_with_and_without_the_optimizer(server: ServedWhitney) -> Non
     assert weights_only.get_info().model_data.model_name == "local/tiny"
 
 
-def test_a_base_model_samples_and_stop_strings_cut_where_the_text_completes_one(
+def test_a_base_model_samples_and_stop_strings_end_sampling_where_the_text_completes_one(
     server: ServedWhitney,
 ) -> None:
     service = tinker.ServiceClient(base_url=server.url, api_key=sdk_key(1))
