@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, model_validator
 
 RunStatus = Literal[
     "allocating", "ready", "finishing", "finished", "cancelling", "cancelled", "failed"
@@ -38,6 +38,7 @@ FiniteFloat = Annotated[float, Field(allow_inf_nan=False)]
 StrictFiniteFloat = Annotated[float, Field(allow_inf_nan=False, strict=True)]
 """A tensor value: a real number (an int is widened), never a bool, a string, NaN or infinity."""
 TokenId = Annotated[StrictInt, Field(ge=0)]
+StopString = Annotated[StrictStr, Field(min_length=1, max_length=256)]
 
 
 class RequestModel(BaseModel):
@@ -112,6 +113,7 @@ class SamplingParams(RequestModel):
     top_p: FiniteFloat = Field(default=1.0, gt=0, le=1)
     top_k: int | None = Field(default=None, ge=1)
     stop_token_ids: list[TokenId] = Field(default_factory=list)
+    stop: list[StopString] = Field(default_factory=list, max_length=4)
     seed: int | None = None
 
 

@@ -127,6 +127,7 @@ def test_sample_request_fills_the_defaults():
             "top_p": 1.0,
             "top_k": None,
             "stop_token_ids": [],
+            "stop": [],
             "seed": None,
         },
     }
@@ -134,7 +135,15 @@ def test_sample_request_fills_the_defaults():
 
 def test_sample_request_takes_every_sampling_parameter():
     request = sample_request(
-        (5,), 2, max_tokens=8, temperature=0.7, top_p=0.9, top_k=40, stop_token_ids=[0], seed=11
+        (5,),
+        2,
+        max_tokens=8,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=40,
+        stop_token_ids=[0],
+        stop=["\n\nUser:"],
+        seed=11,
     )
     assert request["sampling_params"] == {
         "max_tokens": 8,
@@ -142,6 +151,7 @@ def test_sample_request_takes_every_sampling_parameter():
         "top_p": 0.9,
         "top_k": 40,
         "stop_token_ids": [0],
+        "stop": ["\n\nUser:"],
         "seed": 11,
     }
     assert request["prompt"] == {"token_ids": [5]}

@@ -79,7 +79,7 @@ def test_a_loss_the_route_does_not_serve_is_the_sdks_exception_naming_it(
         training.forward_backward([_datum()], loss).result(timeout=60)
 
 
-def test_top_k_logprobs_images_and_greedy_sampling_are_refused_naming_them(
+def test_top_k_logprobs_images_greedy_sampling_and_five_stops_are_refused_naming_them(
     server: ServedWhitney,
 ) -> None:
     service = tinker.ServiceClient(base_url=server.url, api_key=sdk_key(0))
@@ -92,6 +92,9 @@ def test_top_k_logprobs_images_and_greedy_sampling_are_refused_naming_them(
     with pytest.raises(tinker.BadRequestError, match="temperature 0"):
         greedy = types.SamplingParams(max_tokens=2, temperature=0.0)
         sampler.sample(prompt, 1, greedy).result(timeout=60)
+    with pytest.raises(tinker.BadRequestError, match="sampling_params.stop"):
+        five = types.SamplingParams(max_tokens=2, stop=["a", "b", "c", "d", "e"])
+        sampler.sample(prompt, 1, five).result(timeout=60)
     image = types.ModelInput(chunks=[types.ImageChunk(data=b"\x89PNG....", format="png")])
     datum = types.Datum(model_input=image, loss_fn_inputs={"target_tokens": [1]})
     with pytest.raises(tinker.BadRequestError, match="image chunks"):

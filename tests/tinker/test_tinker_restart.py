@@ -1,18 +1,23 @@
-"""Exactly once across a restart: the server is SIGKILLed after an `optim_step` was answered
-and started again on the same data directory; the resent request gets the original future and
-answer, the run goes on from where it was, and its journal holds that step once."""
+"""Across a restart: the server is SIGKILLed after an `optim_step` was answered and started
+again on the same data directory; the resent request gets the original future and answer, the
+run goes on from where it was, and its journal holds that step once. A signed download URL
+issued before a restart still serves after it (its key is in the data directory, never in the
+server's log)."""
 
 from __future__ import annotations
 
 import time
+import urllib.request
 from pathlib import Path
 
 import httpx
 import numpy as np
+import tinker
+from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
 from tests.local.served import served
-from tests.tinker.steps import KEYS, sdk_key
+from tests.tinker.steps import KEYS, sdk_key, sl_rows
 from whitney import WhitneyClient
 
 TOKENS = [5, 9, 12, 40, 41]
@@ -75,3 +80,33 @@ def test_a_request_resent_after_a_restart_gets_its_original_answer(tmp_path: Pat
         with WhitneyClient(server.url, KEYS[0]) as client:
             kinds = [op.kind for op in client.iter_journal(model_id)]
         assert kinds == ["forward_backward", "optim_step", "forward_backward"]
+
+
+def test_a_signed_url_serves_after_a_restart(tmp_path: Path) -> None:
+    with served(tmp_path, keys=KEYS) as server:
+        service = tinker.ServiceClient(base_url=server.url, api_key=sdk_key(0))
+        training = service.create_lora_training_client(base_model="local/tiny", rank=4).result()
+        row = sl_rows()[0]
+        datum = types.Datum(
+            model_input=types.ModelInput.from_ints(row["input"]),
+            loss_fn_inputs={"target_tokens": row["target_tokens"]},
+        )
+        training.forward_backward([datum], "cross_entropy").result()
+        export = training.save_weights_external("adapter").result().path
+        rest = tinker.RestClient(base_url=server.url, api_key=sdk_key(0))
+        urls = rest.get_external_weights_urls(export).result().urls
+        before = {
+            name: urllib.request.urlopen(url, timeout=60).read() for name, url in urls.items()
+        }
+        service.close("success").result()
+        key_file = tmp_path / "served-data" / "tinker-url-key"
+        key = key_file.read_bytes()
+        assert len(key) == 32 and key_file.stat().st_mode & 0o777 == 0o600
+
+        server.kill()
+        server.restart()
+        after = {name: urllib.request.urlopen(url, timeout=60).read() for name, url in urls.items()}
+        assert after == before and "adapter_model.safetensors" in after
+        assert key_file.read_bytes() == key
+    log = server.log.read_bytes()
+    assert key not in log and key.hex().encode() not in log

@@ -1,7 +1,8 @@
 """Checkpoints and sampling through the official SDK: `save_state` then `load_state` with the
 optimizer resumes bit for bit, without it restarts the moments (as a new client from the state
-does); a base model samples; stop strings end a sequence where its text completes one; closing
-the ServiceClient finishes its session and its runs."""
+does); a base model samples; stop strings end a sequence where its text completes one, and
+sampling stops there (no token is drawn past it); closing the ServiceClient finishes its session
+and its runs."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def test_load_state_with_and_without_the_optimizer(server: ServedWhitney) -> Non
     assert weights_only.get_info().model_data.model_name == "local/tiny"
 
 
-def test_a_base_model_samples_and_stop_strings_cut_where_the_text_completes_one(
+def test_a_base_model_samples_and_stop_strings_end_sampling_where_the_text_completes_one(
     server: ServedWhitney,
 ) -> None:
     service = tinker.ServiceClient(base_url=server.url, api_key=sdk_key(1))
@@ -79,6 +80,10 @@ def test_a_base_model_samples_and_stop_strings_cut_where_the_text_completes_one(
     assert list(cut.tokens) == tokens[:expected]
     assert cut.stop_reason == "stop"
     assert list(cut.logprobs) == list(free.sequences[0].logprobs[:expected])
+    with WhitneyClient(server.url, KEYS[1]) as client:
+        (run_id,) = client.get_session(service.holder.get_session_id()).run_ids
+        samples = [op for op in client.iter_journal(run_id) if op.kind == "sample"]
+    assert [op.usage["sampled_tokens"] for op in samples] == [len(tokens), expected]
 
 
 def test_closing_the_service_client_finishes_its_session_and_runs(server: ServedWhitney) -> None:

@@ -25,6 +25,7 @@ from whitney.errors import (
 from whitney.local.api_errors import error_object
 from whitney.local.fairness import DoneEvent
 from whitney.local.journal import Journal
+from whitney.local.stop_strings import stop_watch
 
 log = logging.getLogger("whitney.local.executor")
 
@@ -54,7 +55,7 @@ class Engine(Protocol):
     def save_weights_for_sampler(self, sampler_id: str) -> Any: ...
     def write_sampler(self, sampler_id: str, path: Path) -> None: ...
     def sample(
-        self, sampler_id: str, requests: list[dict], default_seeds: list[int]
+        self, sampler_id: str, requests: list[dict], default_seeds: list[int], watch: Any = None
     ) -> list[Any]: ...
     def logprobs(self, sampler_id: str, request: dict) -> Any: ...
     def save_state(self, directory: Path) -> Any: ...
@@ -98,11 +99,13 @@ class RunHooks(Protocol):
 
 @dataclass(eq=False, repr=False)
 class Execution:
-    """Executes one run's operations on its engine; `run_seed` seeds its samples."""
+    """Executes one run's operations on its engine; `run_seed` seeds its samples, the
+    tokenizer of `base_model` reads their stop strings."""
 
     run_id: str
     tenant: str
     run_seed: int
+    base_model: str
     journal: Journal
     hooks: RunHooks
 
@@ -155,11 +158,13 @@ class Execution:
         self, engine: Engine, batch: list[Ticket], samplers: set[str]
     ) -> list[Outcome]:
         sampler_id = self._require_sampler(batch[0].sampler_id, samplers)
-        outputs = engine.sample(
-            sampler_id,
-            [ticket.payload for ticket in batch],
-            [default_seed(self.run_seed, ticket.seq_id) for ticket in batch],
-        )
+        payloads = [ticket.payload for ticket in batch]
+        seeds = [default_seed(self.run_seed, ticket.seq_id) for ticket in batch]
+        watch = stop_watch(payloads, self.base_model)
+        if watch is None:  # a provider's engine need not know watches
+            outputs = engine.sample(sampler_id, payloads, seeds)
+        else:
+            outputs = engine.sample(sampler_id, payloads, seeds, watch)
         return [
             Outcome("failed", error=error_object(output))
             if isinstance(output, WhitneyError)

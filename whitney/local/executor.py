@@ -75,7 +75,9 @@ class RunWorker:
         engine.interrupt = self.interrupt
         self.journal = journal
         self.hooks = hooks
-        self._execution = Execution(self.run_id, self.tenant, self.run_seed, journal, hooks)
+        self._execution = Execution(
+            self.run_id, self.tenant, self.run_seed, run["base_model"], journal, hooks
+        )
         self.gap_timeout_s = gap_timeout_s
         self.batch_samples = batch_samples
         self.batch_tokens = batch_tokens

@@ -3,8 +3,9 @@ external weights (an `export_lora` artifact) through signed URLs.
 
 A run's checkpoints are read from its journal: `save_state` names are `weights`,
 `save_weights_for_sampler` ids `sampler_weights`, `export_lora` artifacts `external_weights`.
-A download URL carries an HMAC (a per-process key) over the tenant, the artifact and the
-expiry, as the SDK fetches it with no API key; one file of the artifact's tar per URL.
+A download URL carries an HMAC over the tenant, the artifact and the expiry, as the SDK
+fetches it with no API key; one file of the artifact's tar per URL. The HMAC key is kept in
+the data directory (`tinker-url-key`, mode 0600), so a URL outlives a restart of the server.
 """
 
 from __future__ import annotations
@@ -12,10 +13,12 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import os
 import secrets
 import tarfile
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from whitney.errors import NotFound
@@ -25,6 +28,8 @@ from whitney.local.tinker import translate
 
 URL_TTL_S = 3600.0
 """How long a signed download URL serves."""
+KEY_FILE = "tinker-url-key"
+"""The signing key's file in the data directory."""
 _KINDS = {
     "save_state": ("training", "weights"),
     "save_weights_for_sampler": ("sampler", "sampler_weights"),
@@ -34,6 +39,25 @@ _KINDS = {
 
 def _iso(timestamp: str | None) -> str:
     return timestamp or datetime.now(UTC).isoformat()
+
+
+def signing_key(path: Path) -> bytes:
+    """The key in `path`; made first (32 random bytes, mode 0600) and linked into place
+    whole, so a crash never leaves half a key."""
+    if not path.exists():
+        draft = path.with_name(f"{path.name}.{secrets.token_hex(8)}")
+        fd = os.open(draft, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(secrets.token_bytes(32))
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(draft, path)
+        except FileExistsError:
+            pass  # another made it first: theirs is the key
+        finally:
+            draft.unlink()
+    return path.read_bytes()
 
 
 def _name(kind: str, result: dict[str, Any]) -> str:
@@ -48,7 +72,7 @@ class Checkpoints:
 
     def __init__(self, service: WhitneyService) -> None:
         self.service = service
-        self._key = secrets.token_bytes(32)
+        self._key = signing_key(service.data_dir / KEY_FILE)
 
     def checkpoints(self, tenant: str, run_id: str) -> dict[str, Any]:
         self.service.runs.own(tenant, run_id)

@@ -27,7 +27,6 @@ from whitney.local.service import WhitneyService
 from whitney.local.tinker import SDK_VERSION, proto, translate
 from whitney.local.tinker.proto import ForwardBackwardIn
 from whitney.local.tinker.store import RequestStore, TinkerRequest
-from whitney.tokenizers import get_tokenizer
 
 BASE_SAMPLER = "base"
 """The sampler a base-model sampling session samples: its frozen run's first operation."""
@@ -256,11 +255,11 @@ class TinkerFront:
         if session is None:
             raise translate.bad("sampling_session_id", "required (create a sampling session)")
         run_id, sampler_id = translate.parse_session(session)
-        sample, logprobs, stops = translate.sample_payloads(body)
+        sample, logprobs = translate.sample_payloads(body)
         operations = [("sample", sampler_id, sample)]
         if logprobs is not None:
             operations.append(("logprobs", sampler_id, logprobs))
-        future = self._submit(tenant, run_id, _seq_id(body), operations, session, stops)
+        future = self._submit(tenant, run_id, _seq_id(body), operations, session)
         count = sample["num_samples"]
         future["sample_sequence_ids"] = [f"{future['request_id']}/{i}" for i in range(count)]
         return future
@@ -274,7 +273,6 @@ class TinkerFront:
         tinker_seq: int,
         operations: list[tuple[str, str | None, dict[str, Any]]],
         stream: str | None = None,
-        stops: tuple[str, ...] = (),
     ) -> dict[str, Any]:
         """The future of a Tinker request: its operations journaled once, in order."""
         run = self.service.runs.own(tenant, run_id, live=True)
@@ -284,7 +282,7 @@ class TinkerFront:
                 wire.validate_payload(kind, payload)
             except ValidationError as exc:
                 raise from_validation_error(exc, "payload") from None
-        body_hash = _hash([[list(stops)], *([k, s, p] for k, s, p in operations)])
+        body_hash = _hash([[k, s, p] for k, s, p in operations])
         with self.store.run_lock(run_id):
             found = self.store.find(stream, tinker_seq)
             if found is None:
@@ -300,7 +298,6 @@ class TinkerFront:
                     run_id=run_id,
                     seq_ids=tuple(range(first, first + len(operations))),
                     body_hash=body_hash,
-                    stops=stops,
                 )
                 self.store.insert(found)
                 try:
@@ -361,12 +358,6 @@ class TinkerFront:
             if operation["status"] != "succeeded":
                 return Done(json=_failure(operation))
             results.append(operation["result"])
-        if request.stops:
-            base_model = self.service.runs.own(tenant, request.run_id)["base_model"]
-            decode = get_tokenizer(base_model).decode
-            sequences = results[0]["sequences"]
-            cut = [translate.cut_at_stop(seq, request.stops, decode) for seq in sequences]
-            results[0] = {**results[0], "sequences": cut}
         return Done(**_answer(request, results))
 
 

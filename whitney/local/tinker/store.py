@@ -26,7 +26,6 @@ CREATE TABLE IF NOT EXISTS requests (
     run_id TEXT NOT NULL,
     seq_ids TEXT NOT NULL,
     body_hash TEXT NOT NULL,
-    stops TEXT NOT NULL,
     UNIQUE (stream, tinker_seq)
 );
 CREATE TABLE IF NOT EXISTS run_seqs (run_id TEXT PRIMARY KEY, next_seq INTEGER NOT NULL);
@@ -46,12 +45,10 @@ class TinkerRequest:
     run_id: str
     seq_ids: tuple[int, ...]
     body_hash: str
-    stops: tuple[str, ...] = ()
-    """A sample's stop strings, applied to its sequences when it is answered."""
 
 
 def _row(row: tuple) -> TinkerRequest:  # type: ignore[type-arg]
-    request_id, tenant, stream, tinker_seq, kind, run_id, seq_ids, body_hash, stops = row
+    request_id, tenant, stream, tinker_seq, kind, run_id, seq_ids, body_hash = row
     return TinkerRequest(
         request_id,
         tenant,
@@ -61,7 +58,6 @@ def _row(row: tuple) -> TinkerRequest:  # type: ignore[type-arg]
         run_id,
         tuple(json.loads(seq_ids)),
         body_hash,
-        tuple(json.loads(stops)),
     )
 
 
@@ -118,7 +114,7 @@ class RequestStore:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             self._db.execute(
-                "INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO requests VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     request.request_id,
                     request.tenant,
@@ -128,7 +124,6 @@ class RequestStore:
                     request.run_id,
                     json.dumps(list(request.seq_ids)),
                     request.body_hash,
-                    json.dumps(list(request.stops)),
                 ),
             )
             self._db.execute(

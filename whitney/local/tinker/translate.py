@@ -6,7 +6,6 @@ engine does not have is named as not served.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 from whitney.errors import InvalidRequest
@@ -16,6 +15,11 @@ TINKER_SCHEME = "tinker://"
 CLIP_KEYS = frozenset({"clip_low_threshold", "clip_high_threshold"})
 """`loss_fn_config` keys the route turns into the per-token tensors of the same names (the
 `tinker` provider's form of the same clip range)."""
+ADVANTAGE_LOSSES = frozenset({"importance_sampling", "ppo", "cispo"})
+"""Losses whose every term is a multiple of the token's advantage (Tinker's have no weights):
+a datum without `weights` is weighted where it carries a sample (`sampled_weights`), which
+leaves the loss and gradient as they are and keeps its unsampled positions out of the metrics
+(`tokens:sum`, `kl_sample_train:mean`, `clip_fraction:mean`)."""
 SESSION_SEPARATOR = "~"
 """A sampling session id is `<run_id>~<sampler_id>`: the run's sampler it samples."""
 
@@ -59,6 +63,9 @@ def forward_payload(request: ForwardBackwardIn) -> tuple[str, dict[str, Any]]:
                 raise refused(field, f"a tensor of shape {tensor.shape} (1-D tensors only)")
             dtype = "float32" if tensor.dtype == 1 else "int64"
             inputs[name] = {"dtype": dtype, "shape": [len(values)], "values": values}
+        weights = sampled_weights(inputs) if request.loss_fn in ADVANTAGE_LOSSES else None
+        if weights is not None:
+            inputs["weights"] = {"dtype": "float32", "shape": [len(weights)], "values": weights}
         for key in CLIP_KEYS & config.keys():  # Tinker's scalar clip: a tensor per token here
             values = [config[key]] * len(datum.tokens)
             inputs[key] = {"dtype": "float32", "shape": [len(values)], "values": values}
@@ -66,6 +73,19 @@ def forward_payload(request: ForwardBackwardIn) -> tuple[str, dict[str, Any]]:
     config = {key: value for key, value in config.items() if key not in CLIP_KEYS}
     payload = {"data": data, "loss_function": request.loss_fn, "loss_config": config}
     return ("forward" if request.forward_only else "forward_backward"), payload
+
+
+def sampled_weights(inputs: dict[str, Any]) -> list[float] | None:
+    """For a datum without `weights`: 1 where a position carries a sampled token (a nonzero
+    advantage or sampler logprob), 0 where both are 0, as at the prompt positions a cookbook
+    RL datum pads (its `mask`, which the cookbook does not send). None with `weights`, or
+    without same-length `advantages` and `logprobs` (the engine names what is wrong)."""
+    if "weights" in inputs or not inputs.keys() >= {"advantages", "logprobs"}:
+        return None
+    advantages, logprobs = inputs["advantages"]["values"], inputs["logprobs"]["values"]
+    if len(advantages) != len(logprobs):
+        return None
+    return [1.0 if a != 0 or q != 0 else 0.0 for a, q in zip(advantages, logprobs, strict=True)]
 
 
 def optimizer(body: dict[str, Any]) -> dict[str, Any]:
@@ -98,11 +118,9 @@ def _prompt_tokens(prompt: Any, field: str) -> list[int]:
     return tokens
 
 
-def sample_payloads(
-    body: dict[str, Any],
-) -> tuple[dict[str, Any], dict[str, Any] | None, tuple[str, ...]]:
-    """A SampleRequest as Whitney's `sample` payload, a `logprobs` one if it asks for prompt
-    logprobs, and its stop strings (applied to the sequences when answered: `cut_at_stop`)."""
+def sample_payloads(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """A SampleRequest as Whitney's `sample` payload (its stop strings honoured as the engine
+    samples), and a `logprobs` one if it asks for prompt logprobs."""
     for field in ("topk_prompt_logprobs", "topk_sample_logprobs", "prompt_alt_tokens_k"):
         if body.get(field):
             raise refused(field, f"{field} (top-k logprobs and alternative tokens)")
@@ -124,14 +142,15 @@ def sample_payloads(
     stop = [stop] if isinstance(stop, str) else list(stop or [])
     if any(not isinstance(s, str) or not s for s in stop) and any(isinstance(s, str) for s in stop):
         raise bad("sampling_params.stop", "expected stop strings or stop token ids, not both")
-    stops = tuple(s for s in stop if isinstance(s, str))
+    strings = [s for s in stop if isinstance(s, str)]
     top_k = params.get("top_k", -1)
     sampling: dict[str, Any] = {
         "max_tokens": params["max_tokens"],
         "temperature": temperature,
         "top_p": params.get("top_p", 1),
         "top_k": None if top_k == -1 else top_k,
-        "stop_token_ids": [] if stops else stop,
+        "stop_token_ids": [] if strings else stop,
+        "stop": strings,
         "seed": params.get("seed"),
     }
     sample = {
@@ -140,21 +159,7 @@ def sample_payloads(
         "sampling_params": sampling,
     }
     logprobs = {"sequences": [{"token_ids": tokens}]} if body.get("prompt_logprobs") else None
-    return sample, logprobs, stops
-
-
-def cut_at_stop(
-    sequence: dict[str, Any], stops: tuple[str, ...], decode: Callable[[list[int]], str]
-) -> dict[str, Any]:
-    """`sequence` ended at the first token whose text completes a stop string (that token
-    kept, `stop_reason` "stop"), as if sampling had stopped there; unchanged without one."""
-    tokens = sequence["tokens"]
-    for end in range(1, len(tokens) + 1):
-        text = decode(tokens[:end])
-        if any(stop in text for stop in stops):
-            logprobs = sequence["logprobs"][:end]
-            return {"tokens": tokens[:end], "logprobs": logprobs, "stop_reason": "stop"}
-    return sequence
+    return sample, logprobs
 
 
 def prompt_logprobs(result: dict[str, Any]) -> list[float | None]:
