@@ -157,7 +157,10 @@ up_workers() {
     if alive "worker-$i" "$(worker_marker "$i")"; then say "worker-$i already running (pid $(pid_of "worker-$i"))"; continue; fi
     # no Whitney URL or key here: the flow runs read the block
     launch "worker-$i" prefect worker start --pool "$pool" --name "stack-worker-$i"
-    say "worker-$i started (pid $(pid_of "worker-$i"))"
+    wait_until "worker-$i" 120 python -c "import httpx, sys
+workers = httpx.post('$PREFECT_API_URL/work_pools/$pool/workers/filter', json={}, timeout=5).json()
+sys.exit(not any(w['name'] == 'stack-worker-$i' and w['status'] == 'ONLINE' for w in workers))"
+    say "worker-$i started (pid $(pid_of "worker-$i"), online)"
   done
 }
 
@@ -166,13 +169,13 @@ stop_part() {  # stop_part NAME MARKER SIGNAL: the signal to its group, then SIG
   if ! alive "$name" "$marker"; then rm -f "$pids/$name.pid"; return; fi
   pid=$(pid_of "$name")
   if [ "$name" = postgres ]; then kill "-$sig" "$pid"; else kill "-$sig" -- "-$pid" 2>/dev/null || kill "-$sig" "$pid"; fi
-  local deadline=$((SECONDS + 30))
+  local began=$SECONDS deadline=$((SECONDS + 30))
   while kill -0 "$pid" 2>/dev/null && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.5; done
   if kill -0 "$pid" 2>/dev/null; then
     kill -KILL -- "-$pid" 2>/dev/null || kill -KILL "$pid" 2>/dev/null || true
   fi
   rm -f "$pids/$name.pid"
-  say "$name stopped (pid $pid)"
+  say "$name stopped (pid $pid, $((SECONDS - began)) s)"
 }
 
 status() {
