@@ -10,7 +10,9 @@ time, once); every flow-run state the API holds delivered as its state event (co
 per hour; the p50/p95 of a cycle's Prefect overhead (from one cycle's start to the next's,
 less the cycle's own `wall_seconds`) and of the API's answers (a probe asks
 `/flow_runs/filter` every 0.5 s); the errors the server logged; the slowest run's wall time
-beside the median (fairness). Progress lines go to stdout and to `--progress`.
+beside the median (fairness); how often the API refused to create a run (a client asks
+again); how long the stack took to start. Progress lines go to stdout and to `--progress`.
+Each seed's run alone is kept in test-artifacts/many-runs/references.json (by its config).
 
     python benchmarks/many_runs.py [--runs 16] [--cycles 10] [--workers 2] [--seeds 4]
         [--databases sqlite postgresql] [--cases undisturbed server-killed]
@@ -106,6 +108,20 @@ def config(seed: int, cycles: int) -> dict[str, Any]:
     return {**SMALL, "seed": seed, "cycles": cycles, "checkpoint_every": 2}
 
 
+def create(stack: Stack, run_config: dict[str, Any], message: str, refusals: Counter[str]) -> str:
+    """Create a deployment run as a client would, asking again for 5 minutes while the API
+    refuses (the harness already asks 5 times a second apart); the refusals counted."""
+    deadline = time.monotonic() + 300
+    while True:
+        try:
+            return start(stack, run_config, {}, message)
+        except HarnessError as error:
+            refusals[str(error).split(": ", 1)[0].rsplit(" ", 1)[-1]] += 1
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(2)
+
+
 def chain(stack: Stack, root: str) -> list[dict[str, Any]]:
     """The flow run and the runs that continue it, in order."""
     runs = [stack.api.flow_run(root)]
@@ -199,11 +215,12 @@ def scenario(
     probe = Probe(stack)
     probe.start()
     began = time.monotonic()
+    refusals: Counter[str] = Counter()
     roots = [
-        start(stack, config(seed, args.cycles), {}, f"many runs: run {index}")
+        create(stack, config(seed, args.cycles), f"many runs: run {index}", refusals)
         for index, seed in enumerate(seeds)
     ]
-    say(f"{len(roots)} runs created in {time.monotonic() - began:.1f} s")
+    say(f"{len(roots)} runs created in {time.monotonic() - began:.1f} s, refusals {refusals}")
     total = args.runs * args.cycles
     killed_at = None
     last_line = 0.0
@@ -250,6 +267,7 @@ def scenario(
     completed = sum(runs[-1]["state_type"] == "COMPLETED" for runs in chains)
     return {
         "runs": args.runs,
+        "creation_refusals": dict(refusals),
         "completed": completed,
         "sha256_equal_alone": matched,
         "continued_runs": sum(len(runs) - 1 for runs in chains),
@@ -287,12 +305,18 @@ def main() -> int:
     progress = Progress(args.progress)
     say = progress.say
     say(f"load average before: {os.getloadavg()}, {os.cpu_count()} CPUs; {vars(args)}")
+    cache = OUT_DIR / "references.json"
+    cached = json.loads(cache.read_text()) if cache.exists() else {}
     references: dict[int, str] = {}
+    for seed in range(args.seed, args.seed + args.seeds):
+        if key := cached.get(json.dumps(config(seed, args.cycles), sort_keys=True)):
+            references[seed] = key
     results: dict[str, dict[str, Any]] = {}
-    for database in args.databases:
-        for case in args.cases:
+    for case in args.cases:
+        for database in args.databases:
             name = f"{database}/{case}"
             say(f"{name}: starting the stack ({args.workers} workers)")
+            stack_began = time.monotonic()
             with (
                 tempfile.TemporaryDirectory() as root,
                 running_stack(
@@ -302,6 +326,7 @@ def main() -> int:
                     workers=args.workers,
                 ) as stack,
             ):
+                stack_start_s = time.monotonic() - stack_began
                 stack.enable_automation(RESUME_TRIGGER, True)
                 for seed in range(args.seed, args.seed + args.seeds):
                     if seed not in references:  # its run alone
@@ -309,11 +334,16 @@ def main() -> int:
                         stack.api.wait_flow_run(flow_run_id, ["COMPLETED"], 1800, stack.evidence)
                         run_id = finished_run(stack, flow_run_id).run_id
                         references[seed] = adapter_sha256(stack, run_id)
+                        cached[json.dumps(config(seed, args.cycles), sort_keys=True)] = references[
+                            seed
+                        ]
+                        cache.write_text(json.dumps(cached, indent=2))
                         say(f"seed {seed} alone: {references[seed][:12]}")
                 try:
                     results[name] = scenario(stack, args, references, case == "server-killed", say)
                 except HarnessError as error:
                     results[name] = {"error": str(error)[:2000]}
+                results[name]["stack_start_s"] = round(stack_start_s, 1)
                 say(f"{name}: {json.dumps(results[name])}")
     say(f"load average after: {os.getloadavg()}")
     (OUT_DIR / "results.json").write_text(json.dumps(results, indent=2))
