@@ -78,8 +78,6 @@ class Soak:
     roots: list[str] = field(default_factory=list)
     kills: list[Kill] = field(default_factory=list)
     flow_pids: set[int] = field(default_factory=set)
-    sweeps: int = 0
-    """The resume sweeps started for a kill whose run no trigger continued in time."""
 
     def say(self, line: str) -> None:
         print(f"[chaos {time.monotonic() - self.started:6.1f} s] {line}", flush=True)
@@ -148,7 +146,6 @@ class Soak:
             by = ""
         except HarnessError:
             self.say(f"no run continues {flow_run_id[:8]} after {TRIGGER_WAIT_S:.0f} s: sweeping")
-            self.sweeps += 1
             sweep = self.stack.api.deployment(*RESUME_SWEEP)
             self.stack.api.create_flow_run_from_deployment(
                 sweep["id"], {"settle_seconds": 0}, "chaos soak: a lost state event"

@@ -94,5 +94,4 @@ def test_three_runs_survive_every_part_of_the_stack_killed_at_random(healing: St
     missed = [path for path in paths if path.delivered and not path.trigger]
     assert not missed, f"the trigger did not decide on a stored state event: {missed}"
     if healing.database == "postgresql":  # nothing lost: the trigger decided every recovery
-        assert soak.sweeps == 0, f"{soak.sweeps} recoveries waited for the sweep: {paths}"
         assert all(path.trigger and not path.sweep for path in paths), paths
