@@ -40,7 +40,7 @@ from typing import Any, TextIO
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tests.e2e.chaos import PARENT_TAG, TERMINAL, flow_runs_since  # noqa: E402
+from tests.e2e.chaos import PARENT_TAG, TERMINAL, flow_runs_since, open_flow_runs  # noqa: E402
 from tests.e2e.conftest import (  # noqa: E402
     PREFECT_SERVER,
     RESUME_TRIGGER,
@@ -243,7 +243,8 @@ def scenario(
             say(f"SIGKILL the Prefect server at {done}/{total} cycles")
             stack.kill(PREFECT_SERVER)
             say(f"Prefect server up again after {stack.restart(PREFECT_SERVER):.1f} s")
-        if all(head["state_type"] in ("COMPLETED", "FAILED", "CANCELLED") for head in heads):
+        ended = all(head["state_type"] in ("COMPLETED", "FAILED", "CANCELLED") for head in heads)
+        if ended and not open_flow_runs(stack, since):  # no resume under way
             break
         time.sleep(2)
     wall_s = time.monotonic() - began
