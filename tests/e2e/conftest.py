@@ -3,7 +3,9 @@ server") sets it up by hand:
 
 - `prefect server start` on 127.0.0.1:<free port>, with a fresh temporary PREFECT_HOME and
   the project's server settings (`flows.cli.prefect_env.SERVER_SETTINGS`, as the guide
-  exports them);
+  exports them); its database SQLite in that home, or, with `WHITNEY_E2E_POSTGRES=1` and
+  always in CI, a PostgreSQL cluster of its own (tests/e2e/postgres.py; "The stack on
+  PostgreSQL" in the guide);
 - the embedded Whitney server (`whitney-flows serve`) on 127.0.0.1:<free port>, with a known
   key (in WHITNEY_LOCAL_API_KEYS) and a temporary data directory;
 - `prefect work-pool create whitney-process --type process`;
@@ -42,6 +44,7 @@ import pytest
 
 from flows.cli.prefect_env import SERVER_SETTINGS
 
+from . import postgres
 from .harness import (
     ARTIFACTS_DIR,
     REPO_ROOT,
@@ -94,6 +97,8 @@ class Stack:
     whitney_data: Path
     fault_dir: Path
     env: dict[str, str]
+    database: str = "sqlite"
+    """The Prefect server's database: "sqlite" or "postgresql"."""
     processes: list[ManagedProcess] = field(default_factory=list)
     orphans: set[int] = field(default_factory=set)
     """Processes a killed worker left running (its flow runs), killed when the stack stops."""
@@ -110,7 +115,8 @@ class Stack:
             process.check_running()
 
     def process(self, name: str) -> ManagedProcess:
-        """The current process of a part of the stack (PREFECT_SERVER, WHITNEY_SERVER, WORKER)."""
+        """The current process of a part of the stack (PREFECT_SERVER, WHITNEY_SERVER, WORKER,
+        and WORKER-2, ... when there are more workers)."""
         (process,) = (each for each in self.processes if each.name == name)
         return process
 
@@ -130,8 +136,8 @@ class Stack:
         return time.monotonic() - started
 
     def up(self, name: str, since: float = 0.0) -> bool:
-        """Whether the part answers: the Prefect API's health, Whitney's capabilities, a
-        worker heartbeat recorded after `since` (epoch seconds)."""
+        """Whether the part answers: the Prefect API's health, Whitney's capabilities, the
+        worker's heartbeat recorded after `since` (epoch seconds)."""
         self.process(name).check_running()
         if name == PREFECT_SERVER:
             return self.api.healthy()
@@ -140,13 +146,14 @@ class Stack:
                 return bool(client.capabilities().providers)
         workers = self.api.post(f"/work_pools/{WORK_POOL}/workers/filter", json={})
         return any(
-            worker.get("status") == "ONLINE"
+            worker["name"] == _worker(name)
+            and worker.get("status") == "ONLINE"
             and datetime.fromisoformat(worker["last_heartbeat_time"]).timestamp() > since
             for worker in workers
         )
 
     def wait_up(self, name: str, since: float = 0.0) -> None:
-        timeout = {PREFECT_SERVER: 180, WHITNEY_SERVER: 90, WORKER: 90}[name]
+        timeout = {PREFECT_SERVER: 180, WHITNEY_SERVER: 90}.get(name, 90)
         wait_for(f"{name} to be up", lambda: self.up(name, since), timeout, evidence=self.evidence)
 
     def pause_deployment(self, flow_name: str, name: str, paused: bool = True) -> None:
@@ -167,6 +174,11 @@ class Stack:
         from whitney.client import WhitneyClient
 
         return WhitneyClient(self.whitney_url, self.whitney_key, max_retry_seconds=10)
+
+
+def _worker(name: str) -> str:
+    """The Prefect worker name of the worker process `name` (WORKER, then WORKER-2, ...)."""
+    return name.replace(WORKER, "e2e-worker", 1)
 
 
 def _child_env(prefect_home: Path, api_url: str, fault_dir: Path) -> dict[str, str]:
@@ -215,10 +227,27 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 
 @contextmanager
-def running_stack(root: Path, log_dir: Path = LOG_DIR) -> Iterator[Stack]:
-    """The stack under `root` (its data) with its logs in `log_dir`, stopped on exit."""
+def running_stack(
+    root: Path, log_dir: Path = LOG_DIR, database: str = "sqlite", workers: int = 1
+) -> Iterator[Stack]:
+    """The stack under `root` (its data) with its logs in `log_dir`, its Prefect server on
+    `database` ("sqlite" or "postgresql") and `workers` workers, stopped on exit."""
     shutil.rmtree(log_dir, ignore_errors=True)
     log_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as resources:
+        server_env: dict[str, str] = {}
+        if database == "postgresql":
+            cluster = resources.enter_context(postgres.running_postgres(log_dir))
+            server_env["PREFECT_API_DATABASE_CONNECTION_URL"] = cluster.url
+        elif database != "sqlite":
+            raise HarnessError(f"database: {database!r} is neither 'sqlite' nor 'postgresql'")
+        yield resources.enter_context(_running_stack(root, log_dir, database, server_env, workers))
+
+
+@contextmanager
+def _running_stack(
+    root: Path, log_dir: Path, database: str, server_env: dict[str, str], workers: int
+) -> Iterator[Stack]:
     prefect_port, whitney_port = free_port(), free_port()
     ui_url = f"http://127.0.0.1:{prefect_port}"
     api = PrefectAPI(f"{ui_url}/api")
@@ -236,6 +265,7 @@ def running_stack(root: Path, log_dir: Path = LOG_DIR) -> Iterator[Stack]:
         whitney_data=root / "whitney-data",
         fault_dir=fault_dir,
         env=env,
+        database=database,
         processes=processes,
     )
     try:
@@ -243,7 +273,7 @@ def running_stack(root: Path, log_dir: Path = LOG_DIR) -> Iterator[Stack]:
             ManagedProcess(
                 PREFECT_SERVER,
                 [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
-                env,
+                {**env, **server_env},
                 log_dir,
             )
         )
@@ -289,16 +319,18 @@ def running_stack(root: Path, log_dir: Path = LOG_DIR) -> Iterator[Stack]:
         stack.enable_automation(EVALUATE_TRIGGER, False)
         stack.enable_automation(RESUME_TRIGGER, False)
         stack.pause_deployment(*RESUME_SWEEP)
-        processes.append(
-            ManagedProcess(
-                WORKER,
-                [prefect, "worker", "start", "--pool", WORK_POOL, "--name", "e2e-worker"],
-                env,
-                log_dir,
-                stop_signals=(signal.SIGINT,),  # a Prefect worker ignores SIGTERM
+        for index in range(1, workers + 1):
+            name = WORKER if index == 1 else f"{WORKER}-{index}"
+            processes.append(
+                ManagedProcess(
+                    name,
+                    [prefect, "worker", "start", "--pool", WORK_POOL, "--name", _worker(name)],
+                    env,
+                    log_dir,
+                    stop_signals=(signal.SIGINT,),  # a Prefect worker ignores SIGTERM
+                )
             )
-        )
-        stack.wait_up(WORKER)
+            stack.wait_up(name)
         yield stack
     finally:
         for process in reversed(processes):  # the worker first, the Prefect server last
@@ -314,8 +346,9 @@ def running_stack(root: Path, log_dir: Path = LOG_DIR) -> Iterator[Stack]:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     # a SIGTERM to pytest (a CI timeout) must still run the teardown that stops the stack
     previous_handler = signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    database = "postgresql" if postgres.wanted() else "sqlite"
     try:
-        with running_stack(tmp_path_factory.mktemp("e2e")) as started:
+        with running_stack(tmp_path_factory.mktemp("e2e"), database=database) as started:
             yield started
     finally:
         signal.signal(signal.SIGTERM, previous_handler)

@@ -73,7 +73,7 @@ def wait_for(
         time.sleep(interval)
 
 
-def _children_of(pid: int) -> list[int]:
+def children_of(pid: int) -> list[int]:
     """Every live descendant of `pid` (from /proc), deepest last."""
     parents: dict[int, list[int]] = {}
     for child, (_, ppid) in process_states().items():
@@ -169,7 +169,7 @@ class ManagedProcess:
 
     def remember_descendants(self) -> None:
         if self.running():
-            self.descendants.update(_children_of(self.pid))
+            self.descendants.update(children_of(self.pid))
 
     def again(self) -> ManagedProcess:
         """The same command started again (same environment, directory and log file)."""

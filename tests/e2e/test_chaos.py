@@ -4,7 +4,8 @@ server each SIGKILLed once at seeded random moments and started again: every run
 the adapter of an undisturbed run, no seq id ran twice, nothing stays open; every continued
 run whose Crashed or Failed state event the server stored was decided by the resume-run
 trigger (the sweep, which the soak starts when no continuation came in 90 s, is the backstop
-for a lost event). It prints the table of kills and the recoveries by path.
+for a lost event); on a PostgreSQL-backed Prefect server (CI), every one, none by the sweep.
+It prints the table of kills and the recoveries by path.
 benchmarks/chaos_soak.py is the longer one.
 """
 
@@ -92,3 +93,5 @@ def test_three_runs_survive_every_part_of_the_stack_killed_at_random(healing: St
     assert all(path.trigger or path.sweep for path in paths), paths
     missed = [path for path in paths if path.delivered and not path.trigger]
     assert not missed, f"the trigger did not decide on a stored state event: {missed}"
+    if healing.database == "postgresql":  # nothing lost: the trigger decided every recovery
+        assert all(path.trigger and not path.sweep for path in paths), paths
