@@ -64,7 +64,13 @@ class TinkerRun:
     again under the same ids, which the Tinker side answers from its record."""
 
     def __init__(
-        self, url: str, service: Any, training: Any, step: int, record: Path | None = None
+        self,
+        url: str,
+        service: Any,
+        training: Any,
+        step: int,
+        record: Path | None = None,
+        sampling: Any | None = None,
     ) -> None:
         self.endpoint = endpoint_of(url)
         self._url = url
@@ -75,7 +81,8 @@ class TinkerRun:
         self.sampler_paths: dict[str, str] = {}  # sampler id -> its Tinker path
         self._service = service
         self._training = training
-        self._sessions: list[Any] = [service]  # closed with the run
+        self._sampling = service if sampling is None else sampling  # opens sampling clients
+        self._sessions: list[Any] = [service] if sampling is None else [service, sampling]
         self._closed = False
         self._record_path = record
         where = tinker_sdk.position(service, training)
@@ -133,9 +140,8 @@ class TinkerRun:
             service = tinker.ServiceClient(base_url=url)
         except Exception as exc:
             raise provider_error(endpoint, exc) from None
-        run = cls(url, old_session, training, step, None)
+        run = cls(url, old_session, training, step, None, sampling=service)
         run._record, run._record_path = saved, record
-        run._sessions.append(service)
         for sampler_id, path in sampler_paths.items():
             run.samplers[sampler_id] = run._wait(service.create_sampling_client(model_path=path))
             run.sampler_paths[sampler_id] = path
@@ -235,7 +241,8 @@ class TinkerRun:
 
     def save_weights_for_sampler(self, sampler_id: str) -> Output:
         saved = self._submit(lambda: self._training.save_weights_for_sampler(sampler_id))
-        self.samplers[sampler_id] = self._wait(self._training.create_sampling_client(saved.path))
+        sampler = self._sampling.create_sampling_client(model_path=saved.path)
+        self.samplers[sampler_id] = self._wait(sampler)
         self.sampler_paths[sampler_id] = saved.path
         return Output({"sampler_id": sampler_id}, {"tokens": 0})
 
