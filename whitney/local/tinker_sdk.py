@@ -1,9 +1,9 @@
 """The one place the forwarding provider reaches past the `tinker` SDK's public API. The SDK
 numbers a training client's requests itself (`seq_id` = request id + 1, counted from 0 by each
 new client) and offers no public way to read that number or to open a client on an existing
-model at a given number; resending an operation under its recorded Tinker seq_id (after a
-broker restart, or a retry once the SDK gave up) needs both. Pinned to the SDK version below
-by tests/tinker/test_provider_sdk_adapter.py, which fails when the SDK changes them.
+model at a given number; resending an operation under its recorded Tinker seq_id after a
+broker restart needs both. Pinned to the SDK version below by
+tests/tinker/test_provider_sdk_adapter.py, which fails when the SDK changes them.
 """
 
 from __future__ import annotations
