@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from prefect.blocks.core import Block
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 
 from whitney import wire
 from whitney.client import API_KEY_ENV, WhitneyClient
@@ -115,10 +115,24 @@ with credentials.get_client() as client:
         '{"sample": 0.0002, "forward_backward": 0.0006}; used to estimate a run\'s cost',
     )
 
-    @field_validator("base_url")
+    tinker_base_url: str | None = Field(
+        default=None,
+        title="Tinker base URL",
+        description="Optional: the Tinker endpoint (Tinker's URL or a Tinker-compatible server) "
+        "that `whitney-flows serve --tinker-block NAME` forwards provider tinker runs to",
+        pattern=r"^https?://\S+$",
+    )
+    tinker_api_key: SecretStr | None = Field(
+        default=None,
+        title="Tinker API key",
+        description="Optional: the Tinker API key of that endpoint; stored encrypted, shown as "
+        "********** everywhere, given to the server in its environment only",
+    )
+
+    @field_validator("base_url", "tinker_base_url")
     @classmethod
-    def _strip_slash(cls, value: str) -> str:
-        return value.rstrip("/")
+    def _strip_slash(cls, value: str | None) -> str | None:
+        return None if value is None else value.rstrip("/")
 
     @field_validator("api_key")
     @classmethod
@@ -126,6 +140,12 @@ with credentials.get_client() as client:
         if not value.get_secret_value().strip():
             raise ValueError("api_key must not be empty")
         return value
+
+    @model_validator(mode="after")
+    def _tinker_key_needs_url(self) -> WhitneyCredentials:
+        if self.tinker_api_key is not None and self.tinker_base_url is None:
+            raise ValueError("tinker_api_key: give tinker_base_url too (the endpoint it is for)")
+        return self
 
     @field_validator("price_table")
     @classmethod

@@ -13,6 +13,7 @@
     whitney-flows sweep CONFIG [--block NAME]             (flows.cli.sweep)
     whitney-flows models import FILE.gguf | pull NAME | list   (flows.cli.models)
     whitney-flows serve [--port P] [--api-key KEY] [--capture FILE] ...
+    whitney-flows serve --tinker-block NAME ...          (flows.cli.tinker_block)
     whitney-flows chat MODEL [--api-url URL] [--system TEXT]   (flows.cli.chat)
 
 `serve` goes straight to `whitney.local.cli.main` without importing Prefect (fast start), and
@@ -28,6 +29,7 @@ import importlib
 import os
 import sys
 
+from flows.cli import tinker_block
 from flows.cli.chat import run_chat
 from flows.cli.commands import run_inspection
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_CLOSED_PIPE
@@ -57,6 +59,12 @@ def run_command(arguments: list[str]) -> int:
     if arguments[:1] == ["serve"]:
         from whitney.local.cli import main as serve
 
+        if tinker_block.names_block(arguments):  # the only serve that imports Prefect
+            try:
+                arguments = tinker_block.tinker_serve_arguments(arguments)
+            except ConfigError as error:
+                print(f"whitney-flows serve: {error}", file=sys.stderr)
+                return EXIT_BAD_CONFIG
         return serve(arguments[1:])
     options = build_parser().parse_args(arguments)
     if options.command in ("inspect", "runs"):

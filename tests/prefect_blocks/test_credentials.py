@@ -53,7 +53,7 @@ def test_the_key_never_shows_in_repr_dumps_or_the_schema_form():
         assert KEY not in text
     assert block.api_key.get_secret_value() == KEY
     schema = WhitneyCredentials.model_json_schema()
-    assert schema["secret_fields"] == ["api_key"]
+    assert schema["secret_fields"] == ["api_key", "tinker_api_key"]
     assert schema["properties"]["api_key"]["format"] == "password"
     assert schema["block_type_slug"] == "whitney-credentials"
     described = [name for name, prop in schema["properties"].items() if prop.get("description")]
@@ -121,8 +121,10 @@ def test_an_endpoint_from_a_block_keeps_everything_but_shows_no_key(monkeypatch)
     assert (connection.max_attempts, connection.backoff_max_s) == (3, 2.5)
     assert flow_cost_model(None, "prod").cost({"sample": {"tokens": 1000}}) == 1.0
     # every field of the block reaches the flow run's connection, but the price table (the
-    # cost model's, above): a field the connection lacked would be one no run uses
-    assert set(WhitneyCredentials.model_fields) - {"price_table"} == set(connection.model_dump())
+    # cost model's, above) and the Tinker endpoint (the server's, `serve --tinker-block`): a
+    # field the connection lacked would be one no run uses
+    not_the_runs = {"price_table", "tinker_base_url", "tinker_api_key"}
+    assert set(WhitneyCredentials.model_fields) - not_the_runs == set(connection.model_dump())
     assert connection.model_dump(exclude={"api_key"}) == {
         name: getattr(block, name) for name in connection.model_dump(exclude={"api_key"})
     }

@@ -25,6 +25,7 @@ from whitney.errors import (
     Unavailable,
     WhitneyError,
 )
+from whitney.local import tinker_sdk
 from whitney.local.tinker_endpoint import (
     archive,
     clip_config,
@@ -42,6 +43,8 @@ POLL_S = 0.25
 """How often a wait on a Tinker future looks at the run's interrupt (cancel)."""
 RECORDED_CALLS = 4
 """How many of the latest training operations' request ids the record keeps (one runs)."""
+POSITION_KEYS = ("session_id", "model_id", "model_seq_id", "next_request_id")
+"""The record's keys that say where the run's training client is (`tinker_sdk.Position`)."""
 POINTER = "tinker.json"
 """The file a forwarded `save_state` writes in the checkpoint directory: the Tinker path."""
 
@@ -61,7 +64,13 @@ class TinkerRun:
     again under the same ids, which the Tinker side answers from its record."""
 
     def __init__(
-        self, url: str, service: Any, training: Any, step: int, record: Path | None = None
+        self,
+        url: str,
+        service: Any,
+        training: Any,
+        step: int,
+        record: Path | None = None,
+        sampling: Any | None = None,
     ) -> None:
         self.endpoint = endpoint_of(url)
         self._url = url
@@ -72,17 +81,13 @@ class TinkerRun:
         self.sampler_paths: dict[str, str] = {}  # sampler id -> its Tinker path
         self._service = service
         self._training = training
-        self._sessions: list[Any] = [service]  # closed with the run
+        self._sampling = service if sampling is None else sampling  # opens sampling clients
+        self._sessions: list[Any] = [service] if sampling is None else [service, sampling]
         self._closed = False
         self._record_path = record
-        self._record: dict[str, Any] = {
-            "endpoint": self.endpoint,
-            "session_id": getattr(service.holder, "_session_id", None),
-            "model_id": self.model_id,
-            "model_seq_id": getattr(training, "_training_client_id", 0),
-            "next": 0,
-            "calls": {},
-        }
+        where = tinker_sdk.position(service, training)
+        self._record: dict[str, Any] = {"endpoint": self.endpoint, **where.as_record()}
+        self._record["calls"] = {}
         self._save_record()
 
     def _save_record(self) -> None:
@@ -96,52 +101,47 @@ class TinkerRun:
     def _submit(self, submit: Any) -> Any:
         """A training client call, under the request ids recorded for this seq_id if it was
         sent before a restart (else recorded now, before waiting); its answer."""
-        training, seq = self._training, self.seq_id
-        calls = self._record["calls"]
+        seq, calls = self.seq_id, self._record["calls"]
         start = calls.get(str(seq))
-        if start is not None:  # sent before the broker restarted: the same Tinker seq ids
-            training._request_id_counter = training._turn_counter = start
-        elif seq is not None:
-            calls[str(seq)] = training._request_id_counter
+        if start is not None and start != self._record["next_request_id"]:
+            self._reopen(start)  # sent before the broker restarted: the same Tinker seq ids
+        elif start is None and seq is not None:
+            calls[str(seq)] = self._record["next_request_id"]
             for old in sorted(calls, key=int)[:-RECORDED_CALLS]:
                 del calls[old]
             self._save_record()
         value = self._wait(submit())
-        self._record["next"] = training._request_id_counter
+        self._record["next_request_id"] = tinker_sdk.position(
+            self._service, self._training
+        ).next_request_id
         self._save_record()
         return value
+
+    def _reopen(self, request_id: int) -> None:
+        """The training client again, its next request under `request_id`."""
+        where = tinker_sdk.Position(**{k: self._record[k] for k in POSITION_KEYS})
+        try:
+            self._training, _ = tinker_sdk.client_at(self._url, where.at(request_id), self._service)
+        except Exception as exc:
+            raise provider_error(self.endpoint, exc) from None
 
     @classmethod
     def reconnect(cls, record: Path, *, step: int, sampler_paths: dict[str, str]) -> TinkerRun:
         """The run's Tinker model again after a broker restart: its training client on the
         model's session (kept alive again), a new session for its sampling clients."""
         import tinker
-        from tinker.lib.internal_client_holder import InternalClientHolder
-        from tinker.lib.public_interfaces.training_client import (
-            TrainingClient,
-            fetch_training_info,
-        )
 
         saved = json.loads(record.read_text())
         url = endpoint = saved["endpoint"]
         reach(url, endpoint)
+        where = tinker_sdk.Position(**{key: saved[key] for key in POSITION_KEYS})
         try:
-            holder = InternalClientHolder(session_id=saved["session_id"], base_url=url)
-            info = holder.run_coroutine_threadsafe(
-                fetch_training_info(holder, saved["model_id"])
-            ).result(CONNECT_TIMEOUT_S)
-            training = TrainingClient(
-                holder, model_seq_id=saved["model_seq_id"], model_id=saved["model_id"], info=info
-            )
-            training._request_id_counter = training._turn_counter = saved["next"]
+            training, old_session = tinker_sdk.client_at(url, where)
             service = tinker.ServiceClient(base_url=url)
         except Exception as exc:
             raise provider_error(endpoint, exc) from None
-        old_session = tinker.ServiceClient(base_url=url)
-        old_session._session_holder = holder  # closing it ends the model's session
-        run = cls(url, service, training, step, None)
+        run = cls(url, old_session, training, step, None, sampling=service)
         run._record, run._record_path = saved, record
-        run._sessions.append(old_session)
         for sampler_id, path in sampler_paths.items():
             run.samplers[sampler_id] = run._wait(service.create_sampling_client(model_path=path))
             run.sampler_paths[sampler_id] = path
@@ -241,7 +241,8 @@ class TinkerRun:
 
     def save_weights_for_sampler(self, sampler_id: str) -> Output:
         saved = self._submit(lambda: self._training.save_weights_for_sampler(sampler_id))
-        self.samplers[sampler_id] = self._wait(self._training.create_sampling_client(saved.path))
+        sampler = self._sampling.create_sampling_client(model_path=saved.path)
+        self.samplers[sampler_id] = self._wait(sampler)
         self.sampler_paths[sampler_id] = saved.path
         return Output({"sampler_id": sampler_id}, {"tokens": 0})
 

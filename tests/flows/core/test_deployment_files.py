@@ -26,6 +26,8 @@ from prefect.settings.models.flows import FlowsSettings
 from prefect.states import Completed, Running
 from pydantic import BaseModel, RootModel
 
+from flows.rl.config import RLConfig
+
 ROOT = Path(__file__).resolve().parents[3]
 DEPLOYMENTS = ROOT / "deployments" / "prefect.yaml"
 AUTOMATIONS = ROOT / "deployments" / "automations.yaml"
@@ -80,6 +82,7 @@ def test_every_deployment_validates_and_its_entrypoint_takes_its_parameters() ->
     deployments = {deployment["name"]: deployment for deployment in data["deployments"]}
     assert list(deployments) == [
         "rl-on-demand",
+        "rl-on-tinker",
         "sft-nightly",
         "distill-on-demand",
         "dpo-on-demand",
@@ -93,6 +96,13 @@ def test_every_deployment_validates_and_its_entrypoint_takes_its_parameters() ->
     for deployment in deployments.values():
         entrypoint = load_flow_from_entrypoint(str(ROOT / deployment["entrypoint"]))
         assert set(deployment["parameters"]) <= set(entrypoint.parameters.properties)
+    tinker = deployments["rl-on-tinker"]
+    assert tinker["entrypoint"] == deployments["rl-on-demand"]["entrypoint"]
+    assert tinker["parameters"] == {
+        "whitney_block": "whitney-tinker",
+        "config": {"provider": "tinker"},
+    }
+    RLConfig.model_validate(tinker["parameters"]["config"])  # the rest defaults
     reaper = deployments["reap-every-15-minutes"]
     assert reaper["entrypoint"] == "flows/reap/flow.py:reap_orphaned_sessions"
     assert reaper["parameters"] == {"whitney_block": "whitney", "apply": True}

@@ -1,0 +1,94 @@
+"""A broker SIGKILLed while a `save_weights_for_sampler`, an `export_lora` or a `sample` waits
+on Tinker (killed once the front has it; the front answers 1.5 s late), then restarted: the
+operation is sent again under its recorded Tinker ids, which the front answers from its
+record. Each of the front's operations ran once, and the results are those of the same run
+emulated on the CPU engine."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.local.served import served
+from tests.tinker.steps import BASE_MODEL, KEYS, RANK, SEED, sdk_key
+from tests.tinker.test_provider_faults import front_operations
+from tests.tinker.test_tinker_provider import SAMPLE_REQUEST, front_runs, tinker_key, train
+from whitney import WhitneyClient
+
+
+def killed_op(client: WhitneyClient, run_id: str, kind: str) -> dict[str, Any]:
+    """The operation the kill interrupts (sampler `one` published before it)."""
+    if kind == "sample":  # the sampler's first: resent under request id 0 of a new client,
+        # which this front answers from its record (it names a sampling session by its path)
+        return client.sampler_operation(run_id, "one", "sample", SAMPLE_REQUEST)
+    if kind == "save_weights_for_sampler":
+        return client.run_operation(run_id, kind, {"name": "two"})
+    return client.run_operation(run_id, kind, {})
+
+
+def result_of(result: dict[str, Any]) -> dict[str, Any]:
+    """An operation's result without the id of the artifact (each server names its own)."""
+    return {key: value for key, value in result.items() if key != "artifact_id"}
+
+
+def after(client: WhitneyClient, run_id: str, kind: str) -> list[Any]:
+    """What the run gives once the interrupted operation is done: a sample of the sampler it
+    published, and the adapter."""
+    sampler = "two" if kind == "save_weights_for_sampler" else "one"
+    sampled = client.sampler_operation(run_id, sampler, "sample", SAMPLE_REQUEST)
+    return [sampled, client.run_operation(run_id, "export_lora", {})["sha256"]]
+
+
+@pytest.mark.parametrize("kind", ["save_weights_for_sampler", "export_lora", "sample"])
+def test_a_broker_killed_mid_operation_sends_it_once(tmp_path: Path, kind: str) -> None:
+    (tmp_path / "front").mkdir()
+    (tmp_path / "broker").mkdir()
+    with (
+        served(tmp_path / "front", "--latency-ms", "1500", keys=KEYS) as front,
+        tinker_key(sdk_key(0)),
+        served(tmp_path / "broker", "--tinker-url", front.url, keys=KEYS) as broker,
+    ):
+        with WhitneyClient(broker.url, KEYS[0]) as client:
+            session = client.open_session().session_id
+            run = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED)
+            run_id = run.run_id
+            train(client, run_id, 1)
+            client.run_operation(run_id, "save_weights_for_sampler", {"name": "one"})
+            killed_seq = len(list(client.iter_journal(run_id))) + 1
+
+        def send() -> None:  # its answer is lost with the broker; read again below
+            with contextlib.suppress(Exception), WhitneyClient(broker.url, KEYS[0]) as client:
+                killed_op(client, run_id, kind)
+
+        model_id = front_runs(front)[0]["run_id"]
+        caller = threading.Thread(target=send, daemon=True)
+        caller.start()
+        deadline = time.monotonic() + 60
+        while len(front_operations(front, model_id)) < 4 and time.monotonic() < deadline:
+            time.sleep(0.02)  # until the front has it; its answer comes 1.5 s later
+        broker.kill()
+        assert [k for k, _ in front_operations(front, model_id)][3:] == [kind]
+        broker.restart()
+        with WhitneyClient(broker.url, KEYS[0]) as client:
+            resent = client.get_operation(run_id, killed_seq, wait_s=60)
+            assert (resent.kind, resent.status) == (kind, "succeeded"), resent.error
+            forwarded = [result_of(resent.result), *after(client, run_id, kind)]
+        with WhitneyClient(front.url, KEYS[0]) as client:
+            session = client.open_session().session_id
+            emulated = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED)
+            train(client, emulated.run_id, 1)
+            client.run_operation(emulated.run_id, "save_weights_for_sampler", {"name": "one"})
+            expected = [
+                result_of(killed_op(client, emulated.run_id, kind)),
+                *after(client, emulated.run_id, kind),
+            ]
+        done = front_operations(front, model_id)
+    assert forwarded == expected
+    first = ["forward_backward", "optim_step", "save_weights_for_sampler"]
+    assert [k for k, _ in done] == [*first, kind, "sample", "export_lora"]
+    assert all(executions == 1 for _, executions in done), done
