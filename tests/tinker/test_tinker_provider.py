@@ -25,6 +25,7 @@ from tests.tinker.steps import (
     ADAM,
     BASE_MODEL,
     KEYS,
+    PROMPT,
     RANK,
     SEED,
     adapter_sha256,
@@ -35,6 +36,8 @@ from tests.tinker.steps import (
     whitney_datum,
 )
 from whitney import WhitneyClient
+from whitney.errors import WhitneyError
+from whitney.tokenizers import get_tokenizer
 
 
 @contextmanager
@@ -280,3 +283,61 @@ def test_a_bad_tinker_url_stops_serve_in_one_line(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines() == [
         "whitney-flows serve: --tinker-url: expected an http(s) URL, got 'ftp://tinker.example'"
     ]
+
+
+def stopped_samples(base_url: str, stop: list[str]) -> tuple[list[dict], list[dict]]:
+    """A fresh run's sampler sampled twice with the same seed, 12 tokens: without and with the
+    stop strings `stop`; the sequences of each."""
+    request = {
+        "prompt": {"token_ids": PROMPT},
+        "num_samples": 2,
+        "sampling_params": {"max_tokens": 12, "seed": 11, "temperature": 1.0},
+    }
+    with WhitneyClient(base_url, KEYS[0]) as client:
+        session = client.open_session().session_id
+        run = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED).run_id
+        sampler = client.run_operation(run, "save_weights_for_sampler", {})["sampler_id"]
+        free = client.sampler_operation(run, sampler, "sample", request)["sequences"]
+        request["sampling_params"] |= {"stop": stop}
+        stopped = client.sampler_operation(run, sampler, "sample", request)["sequences"]
+    return free, stopped
+
+
+def test_stop_strings_end_a_forwarded_sample_where_the_cpu_engine_ends_it(
+    server: ServedWhitney, broker: ServedWhitney
+) -> None:
+    decode = get_tokenizer(BASE_MODEL).decode
+    free, _ = stopped_samples(server.url, [])
+    # a stop string the first sample completes at its fourth token (and not before)
+    first = free[0]["tokens"]
+    stop = decode(first[:4])[len(decode(first[:3])) :] or decode(first[:4])
+    forwarded_free, forwarded = stopped_samples(broker.url, [stop])
+    emulated_free, emulated = stopped_samples(server.url, [stop])
+    assert forwarded_free == emulated_free == free
+    assert forwarded == emulated
+    for unstopped, sequence in zip(free, forwarded, strict=True):
+        tokens = unstopped["tokens"]
+        end = next(
+            (n for n in range(1, len(tokens) + 1) if stop in decode(tokens[:n])), len(tokens)
+        )
+        assert sequence["tokens"] == tokens[:end]  # the stopping token kept, none drawn after
+        assert sequence["stop_reason"] == ("stop" if stop in decode(tokens[:end]) else "length")
+    assert forwarded[0]["stop_reason"] == "stop" and len(forwarded[0]["tokens"]) <= 4
+
+
+def test_stop_strings_and_stop_token_ids_together_are_refused_naming_the_field(
+    broker: ServedWhitney,
+) -> None:
+    request = {
+        "prompt": {"token_ids": PROMPT},
+        "num_samples": 1,
+        "sampling_params": {"max_tokens": 4, "stop": ["x"], "stop_token_ids": [7]},
+    }
+    with WhitneyClient(broker.url, KEYS[0]) as client:
+        session = client.open_session().session_id
+        run = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED).run_id
+        sampler = client.run_operation(run, "save_weights_for_sampler", {})["sampler_id"]
+        with pytest.raises(WhitneyError) as refused:
+            client.sampler_operation(run, sampler, "sample", request)
+    assert "sampling_params" in str(refused.value)
+    assert "stop_token_ids" in str(refused.value)

@@ -47,6 +47,9 @@ POSITION_KEYS = ("session_id", "model_id", "model_seq_id", "next_request_id")
 """The record's keys that say where the run's training client is (`tinker_sdk.Position`)."""
 POINTER = "tinker.json"
 """The file a forwarded `save_state` writes in the checkpoint directory: the Tinker path."""
+BOTH_STOPS = object()
+"""In place of a request's Tinker future: it names stop strings and stop token ids, which one
+Tinker `SamplingParams.stop` cannot hold together."""
 
 
 class Output:
@@ -258,26 +261,34 @@ class TinkerRun:
         return self.samplers[sampler_id]
 
     def sample(
-        self, sampler_id: str, requests: list[dict], default_seeds: list[int]
+        self,
+        sampler_id: str,
+        requests: list[dict],
+        default_seeds: list[int],
+        watch: Any = None,
     ) -> list[Output | WhitneyError]:
         """One Tinker `sample` per request, each with its seed (the run's default where it
-        names none, as on the engine)."""
+        names none, as on the engine). Stop strings go to Tinker, which honours them as it
+        samples, so the engine's `watch` for them is not needed here."""
         from tinker import types
 
         sampler = self._sampler(sampler_id)
-        futures = []
+        futures: list[tuple[list[int], Any]] = []
         for request, seed in zip(requests, default_seeds, strict=True):
             parsed = wire.SampleRequest.model_validate(request)
             params = parsed.sampling_params
+            prompt = tokens(request["prompt"])
+            if params.stop and params.stop_token_ids:
+                futures.append((prompt, BOTH_STOPS))
+                continue
             sampling = types.SamplingParams(
                 max_tokens=params.max_tokens,
                 temperature=params.temperature,
                 top_p=params.top_p,
                 top_k=-1 if params.top_k is None else params.top_k,
-                stop=list(params.stop_token_ids) or None,
+                stop=list(params.stop) or list(params.stop_token_ids) or None,
                 seed=seed if params.seed is None else params.seed,
             )
-            prompt = tokens(request["prompt"])
             futures.append(
                 (
                     prompt,
@@ -288,6 +299,14 @@ class TinkerRun:
             )
         outputs: list[Output | WhitneyError] = []
         for prompt, future in futures:
+            if future is BOTH_STOPS:
+                outputs.append(
+                    InvalidRequest(
+                        "sampling_params: Tinker takes stop strings or stop_token_ids, not both",
+                        details={"field": "sampling_params.stop"},
+                    )
+                )
+                continue
             answer = self._wait(future)
             sequences = [
                 {
