@@ -19,6 +19,7 @@ from rich.table import Table
 
 from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
+from flows.cli.settings import apply_settings
 from flows.cli.terminal import CycleProgress, add_weights_rows, result_table
 from flows.core.budget import check_budget
 from flows.core.config import settings_with_overrides, validated
@@ -34,7 +35,8 @@ PROG = "whitney-flows run distill"
 
 
 def distill_config_from(options: argparse.Namespace) -> DistillationConfig:
-    """The config file (if any) with the command-line options on top; ConfigError if bad.
+    """The config file (if any), the command-line options on top, then each `--set`;
+    ConfigError if bad.
 
     No teacher in either (`--teacher-checkpoint`, or `teacher_checkpoint` / `teacher_sft` in
     the file) means the demo's: an SFT teacher on the built-in corpus, unless `--teacher base`.
@@ -65,7 +67,7 @@ def distill_config_from(options: argparse.Namespace) -> DistillationConfig:
         data["teacher_sft"] = sft
     elif options.teacher == "base":
         data.pop("teacher_sft", None)
-    return validated(DistillationConfig, data)
+    return validated(DistillationConfig, apply_settings(DistillationConfig, data, options.set))
 
 
 def checked_config(options: argparse.Namespace) -> DistillationConfig:

@@ -62,7 +62,7 @@ def test_fork_takes_every_flow_and_checks_against_its_config(
     error = capsys.readouterr().err
     assert (code, error) == (
         2,
-        f"{PROG}: --set no_such: the {flow.command} config has no such field\n",
+        f"{PROG}: --set no_such: {flow.config.__name__} has no such field (every field: --help)\n",
     )
     others = [other.config.model_fields for other in TRAINING_FLOWS if other is not flow]
     own = set(flow.config.model_fields).difference(*others)
