@@ -10,7 +10,7 @@
     whitney-flows export --verify DIR                     (flows.core.manifest)
     whitney-flows fork PARENT --cycle K [--set F=V ...]   (flows.cli.fork)
     whitney-flows reap [--apply] [--json]                 (flows.cli.reap)
-    whitney-flows sweep CONFIG [--block NAME]             (flows.cli.sweep)
+    whitney-flows sweep CONFIG [--block NAME] [--set F=V ...]  (flows.cli.sweep)
     whitney-flows models import FILE.gguf | pull NAME | list   (flows.cli.models)
     whitney-flows serve [--port P] [--api-key KEY] [--capture FILE] ...
     whitney-flows chat MODEL [--api-url URL] [--system TEXT]   (flows.cli.chat)

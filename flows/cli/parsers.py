@@ -405,7 +405,7 @@ def add_reap_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def add_sweep_parser(commands: argparse._SubParsersAction) -> None:
-    """`sweep CONFIG [--block NAME]` (flows.cli.sweep)."""
+    """`sweep CONFIG [--block NAME] [--set FIELD=VALUE ...]` (flows.cli.sweep)."""
     command = commands.add_parser(
         "sweep",
         help="search a flow's config: trials on the work pool, at most K at once, halved on "
@@ -420,6 +420,7 @@ def add_sweep_parser(commands: argparse._SubParsersAction) -> None:
         help="the WhitneyCredentials block of the trials and the sweep (default: each "
         "trial deployment's own; the sweep: $WHITNEY_API_URL)",
     )
+    add_set_option(command, "any setting of SweepConfig (docs/config.md)")
 
 
 def add_models_parser(commands: argparse._SubParsersAction) -> None:
