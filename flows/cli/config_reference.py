@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from flows.catalogue import TRAINING_FLOWS
 from flows.cli.exit_codes import EXIT_OK
 from flows.cli.settings import default_text, settable_fields, type_text
+from flows.core.evaluation.config import EvalSettings
 from flows.sweep.config import SweepConfig
 
 HEADER = """# Config reference
@@ -24,6 +25,25 @@ deployment's run form in the Prefect UI, and `whitney-flows run FLOW --set FIELD
 command line (VALUE as JSON, else text; repeatable; `run FLOW --help` lists them too). An old
 name of a renamed field still works, with one deprecation line.
 """
+
+
+OTHER_CONFIGS: tuple[tuple[str, type[BaseModel], str], ...] = (
+    (
+        "`sweep`",
+        SweepConfig,
+        "A sweep's own config file ([Sweeps](sweeps.md)); its trials' settings are the fields "
+        "of their flow above.",
+    ),
+    (
+        "evaluation settings",
+        EvalSettings,
+        "What an evaluation samples and scores: the `evaluation` of the evaluate-checkpoint "
+        "and promote-checkpoint deployments, and of every `whitney.checkpoint.saved` event "
+        "(each training flow derives it from its config; [Evaluate, promote and "
+        "watch](evaluation.md)).",
+    ),
+)
+"""The other configs, with a line each."""
 
 
 def cell(text: str) -> str:
@@ -63,15 +83,10 @@ def reference_markdown() -> str:
         ]
         if getattr(flow.config, "RENAMED", None):
             lines += [*renamed_lines(flow.config), ""]
-    lines += [
-        "## `sweep`: SweepConfig",
-        "",
-        "A sweep's own config file ([Sweeps](sweeps.md)); its trials' settings are the fields "
-        "of their flow above.",
-        "",
-        *model_table(SweepConfig),
-        "",
-    ]
+    for title, model, text in OTHER_CONFIGS:
+        lines += [f"## {title}: {model.__name__}", "", text, "", *model_table(model), ""]
+        if getattr(model, "RENAMED", None):
+            lines += [*renamed_lines(model), ""]
     return "\n".join(lines)
 
 

@@ -43,7 +43,8 @@ from flows.cli.parsers import build_parser
 from flows.cli.prefect_env import set_prefect_env_defaults
 from flows.cli.reap import run_reap
 from flows.cli.sweep import run_sweep
-from flows.core.config import ConfigError, RenamedSetting
+from flows.core.config import ConfigError
+from flows.core.renames import RenamedSetting
 
 
 def main(argv: list[str] | None = None) -> int:

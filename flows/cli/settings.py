@@ -20,7 +20,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
 
-from flows.core.config import ConfigError, warn_renamed
+from flows.core.config import ConfigError
+from flows.core.renames import warn_renamed
 
 
 @dataclass(frozen=True)

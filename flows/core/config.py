@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import json
 import tomllib
-import warnings
 from pathlib import Path
-from typing import Annotated, Any, ClassVar, TypeVar
+from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flows.core.cost import Budget, PriceTable
 from flows.core.evaluation.config import EvalSettings
+from flows.core.renames import RenamedFields
 from flows.core.stall_windows import StallSettings
 from flows.core.tracking.config import TrackingSettings
 from whitney.renderers import RendererName
@@ -92,22 +92,10 @@ class ConfigError(ValueError):
         self.message = message
 
 
-class RenamedSetting(FutureWarning):
-    """An old name of a renamed config field, taken as its new name (one line on the CLI)."""
-
-
-def warn_renamed(old: str, new: str) -> None:
-    """The deprecation line of a setting given by its old name."""
-    warnings.warn(f"{old} is deprecated: it is now {new}", RenamedSetting, stacklevel=3)
-
-
-class FlowConfig(BaseModel):
+class FlowConfig(RenamedFields):
     """What every Whitney training flow shares: where, on what, and how it retries and cleans up."""
 
     model_config = ConfigDict(extra="forbid")
-    RENAMED: ClassVar[dict[str, str]] = {}
-    """Old field name -> new: a config file, a stored parameter or `--set` may still say the
-    old one (with a deprecation line)."""
 
     api_url: str | None = Field(
         default=None,
@@ -178,21 +166,6 @@ class FlowConfig(BaseModel):
         description="Experiment trackers (MLflow, TensorBoard, Weights & Biases) the run's "
         "params, per-cycle metrics, evaluations, learning curves and exported adapter go to",
     )
-
-    @model_validator(mode="before")
-    @classmethod
-    def renamed_fields(cls, data: Any) -> Any:
-        """`data` with the old names of renamed fields (RENAMED) replaced by the new."""
-        if not isinstance(data, dict) or not cls.RENAMED.keys() & data.keys():
-            return data
-        data = dict(data)
-        for old, new in cls.RENAMED.items():
-            if old in data:
-                if new in data:
-                    raise ValueError(f"{old} is the old name of {new}: give only {new}")
-                warn_renamed(old, new)
-                data[new] = data.pop(old)
-        return data
 
     def eval_settings(self) -> EvalSettings | None:
         """What an evaluation of this flow's checkpoints samples (None: nothing to evaluate);

@@ -167,7 +167,7 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
         return EvalSettings(
             **source,
             eval_fraction=self.eval_fraction or EvalSettings().eval_fraction,
-            samples=self.group_size,
+            group_size=self.group_size,
             max_tokens=self.max_tokens,
             temperature=1.0,
             seed=self.seed,

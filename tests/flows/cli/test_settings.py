@@ -20,7 +20,9 @@ from flows.cli.config_reference import reference_markdown
 from flows.cli.main import main
 from flows.cli.parsers import build_parser
 from flows.cli.settings import Setting, apply_settings, settable_fields
-from flows.core.config import ConfigError, RenamedSetting, validated
+from flows.core.config import ConfigError, validated
+from flows.core.evaluation.config import EvalSettings
+from flows.core.renames import RenamedSetting
 from flows.distill.config import DistillationConfig
 from flows.rl.config import RLConfig
 
@@ -213,6 +215,15 @@ def test_the_old_name_of_a_renamed_field_works_with_one_deprecation_line(
         assert isinstance(config, DistillationConfig) and config.group_size == 2
         config = config_of("distill", "--set", "samples_per_prompt=5")
         assert isinstance(config, DistillationConfig) and config.group_size == 5
+
+
+def test_an_old_event_or_parameter_with_the_evaluations_old_name_still_loads() -> None:
+    """The evaluation's k was `samples`: a `whitney.checkpoint.saved` event or an
+    evaluate-checkpoint parameter stored before the rename still validates."""
+    with pytest.warns(RenamedSetting, match="^samples is deprecated: it is now group_size$"):
+        settings = EvalSettings.model_validate({"env": "digits", "samples": 3})
+    assert settings == EvalSettings(env="digits", group_size=3)
+    assert RLConfig(group_size=5).eval_settings().group_size == 5
 
 
 def test_fork_set_uses_the_same_names_and_hints(capsys: pytest.CaptureFixture[str]) -> None:
