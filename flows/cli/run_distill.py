@@ -35,11 +35,12 @@ PROG = "whitney-flows run distill"
 
 
 def distill_config_from(options: argparse.Namespace) -> DistillationConfig:
-    """The config file (if any), the command-line options on top, then each `--set`;
+    """The config file (if any), the command-line options and each `--set` on top;
     ConfigError if bad.
 
-    No teacher in either (`--teacher-checkpoint`, or `teacher_checkpoint` / `teacher_sft` in
-    the file) means the demo's: an SFT teacher on the built-in corpus, unless `--teacher base`.
+    No teacher in any (`--teacher-checkpoint`, or `teacher_checkpoint` / `teacher_sft` in the
+    file or a `--set`) means the demo's: an SFT teacher on the built-in corpus, unless
+    `--teacher base`.
     """
     overrides = {
         **shared_overrides(options),
@@ -49,7 +50,9 @@ def distill_config_from(options: argparse.Namespace) -> DistillationConfig:
         "task_runner": options.task_runner,
         "max_staleness": options.max_staleness,
     }
-    data = settings_with_overrides(options.config, overrides)
+    data = apply_settings(
+        DistillationConfig, settings_with_overrides(options.config, overrides), options.set
+    )
     if options.sequential_teacher:
         data["teacher_fan_out"] = False
     budget = dict(data.get("budget") or {})
@@ -67,7 +70,7 @@ def distill_config_from(options: argparse.Namespace) -> DistillationConfig:
         data["teacher_sft"] = sft
     elif options.teacher == "base":
         data.pop("teacher_sft", None)
-    return validated(DistillationConfig, apply_settings(DistillationConfig, data, options.set))
+    return validated(DistillationConfig, data)
 
 
 def checked_config(options: argparse.Namespace) -> DistillationConfig:

@@ -123,6 +123,10 @@ def test_set_values_reach_the_config_object() -> None:
     assert isinstance(distill, DistillationConfig)
     assert distill.teacher_sft is not None and distill.teacher_sft.steps == 7
     assert distill.prices is not None and distill.prices.sampled_per_million == 2.0
+    teacher = "whitney://runs/r1/states/final"  # as --teacher-checkpoint: no SFT teacher
+    distill = config_of("distill", "--set", f"teacher_checkpoint={teacher}")
+    assert isinstance(distill, DistillationConfig)
+    assert (distill.teacher_checkpoint, distill.teacher_sft) == (teacher, None)
     sft = config_of("sft", "--lr", "0.1", "--set", "learning_rate=0.2", "--set", "steps=3")
     assert (sft.learning_rate, sft.steps) == (0.2, 3)  # type: ignore[attr-defined]
 
