@@ -67,7 +67,7 @@ def main() -> None:
                 seed=1,
                 prompts="digits",  # no eval set: the flow is its cycles
                 prompts_per_cycle=8,
-                samples_per_prompt=4,
+                group_size=4,
                 max_tokens=16,
                 teacher_chunk_size=args.chunk_size,
                 checkpoint_every=0,

@@ -1,6 +1,13 @@
-"""The training flows, one entry each: `whitney-flows run` and `fork`, the sweep's kinds
-(flows.sweep.kinds) and the automatic resume (flows.resume) all read this list, so none of
-them can leave a flow out. No Prefect: the flow functions are named by their entrypoints.
+"""The training flows, one entry each: `whitney-flows run` (its subcommands, `--help`, `--set`),
+`fork`, the sweep's kinds (flows.sweep.kinds), the automatic resume (flows.resume), the check of
+deployments/prefect.yaml (tests/flows/test_catalogue.py) and docs/config.md all read this list,
+so none of them can leave a flow out. No Prefect: the flow functions are named by their
+entrypoints, the progress line and summary table by their functions in `cli_module`.
+
+Adding a flow is one entry here, plus what it names: its config model, its flow (and its
+deployment in deployments/prefect.yaml), and `flows/cli/run_COMMAND.py` with `run(options)`
+(a progress line and a summary table); every field of its config is then on the command line
+(`--set`) and in docs/config.md.
 
     by_command("dpo").config                    # DPOConfig
     by_name("distillation").command             # "distill" (a manifest's `flow`)
@@ -30,11 +37,20 @@ class TrainingFlow:
     """The flow function, as deployments/prefect.yaml names it (path:function)."""
     deployment: str
     """Its deployment in deployments/prefect.yaml."""
+    summary: str
+    """One line: what the flow does (`run --help`, docs/config.md)."""
+    progress: str
+    """The function of `cli_module` that turns a metrics line into the progress line."""
 
     @property
     def cli_module(self) -> str:
         """The module of `whitney-flows run COMMAND` (its `run(options)`; imports Prefect)."""
         return f"flows.cli.run_{self.command}"
+
+    @property
+    def summary_table(self) -> str:
+        """The function of `cli_module` that makes the end-of-run summary table."""
+        return "summary_table"
 
     @property
     def deployment_path(self) -> str:
@@ -43,16 +59,42 @@ class TrainingFlow:
 
 
 TRAINING_FLOWS: tuple[TrainingFlow, ...] = (
-    TrainingFlow("rl", "rl", RLConfig, "flows/rl/flow.py:rl_flow", "rl-on-demand"),
-    TrainingFlow("sft", "sft", SFTConfig, "flows/sft/flow.py:sft_flow", "sft-nightly"),
+    TrainingFlow(
+        "rl",
+        "rl",
+        RLConfig,
+        "flows/rl/flow.py:rl_flow",
+        "rl-on-demand",
+        "RL: group sampling, rewards, advantages, build_loss",
+        "describe_rl_cycle",
+    ),
+    TrainingFlow(
+        "sft",
+        "sft",
+        SFTConfig,
+        "flows/sft/flow.py:sft_flow",
+        "sft-nightly",
+        "SFT: (prompt, completion) pairs, cross_entropy, eval loss",
+        "describe_sft_cycle",
+    ),
     TrainingFlow(
         "distillation",
         "distill",
         DistillationConfig,
         "flows/distill/flow.py:distillation_flow",
         "distill-on-demand",
+        "distillation: a frozen teacher's logprobs (fanned out) teach a student",
+        "describe",
     ),
-    TrainingFlow("dpo", "dpo", DPOConfig, "flows/dpo/flow.py:dpo_flow", "dpo-on-demand"),
+    TrainingFlow(
+        "dpo",
+        "dpo",
+        DPOConfig,
+        "flows/dpo/flow.py:dpo_flow",
+        "dpo-on-demand",
+        "DPO: preference pairs, a frozen reference, the importance-sampling gradient",
+        "describe_dpo_cycle",
+    ),
 )
 COMMANDS: tuple[str, ...] = tuple(flow.command for flow in TRAINING_FLOWS)
 DEPLOYMENTS: tuple[str, ...] = tuple(flow.deployment for flow in TRAINING_FLOWS)

@@ -9,6 +9,7 @@ the embedded server find the same files. A repo id's snapshot is the directory
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -16,6 +17,16 @@ from pathlib import Path
 REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 """A Hugging Face repo id as a provider names a base model: `owner/name`."""
 OFFLINE_VALUES = frozenset({"1", "ON", "YES", "TRUE"})
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file's bytes (weights, a GGUF file, an archive), read in 8 MiB blocks:
+    the project's one file hash."""
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while block := stream.read(8 << 20):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def cache_dir() -> Path:

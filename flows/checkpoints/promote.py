@@ -109,7 +109,7 @@ def evaluation_markdown(
         f"**Promote `{chosen.checkpoint}`?**",
         "",
         f"Chosen by `{config.metric}` among {len(candidates)} checkpoint(s); eval set: "
-        f"{eval_set_name(config.evaluation)}, k = {config.evaluation.samples}. Approved, it is "
+        f"{eval_set_name(config.evaluation)}, k = {config.evaluation.group_size}. Approved, it is "
         f"exported to `{config.target_dir}/merged` and `{config.target_dir}/adapter`.",
         "",
         "| checkpoint | reward_mean | sampled_reward_mean | pass_at_k | loss |",

@@ -37,13 +37,13 @@ from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_CHANGED, EXIT_OK, EXIT_UN
 from flows.core.manifest import (
     MANIFEST_NAME,
     export_manifest,
-    file_sha256,
     manifest_path,
     read_manifest,
     verify,
     with_files,
     write_manifest,
 )
+from whitney.hf_cache import file_sha256
 
 HF_EXTRA = 'the export needs the hf extra: pip install -e ".[hf]"'
 WEIGHT_KINDS = frozenset({"optim_step", "load_state"})

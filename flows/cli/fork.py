@@ -5,11 +5,12 @@
 PARENT is the parent's manifest (flows.core.manifest): a file, a directory holding
 `manifest.json` (an export), or a Whitney run id, whose manifest `whitney-flows run` wrote
 beside its adapter (`--adapter-dir`/RUN-manifest.json). The fork's config is the parent's
-with the `--set` fields on top (VALUE is JSON when it parses as JSON, else a string; a dotted
-FIELD sets a nested one) and `resume_from` the parent's checkpoint after cycle K; it runs as
-`whitney-flows run FLOW --config` would (flows.cli.launch), and records its lineage
-(flows.core.lineage). Refused, exit 2 with one line naming the field: a cycle the parent has
-no checkpoint of, a field its flow's config does not have, one a fork cannot change.
+with the `--set` fields on top (flows.cli.settings: VALUE is JSON when it parses as JSON,
+else a string; a dotted FIELD sets a nested one) and `resume_from` the parent's checkpoint
+after cycle K; it runs as `whitney-flows run FLOW --config` would (flows.cli.launch), and
+records its lineage (flows.core.lineage). Refused, exit 2 with one line naming the field: a
+cycle the parent has no checkpoint of, a field its flow's config does not have (with the
+nearest valid name), one a fork cannot change.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def run_fork(options: argparse.Namespace) -> int:
             raise ConfigError("PARENT", f"{options.parent}: its manifest names no training flow")
         check_fork_fields(flow, options.set or [], manifest["config"])
         checkpoint = parent_checkpoint(options, manifest["run_id"], options.cycle)
-        config = fork_config(manifest["config"], options.set or [], checkpoint)
+        config = fork_config(flow, manifest["config"], options.set or [], checkpoint)
     except ConfigError as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -120,43 +121,30 @@ def parent_checkpoint(options: argparse.Namespace, run_id: str, cycle: int) -> s
     return saved[cycle]
 
 
-def fork_config(parent: dict[str, Any], settings: list[str], checkpoint: str) -> dict[str, Any]:
-    """The parent's config with `settings` (FIELD=VALUE) on top, resuming from `checkpoint`."""
-    config = json.loads(json.dumps(parent))
-    for setting in settings:
-        field, value = split_setting(setting)
-        *parents, name = field.split(".")
-        table = config
-        for part in parents:
-            inner = table.get(part)
-            if not isinstance(inner, dict):
-                raise ConfigError(f"--set {field}", f"{part} is not a table of settings")
-            table = inner
-        table[name] = value
+def fork_config(
+    flow: TrainingFlow, parent: dict[str, Any], settings: list[str], checkpoint: str
+) -> dict[str, Any]:
+    """The parent's config with `settings` (FIELD=VALUE, flows.cli.settings) on top, resuming
+    from `checkpoint`."""
+    from flows.cli.settings import apply_settings
+
+    config = apply_settings(flow.config, json.loads(json.dumps(parent)), settings)
     config["resume_from"] = checkpoint
     return config
 
 
-def split_setting(setting: str) -> tuple[str, Any]:
-    """FIELD=VALUE as (field, value): JSON if VALUE parses as JSON, else the string."""
-    field, equals, text = setting.partition("=")
-    if not equals or not field:
-        raise ConfigError("--set", f"{setting!r}: expected FIELD=VALUE")
-    try:
-        return field, json.loads(text)
-    except json.JSONDecodeError:
-        return field, text
-
-
 def check_fork_fields(flow: TrainingFlow, settings: list[str], parent: dict[str, Any]) -> None:
-    """ConfigError naming a `--set` field the flow's config does not have, one the fork sets
-    itself, or one a fork cannot change (flows.core.lineage.FIXED_IN_FORK)."""
+    """ConfigError naming a `--set` field the flow's config does not have (and the nearest
+    valid name), one the fork sets itself, or one a fork cannot change
+    (flows.core.lineage.FIXED_IN_FORK)."""
+    from flows.cli.settings import resolved_path, split_setting
     from flows.core.lineage import FIXED_IN_FORK
     from flows.core.manifest import flat_settings
 
     known = flat_settings(parent)
     for setting in settings:
-        field = split_setting(setting)[0]
+        parts, _ = resolved_path(flow.config, split_setting(setting)[0])
+        field = ".".join(parts)
         if field in SET_BY_FORK:
             raise ConfigError(
                 f"--set {field}", "the fork sets it (--cycle, --api-url, --metrics-out)"
@@ -167,5 +155,3 @@ def check_fork_fields(flow: TrainingFlow, settings: list[str], parent: dict[str,
                 "cannot change in a fork: the checkpoint's LoRA weights are of the parent's "
                 f"{field} ({known.get(field)!r})",
             )
-        if field not in known and field.split(".")[0] not in flow.config.model_fields:
-            raise ConfigError(f"--set {field}", f"the {flow.command} config has no such field")

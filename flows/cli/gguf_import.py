@@ -14,7 +14,6 @@ leaves nothing. Needs the `hf` extra (transformers, gguf).
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -25,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from whitney.hf_cache import file_sha256
 from whitney.local.hf_models import ARCHITECTURES
 
 MAGIC = b"GGUF"
@@ -57,15 +57,6 @@ class GGUFSource:
         return self.sha256[:40]
 
 
-def sha256_of(path: Path) -> str:
-    """The file's sha256, read in 8 MiB blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        while block := file.read(8 << 20):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def read_gguf(path: Path) -> GGUFSource:
     """The GGUF file at `path`, checked: ModelImportError if it is missing, not GGUF,
     truncated or corrupt, or of an architecture the embedded server does not serve."""
@@ -86,7 +77,7 @@ def read_gguf(path: Path) -> GGUFSource:
     tensor_types = Counter(tensor.tensor_type.name for tensor in reader.tensors)
     return GGUFSource(
         path=path,
-        sha256=sha256_of(path),
+        sha256=file_sha256(path),
         architecture=architecture,
         name=field(reader, "general.name") or path.stem,
         license=field(reader, "general.license"),

@@ -10,11 +10,14 @@
     whitney-flows export --verify DIR                     (flows.core.manifest)
     whitney-flows fork PARENT --cycle K [--set F=V ...]   (flows.cli.fork)
     whitney-flows reap [--apply] [--json]                 (flows.cli.reap)
-    whitney-flows sweep CONFIG [--block NAME]             (flows.cli.sweep)
+    whitney-flows sweep CONFIG [--block NAME] [--set F=V ...]  (flows.cli.sweep)
     whitney-flows models import FILE.gguf | pull NAME | list   (flows.cli.models)
     whitney-flows serve [--port P] [--api-key KEY] [--capture FILE] ...
     whitney-flows serve --tinker-block NAME ...          (flows.cli.tinker_block)
     whitney-flows chat MODEL [--api-url URL] [--system TEXT]   (flows.cli.chat)
+    whitney-flows docs config [--out FILE]                (flows.cli.config_reference)
+
+Every `run FLOW` also takes `--set FIELD=VALUE` for any field of its config (flows.cli.settings).
 
 `serve` goes straight to `whitney.local.cli.main` without importing Prefect (fast start), and
 so do `inspect`, `runs`, `export` and `chat`.
@@ -28,10 +31,12 @@ import argparse
 import importlib
 import os
 import sys
+import warnings
 
 from flows.cli import tinker_block
 from flows.cli.chat import run_chat
 from flows.cli.commands import run_inspection
+from flows.cli.config_reference import write_reference
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_CLOSED_PIPE
 from flows.cli.export import run_export
 from flows.cli.fork import run_fork
@@ -41,10 +46,12 @@ from flows.cli.prefect_env import set_prefect_env_defaults
 from flows.cli.reap import run_reap
 from flows.cli.sweep import run_sweep
 from flows.core.config import ConfigError
+from flows.core.renames import RenamedSetting
 
 
 def main(argv: list[str] | None = None) -> int:
     """The console script; returns the exit code."""
+    warnings.showwarning = one_line_warning
     try:
         code = run_command(list(sys.argv[1:] if argv is None else argv))
         sys.stdout.flush()  # a closed pipe shows here, not at exit
@@ -52,6 +59,20 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader of stdout has gone (`| head`): no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nor at exit
         return EXIT_CLOSED_PIPE
+
+
+def one_line_warning(
+    message: Warning | str, category: type[Warning], *args: object, **kwargs: object
+) -> None:
+    """A renamed setting's deprecation as one line on stderr; other warnings as Python shows
+    them."""
+    if issubclass(category, RenamedSetting):
+        print(f"whitney-flows: {message}", file=sys.stderr)
+    else:
+        SHOW_WARNING(message, category, *args, **kwargs)  # type: ignore[arg-type]
+
+
+SHOW_WARNING = warnings.showwarning
 
 
 def run_command(arguments: list[str]) -> int:
@@ -75,6 +96,8 @@ def run_command(arguments: list[str]) -> int:
         return run_models(options)
     if options.command == "chat":
         return run_chat(options)
+    if options.command == "docs":
+        return write_reference(options)
     if options.command == "sweep":
         return run_sweep(options)  # sets the Prefect defaults itself
     set_prefect_env_defaults()

@@ -1,18 +1,20 @@
-"""Every parser of `whitney-flows`: `run rl|sft|distill|dpo`, `inspect`, `runs`, `export`,
-`reap`, `models`, with `run FLOW --help` showing each option's default from the flow's config model.
-No Prefect."""
+"""Every parser of `whitney-flows`: `run FLOW` (one per flow of flows.catalogue, each with
+`--config`, `--set` and its shorthands), `inspect`, `runs`, `export`, `fork`, `reap`, `sweep`,
+`models`, `chat`, `docs`, with `run FLOW --help` showing each option's default from the flow's
+config model and every setting `--set` reaches. No Prefect."""
 
 from __future__ import annotations
 
 import argparse
 import functools
-import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, get_args
 
+from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from flows.catalogue import TRAINING_FLOWS
 from flows.cli.chat import add_chat_parser
 from flows.core.environments import ENVIRONMENTS
 from whitney.losses import LOSS_FUNCTIONS
@@ -36,11 +38,16 @@ LOSS_HELP = f"loss function (its build_loss recipe): {one_of(LOSS_FUNCTIONS)}"
 ENV_HELP = f"environment: {one_of(list(ENVIRONMENTS))}, or an import path module:attr"
 
 
-class ConfigDefaultsFormatter(argparse.HelpFormatter):
-    """`run FLOW --help`: each option's help ends with its default in the flow's config model
-    (`config_model`, "module:Class"), imported only when the help is shown (with Prefect)."""
+FIELDS_EPILOG = "\x00settings"
+"""The epilog of `run FLOW --help`: replaced, when the help is shown, by every field of the
+flow's config model that `--set` reaches (flows.cli.settings)."""
 
-    def __init__(self, prog: str, config_model: str, **options: Any) -> None:
+
+class ConfigDefaultsFormatter(argparse.HelpFormatter):
+    """`run FLOW --help`: each option's help ends with its default in the flow's config model,
+    and the epilog lists every setting of that model with its type and default."""
+
+    def __init__(self, prog: str, config_model: type[BaseModel], **options: Any) -> None:
         super().__init__(prog, **options)
         self._config_model = config_model
 
@@ -52,13 +59,25 @@ class ConfigDefaultsFormatter(argparse.HelpFormatter):
         return text if default is None else f"{text} (default: {str(default).replace('%', '%%')})"
 
     def _default(self, name: str) -> Any:
-        module, _, attribute = self._config_model.partition(":")
-        model = getattr(importlib.import_module(module), attribute)
-        field = model.model_fields.get(name)
+        field = self._config_model.model_fields.get(name)
         return None if field is None or field.default is PydanticUndefined else field.default
 
+    def _format_text(self, text: str) -> str:
+        if text != FIELDS_EPILOG:
+            return super()._format_text(text)
+        from flows.cli.settings import default_text, settable_fields, type_text
 
-def config_help(config_model: str) -> Callable[..., argparse.HelpFormatter]:
+        lines = [
+            f"settings of {self._config_model.__name__}, each --set FIELD=VALUE "
+            "(docs/config.md describes them):"
+        ]
+        for setting in settable_fields(self._config_model):
+            kind, default = type_text(setting.annotation), default_text(setting.field)
+            lines.append(f"  {setting.path}: {kind} (default: {default})")
+        return "\n".join(lines) + "\n"
+
+
+def config_help(config_model: type[BaseModel]) -> Callable[..., argparse.HelpFormatter]:
     """The formatter class of a `run FLOW` parser whose config model is `config_model`."""
     return functools.partial(ConfigDefaultsFormatter, config_model=config_model)
 
@@ -74,12 +93,48 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run = commands.add_parser("run", help="run a training flow")
     flows = run.add_subparsers(dest="flow", required=True, metavar="FLOW")
-    rl = flows.add_parser(
-        "rl",
-        help="RL: group sampling, rewards, advantages, build_loss",
-        formatter_class=config_help("flows.rl.config:RLConfig"),
+    for flow in TRAINING_FLOWS:
+        command = flows.add_parser(
+            flow.command,
+            help=flow.summary,
+            formatter_class=config_help(flow.config),
+            epilog=FIELDS_EPILOG,
+        )
+        command.add_argument(
+            "--config",
+            type=Path,
+            metavar="FILE",
+            help=f"{flow.config.__name__} as .toml or .json",
+        )
+        add_set_option(command, f"any setting of {flow.config.__name__} (listed below)")
+        if (shorthands := SHORTHANDS.get(flow.command)) is not None:
+            shorthands(command)
+        add_output_options(command)
+    add_inspection_parsers(commands)
+    add_export_parser(commands)
+    add_fork_parser(commands)
+    add_reap_parser(commands)
+    add_sweep_parser(commands)
+    add_models_parser(commands)
+    add_chat_parser(commands)
+    add_docs_parser(commands)
+    return parser
+
+
+def add_set_option(command: argparse.ArgumentParser, what: str) -> None:
+    """`--set FIELD=VALUE`, repeatable (flows.cli.settings)."""
+    command.add_argument(
+        "--set",
+        action="append",
+        metavar="FIELD=VALUE",
+        help=f"{what}: FIELD dotted for a nested one (rollout.max_turns), VALUE as JSON "
+        "(numbers, true, null, [lists], {tables}) else text; repeatable, over --config and "
+        "the options",
     )
-    rl.add_argument("--config", type=Path, metavar="FILE", help="RLConfig as .toml or .json")
+
+
+def add_rl_options(rl: argparse.ArgumentParser) -> None:
+    """`run rl`'s shorthands."""
     rl.add_argument("--cycles", type=int, metavar="N", help="number of cycles")
     rl.add_argument("--env", metavar="E", help=ENV_HELP)
     rl.add_argument("--loss", metavar="L", help=LOSS_HELP)
@@ -87,13 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(rl)
     rl.add_argument("--seed", type=int, metavar="S", help="seed of run, prompts and sampling")
     add_staleness_option(rl)
-    add_output_options(rl)
-    sft = flows.add_parser(
-        "sft",
-        help="SFT: (prompt, completion) pairs, cross_entropy, eval loss",
-        formatter_class=config_help("flows.sft.config:SFTConfig"),
-    )
-    sft.add_argument("--config", type=Path, metavar="FILE", help="SFTConfig as .toml or .json")
+
+
+def add_sft_options(sft: argparse.ArgumentParser) -> None:
+    """`run sft`'s shorthands."""
     length = sft.add_mutually_exclusive_group()
     length.add_argument("--steps", type=int, metavar="N", help="optimizer steps in total")
     length.add_argument(
@@ -111,17 +163,6 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--lr", type=float, metavar="X", help="peak learning rate")
     sft.add_argument("--schedule", metavar="S", help="constant, linear or cosine (with warmup)")
     sft.add_argument("--seed", type=int, metavar="S", help="seed of the run and the data order")
-    add_output_options(sft)
-    add_output_options(add_distill_parser(flows))
-    add_output_options(add_dpo_parser(flows))
-    add_inspection_parsers(commands)
-    add_export_parser(commands)
-    add_fork_parser(commands)
-    add_reap_parser(commands)
-    add_sweep_parser(commands)
-    add_models_parser(commands)
-    add_chat_parser(commands)
-    return parser
 
 
 def add_model_options(command: argparse.ArgumentParser) -> None:
@@ -189,14 +230,8 @@ def add_staleness_option(command: argparse.ArgumentParser) -> None:
     )
 
 
-def add_distill_parser(flows: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """`run distill` and its options (besides --api-url, --metrics-out and --adapter-dir)."""
-    command = flows.add_parser(
-        "distill",
-        help="distillation: a frozen teacher's logprobs (fanned out) teach a student",
-        formatter_class=config_help("flows.distill.config:DistillationConfig"),
-    )
-    command.add_argument("--config", type=Path, metavar="FILE", help="DistillationConfig file")
+def add_distill_options(command: argparse.ArgumentParser) -> None:
+    """`run distill`'s shorthands."""
     command.add_argument("--cycles", type=int, metavar="N", help="number of distillation cycles")
     command.add_argument(
         "--teacher",
@@ -236,17 +271,10 @@ def add_distill_parser(flows: argparse._SubParsersAction) -> argparse.ArgumentPa
         metavar="USD",
         help="stop before exceeding this estimated cost (needs prices in --config or the block)",
     )
-    return command
 
 
-def add_dpo_parser(flows: argparse._SubParsersAction) -> argparse.ArgumentParser:
-    """`run dpo` and its options (besides --api-url, --metrics-out and --adapter-dir)."""
-    command = flows.add_parser(
-        "dpo",
-        help="DPO: preference pairs, a frozen reference, the importance-sampling gradient",
-        formatter_class=config_help("flows.dpo.config:DPOConfig"),
-    )
-    command.add_argument("--config", type=Path, metavar="FILE", help="DPOConfig as .toml or .json")
+def add_dpo_options(command: argparse.ArgumentParser) -> None:
+    """`run dpo`'s shorthands."""
     command.add_argument("--cycles", type=int, metavar="N", help="number of cycles (steps)")
     command.add_argument(
         "--data",
@@ -264,7 +292,16 @@ def add_dpo_parser(flows: argparse._SubParsersAction) -> argparse.ArgumentParser
     command.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
     add_model_options(command)
     command.add_argument("--seed", type=int, metavar="S", help="seed of the run and the pairs")
-    return command
+
+
+SHORTHANDS: dict[str, Callable[[argparse.ArgumentParser], None]] = {
+    "rl": add_rl_options,
+    "sft": add_sft_options,
+    "distill": add_distill_options,
+    "dpo": add_dpo_options,
+}
+"""Each flow's options that predate `--set` (shorthands of its config fields); a new flow of
+flows.catalogue needs none: `--config` and `--set` reach every field."""
 
 
 def add_source_options(command: argparse.ArgumentParser) -> None:
@@ -345,12 +382,7 @@ def add_fork_parser(commands: argparse._SubParsersAction) -> None:
     command.add_argument(
         "--cycle", type=int, required=True, metavar="K", help="fork from the checkpoint after K"
     )
-    command.add_argument(
-        "--set",
-        action="append",
-        metavar="FIELD=VALUE",
-        help="a changed setting (VALUE as JSON, else a string; FIELD may be dotted); repeatable",
-    )
+    add_set_option(command, "a changed setting of the parent's config")
     add_output_options(command)
 
 
@@ -373,7 +405,7 @@ def add_reap_parser(commands: argparse._SubParsersAction) -> None:
 
 
 def add_sweep_parser(commands: argparse._SubParsersAction) -> None:
-    """`sweep CONFIG [--block NAME]` (flows.cli.sweep)."""
+    """`sweep CONFIG [--block NAME] [--set FIELD=VALUE ...]` (flows.cli.sweep)."""
     command = commands.add_parser(
         "sweep",
         help="search a flow's config: trials on the work pool, at most K at once, halved on "
@@ -388,6 +420,7 @@ def add_sweep_parser(commands: argparse._SubParsersAction) -> None:
         help="the WhitneyCredentials block of the trials and the sweep (default: each "
         "trial deployment's own; the sweep: $WHITNEY_API_URL)",
     )
+    add_set_option(command, "any setting of SweepConfig (docs/config.md)")
 
 
 def add_models_parser(commands: argparse._SubParsersAction) -> None:
@@ -417,3 +450,14 @@ def add_models_parser(commands: argparse._SubParsersAction) -> None:
             help="the Hugging Face cache (default: $HF_HUB_CACHE, else $HF_HOME/hub, else "
             "~/.cache/huggingface/hub)",
         )
+
+
+def add_docs_parser(commands: argparse._SubParsersAction) -> None:
+    """`docs config [--out FILE]` (flows.cli.config_reference)."""
+    command = commands.add_parser(
+        "docs", help="write a reference generated from the code (config: docs/config.md)"
+    )
+    command.add_argument("topic", choices=("config",), help="config: every config field")
+    command.add_argument(
+        "--out", type=Path, metavar="FILE", help="write it there (default: standard output)"
+    )

@@ -19,6 +19,7 @@ from rich.table import Table
 
 from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
+from flows.cli.settings import apply_settings
 from flows.cli.terminal import CycleProgress, add_weights_rows, result_table
 from flows.core.budget import check_budget
 from flows.core.config import settings_with_overrides, validated
@@ -34,10 +35,12 @@ PROG = "whitney-flows run distill"
 
 
 def distill_config_from(options: argparse.Namespace) -> DistillationConfig:
-    """The config file (if any) with the command-line options on top; ConfigError if bad.
+    """The config file (if any), the command-line options and each `--set` on top;
+    ConfigError if bad.
 
-    No teacher in either (`--teacher-checkpoint`, or `teacher_checkpoint` / `teacher_sft` in
-    the file) means the demo's: an SFT teacher on the built-in corpus, unless `--teacher base`.
+    No teacher in any (`--teacher-checkpoint`, or `teacher_checkpoint` / `teacher_sft` in the
+    file or a `--set`) means the demo's: an SFT teacher on the built-in corpus, unless
+    `--teacher base`.
     """
     overrides = {
         **shared_overrides(options),
@@ -47,7 +50,9 @@ def distill_config_from(options: argparse.Namespace) -> DistillationConfig:
         "task_runner": options.task_runner,
         "max_staleness": options.max_staleness,
     }
-    data = settings_with_overrides(options.config, overrides)
+    data = apply_settings(
+        DistillationConfig, settings_with_overrides(options.config, overrides), options.set
+    )
     if options.sequential_teacher:
         data["teacher_fan_out"] = False
     budget = dict(data.get("budget") or {})

@@ -13,6 +13,7 @@ from rich.table import Table
 
 from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
+from flows.cli.settings import apply_settings
 from flows.cli.terminal import CycleProgress, add_weights_rows, result_table
 from flows.core.config import settings_with_overrides, validated
 from flows.dpo.config import DPOConfig
@@ -25,7 +26,8 @@ PROG = "whitney-flows run dpo"
 
 
 def dpo_config_from(options: argparse.Namespace) -> DPOConfig:
-    """The config file (if any) with the command-line options on top; ConfigError if bad."""
+    """The config file (if any), the command-line options on top, then each `--set`;
+    ConfigError if bad."""
     overrides = {
         **shared_overrides(options),
         "cycles": options.cycles,
@@ -34,7 +36,8 @@ def dpo_config_from(options: argparse.Namespace) -> DPOConfig:
         "beta": options.beta,
         "learning_rate": options.lr,
     }
-    return validated(DPOConfig, settings_with_overrides(options.config, overrides))
+    data = settings_with_overrides(options.config, overrides)
+    return validated(DPOConfig, apply_settings(DPOConfig, data, options.set))
 
 
 def describe_dpo_cycle(line: dict[str, Any]) -> str:

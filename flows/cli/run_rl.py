@@ -11,7 +11,8 @@ from rich.table import Table
 
 from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
-from flows.cli.terminal import CycleProgress, add_weights_rows, result_table
+from flows.cli.settings import apply_settings
+from flows.cli.terminal import CycleProgress, add_weights_rows, describe_rl_cycle, result_table
 from flows.core.config import settings_with_overrides, validated
 from flows.core.summary_parts import first_and_last
 from flows.rl.config import RLConfig
@@ -23,7 +24,8 @@ PROG = "whitney-flows run rl"
 
 
 def rl_config_from(options: argparse.Namespace) -> RLConfig:
-    """The config file (if any) with the command-line options on top; ConfigError if bad."""
+    """The config file (if any), the command-line options on top, then each `--set`;
+    ConfigError if bad."""
     overrides = {
         **shared_overrides(options),
         "cycles": options.cycles,
@@ -32,7 +34,7 @@ def rl_config_from(options: argparse.Namespace) -> RLConfig:
         "max_staleness": options.max_staleness,
     }
     data = settings_with_overrides(options.config, overrides)
-    return validated(RLConfig, data)
+    return validated(RLConfig, apply_settings(RLConfig, data, options.set))
 
 
 def checked_config(options: argparse.Namespace) -> RLConfig:
@@ -60,7 +62,7 @@ def run(options: argparse.Namespace) -> int:
         config,
         rl_flow,
         lambda metrics_path, console: CycleProgress(
-            [("RL cycles", metrics_path, config.cycles)], console
+            [("RL cycles", metrics_path, config.cycles)], console, describe_rl_cycle
         ),
         summary_table,
         options.adapter_dir,

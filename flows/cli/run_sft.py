@@ -12,6 +12,7 @@ from rich.table import Table
 
 from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
+from flows.cli.settings import apply_settings
 from flows.cli.terminal import CycleProgress, add_weights_rows, result_table
 from flows.core.config import settings_with_overrides, validated
 from flows.sft.config import SFTConfig
@@ -23,7 +24,8 @@ PROG = "whitney-flows run sft"
 
 
 def sft_config_from(options: argparse.Namespace) -> SFTConfig:
-    """The config file (if any) with the command-line options on top; ConfigError if bad.
+    """The config file (if any), the command-line options on top, then each `--set`;
+    ConfigError if bad.
     `--steps` clears an `epochs` of the file; `--epochs` takes precedence over its steps."""
     overrides = {
         **shared_overrides(options),
@@ -36,7 +38,7 @@ def sft_config_from(options: argparse.Namespace) -> SFTConfig:
     data = settings_with_overrides(options.config, overrides)
     if options.steps is not None:
         data.pop("epochs", None)
-    return validated(SFTConfig, data)
+    return validated(SFTConfig, apply_settings(SFTConfig, data, options.set))
 
 
 def checked_config(options: argparse.Namespace) -> tuple[SFTConfig, SFTPlan]:

@@ -1,13 +1,15 @@
 """`whitney-flows sweep CONFIG`: run the sweep flow here, its trials on the work pool of a
 Prefect server (docs/sweeps.md).
 
-    whitney-flows sweep sweep.toml [--block whitney]
+    whitney-flows sweep sweep.toml [--block whitney] [--set FIELD=VALUE ...]
 
-The config (.toml or .json, a SweepConfig) and every trial's config are checked first: a bad
-field is one line naming it, exit code 2, before anything runs. The trials are flow runs of
-their deployment, so PREFECT_API_URL must name a Prefect server with the deployments and a
-worker; none is exit code 2 too. The sweep's log lines (each rung, each trial's result) show
-as it runs; at the end, the comparison table. Exit code 0, or 1 if the sweep flow failed.
+The config (.toml or .json, a SweepConfig, each `--set` on top: `--set max_concurrent=2`,
+`--set base.learning_rate=0.01`; flows.cli.settings) and every trial's config are checked
+first: a bad field is one line naming it, exit code 2, before anything runs. The trials are
+flow runs of their deployment, so PREFECT_API_URL must name a Prefect server with the
+deployments and a worker; none is exit code 2 too. The sweep's log lines (each rung, each
+trial's result) show as it runs; at the end, the comparison table. Exit code 0, or 1 if the
+sweep flow failed.
 """
 
 from __future__ import annotations
@@ -27,12 +29,14 @@ def run_sweep(options: argparse.Namespace) -> int:
     """`sweep`; the exit code."""
     os.environ.setdefault(CONSOLE_LEVEL, "INFO")  # the sweep's progress is its log
     set_prefect_env_defaults()
+    from flows.cli.settings import apply_settings
     from flows.core.config import ConfigError, read_config_file, validated
     from flows.sweep.config import SweepConfig
     from flows.sweep.plan import check_sweep_config
 
     try:
-        config = validated(SweepConfig, read_config_file(options.config))
+        data = apply_settings(SweepConfig, read_config_file(options.config), options.set)
+        config = validated(SweepConfig, data)
         trials = check_sweep_config(config)
         from prefect.settings import PREFECT_API_URL
 

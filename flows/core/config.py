@@ -11,15 +11,17 @@ from __future__ import annotations
 import json
 import tomllib
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flows.core.cost import Budget, PriceTable
 from flows.core.evaluation.config import EvalSettings
+from flows.core.renames import RenamedFields
 from flows.core.stall_windows import StallSettings
 from flows.core.tracking.config import TrackingSettings
 from whitney.renderers import RendererName
+from whitney.wire import Provider
 from whitney_calls.names import CYCLE_CHECKPOINT_PATTERN, checkpoint_cycle
 from whitney_calls.retry import TaskRetrySettings
 
@@ -90,7 +92,7 @@ class ConfigError(ValueError):
         self.message = message
 
 
-class FlowConfig(BaseModel):
+class FlowConfig(RenamedFields):
     """What every Whitney training flow shares: where, on what, and how it retries and cleans up."""
 
     model_config = ConfigDict(extra="forbid")
@@ -100,9 +102,7 @@ class FlowConfig(BaseModel):
         description="Whitney base URL; empty: the WHITNEY_API_URL environment variable. "
         "The API key always comes from WHITNEY_API_KEY, never from a parameter.",
     )
-    provider: Literal["local", "modal", "tinker"] = Field(
-        default="local", description="Whitney provider that trains the run"
-    )
+    provider: Provider = Field(default="local", description="Whitney provider that trains the run")
     base_model: str = Field(
         default="local/tiny",
         min_length=1,

@@ -30,6 +30,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any, Literal
 
 from whitney import hf_cache
+from whitney.hf_cache import file_sha256
 from whitney.tokenizers import HF_PREFIX, LOCAL_PREFIX
 
 MANIFEST_NAME = "manifest.json"
@@ -40,15 +41,6 @@ RUN_LOCAL_FIELDS = frozenset({"api_url", "metrics_path"})
 """Config fields that say where a run ran, not how it trained: no data file among them."""
 Status = Literal["ok", "changed", "not checkable"]
 SHA256 = re.compile(r"[0-9a-f]{64}")
-
-
-def file_sha256(path: Path) -> str:
-    """The sha256 of a file's bytes, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with path.open("rb") as stream:
-        while block := stream.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def manifest_path(run_id: str, directory: Path) -> Path:

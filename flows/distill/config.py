@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from pydantic import Field, field_validator
 
@@ -22,6 +22,8 @@ CORPUS = "corpus"
 class DistillationConfig(FlowConfig, TaskRunnerSettings):
     """On-policy distillation: a student run samples, a frozen teacher run answers
     `logprobs` (fanned out in chunks), per-token reverse-KL advantages, importance_sampling."""
+
+    RENAMED: ClassVar[dict[str, str]] = {"samples_per_prompt": "group_size"}
 
     learning_rate: float = Field(default=3e-3, gt=0, le=1, description="AdamW learning rate")
     teacher_checkpoint: str | None = Field(
@@ -70,8 +72,12 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
     )
     eval_fraction: EvalFraction = 0.1  # with prompts=corpus
     prompts_per_cycle: int = Field(default=8, ge=1, le=1024, description="Prompts per cycle")
-    samples_per_prompt: int = Field(
-        default=4, ge=1, le=256, description="Completions the student samples per prompt"
+    group_size: int = Field(
+        default=4,
+        ge=1,
+        le=256,
+        description="Completions the student samples per prompt (a group; formerly "
+        "samples_per_prompt)",
     )
     max_tokens: int = Field(default=40, ge=1, le=8192, description="Most tokens per completion")
     kl_coef: float = Field(
@@ -107,7 +113,7 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
         ge=0,
         le=100_000,
         description="Evaluate the student after every this many cycles and after the last, on "
-        "a sampler of its own: the held-out prompts sampled greedily and samples_per_prompt "
+        "a sampler of its own: the held-out prompts sampled greedily and group_size "
         "times (eval.reward_mean, eval.pass_at_k) and, with prompts=corpus, its eval loss "
         "(eval.loss); 0: never. Training is the same either way",
     )
@@ -140,7 +146,7 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
 
     @property
     def sequences_per_cycle(self) -> int:
-        return self.prompts_per_cycle * self.samples_per_prompt
+        return self.prompts_per_cycle * self.group_size
 
     @property
     def teacher_chunks(self) -> int:
@@ -161,7 +167,7 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
         return EvalSettings(
             **source,
             eval_fraction=self.eval_fraction or EvalSettings().eval_fraction,
-            samples=self.samples_per_prompt,
+            group_size=self.group_size,
             max_tokens=self.max_tokens,
             temperature=1.0,
             seed=self.seed,

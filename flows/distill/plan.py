@@ -172,7 +172,7 @@ class DistillPlan:
         return self.renderer.build_generation_prompt(as_messages(prompt))
 
     def sample_requests(self, cycle: int) -> list[dict[str, Any]]:
-        """One SampleRequest per prompt of the cycle (samples_per_prompt each, temperature
+        """One SampleRequest per prompt of the cycle (group_size each, temperature
         1), seeded from (config seed, cycle, prompt index)."""
         config = self.config
         prompts = self.source.prompts(
@@ -181,7 +181,7 @@ class DistillPlan:
         return [
             sample_request(
                 self.prompt_tokens(prompt),
-                config.samples_per_prompt,
+                config.group_size,
                 max_tokens=config.max_tokens,
                 temperature=1.0,
                 stop_token_ids=list(self.renderer.stop_tokens),
@@ -194,7 +194,7 @@ class DistillPlan:
         """An upper bound of a cycle's billed usage (every completion max_tokens long), for a
         budget check before any cycle has run."""
         config = self.config
-        count, length = config.samples_per_prompt, config.max_tokens
+        count, length = config.group_size, config.max_tokens
         prompts = [len(r["prompt"]["token_ids"]) for r in self.sample_requests(cycle)]
         return {
             "sample": {"tokens": sum(p + count * length for p in prompts)},

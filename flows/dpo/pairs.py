@@ -10,7 +10,6 @@ fields are ignored; blank lines are skipped. Errors name the field and the line:
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ from whitney.renderers import Message, Prompt, Renderer, as_messages, check_mess
 DATA_FIELD = "data_path"
 ANSWERS = ("chosen", "rejected")
 SPLIT_SALT = b"whitney-flows dpo eval split\x00"
+"""The salt of the pairs' eval split (flows.sft.plan.held_out)."""
 
 
 @dataclass(frozen=True)
@@ -114,16 +114,3 @@ def render_pair(renderer: Renderer, pair: Pair, where: str, max_tokens: int) -> 
             f"{where}: {longest} tokens, more than max_pair_tokens={max_tokens}",
         )
     return tokens
-
-
-def held_out(pairs: list[Pair], fraction: float) -> set[int]:
-    """Indices of the eval split: the round(n * fraction) pairs (at least 1 if fraction > 0)
-    with the smallest SHA-256 of their text; independent of order and seed."""
-    if fraction <= 0:
-        return set()
-    count = max(1, round(len(pairs) * fraction))
-
-    def rank(index: int) -> tuple[bytes, int]:
-        return hashlib.sha256(SPLIT_SALT + pairs[index].text().encode()).digest(), index
-
-    return set(sorted(range(len(pairs)), key=rank)[:count])

@@ -16,8 +16,8 @@ from flows.core.plans import once_per_process
 from flows.core.rendering import config_renderer
 from flows.dpo.config import DPOConfig
 from flows.dpo.objective import pair_advantages
-from flows.dpo.pairs import PairTokens, held_out, read_pairs, render_pair
-from flows.sft.plan import epoch_order
+from flows.dpo.pairs import SPLIT_SALT, PairTokens, read_pairs, render_pair
+from flows.sft.plan import epoch_order, held_out
 from whitney.datums import Datum, rl_datum, sft_datum
 from whitney.losses import PROVIDER_LOSS_SUPPORT, require_advertised_loss
 
@@ -116,7 +116,7 @@ def load_dpo_plan(config: DPOConfig) -> DPOPlan:
         render_pair(renderer, pair, f"{source} line {pair.line}", config.max_pair_tokens)
         for pair in pairs
     ]
-    evaluated = held_out(pairs, config.eval_fraction)
+    evaluated = held_out(pairs, config.eval_fraction, SPLIT_SALT)
     if len(evaluated) >= len(pairs):
         raise ConfigError(
             "eval_fraction",

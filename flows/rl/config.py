@@ -218,7 +218,7 @@ class RLConfig(FlowConfig):
         """The environment's held-out prompts, k = group_size samples at the temperature."""
         return EvalSettings(
             env=self.env,
-            samples=self.group_size,
+            group_size=self.group_size,
             max_tokens=self.max_tokens,
             temperature=self.temperature,
             seed=self.seed,

@@ -108,7 +108,7 @@ class SFTConfig(FlowConfig):
             env=None,
             data=self.data_path or CORPUS,
             eval_fraction=self.eval_fraction,
-            samples=4,
+            group_size=4,
             max_tokens=EVAL_MAX_TOKENS,
             seed=self.seed,
             tokenizer=self.tokenizer,

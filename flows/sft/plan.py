@@ -22,6 +22,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from flows.core.config import ConfigError, check_resume_from
 from flows.core.plans import once_per_process
@@ -47,17 +48,23 @@ def example_tokens(renderer: Renderer, example: Example) -> tuple[list[int], lis
     return renderer.build_supervised(example.conversation()).last_turn()
 
 
-def held_out(examples: Sequence[Example], fraction: float) -> set[int]:
+class Texted(Protocol):
+    """An example or a preference pair: what its place in the eval split depends on."""
+
+    def text(self) -> str: ...
+
+
+def held_out(examples: Sequence[Texted], fraction: float, salt: bytes = SPLIT_SALT) -> set[int]:
     """Indices of the eval split: the round(n * fraction) examples (at least 1 if fraction > 0)
-    with the smallest SHA-256 of their text. Depends on the text only, not on order or seed,
-    so every flow on the same data (a teacher and its student) holds out the same pairs."""
+    with the smallest SHA-256 of `salt` and their text. Depends on the text only, not on order
+    or seed, so every flow on the same data (a teacher and its student) holds out the same
+    pairs; DPO's pairs use a salt of their own (flows.dpo.pairs.SPLIT_SALT)."""
     if fraction <= 0:
         return set()
     count = max(1, round(len(examples) * fraction))
 
     def rank(index: int) -> tuple[bytes, int]:
-        example = examples[index]
-        return hashlib.sha256(SPLIT_SALT + example.text().encode()).digest(), index
+        return hashlib.sha256(salt + examples[index].text().encode()).digest(), index
 
     return set(sorted(range(len(examples)), key=rank)[:count])
 

@@ -158,7 +158,7 @@ def test_every_checkpoint_is_evaluated_and_compared(alive: Stack, trained: dict[
     exports = [op for op in journal(alive, run_id) if op.kind == "export_lora"]
     assert finished["payload"]["adapter_sha256"] == exports[-1].result["sha256"]
     for evaluation in trained["evaluations"]:  # each with the training flow's eval settings
-        assert evaluation["parameters"]["config"]["evaluation"]["samples"] == TRAIN["group_size"]
+        assert evaluation["parameters"]["config"]["evaluation"]["group_size"] == TRAIN["group_size"]
         assert evaluation["parameters"]["whitney_block"] == "whitney"
 
     tables = alive.api.post(

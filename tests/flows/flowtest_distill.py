@@ -28,7 +28,7 @@ def small_distill_config(api_url: str, **settings: object) -> DistillationConfig
         "api_url": api_url,
         "base_model": "local/nano",
         "prompts_per_cycle": 2,
-        "samples_per_prompt": 2,
+        "group_size": 2,
         "max_tokens": 8,
         "teacher_chunk_size": 2,
         "task_retry": TaskRetrySettings(retries=2, delay_s=0.05, max_delay_s=0.2, jitter=0.1),

@@ -7,7 +7,7 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, get_args
 
 import pytest
 from flowtest_helpers import assert_executed_once_in_order, journal_rows
@@ -22,8 +22,9 @@ from flows.rl.recipes.ppo import RECIPE as PPO
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 from whitney.losses import PROVIDER_LOSS_SUPPORT
+from whitney.wire import Provider
 
-PROVIDERS = ("modal", "tinker", "local")
+PROVIDERS: tuple[str, ...] = get_args(Provider)
 
 
 def serves(provider: str, loss: str) -> bool:

@@ -40,7 +40,11 @@ def test_run_has_one_subcommand_per_flow_and_each_runs_its_module() -> None:
     ]
     assert tuple(flows.choices) == COMMANDS
     for flow in TRAINING_FLOWS:
-        assert callable(importlib.import_module(flow.cli_module).run)
+        module = importlib.import_module(flow.cli_module)
+        assert callable(module.run)
+        assert flows._choices_actions[COMMANDS.index(flow.command)].help == flow.summary
+        line = getattr(module, flow.progress)  # the progress line and the summary it names
+        assert callable(line) and callable(getattr(module, flow.summary_table))
     with pytest.raises(ConfigError, match="FLOW: unknown training flow 'reap': one of rl, sft"):
         by_command("reap")
 
@@ -62,7 +66,7 @@ def test_fork_takes_every_flow_and_checks_against_its_config(
     error = capsys.readouterr().err
     assert (code, error) == (
         2,
-        f"{PROG}: --set no_such: the {flow.command} config has no such field\n",
+        f"{PROG}: --set no_such: {flow.config.__name__} has no such field (every field: --help)\n",
     )
     others = [other.config.model_fields for other in TRAINING_FLOWS if other is not flow]
     own = set(flow.config.model_fields).difference(*others)

@@ -6,7 +6,7 @@ so client and server refuse the same payloads with the same messages.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, get_args
 
 from whitney import losses
 from whitney.errors import InvalidDatum, InvalidRequest, UnsupportedLoss
@@ -16,9 +16,10 @@ from whitney.wire import (
     RUN_OPERATIONS,
     SAMPLER_OPERATION_KINDS,
     SAMPLER_OPERATIONS,
+    Provider,
 )
 
-PROVIDERS: tuple[str, ...] = ("modal", "tinker", "local")
+PROVIDERS: tuple[str, ...] = get_args(Provider)
 CRITIC_PROVIDERS: frozenset[str] = frozenset({"modal", "local"})
 FROZEN_RUN_KINDS: frozenset[str] = frozenset({"save_weights_for_sampler"}) | SAMPLER_OPERATION_KINDS
 CRITIC_LOSSES: frozenset[str] = frozenset({"ppo_critic", "ppo"})

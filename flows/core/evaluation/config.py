@@ -3,7 +3,7 @@
 `EvalSettings` names the eval set (an environment's held-out prompts, and/or the held-out
 split of SFT data), how it is rendered (training's tokenizer and renderer on the checkpoint's
 base model) and how it is sampled: each prompt once greedily (`top_k: 1`) and
-`samples` times at `temperature`, every request seeded from (`seed`, EVAL_CYCLE, prompt
+`group_size` times at `temperature`, every request seeded from (`seed`, EVAL_CYCLE, prompt
 index). The training flows derive theirs from their config (`FlowConfig.eval_settings`), and
 put it in every `whitney.checkpoint.saved` event, so an evaluation off the critical path
 samples exactly what the inline one does.
@@ -11,20 +11,22 @@ samples exactly what the inline one does.
 
 from __future__ import annotations
 
-from typing import Self
+from typing import ClassVar, Self
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from flows.core.renames import RenamedFields
 from whitney.renderers import RendererName
 
 CORPUS = "corpus"
 """`data` naming the built-in SFT corpus."""
 
 
-class EvalSettings(BaseModel):
+class EvalSettings(RenamedFields):
     """An eval set and its sampling: the same settings give the same requests."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    RENAMED: ClassVar[dict[str, str]] = {"samples": "group_size"}
 
     env: str | None = Field(
         default="digits",
@@ -64,11 +66,12 @@ class EvalSettings(BaseModel):
         description="Held-out prompts drawn from an environment that has no eval_prompts() "
         "of its own (the built-ins have)",
     )
-    samples: int = Field(
+    group_size: int = Field(
         default=8,
         ge=1,
         le=256,
-        description="k: samples per prompt at `temperature`, for the sampled reward and pass@k",
+        description="k: samples per prompt at `temperature` (a group), for the sampled reward "
+        "and pass@k (formerly samples)",
     )
     max_tokens: int = Field(default=12, ge=1, le=8192, description="Most tokens per completion")
     temperature: float = Field(

@@ -1,7 +1,7 @@
 """An eval set as requests, and its numbers from their answers (no Prefect).
 
     greedy      one `sample` per held-out prompt: 1 completion, `top_k: 1`
-    sampled     one `sample` per held-out prompt: k = `samples` completions at `temperature`
+    sampled     one `sample` per held-out prompt: k = `group_size` completions at `temperature`
     loss        `logprobs` of the held-out pairs of SFT data (their last assistant turn)
 
 The numbers (`EvalMetrics`): `reward_mean`, the mean reward of the greedy completions;
@@ -127,7 +127,7 @@ class EvalPlan:
             sampled.append(
                 sample_request(
                     tokens,
-                    settings.samples,
+                    settings.group_size,
                     temperature=settings.temperature,
                     seed=derive_seed(settings.seed, EVAL_CYCLE, index, SAMPLED),
                     **common,
@@ -176,7 +176,7 @@ class EvalPlan:
             pass_at_k=statistics.fmean(
                 any(r >= settings.pass_reward for r in rewards) for rewards in drawn
             ),
-            k=settings.samples,
+            k=settings.group_size,
             prompts=len(self.prompts),
         )
         if self.sequences:

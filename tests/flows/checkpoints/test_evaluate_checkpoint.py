@@ -86,8 +86,8 @@ def test_an_sft_checkpoint_evaluates_its_held_out_loss(
     )
     trained = sft_flow(config)
     settings = config.eval_settings()
-    assert settings == EvalSettings(env=None, data="corpus", samples=4, max_tokens=64)
-    fewer = settings.model_copy(update={"samples": 1, "max_tokens": 8})  # sampling: not the loss
+    assert settings == EvalSettings(env=None, data="corpus", group_size=4, max_tokens=64)
+    fewer = settings.model_copy(update={"group_size": 1, "max_tokens": 8})  # sampling: not the loss
     result = evaluate_checkpoint(
         trained.checkpoint, EvaluateConfig(api_url=whitney.url, evaluation=fewer)
     )

@@ -150,12 +150,16 @@ def test_the_fork_command_runs_a_fork_of_the_manifest(
     ("arguments", "needle"),
     [
         (["--cycle", "7"], "--cycle: run {run} saved no checkpoint after cycle 7 (it has cycles"),
-        (["--cycle", "1", "--set", "no_such=1"], "--set no_such: the rl config has no such field"),
+        (["--cycle", "1", "--set", "no_such=1"], "--set no_such: RLConfig has no such field"),
+        (
+            ["--cycle", "1", "--set", "learning_rat=0.1"],
+            "--set learning_rat: RLConfig has no such field (did you mean learning_rate?)",
+        ),
         (["--cycle", "1", "--set", "base_model=local/nano"], "--set base_model: cannot change"),
         (["--cycle", "1", "--set", "lora_rank=4"], "--set lora_rank: cannot change in a fork"),
         (["--cycle", "1", "--set", "learning_rate"], "--set: 'learning_rate': expected FIELD="),
     ],
-    ids=["no-checkpoint", "unknown-field", "base-model", "lora-rank", "no-value"],
+    ids=["no-checkpoint", "unknown-field", "nearest-field", "base-model", "lora-rank", "no-value"],
 )
 def test_the_fork_command_refuses_naming_the_field(
     parent: Parent,

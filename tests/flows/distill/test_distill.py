@@ -54,7 +54,7 @@ def config(journal: ApiJournal, slow_server: EmbeddedWhitney) -> DistillationCon
         seed=5,
         teacher_checkpoint=checkpoint,
         prompts_per_cycle=8,
-        samples_per_prompt=4,
+        group_size=4,
         max_tokens=24,
         teacher_chunk_size=4,
         checkpoint_every=0,

@@ -42,7 +42,7 @@ def test_completion_logprobs_and_chunks() -> None:
 
 
 def test_teacher_chunks_and_a_checkpoint_over_sft() -> None:
-    config = DistillationConfig(prompts_per_cycle=8, samples_per_prompt=4, teacher_chunk_size=5)
+    config = DistillationConfig(prompts_per_cycle=8, group_size=4, teacher_chunk_size=5)
     assert config.sequences_per_cycle == 32
     assert config.teacher_chunks == 7
     assert config.model_copy(update={"teacher_chunk_size": 0}).teacher_chunks == 1
@@ -83,7 +83,7 @@ def test_corpus_prompts_exclude_the_eval_split_the_sft_flow_holds_out() -> None:
         requests = plan.sample_requests(cycle)
         assert len(requests) == config.prompts_per_cycle
         for request in requests:
-            assert request["num_samples"] == config.samples_per_prompt
+            assert request["num_samples"] == config.group_size
             assert request["sampling_params"]["temperature"] == 1.0
             seen.add(plan.renderer.tokenizer.decode(request["prompt"]["token_ids"]))
     train_prompts = {example.prompt for example in examples} - eval_prompts
@@ -93,7 +93,7 @@ def test_corpus_prompts_exclude_the_eval_split_the_sft_flow_holds_out() -> None:
 
 def test_the_cycle_usage_bound_is_every_completion_at_max_tokens() -> None:
     config = DistillationConfig(
-        base_model="local/nano", prompts_per_cycle=2, samples_per_prompt=3, max_tokens=10
+        base_model="local/nano", prompts_per_cycle=2, group_size=3, max_tokens=10
     )
     plan = check_distill_config(config)
     lengths = [len(r["prompt"]["token_ids"]) for r in plan.sample_requests(0)]

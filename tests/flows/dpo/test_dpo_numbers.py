@@ -18,8 +18,9 @@ from peft import AutoPeftModelForCausalLM
 from flows.cli.main import main
 from flows.dpo.config import DPOConfig
 from flows.dpo.flow import dpo_flow
-from flows.dpo.pairs import Pair, held_out
+from flows.dpo.pairs import SPLIT_SALT, Pair
 from flows.dpo.plan import load_dpo_plan
+from flows.sft.plan import held_out
 from whitney.local import EmbeddedWhitney
 from whitney.tokenizers import BOS_ID, EOS_ID
 
@@ -115,7 +116,7 @@ def base_logprobs(model: torch.nn.Module) -> dict[str, tuple[torch.Tensor, torch
 
 def split(fraction: float) -> tuple[list[tuple[str, str, str]], list[tuple[str, str, str]]]:
     """The training pairs and the held-out ones, as the flow splits them."""
-    evaluated = held_out([Pair(p, c, r) for p, c, r in PAIRS], fraction)
+    evaluated = held_out([Pair(p, c, r) for p, c, r in PAIRS], fraction, SPLIT_SALT)
     train = [pair for i, pair in enumerate(PAIRS) if i not in evaluated]
     return train, [pair for i, pair in enumerate(PAIRS) if i in evaluated]
 
