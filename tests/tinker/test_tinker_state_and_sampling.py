@@ -97,3 +97,40 @@ def test_closing_the_service_client_finishes_its_session_and_runs(server: Served
             "finished",
             "cancelled",
         )
+
+
+def test_two_sampling_clients_on_one_path_each_sample_their_own_requests(
+    server: ServedWhitney,
+) -> None:
+    """Each SDK sampling client numbers its requests from 0: two on one saved sampler, in one
+    ServiceClient or two, are two streams, so neither's request 0 is taken for the other's."""
+    service = tinker.ServiceClient(base_url=server.url, api_key=sdk_key(0))
+    training = service.create_lora_training_client(base_model="local/tiny", rank=4, seed=5).result()
+    _step(training)
+    path = training.save_weights_for_sampler("shared").result().path
+    prompt = types.ModelInput.from_ints(PROMPT)
+    params = [types.SamplingParams(max_tokens=6, seed=seed) for seed in (1, 2, 3)]
+    clients = [
+        service.create_sampling_client(model_path=path),
+        service.create_sampling_client(model_path=path),
+        tinker.ServiceClient(base_url=server.url, api_key=sdk_key(0)).create_sampling_client(
+            model_path=path
+        ),
+    ]
+    # alone, each seed's sample from a client of its own
+    alone = [
+        list(
+            service.create_sampling_client(model_path=path)
+            .sample(prompt, 1, p)
+            .result()
+            .sequences[0]
+            .tokens
+        )
+        for p in params
+    ]
+    drawn = [
+        list(c.sample(prompt, 1, p).result().sequences[0].tokens)
+        for c, p in zip(clients, params, strict=True)
+    ]
+    assert drawn == alone
+    assert len({tuple(tokens) for tokens in alone}) > 1  # the seeds do differ

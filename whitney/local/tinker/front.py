@@ -115,6 +115,7 @@ class TinkerFront:
         if optimizer.get("type", "adamw") != "adamw":
             raise translate.refused("optimizer_config.type", f"the {optimizer['type']!r} optimizer")
         lora = body.get("lora_config")
+        session_id = _text(body, "session_id")
         run = {
             "session_id": session_id,
             "provider": "tinker",
@@ -197,6 +198,7 @@ class TinkerFront:
         model_seq_id = body.get("model_seq_id")
         if not isinstance(model_seq_id, int):
             raise translate.bad("model_seq_id", "expected an integer")
+        session_id = _text(body, "session_id")
         run = {
             "session_id": session_id,
             "provider": "tinker",
@@ -214,15 +216,17 @@ class TinkerFront:
 
     def create_sampling_session(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
         model_path = body.get("model_path")
+        seq = body.get("sampling_session_seq_id")
         if model_path is not None:
             run_id, sampler_id = translate.parse_path(model_path, "model_path", sampler=True)
             self.service.runs.own(tenant, run_id)
+            # a client's requests are a stream of their own (each numbers them from 0)
+            client = f"{body.get('session_id')}.{seq}"
             return {
                 "type": "create_sampling_session",
-                "sampling_session_id": translate.session_id(run_id, sampler_id),
+                "sampling_session_id": translate.session_id(run_id, sampler_id, client),
             }
         session_id = _text(body, "session_id")
-        seq = body.get("sampling_session_seq_id")
         run = {
             "session_id": session_id,
             "provider": "tinker",

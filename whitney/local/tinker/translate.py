@@ -181,14 +181,18 @@ def parse_path(path: Any, field: str, sampler: bool) -> tuple[str, str]:
     return parts[0], parts[2]
 
 
-def session_id(run_id: str, sampler_id: str) -> str:
-    return f"{run_id}{SESSION_SEPARATOR}{sampler_id}"
+def session_id(run_id: str, sampler_id: str, client: str | None = None) -> str:
+    """A sampling session's id: the run and sampler it samples, and, for a session created on
+    a sampler's path, which SDK client created it (each has its own request ids)."""
+    parts = [run_id, sampler_id] if client is None else [run_id, sampler_id, client]
+    return SESSION_SEPARATOR.join(parts)
 
 
 def parse_session(sampling_session_id: Any) -> tuple[str, str]:
+    """The run and sampler of a sampling session's id (sampler names never hold the separator)."""
     if not isinstance(sampling_session_id, str) or SESSION_SEPARATOR not in sampling_session_id:
         raise bad("sampling_session_id", "not a sampling session of this server")
-    run_id, _, sampler_id = sampling_session_id.partition(SESSION_SEPARATOR)
+    run_id, sampler_id = sampling_session_id.split(SESSION_SEPARATOR)[:2]
     return run_id, sampler_id
 
 
