@@ -51,15 +51,15 @@ from served import quiet_prefect, served_whitney  # before prefect: it sets Pref
 from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-from flows.core.connection import resolve_connection
+from blocks.connection import client_for
+from blocks.flow_run import resolve_connection
 from flows.core.heartbeat import subflows_without_heartbeat
-from flows.core.sequenced_client import OperationLog, SequencedClient
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow, run_cycle
 from flows.rl.metrics import CycleMetrics
 from flows.rl.plan import check_rl_config
+from tasks.sequenced_client import OperationLog, SequencedClient
 from whitney import wire
-from whitney_calls.connection import client_for
 
 HEARTBEAT_S = 30
 

@@ -3,7 +3,7 @@
 Register the block type with `prefect block register -m blocks`; save one with
 `python -m blocks save NAME --base-url URL` (the key from WHITNEY_API_KEY or a prompt).
 Which Whitney a flow run talks to (this block, the environment, or an embedded server) is
-decided by `flows/core/endpoint.py`. Imports whitney and prefect, never flows or tasks; the
+decided by `blocks/endpoint.py`. Imports whitney and prefect, never flows or tasks; the
 block is imported on first use, so `blocks.connection` loads no Prefect.
 """
 

@@ -18,13 +18,13 @@ from uuid import UUID
 
 from prefect import get_run_logger, task
 
+from blocks.connection import WhitneyConnection, client_for
 from tasks.checkpoints import saved_checkpoints
+from tasks.names import PARENT_FLOW_RUN_LABEL
 from tasks.operations import TASK_DEFAULTS
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.uris import checkpoint_run_id
-from whitney_calls.connection import WhitneyConnection, client_for
-from whitney_calls.names import PARENT_FLOW_RUN_LABEL
 
 
 def final_checkpoint(client: WhitneyClient, run_id: str) -> str | None:

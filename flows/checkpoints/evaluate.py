@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
+from blocks.flow_run import resolve_connection
 from flows.checkpoints.comparison import (
     CheckpointEvaluation,
     evaluate_checkpoints,
@@ -25,7 +26,6 @@ from flows.checkpoints.comparison import (
 )
 from flows.checkpoints.config import CheckpointURI, EvaluateConfig
 from flows.core.cleanup import CLEANUP_HOOKS
-from flows.core.connection import resolve_connection
 from flows.core.events import checkpoint_evaluated
 
 

@@ -37,6 +37,8 @@ from prefect.input import RunInput
 from prefect.runtime import flow_run as current_flow_run
 from pydantic import BaseModel, Field
 
+from blocks.connection import WhitneyConnection
+from blocks.flow_run import resolve_connection
 from flows.checkpoints.comparison import (
     CheckpointEvaluation,
     eval_set_name,
@@ -46,15 +48,13 @@ from flows.checkpoints.comparison import (
 from flows.checkpoints.config import LOWER_IS_BETTER, PromoteConfig
 from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import ConfigError
-from flows.core.connection import resolve_connection
 from flows.core.events import promotion_decided
 from flows.core.manifest import add_promotion
+from tasks.calls import WhitneyCalls
 from tasks.checkpoints import list_checkpoints, read_run
 from whitney import wire
 from whitney.client import API_KEY_ENV
 from whitney.uris import checkpoint_run_id
-from whitney_calls.calls import WhitneyCalls
-from whitney_calls.connection import WhitneyConnection
 
 POLL_INTERVAL_S = 2
 """How often the paused run asks whether it was resumed."""

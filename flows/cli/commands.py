@@ -28,9 +28,9 @@ if TYPE_CHECKING:
 def journal_source(options: argparse.Namespace) -> ApiJournal | DataDirJournal:
     """The source `options` name (see the module docstring); ValueError saying what is
     missing."""
+    from blocks.endpoint import resolve_endpoint
     from flows.cli.inspection_sources import ApiJournal, DataDirJournal
     from flows.core.config import ConfigError
-    from flows.core.endpoint import resolve_endpoint
 
     if options.data_dir is None:
         try:

@@ -26,7 +26,7 @@ from flows.cli.commands import journal_source
 from flows.cli.exit_codes import EXIT_BAD_CONFIG
 from flows.core.config import ConfigError
 from flows.core.manifest import manifest_path, read_manifest
-from whitney_calls.names import CYCLE_CHECKPOINT
+from tasks.names import CYCLE_CHECKPOINT
 
 if TYPE_CHECKING:
     from flows.catalogue import TrainingFlow

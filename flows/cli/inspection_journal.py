@@ -35,8 +35,8 @@ from typing import Any
 from flows.cli.inspection_sources import JournalSource
 from flows.core.cost import add_usage, total_tokens
 from flows.core.operation_rows import operation_row
+from tasks.names import CYCLE_SAMPLER, EVAL_SAMPLER
 from whitney import wire
-from whitney_calls.names import CYCLE_SAMPLER, EVAL_SAMPLER
 
 DEFAULT_SAMPLER = re.compile(r"^sampler-\d+$")
 FINAL_KINDS = frozenset({"save_state", "export_lora"})

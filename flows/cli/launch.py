@@ -27,14 +27,15 @@ from pydantic import SecretStr
 from rich.console import Console
 from rich.table import Table
 
+from blocks.connection import WhitneyConnection
+from blocks.endpoint import resolve_endpoint
+from blocks.flow_run import EMBEDDED_DATA_DIR_ENV, EMBEDDED_URL_ENV, check_whitney
+from blocks.served import check_served
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_FLOW_FAILED, EXIT_OK
 from flows.cli.watchdog import watch
 from flows.core.config import ConfigError, FlowConfig
-from flows.core.connection import EMBEDDED_DATA_DIR_ENV, EMBEDDED_URL_ENV, check_whitney
-from flows.core.endpoint import resolve_endpoint
 from flows.core.manifest import archive_path, manifest_path, with_archive, write_manifest
 from flows.core.plots import picture_beside
-from flows.core.served import check_served
 from flows.core.summary_parts import export_command
 from flows.core.tracking.preflight import check_tracking
 from whitney.client import API_KEY_ENV
@@ -42,7 +43,6 @@ from whitney.local import ServerStartError
 from whitney.local.config import default_data_dir
 from whitney.local.ownership import start_on_first_free
 from whitney.local.tinker_endpoint import TINKER_URL_ENV, endpoint_of
-from whitney_calls.connection import WhitneyConnection
 
 ProgressFactory = Callable[[Path, Console], AbstractContextManager[Any]]
 """(metrics path, console) -> the progress display, entered around the flow run."""

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from blocks.endpoint import load_block
 from flows.core.config import ConfigError
 from flows.core.cost import (
     Budget,
@@ -23,7 +24,6 @@ from flows.core.cost import (
     cost_model,
     total_tokens,
 )
-from flows.core.endpoint import load_block
 
 
 def flow_cost_model(prices: PriceTable | None, whitney_block: str | None) -> CostModel | None:

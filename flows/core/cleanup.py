@@ -21,11 +21,11 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.logging.loggers import flow_run_logger
 from prefect.states import State
 
-from flows.core.connection import resolve_connection
+from blocks.flow_run import resolve_connection
 from flows.core.events import run_released
 from flows.core.tracking.session import end_tracking
-from whitney_calls.names import FLOW_RUN_LABEL, PARENT_FLOW_RUN_LABEL
-from whitney_calls.release import release_sessions
+from tasks.names import FLOW_RUN_LABEL, PARENT_FLOW_RUN_LABEL
+from tasks.release import release_sessions
 
 DEFAULT_CLEANUP_TIMEOUT_S = 60.0
 CLEANUP_RETRY_SECONDS = 20.0

@@ -19,9 +19,9 @@ from flows.core.cost import Budget, PriceTable
 from flows.core.evaluation.config import EvalSettings
 from flows.core.stall_windows import StallSettings
 from flows.core.tracking.config import TrackingSettings
+from tasks.names import CYCLE_CHECKPOINT_PATTERN, checkpoint_cycle
+from tasks.retry import TaskRetrySettings
 from whitney.renderers import RendererName
-from whitney_calls.names import CYCLE_CHECKPOINT_PATTERN, checkpoint_cycle
-from whitney_calls.retry import TaskRetrySettings
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 BudgetField = Annotated[

@@ -52,10 +52,10 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext
 from pydantic import BaseModel, Field
 
+from blocks.flow_run import resolve_connection
 from flows.core.budget import BudgetGuard
 from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import FlowConfig
-from flows.core.connection import resolve_connection
 from flows.core.cost import Usage
 from flows.core.events import CycleEvents, checkpoint_saved
 from flows.core.heartbeat import subflows_without_heartbeat
@@ -63,12 +63,12 @@ from flows.core.lineage import Lineage
 from flows.core.off_policy_schedule import SampleBlock
 from flows.core.orchestrator import prefect_away_notice, ride_out
 from flows.core.records import RunRecords, by_run, metrics_row, record_cycle
-from flows.core.sequenced_client import Call, SequencedClient
 from flows.core.task_runner_settings import TaskRunnerSettings
 from flows.core.task_runners import cycle_task_runners
 from flows.core.tracking.session import open_tracking
+from tasks.names import cycle_name
+from tasks.sequenced_client import Call, SequencedClient
 from whitney import wire
-from whitney_calls.names import cycle_name
 
 
 class CycleResult(BaseModel):

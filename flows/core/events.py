@@ -36,8 +36,8 @@ from prefect.runtime import flow_run as current_flow_run
 
 from flows.core.evaluation.config import EvalSettings
 from flows.core.stall_windows import StallSettings, stall_window
+from tasks.names import CYCLE_CHECKPOINT
 from whitney.uris import checkpoint_run_id
-from whitney_calls.names import CYCLE_CHECKPOINT
 
 CYCLE_STARTED = "whitney.cycle.started"
 CYCLE_COMPLETED = "whitney.cycle.completed"

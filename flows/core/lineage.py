@@ -29,14 +29,14 @@ from prefect.artifacts import create_markdown_artifact
 from prefect.exceptions import ObjectNotFound
 from pydantic import BaseModel, Field, ValidationError
 
+from blocks.connection import WhitneyConnection
 from flows.core.config import ConfigError, FlowConfig
 from flows.core.manifest import RUN_LOCAL_FIELDS, flat_settings
 from flows.core.plots import Line, Panel, render_png
+from tasks.names import FLOW_RUN_LABEL, checkpoint_cycle
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.uris import checkpoint_run_id
-from whitney_calls.connection import WhitneyConnection
-from whitney_calls.names import FLOW_RUN_LABEL, checkpoint_cycle
 
 FIXED_IN_FORK = ("provider", "base_model", "lora_rank", "tokenizer")
 """Fields a fork keeps from its parent: the checkpoint's weights are of them."""

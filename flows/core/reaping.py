@@ -6,7 +6,7 @@ Completed, Failed, Cancelled or Crashed, or does not know it at all ("gone": del
 kept while the flow run is Scheduled, Pending, Running, Cancelling or Paused. A session
 without the label (or whose label is not a flow run id) is never looked at. `judge` decides
 from the states alone (no Prefect); `survey` reads them from the Prefect API the environment
-names; `reap` closes through `whitney_calls.release`, as the cleanup hooks do.
+names; `reap` closes through `tasks.release`, as the cleanup hooks do.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
 from flows.core.cleanup import DEFAULT_CLEANUP_TIMEOUT_S
+from tasks.names import FLOW_RUN_LABEL
+from tasks.release import release_sessions
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.errors import WhitneyError
-from whitney_calls.names import FLOW_RUN_LABEL
-from whitney_calls.release import release_sessions
 
 CLOSE_STATE_TYPES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "CRASHED"})
 """The flow run states whose sessions are closed: the run is over."""
@@ -122,7 +122,7 @@ def reap(
     logger: Any,
     timeout_s: float = DEFAULT_CLEANUP_TIMEOUT_S,
 ) -> list[Verdict]:
-    """Release the flow runs of the `close` verdicts (`whitney_calls.release`: runs cancelled,
+    """Release the flow runs of the `close` verdicts (`tasks.release`: runs cancelled,
     sessions closed), each once its state, read again, still says it is over (a flow run
     retried since the survey is kept); the verdicts, now `closed`, `failed` with the error,
     or `keep` with the new state."""

@@ -21,7 +21,7 @@ from prefect.artifacts import (
     update_progress_artifact,
 )
 
-from flows.core.connection import flow_run_export_command
+from blocks.flow_run import flow_run_export_command
 from flows.core.cost import format_cost
 from flows.core.operation_rows import metrics_text, operation_row, seconds_text
 from flows.core.plots import Panel, picture_beside, render_png

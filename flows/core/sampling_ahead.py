@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from flows.core.off_policy_schedule import SampleBlock, Schedule
-from flows.core.sequenced_client import Call, SequencedClient, Submitted
+from tasks.sequenced_client import Call, SequencedClient, Submitted
 
 Requests = Callable[[int], list[dict[str, Any]]]
 """A cycle's sample requests, one per prompt (deterministic: its seeds come from the cycle)."""

@@ -25,20 +25,20 @@ from typing import Any
 from prefect.context import FlowRunContext
 from pydantic import BaseModel, Field
 
+from blocks.connection import WhitneyConnection
+from blocks.flow_run import flow_run_export_command
+from blocks.served import check_served
 from flows.core.cleanup import session_labels
 from flows.core.config import FlowConfig
-from flows.core.connection import flow_run_export_command
 from flows.core.events import checkpoint_saved, run_finished, run_forked
 from flows.core.lineage import Lineage, find_lineage, lineage_artifact
 from flows.core.manifest import flow_manifest
 from flows.core.records import artifact_key
-from flows.core.sequenced_client import SequencedClient
-from flows.core.served import check_served
+from tasks.calls import WhitneyCalls
 from tasks.lifecycle import capabilities, close_session, create_run, finish_run, open_session
 from tasks.resume import ResumePoint, find_resume_point
+from tasks.sequenced_client import SequencedClient
 from whitney import wire
-from whitney_calls.calls import WhitneyCalls
-from whitney_calls.connection import WhitneyConnection
 
 
 @dataclass(frozen=True)

@@ -41,10 +41,10 @@ from datetime import UTC, datetime
 from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
 
+from blocks.flow_run import resolve_connection
 from flows.core.budget import BudgetGuard, flow_cost_model
 from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import checkpoint_due
-from flows.core.connection import resolve_connection
 from flows.core.cost import Usage, add_usage, format_usage, usage_of
 from flows.core.cycles import (
     CycleStart,
@@ -60,7 +60,6 @@ from flows.core.evaluation.sampler import evaluate_after_cycle
 from flows.core.off_policy_schedule import SampleBlock, Schedule
 from flows.core.records import run_rows, spend_rows
 from flows.core.sampling_ahead import CycleSamples, sample_ahead
-from flows.core.sequenced_client import Call, SequencedClient
 from flows.core.training import end_training_run, require_served, start_training_run
 from flows.distill.config import LOSS_FUNCTION, DistillationConfig
 from flows.distill.metrics import (
@@ -75,12 +74,13 @@ from flows.distill.plan import (
     chunked,
     reverse_kl_advantages,
 )
+from tasks.calls import WhitneyCalls
+from tasks.names import cycle_name
+from tasks.sequenced_client import Call, SequencedClient
 from tasks.teacher import find_trained_teacher, read_teacher_sft_journal
 from whitney import wire
 from whitney.datums import rl_datum
 from whitney.payloads import adamw_optimizer, forward_backward_payload
-from whitney_calls.calls import WhitneyCalls
-from whitney_calls.names import cycle_name
 
 ROLE_LABEL = "whitney-flows.role"
 """The run label naming the student and the teacher."""

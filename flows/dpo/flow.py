@@ -35,10 +35,10 @@ from datetime import UTC, datetime
 from prefect import flow, get_run_logger
 from pydantic import BaseModel
 
+from blocks.flow_run import resolve_connection
 from flows.core.budget import BudgetGuard, flow_cost_model
 from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import checkpoint_due
-from flows.core.connection import resolve_connection
 from flows.core.cost import usage_of
 from flows.core.cycles import (
     CycleStart,
@@ -50,7 +50,6 @@ from flows.core.cycles import (
 )
 from flows.core.evaluation.plan import completion_logprobs
 from flows.core.records import run_rows, spend_rows
-from flows.core.sequenced_client import SequencedClient
 from flows.core.training import end_training_run, start_training_run
 from flows.dpo.config import BASE_REFERENCE, DPOConfig
 from flows.dpo.metrics import DPOCycleMetrics, DPOResult, PreferenceEval, learning_curves
@@ -66,9 +65,10 @@ from flows.dpo.plan import (
     training_datums,
 )
 from flows.dpo.reference import check_reference
+from tasks.names import cycle_name
+from tasks.sequenced_client import SequencedClient
 from whitney import wire
 from whitney.payloads import adamw_optimizer, forward_backward_payload
-from whitney_calls.names import cycle_name
 
 ROLE_LABEL = "whitney-flows.role"
 REFERENCE_SAMPLER = "reference"

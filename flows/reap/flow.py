@@ -13,7 +13,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from flows.core.connection import resolve_connection
+from blocks.flow_run import resolve_connection
 from flows.core.reaping import reap, survey
 
 

@@ -34,7 +34,7 @@ from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.events import emit_event
 
-from flows.core.connection import resolve_connection
+from blocks.flow_run import resolve_connection
 from flows.core.events import RUN_NOT_RESUMED, RUN_RESUMED, flow_run_resource
 from flows.core.orchestrator import crash_open_subflows
 from flows.core.records import artifact_key
@@ -45,10 +45,10 @@ from flows.resume.continuation import (
     resume_reason,
     without_lineage,
 )
+from tasks.names import checkpoint_cycle
+from tasks.release import release_sessions
 from tasks.resume import latest_checkpoints
 from whitney.client import WhitneyClient
-from whitney_calls.names import checkpoint_cycle
-from whitney_calls.release import release_sessions
 
 RELEASE_TIMEOUT_S = 60.0
 

@@ -62,10 +62,10 @@ from uuid import UUID
 
 from prefect import flow
 
+from blocks.flow_run import resolve_connection
 from flows.core.budget import BudgetGuard, flow_cost_model
 from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import checkpoint_due
-from flows.core.connection import resolve_connection
 from flows.core.cost import format_cost, format_usage
 from flows.core.cycles import (
     CycleStart,
@@ -81,7 +81,6 @@ from flows.core.evaluation.sampler import evaluate_after_cycle, evaluate_at_star
 from flows.core.off_policy_schedule import SampleBlock, Schedule
 from flows.core.records import RunRecords, run_rows
 from flows.core.sampling_ahead import CycleSamples, sample_ahead
-from flows.core.sequenced_client import Call, OperationLog, SequencedClient
 from flows.core.summary_parts import first_and_last
 from flows.core.training import end_training_run, start_training_run
 from flows.rl.auxiliary import (
@@ -98,8 +97,9 @@ from flows.rl.metrics import CycleMetrics, RLResult, learning_curves
 from flows.rl.multi_turn_batch import build_episode_batch
 from flows.rl.off_policy import decouple, decouples, logprobs_requests
 from flows.rl.plan import RLPlan, check_rl_config
+from tasks.names import cycle_name
+from tasks.sequenced_client import Call, OperationLog, SequencedClient
 from whitney.payloads import adamw_optimizer
-from whitney_calls.names import cycle_name
 
 
 def cycle_metrics(

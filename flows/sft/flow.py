@@ -37,9 +37,9 @@ from datetime import UTC, datetime
 
 from prefect import flow
 
+from blocks.flow_run import resolve_connection
 from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import checkpoint_due
-from flows.core.connection import resolve_connection
 from flows.core.cycles import (
     CycleStart,
     cycle_subflow,
@@ -49,15 +49,15 @@ from flows.core.cycles import (
     save_checkpoint,
 )
 from flows.core.records import run_rows
-from flows.core.sequenced_client import SequencedClient
 from flows.core.training import end_training_run, start_training_run
 from flows.sft.config import SFTConfig
 from flows.sft.metrics import EvalPoint, SFTCycleMetrics, SFTResult, learning_curves
 from flows.sft.plan import LOSS_FUNCTION, SFTPlan, check_sft_config
+from tasks.names import cycle_name
+from tasks.sequenced_client import SequencedClient
 from whitney import wire
 from whitney.datums import Datum
 from whitney.payloads import adamw_optimizer, forward_backward_payload
-from whitney_calls.names import cycle_name
 
 
 def evaluate(

@@ -31,8 +31,8 @@ from prefect.deployments import run_deployment
 from prefect.states import Cancelling, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
+from blocks.flow_run import resolve_connection
 from flows.core.budget import check_budget, flow_cost_model
-from flows.core.connection import resolve_connection
 from flows.core.cost import Budget
 from flows.core.events import sweep_best
 from flows.core.paging import every_page

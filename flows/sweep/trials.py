@@ -39,13 +39,13 @@ from prefect.events.filters import (
 from prefect.states import Cancelling
 from pydantic import BaseModel, Field
 
+from blocks.connection import WhitneyConnection
 from flows.core.cost import CostModel, Usage, add_usage, total_tokens, usage_of
 from flows.core.events import CYCLE_COMPLETED, RUN_FINISHED
 from flows.sweep.ledger import CostLedger
 from flows.sweep.results import SKIPPED, TrialRung
-from whitney_calls.connection import WhitneyConnection
-from whitney_calls.names import FLOW_RUN_LABEL
-from whitney_calls.release import release_sessions
+from tasks.names import FLOW_RUN_LABEL
+from tasks.release import release_sessions
 
 SWEEP_TAG = "whitney.sweep"
 EVENT_WAIT_S = 60.0

@@ -1,4 +1,4 @@
-"""`WhitneyCredentials` and the endpoint resolution (`flows.core.endpoint`), against the real
+"""`WhitneyCredentials` and the endpoint resolution (`blocks.endpoint`), against the real
 embedded server.
 
 Saving and loading through a Prefect server, the UI's view of the block and the key's
@@ -23,11 +23,11 @@ from rich.console import Console
 
 import whitney.clock
 from blocks import BlockNotFound, WhitneyCredentials, load_credentials
+from blocks.endpoint import resolve_endpoint
+from blocks.flow_run import resolve_connection
 from flows.cli.launch import start_embedded_server
 from flows.core.budget import flow_cost_model
 from flows.core.config import ConfigError
-from flows.core.connection import resolve_connection
-from flows.core.endpoint import resolve_endpoint
 from whitney.errors import Unauthorized
 
 KEY = "sk-test-blocks-0123456789"
@@ -258,7 +258,7 @@ def test_blocks_import_neither_flows_nor_tasks():
     code = (
         "import sys, blocks, blocks.__main__\n"
         "print(sorted(m for m in sys.modules"
-        " if m.split('.')[0] in ('flows', 'tasks', 'whitney_calls')))\n"
+        " if m.split('.')[0] in ('flows', 'tasks')))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True

@@ -23,7 +23,6 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 SPAN = re.compile(r"`([^`\n]+)`")
 TOP = (
     "whitney",
-    "whitney_calls",
     "flows",
     "tasks",
     "blocks",

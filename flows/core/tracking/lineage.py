@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from prefect.client.schemas.objects import FlowRun
 
+from blocks.connection import WhitneyConnection
+from tasks.names import CYCLE_CHECKPOINT, FLOW_RUN_LABEL
 from whitney.client import WhitneyClient
-from whitney_calls.connection import WhitneyConnection
-from whitney_calls.names import CYCLE_CHECKPOINT, FLOW_RUN_LABEL
 
 MAX_HOPS = 10_000
 """A bound on the chain of resumed runs followed back (a chain is far shorter)."""

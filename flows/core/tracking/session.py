@@ -35,8 +35,8 @@ from prefect.logging.loggers import flow_run_logger
 from prefect.states import State
 from pydantic import BaseModel
 
+from blocks.flow_run import resolve_connection
 from flows.core.config import FlowConfig
-from flows.core.connection import resolve_connection
 from flows.core.lineage import Lineage, branches
 from flows.core.records import artifact_key
 from flows.core.tracking.backend import RunStatus, TrackedRunSpec, Tracker

@@ -18,10 +18,10 @@ from prefect.states import Completed, Crashed, Failed, Running, State
 from flows.cli.main import main
 from flows.core.reaping import FlowRunState, Verdict, judge, reap
 from flows.reap.flow import reap_orphaned_sessions
+from tasks.names import FLOW_RUN_LABEL
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
-from whitney_calls.names import FLOW_RUN_LABEL
 
 
 @flow(name="reap-subject")

@@ -26,10 +26,10 @@ from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from flows.rl.metrics import RLResult
 from tasks import operations
+from tasks.names import FLOW_RUN_LABEL
 from tests.local.helpers import journal_rows
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
-from whitney_calls.names import FLOW_RUN_LABEL
 
 LEARNING_CYCLES = 18
 """The learning tests' cycles: 0.81 (importance_sampling, 1 step behind) and 0.95 (ppo, 2

@@ -24,10 +24,10 @@ from flowtest_sft import small_sft_config
 from prefect import flow
 
 from flows.core.config import ConfigError
-from flows.core.sequenced_client import SequencedClient
 from flows.sft.config import SFTConfig
 from flows.sft.flow import sft_flow
 from flows.sft.schedules import scheduled_rate
+from tasks.sequenced_client import SequencedClient
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 

@@ -20,9 +20,9 @@ from typing import TYPE_CHECKING
 
 from pydantic import SecretStr
 
+from blocks.connection import WhitneyConnection
 from flows.core.config import ConfigError
 from whitney.client import API_KEY_ENV, API_URL_ENV
-from whitney_calls.connection import WhitneyConnection
 
 if TYPE_CHECKING:
     from blocks import WhitneyCredentials

@@ -34,18 +34,18 @@ from prefect.futures import PrefectFuture
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
+from blocks.connection import WhitneyConnection
+from tasks.calls import WhitneyCalls
 from tasks.lifecycle import cancel_run
 from tasks.operations import (
     RUN_OPERATION_TASKS,
     SAMPLER_OPERATION_TASKS,
     requested_earlier,
 )
+from tasks.retry import TaskRetrySettings
 from whitney import wire
 from whitney.errors import OperationFailed, WhitneyError
 from whitney.seq_ids import SeqLedger
-from whitney_calls.calls import WhitneyCalls
-from whitney_calls.connection import WhitneyConnection
-from whitney_calls.retry import TaskRetrySettings
 
 
 class OperationLog:

@@ -1,5 +1,5 @@
 """The connection of a flow run (its `whitney_block` parameter, else its config's `api_url`,
-as `flows.core.endpoint` resolves them), from parameters and the environment only, so a hook
+as `blocks.endpoint` resolves them), from parameters and the environment only, so a hook
 in another process (a runner or worker) resolves the same one.
 
 `check_whitney` is the CLI's fail-fast probe of an endpoint, before any flow run starts.
@@ -11,13 +11,13 @@ import os
 
 from prefect.context import FlowRunContext
 
+from blocks.connection import WhitneyConnection
+from blocks.endpoint import Endpoint, resolve_endpoint
 from flows.core.config import ConfigError
-from flows.core.endpoint import Endpoint, resolve_endpoint
 from flows.core.summary_parts import export_command
 from whitney import wire
 from whitney.client import API_KEY_ENV, API_URL_ENV
 from whitney.errors import TransportError, Unauthorized, WhitneyError
-from whitney_calls.connection import WhitneyConnection
 
 EMBEDDED_URL_ENV = "WHITNEY_FLOWS_EMBEDDED_URL"
 """Set by `whitney-flows run` to the URL of the embedded server it started for the flow."""

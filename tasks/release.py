@@ -7,10 +7,10 @@ from __future__ import annotations
 from typing import Any
 from uuid import UUID
 
+from tasks.names import FLOW_RUN_LABEL
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.errors import WhitneyError
-from whitney_calls.names import FLOW_RUN_LABEL
 
 
 def cancel_and_await(client: WhitneyClient, run_id: str, timeout_s: float, logger: Any) -> None:

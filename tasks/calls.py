@@ -1,11 +1,11 @@
 """The one way a flow reaches Whitney: a task (`tasks.operations`, `tasks.lifecycle`, ...) run
-on the flow's connection with the flow's retry policy (`whitney_calls.retry`).
+on the flow's connection with the flow's retry policy (`tasks.retry`).
 
     whitney = WhitneyCalls(connection, config.task_retry)
     session = whitney.run(open_session, labels, idempotency_key)
     future = whitney.submit(sample, run_id, sampler_id, seq_id, payload)
 
-Ordered operations go through `flows.core.sequenced_client.SequencedClient`, which picks
+Ordered operations go through `tasks.sequenced_client.SequencedClient`, which picks
 their seq ids and makes its calls through a `WhitneyCalls` too.
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from whitney_calls.connection import WhitneyConnection
-from whitney_calls.retry import TaskRetrySettings, with_retry
+from blocks.connection import WhitneyConnection
+from tasks.retry import TaskRetrySettings, with_retry
 
 if TYPE_CHECKING:
     from prefect import Task
