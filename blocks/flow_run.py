@@ -14,7 +14,7 @@ from prefect.context import FlowRunContext
 from blocks.connection import WhitneyConnection
 from blocks.endpoint import Endpoint, resolve_endpoint
 from flows.core.config import ConfigError
-from flows.core.summary_parts import export_command
+from flows.core.records.summary_parts import export_command
 from whitney import wire
 from whitney.client import API_KEY_ENV, API_URL_ENV
 from whitney.errors import TransportError, Unauthorized, WhitneyError

@@ -2,7 +2,8 @@
 tokens count toward the distillation's budget.
 
 With `teacher_sft`, a distillation's first step is an SFT subflow; its session bears the label
-`prefect.parent-flow-run-id=<the distillation's flow run id>` (flows.core.cleanup.session_labels).
+`prefect.parent-flow-run-id=<the distillation's flow run id>`
+(flows.core.orchestration.cleanup.session_labels).
 A retried attempt (the UI's Retry, `prefect flow-run retry`, flow `retries`) looks for such a
 session whose run finished: the teacher was trained to the end and its final `save_state`
 succeeded. It then distills from that checkpoint instead of training the teacher again, which

@@ -25,8 +25,8 @@ from flows.checkpoints.comparison import (
     record_comparison,
 )
 from flows.checkpoints.config import CheckpointURI, EvaluateConfig
-from flows.core.cleanup import CLEANUP_HOOKS
-from flows.core.events import checkpoint_evaluated
+from flows.core.orchestration.cleanup import CLEANUP_HOOKS
+from flows.core.records.events import checkpoint_evaluated
 
 
 @flow(name="evaluate-checkpoint", persist_result=False, **CLEANUP_HOOKS)

@@ -12,7 +12,7 @@ person in the loop.
       approved: a trainable run created from the checkpoint, export_lora, finish, close; then
         `whitney-flows export RUN --out target_dir/merged --merged` and
         `whitney-flows export RUN --out target_dir/adapter` (issue 8's export, as a user runs
-        it), the approval added to each directory's manifest.json (flows.core.manifest); a
+        it), the approval added to each directory's manifest.json (flows.core.records.manifest); a
         link artifact to target_dir
       rejected: ends there, nothing exported; no decision within approval_timeout_s: the
         same, recorded, and the run fails (Prefect fails a pause that times out)
@@ -46,10 +46,10 @@ from flows.checkpoints.comparison import (
     runs_from_checkpoints,
 )
 from flows.checkpoints.config import LOWER_IS_BETTER, PromoteConfig
-from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import ConfigError
-from flows.core.events import promotion_decided
-from flows.core.manifest import add_promotion
+from flows.core.orchestration.cleanup import CLEANUP_HOOKS
+from flows.core.records.events import promotion_decided
+from flows.core.records.manifest import add_promotion
 from tasks.calls import WhitneyCalls
 from tasks.checkpoints import list_checkpoints, read_run
 from whitney import wire

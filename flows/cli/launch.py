@@ -3,7 +3,7 @@ tracker refuses, a tracking server that does not answer or refuses the credentia
 before anything starts), reach Whitney (a URL that does not answer, or refuses the key, exits 2
 before any flow run starts) or start the embedded server, run the flow with progress fed by its
 metrics JSON lines, download the exported adapter and write its manifest beside it
-(`RUN-manifest.json`, flows.core.manifest), print a summary table, then where the learning
+(`RUN-manifest.json`, flows.core.records.manifest), print a summary table, then where the learning
 curves are (the summary artifact's picture, as a PNG beside the metrics file: `--metrics-out`'s,
 else in the adapter directory) and the command that exports the adapter. Exit codes as in
 `flows.cli.main`."""
@@ -34,10 +34,10 @@ from blocks.served import check_served
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_FLOW_FAILED, EXIT_OK
 from flows.cli.watchdog import watch
 from flows.core.config import ConfigError, FlowConfig
-from flows.core.manifest import archive_path, manifest_path, with_archive, write_manifest
-from flows.core.plots import picture_beside
-from flows.core.summary_parts import export_command
-from flows.core.tracking.preflight import check_tracking
+from flows.core.records.manifest import archive_path, manifest_path, with_archive, write_manifest
+from flows.core.records.plots import picture_beside
+from flows.core.records.summary_parts import export_command
+from flows.core.records.tracking.preflight import check_tracking
 from whitney.client import API_KEY_ENV
 from whitney.local import ServerStartError
 from whitney.local.config import default_data_dir

@@ -1,5 +1,5 @@
 """`whitney-flows reap`: close the Whitney sessions whose flow run is over or gone
-(flows.core.reaping). Dry run unless --apply.
+(flows.core.orchestration.reaping). Dry run unless --apply.
 
     whitney-flows reap [--api-url URL] [--apply] [--json]
 
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_OK, EXIT_REAP_FAILED
 
 if TYPE_CHECKING:
-    from flows.core.reaping import Verdict
+    from flows.core.orchestration.reaping import Verdict
 
 PROG = "whitney-flows reap"
 
@@ -37,7 +37,7 @@ def run_reap(options: argparse.Namespace) -> int:
     from blocks.flow_run import check_whitney
     from flows.cli.launch import prefect_start_failure, start_ephemeral_prefect
     from flows.core.config import ConfigError
-    from flows.core.reaping import reap, survey
+    from flows.core.orchestration.reaping import reap, survey
     from whitney.client import API_URL_ENV
 
     try:

@@ -15,10 +15,10 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from flows.core.cost import Budget, PriceTable
 from flows.core.evaluation.config import EvalSettings
-from flows.core.stall_windows import StallSettings
-from flows.core.tracking.config import TrackingSettings
+from flows.core.loop.cost import Budget, PriceTable
+from flows.core.loop.stall_windows import StallSettings
+from flows.core.records.tracking.config import TrackingSettings
 from tasks.names import CYCLE_CHECKPOINT_PATTERN, checkpoint_cycle
 from tasks.retry import TaskRetrySettings
 from whitney.renderers import RendererName

@@ -1,4 +1,5 @@
-"""`reap_orphaned_sessions`: `whitney-flows reap` as a flow (flows.core.reaping), for the
+"""`reap_orphaned_sessions`: `whitney-flows reap` as a flow (flows.core.orchestration.reaping), for
+the
 `reap-every-15-minutes` deployment.
 
 `apply` defaults to False, as the command does: a run started by hand lists what it would
@@ -14,7 +15,7 @@ from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
 from blocks.flow_run import resolve_connection
-from flows.core.reaping import reap, survey
+from flows.core.orchestration.reaping import reap, survey
 
 
 @flow(name="reap", persist_result=False)

@@ -35,9 +35,9 @@ from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.events import emit_event
 
 from blocks.flow_run import resolve_connection
-from flows.core.events import RUN_NOT_RESUMED, RUN_RESUMED, flow_run_resource
-from flows.core.orchestrator import crash_open_subflows
-from flows.core.records import artifact_key
+from flows.core.orchestration.orchestrator import crash_open_subflows
+from flows.core.records.events import RUN_NOT_RESUMED, RUN_RESUMED, flow_run_resource
+from flows.core.records.run_records import artifact_key
 from flows.resume.continuation import (
     Continuation,
     lineage_from_tags,

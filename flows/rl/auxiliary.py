@@ -17,7 +17,7 @@ from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel
 
-from flows.core.training import TrainingRun
+from flows.core.loop.training import TrainingRun
 from flows.rl.recipes import Recipe
 from tasks.names import AUXILIARY_LABEL, cycle_name
 from tasks.sequenced_client import SeqLedger, SequencedClient

@@ -29,7 +29,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from flows.core.environments import Completion, Environment
-from flows.core.seeds import derive_seed
+from flows.core.loop.seeds import derive_seed
 from flows.rl.auxiliary import AuxiliaryHandle
 from flows.rl.metrics import EpisodeStats
 from flows.rl.plan import RLPlan

@@ -40,8 +40,8 @@ from prefect.states import Cancelling
 from pydantic import BaseModel, Field
 
 from blocks.connection import WhitneyConnection
-from flows.core.cost import CostModel, Usage, add_usage, total_tokens, usage_of
-from flows.core.events import CYCLE_COMPLETED, RUN_FINISHED
+from flows.core.loop.cost import CostModel, Usage, add_usage, total_tokens, usage_of
+from flows.core.records.events import CYCLE_COMPLETED, RUN_FINISHED
 from flows.sweep.ledger import CostLedger
 from flows.sweep.results import SKIPPED, TrialRung
 from tasks.names import FLOW_RUN_LABEL

@@ -2,7 +2,8 @@
 server") sets it up by hand:
 
 - `prefect server start` on 127.0.0.1:<free port>, with a fresh temporary PREFECT_HOME and
-  the project's server settings (`flows.cli.prefect_env.SERVER_SETTINGS`, as the guide
+  the project's server settings (`flows.core.orchestration.prefect_env.SERVER_SETTINGS`, as the
+  guide
   exports them);
 - the embedded Whitney server (`whitney-flows serve`) on 127.0.0.1:<free port>, with a known
   key (in WHITNEY_LOCAL_API_KEYS) and a temporary data directory;
@@ -40,7 +41,7 @@ from typing import Any
 
 import pytest
 
-from flows.cli.prefect_env import SERVER_SETTINGS
+from flows.core.orchestration.prefect_env import SERVER_SETTINGS
 
 from .harness import (
     ARTIFACTS_DIR,

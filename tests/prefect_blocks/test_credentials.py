@@ -26,8 +26,8 @@ from blocks import BlockNotFound, WhitneyCredentials, load_credentials
 from blocks.endpoint import resolve_endpoint
 from blocks.flow_run import resolve_connection
 from flows.cli.launch import start_embedded_server
-from flows.core.budget import flow_cost_model
 from flows.core.config import ConfigError
+from flows.core.loop.budget import flow_cost_model
 from whitney.errors import Unauthorized
 
 KEY = "sk-test-blocks-0123456789"

@@ -49,7 +49,7 @@ def anchors(path: Path) -> set[str]:
 
 
 def exists(span: str) -> bool:
-    """A path of the repository, or a module named without its `.py` (`flows/core/cycles`)."""
+    """A path of the repository, or a module named without its `.py` (`flows/core/loop/cycles`)."""
     path = ROOT / span.rstrip("/")
     return path.exists() or path.with_suffix(".py").is_file()
 

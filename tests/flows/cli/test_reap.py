@@ -16,7 +16,7 @@ from prefect import flow, get_client
 from prefect.states import Completed, Crashed, Failed, Running, State
 
 from flows.cli.main import main
-from flows.core.reaping import FlowRunState, Verdict, judge, reap
+from flows.core.orchestration.reaping import FlowRunState, Verdict, judge, reap
 from flows.reap.flow import reap_orphaned_sessions
 from tasks.names import FLOW_RUN_LABEL
 from whitney import wire

@@ -20,8 +20,8 @@ from flowtest_helpers import (
 from flowtest_recipe_helpers import replay_after_one_failure
 from flowtest_resume_plugins import fail_once_at_cycle
 
-from flows.core.cost import Budget
-from flows.core.off_policy_schedule import Schedule
+from flows.core.loop.cost import Budget
+from flows.core.loop.off_policy_schedule import Schedule
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from flows.rl.metrics import RLResult

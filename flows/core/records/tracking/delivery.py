@@ -18,8 +18,8 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from flows.core.tracking.backend import Tracker
-from flows.core.tracking.params import without_credentials
+from flows.core.records.tracking.backend import Tracker
+from flows.core.records.tracking.params import without_credentials
 
 RETRY_DELAYS_S = (1.0, 2.0, 4.0, 8.0, 15.0)
 """The waits between attempts at a failing call (the last one repeats)."""

@@ -1,4 +1,5 @@
-"""A cycle's samples under the off-policy schedule (flows.core.off_policy_schedule): requested now,
+"""A cycle's samples under the off-policy schedule (flows.core.loop.off_policy_schedule): requested
+now,
 with the later cycles' that the schedule starts at this cycle, or read back from the journal when an
 earlier cycle requested them. The later cycles' requests stay in flight while the cycle trains (the
 server samples beside the training), and the cycle waits for them at its end."""
@@ -9,7 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flows.core.off_policy_schedule import SampleBlock, Schedule
+from flows.core.loop.off_policy_schedule import SampleBlock, Schedule
 from tasks.sequenced_client import Call, SequencedClient, Submitted
 
 Requests = Callable[[int], list[dict[str, Any]]]

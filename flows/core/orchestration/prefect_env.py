@@ -17,7 +17,7 @@ SERVER_SETTINGS: dict[str, str] = {
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_BATCH_SIZE": "200",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_READ_BATCH_SIZE": "100",
     "PREFECT_SERVER_SERVICES_EVENT_PERSISTER_FLUSH_INTERVAL": "1",
-    "PREFECT_SERVER_EVENTS_CAUSAL_ORDERING": "flows.cli.prefect_ordering",
+    "PREFECT_SERVER_EVENTS_CAUSAL_ORDERING": "flows.core.orchestration.prefect_ordering",
 }
 """The Prefect server writes task runs and events in batches, once a second, instead of one
 SQLite transaction per task-run event (Prefect 3.9: batches of 1, and of 20 events every 5 s):
@@ -26,7 +26,8 @@ run then reaches the API up to a second after its event (the recorder rounds its
 down to whole seconds, and 0 would spin), so the e2e tests wait for the task runs they read;
 flow runs, artifacts and logs are not batched, and `whitney-flows inspect` reads Whitney. The
 read batch sizes matter with a Redis broker; the in-memory one ignores them. The causal
-ordering (`flows.cli.prefect_ordering`) lets the automations see at once a state event whose
+ordering (`flows.core.orchestration.prefect_ordering`) lets the automations see at once a state
+event whose
 leader the server received before it was started again (Prefect's would hold it 15 minutes:
 a run crashed across a restart would be resumed that late)."""
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import wandb
 
 from flows.core.config import ConfigError
-from flows.core.tracking.backend import RunStatus, TrackedRunSpec
+from flows.core.records.tracking.backend import RunStatus, TrackedRunSpec
 
 DEFAULT_PROJECT = "whitney-flows"
 EXIT_CODES: dict[RunStatus, int] = {"FINISHED": 0, "FAILED": 1, "KILLED": 1}

@@ -22,8 +22,8 @@ from prefect.logging.loggers import flow_run_logger
 from prefect.states import State
 
 from blocks.flow_run import resolve_connection
-from flows.core.events import run_released
-from flows.core.tracking.session import end_tracking
+from flows.core.records.events import run_released
+from flows.core.records.tracking.session import end_tracking
 from tasks.names import FLOW_RUN_LABEL, PARENT_FLOW_RUN_LABEL
 from tasks.release import release_sessions
 
@@ -90,4 +90,4 @@ CLEANUP_HOOKS: dict[str, list[Any]] = {
     "on_cancellation": [release_whitney, end_tracking],
 }
 """Keyword arguments for `@flow`: the same idempotent cleanup on every bad ending, and the
-end of the flow run's tracked run on every ending (flows.core.tracking)."""
+end of the flow run's tracked run on every ending (flows.core.records.tracking)."""

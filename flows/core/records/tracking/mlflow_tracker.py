@@ -23,9 +23,9 @@ from mlflow.tracking import MlflowClient
 from mlflow.utils.rest_utils import http_request
 
 from flows.core.config import ConfigError
-from flows.core.tracking.backend import LINEAGE_TAG, RunStatus, TrackedRunSpec
-from flows.core.tracking.config import TrackingSettings
-from flows.core.tracking.params import without_credentials
+from flows.core.records.tracking.backend import LINEAGE_TAG, RunStatus, TrackedRunSpec
+from flows.core.records.tracking.config import TrackingSettings
+from flows.core.records.tracking.params import without_credentials
 
 DEFAULT_EXPERIMENT = "whitney-flows"
 CHANGED_PREFIX = "whitney_flows.changed."

@@ -1,5 +1,6 @@
 """The Prefect server's causal ordering of events for its automations, aware of restarts
-(`PREFECT_SERVER_EVENTS_CAUSAL_ORDERING`, in `flows.cli.prefect_env.SERVER_SETTINGS`).
+(`PREFECT_SERVER_EVENTS_CAUSAL_ORDERING`, in
+`flows.core.orchestration.prefect_env.SERVER_SETTINGS`).
 
 Prefect 3.9 makes a flow run's state event follow the one before it when they are less than
 5 minutes apart (`prefect/server/models/events.py`), and its triggers hold an event whose

@@ -1,5 +1,5 @@
 """The interface the cycle kit calls: a flow run's tracked run on every backend its config
-names, fed by the records (flows.core.records) and ended by the flows' hooks.
+names, fed by the records (flows.core.records.run_records) and ended by the flows' hooks.
 
     tracking = open_tracking(config, whitney_block)    in run_cycles, before the first cycle
     tracking.log_cycle(cycle, row)                     each cycle's metrics, the cycle as step
@@ -10,9 +10,9 @@ names, fed by the records (flows.core.records) and ended by the flows' hooks.
 
 A flow run's tracking stays open from its first cycle to its end (a retry in the same process
 finds it open); the hooks find it by flow run id. A tracker never fails the training: a
-setting it refuses is refused before the first cycle (flows.core.tracking.preflight, and by
+setting it refuses is refused before the first cycle (flows.core.records.tracking.preflight, and by
 `whitney-flows run` before anything starts); every call is delivered by the tracker's own
-thread (flows.core.tracking.delivery), retried while the tracker cannot be reached, and what
+thread (flows.core.records.tracking.delivery), retried while the tracker cannot be reached, and what
 a tracker missed is the flow run's `<flow>-<flow run>-tracking-gaps` artifact (`record_gaps`).
 """
 
@@ -37,14 +37,14 @@ from pydantic import BaseModel
 
 from blocks.flow_run import resolve_connection
 from flows.core.config import FlowConfig
-from flows.core.lineage import Lineage, branches
-from flows.core.records import artifact_key
-from flows.core.tracking.backend import RunStatus, TrackedRunSpec, Tracker
-from flows.core.tracking.config import Backend
-from flows.core.tracking.delivery import Call, Delivery, Gap, finish_deadline
-from flows.core.tracking.lineage import lineage_key
-from flows.core.tracking.params import config_params, redacted, text, without_credentials
-from flows.core.tracking.preflight import check_tracking
+from flows.core.records.lineage import Lineage, branches
+from flows.core.records.run_records import artifact_key
+from flows.core.records.tracking.backend import RunStatus, TrackedRunSpec, Tracker
+from flows.core.records.tracking.config import Backend
+from flows.core.records.tracking.delivery import Call, Delivery, Gap, finish_deadline
+from flows.core.records.tracking.lineage import lineage_key
+from flows.core.records.tracking.params import config_params, redacted, text, without_credentials
+from flows.core.records.tracking.preflight import check_tracking
 
 ADAPTER_FIELDS = ("session_id", "run_id", "checkpoint", "resumed_from", "adapter")
 """What every training flow's result says about its exported adapter (TrainingResult)."""
@@ -57,14 +57,14 @@ OPEN: dict[UUID, Tracking] = {}
 def start_backend(backend: Backend, spec: TrackedRunSpec) -> Tracker:
     """The tracker of `backend`, started or continued (its package imported now)."""
     if backend == "mlflow":
-        from flows.core.tracking.mlflow_tracker import MlflowTracker
+        from flows.core.records.tracking.mlflow_tracker import MlflowTracker
 
         return MlflowTracker(spec)
     if backend == "tensorboard":
-        from flows.core.tracking.tensorboard_tracker import TensorBoardTracker
+        from flows.core.records.tracking.tensorboard_tracker import TensorBoardTracker
 
         return TensorBoardTracker(spec)
-    from flows.core.tracking.wandb_tracker import WandbTracker
+    from flows.core.records.tracking.wandb_tracker import WandbTracker
 
     return WandbTracker(spec)
 
@@ -138,7 +138,7 @@ class Tracking:
         return "\n".join(lines + [f"| {backend} | {text} |" for backend, text in rows])
 
     def log_cycle(self, cycle: int, row: Mapping[str, Any]) -> None:
-        """A cycle's metrics row (flows.core.records.metrics_row), the cycle as step."""
+        """A cycle's metrics row (flows.core.records.run_records.metrics_row), the cycle as step."""
         self.step = max(self.step, cycle)
         metrics = numbers(row)
         self.each("metrics", lambda tracker: tracker.log_metrics(metrics, cycle))
@@ -153,7 +153,7 @@ class Tracking:
     def log_result(self, result: Any) -> None:
         """What the flow returned: the exported adapter's metadata (a file and tags) and the
         final results (the top-level numbers and those one level down, e.g. eval losses), with
-        nothing secret (flows.core.tracking.params.redacted)."""
+        nothing secret (flows.core.records.tracking.params.redacted)."""
         if not isinstance(result, BaseModel):
             return
         dumped = redacted(result.model_dump(mode="json"))
@@ -195,7 +195,7 @@ def open_tracking(
 ) -> Tracking:
     """The running flow run's tracking: the one already open (a retry in this process), or
     the tracked run of its lineage started or continued on every backend `config.tracking`
-    names, with the config as params. A fork that branches (flows.core.lineage.branches)
+    names, with the config as params. A fork that branches (flows.core.records.lineage.branches)
     starts its own tracked run, tagged with its parent. No backend: a Tracking that sends
     nothing."""
     context = FlowRunContext.get()

@@ -19,7 +19,7 @@ from uuid import UUID
 from prefect import get_client
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 
-from flows.core.cleanup import DEFAULT_CLEANUP_TIMEOUT_S
+from flows.core.orchestration.cleanup import DEFAULT_CLEANUP_TIMEOUT_S
 from tasks.names import FLOW_RUN_LABEL
 from tasks.release import release_sessions
 from whitney import wire

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 
 from blocks.endpoint import load_block
 from flows.core.config import ConfigError
-from flows.core.cost import (
+from flows.core.loop.cost import (
     Budget,
     CostModel,
     PriceTable,

@@ -6,14 +6,14 @@
     TrainingRun.add_run   create_run of another run in the session (critic, reference, teacher)
     end_training_run      save_state (named: a resume point too), export_lora, finish_run
                           (the trained run, then any other), close_session; the adapter's
-                          manifest (flows.core.manifest) and a fork's lineage artifact
+                          manifest (flows.core.records.manifest) and a fork's lineage artifact
 
-A run started from `resume_from` is a fork (flows.core.lineage): its lineage is found before
+A run started from `resume_from` is a fork (flows.core.records.lineage): its lineage is found before
 anything is allocated, and `whitney.run.forked` is emitted once its run exists.
 
 All are made of retried tasks with idempotency keys per flow run attempt, so a retried task
 never opens a second session or run. A bad ending is the cleanup hooks' business
-(flows.core.cleanup), found through the session label.
+(flows.core.orchestration.cleanup), found through the session label.
 """
 
 from __future__ import annotations
@@ -28,12 +28,12 @@ from pydantic import BaseModel, Field
 from blocks.connection import WhitneyConnection
 from blocks.flow_run import flow_run_export_command
 from blocks.served import check_served
-from flows.core.cleanup import session_labels
 from flows.core.config import FlowConfig
-from flows.core.events import checkpoint_saved, run_finished, run_forked
-from flows.core.lineage import Lineage, find_lineage, lineage_artifact
-from flows.core.manifest import flow_manifest
-from flows.core.records import artifact_key
+from flows.core.orchestration.cleanup import session_labels
+from flows.core.records.events import checkpoint_saved, run_finished, run_forked
+from flows.core.records.lineage import Lineage, find_lineage, lineage_artifact
+from flows.core.records.manifest import flow_manifest
+from flows.core.records.run_records import artifact_key
 from tasks.calls import WhitneyCalls
 from tasks.lifecycle import capabilities, close_session, create_run, finish_run, open_session
 from tasks.resume import ResumePoint, find_resume_point
@@ -118,7 +118,7 @@ class TrainingResult(BaseModel):
         default=None, description="Parent run, cycle and changes of a run forked (resume_from)"
     )
     manifest: dict[str, Any] = Field(
-        default_factory=dict, description="What made the adapter (flows.core.manifest)"
+        default_factory=dict, description="What made the adapter (flows.core.records.manifest)"
     )
 
 

@@ -1,5 +1,5 @@
 """What happened in cycle N: a run's journal, read from a source
-(`flows.cli.inspection_sources`), decoded into cycles and turns, as JSON-ready reports
+(`flows.core.records.inspection_sources`), decoded into cycles and turns, as JSON-ready reports
 (`flows.cli.inspection` renders them).
 
 The server's journal is the record (DESIGN.md): every operation with its seq id, kind, status,
@@ -32,9 +32,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from flows.cli.inspection_sources import JournalSource
-from flows.core.cost import add_usage, total_tokens
-from flows.core.operation_rows import operation_row
+from flows.core.loop.cost import add_usage, total_tokens
+from flows.core.records.inspection_sources import JournalSource
+from flows.core.records.operation_rows import operation_row
 from tasks.names import CYCLE_SAMPLER, EVAL_SAMPLER
 from whitney import wire
 

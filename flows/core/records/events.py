@@ -3,13 +3,13 @@
 Every event's resource is the top-level flow run, `prefect.flow-run.<id>` (a subflow's too: an
 SFT teacher's events are its distillation's), so an automation can act on it:
 
-    whitney.cycle.started      a cycle begins; its stall window (flows.core.stall_windows)
+    whitney.cycle.started      a cycle begins; its stall window (flows.core.loop.stall_windows)
     whitney.cycle.completed    a cycle's key metrics (its table row, with `eval.*`)
     whitney.checkpoint.saved   a `save_state` checkpoint: URI, run, cycle, and the eval
                                settings of the flow (what evaluate-checkpoint samples)
     whitney.run.finished       the run's normal end: adapter sha256, the export command
     whitney.run.forked         a run created from another run's checkpoint (`resume_from`):
-                               its parent, the cycle, what changed (flows.core.lineage)
+                               its parent, the cycle, what changed (flows.core.records.lineage)
     whitney.run.released       the cleanup hook released the flow run's Whitney sessions
     whitney.checkpoint.evaluated   evaluate-checkpoint's numbers for a checkpoint
     whitney.promotion.decided      promote-checkpoint's decision: approved or not, the note
@@ -35,7 +35,7 @@ from prefect.events import Event, emit_event
 from prefect.runtime import flow_run as current_flow_run
 
 from flows.core.evaluation.config import EvalSettings
-from flows.core.stall_windows import StallSettings, stall_window
+from flows.core.loop.stall_windows import StallSettings, stall_window
 from tasks.names import CYCLE_CHECKPOINT
 from whitney.uris import checkpoint_run_id
 
@@ -127,7 +127,7 @@ def run_finished(
 
 def run_forked(run_id: str, lineage: Mapping[str, Any]) -> Event | None:
     """`whitney.run.forked`: the run was created from another run's checkpoint; `lineage`:
-    its parent, cycle and changes (flows.core.lineage.Lineage, as JSON)."""
+    its parent, cycle and changes (flows.core.records.lineage.Lineage, as JSON)."""
     parent = whitney_run(lineage["parent_run_id"]) | {"prefect.resource.role": "parent-run"}
     return emit_event(
         RUN_FORKED,
@@ -239,7 +239,7 @@ class CycleEvents:
         )
 
     def completed(self, cycle: int, row: Mapping[str, Any]) -> None:
-        """`row`: the cycle's table row (`flows.core.records.metrics_row`)."""
+        """`row`: the cycle's table row (`flows.core.records.run_records.metrics_row`)."""
         seconds = time.monotonic() - self._started
         self.cycle_seconds.append(seconds)
         payload = {"cycle": cycle, "seconds": seconds, "stall_window_s": self._window}

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
-from flows.core.tracking.config import TrackingSettings
+from flows.core.records.tracking.config import TrackingSettings
 
 RunStatus = Literal["FINISHED", "FAILED", "KILLED"]
 """How a tracked run ends (MLflow's names): completed, failed or crashed, cancelled."""
 LINEAGE_TAG = "whitney_flows.lineage"
 """The tag (and W&B run id, TensorBoard directory) that names a tracked run across the flow
-runs that continue it (flows.core.tracking.lineage)."""
+runs that continue it (flows.core.records.tracking.lineage)."""
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ A cycle's window is `multiple` x the run's recent cycle time (the mean wall time
 STALL_WINDOWS_S, the windows the automation file has one proactive automation for (each
 window twice the one before, so the rounding at most doubles it). The flows put the window in
 each `whitney.cycle.started` event; the automation of that window cancels the flow run if no
-`whitney.cycle.completed` of the same window follows within it (flows.core.events).
+`whitney.cycle.completed` of the same window follows within it (flows.core.records.events).
 """
 
 from __future__ import annotations

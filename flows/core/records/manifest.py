@@ -2,7 +2,7 @@
 
     flow_manifest(...)       at a training flow's normal end: the flow, its Whitney run, the
                              config, the data files' sha256, the code version, the seq-id
-                             range, the evaluations, the lineage (flows.core.lineage)
+                             range, the evaluations, the lineage (flows.core.records.lineage)
     with_files(m, dir)       the sha256 of every file of an exported directory (the adapter,
                              the base weights in base_model/) added to a manifest
     with_archive(m, path)    the downloaded adapter archive's sha256 added to a flow's
@@ -65,7 +65,7 @@ def code_version(root: Path | None = None) -> dict[str, Any]:
     """The code that ran: the git commit of the checkout holding this package and whether its
     tree differed from it (uncommitted changes or untracked files, ignored ones aside); the
     installed package version when it is not a checkout."""
-    root = root or Path(__file__).resolve().parents[2]
+    root = root or Path(__file__).resolve().parents[3]
     try:
         commit = git(root, "rev-parse", "HEAD")
         dirty = bool(git(root, "status", "--porcelain"))

@@ -2,7 +2,8 @@
 subflow run (its metrics and its operations per run, as `whitney-flows inspect RUN --cycle N`
 shows them) and a metrics JSON line; a progress artifact; and a final markdown summary, which
 names the command that exports the adapter. The metrics, the summary and its learning curves
-also go to the experiment trackers the config names (flows.core.tracking). Never the API key:
+also go to the experiment trackers the config names (flows.core.records.tracking). Never the API
+key:
 only the Whitney URL goes into a summary.
 """
 
@@ -22,14 +23,14 @@ from prefect.artifacts import (
 )
 
 from blocks.flow_run import flow_run_export_command
-from flows.core.cost import format_cost
-from flows.core.operation_rows import metrics_text, operation_row, seconds_text
-from flows.core.plots import Panel, picture_beside, render_png
+from flows.core.loop.cost import format_cost
+from flows.core.records.operation_rows import metrics_text, operation_row, seconds_text
+from flows.core.records.plots import Panel, picture_beside, render_png
 from whitney import wire
 
 if TYPE_CHECKING:
-    from flows.core.cycles import CycleResult
-    from flows.core.tracking.session import Tracking
+    from flows.core.loop.cycles import CycleResult
+    from flows.core.records.tracking.session import Tracking
 
 
 def artifact_key(*parts: str) -> str:
@@ -50,7 +51,9 @@ def metrics_row(metrics: CycleResult, rounded: bool = True) -> dict[str, float |
         row.update((f"{key}.{name}", v) for name, v in evaluation.items() if v is not None)
     row.update(sorted(getattr(metrics, "recipe_metrics", {}).items()))  # e.g. value_loss
     for kind, counters in sorted((getattr(metrics, "usage", None) or {}).items()):
-        row[f"tokens_{kind}"] = int(counters.get("tokens", 0))  # billed usage (flows.core.cost)
+        row[f"tokens_{kind}"] = int(
+            counters.get("tokens", 0)
+        )  # billed usage (flows.core.loop.cost)
     for kind, seconds in sorted(metrics.op_seconds.items()):
         row[f"seconds_{kind}"] = round(seconds, 4)
     if not rounded:
@@ -190,7 +193,7 @@ def spend_rows(result: Any) -> list[tuple[str, str]]:
 
 
 def lineage_rows(lineage: Any) -> list[tuple[str, str]]:
-    """A forked run's summary row (`lineage`: flows.core.lineage.Lineage, or None)."""
+    """A forked run's summary row (`lineage`: flows.core.records.lineage.Lineage, or None)."""
     if lineage is None:
         return []
     changes = lineage.changes

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from typing import Any
 
-from flows.core.task_runner_settings import TaskRunnerSettings, check_task_runner
+from flows.core.orchestration.task_runner_settings import TaskRunnerSettings, check_task_runner
 
 
 @contextmanager

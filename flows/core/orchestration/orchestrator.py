@@ -46,7 +46,7 @@ from prefect.context import FlowRunContext
 from prefect.settings import PREFECT_API_URL
 from prefect.states import Crashed
 
-from flows.core.paging import every_page
+from flows.core.orchestration.paging import every_page
 
 T = TypeVar("T")
 OUTAGE_ENV = "WHITNEY_FLOWS_PREFECT_OUTAGE_S"
@@ -265,7 +265,7 @@ def crash_interrupted_subflows() -> None:
                 prefect,
                 context.flow_run.id,
                 "interrupted by a Prefect API outage; its parent made it again "
-                "(flows/core/orchestrator.py)",
+                "(flows/core/orchestration/orchestrator.py)",
             )
     except Exception as error:  # the API went away again: the call below meets it
         logger.warning("Could not close the subflow runs the outage interrupted: %r", error)

@@ -9,7 +9,7 @@ parent's later cycles bit for bit. What a fork adds is the record of where it ca
                                        (the session's `prefect.flow-run-id` label) and that
                                        flow run's `config` parameter on this Prefect server;
                                        the changed fields, dotted, parent -> fork
-    run_forked (flows.core.events)     `whitney.run.forked`, when the fork's run is created
+    run_forked (flows.core.records.events)     `whitney.run.forked`, when the fork's run is created
     lineage_artifact                   at the normal end: the changes and one picture of the
                                        parent's and the fork's loss by optimizer step
 
@@ -31,8 +31,8 @@ from pydantic import BaseModel, Field, ValidationError
 
 from blocks.connection import WhitneyConnection
 from flows.core.config import ConfigError, FlowConfig
-from flows.core.manifest import RUN_LOCAL_FIELDS, flat_settings
-from flows.core.plots import Line, Panel, render_png
+from flows.core.records.manifest import RUN_LOCAL_FIELDS, flat_settings
+from flows.core.records.plots import Line, Panel, render_png
 from tasks.names import FLOW_RUN_LABEL, checkpoint_cycle
 from whitney import wire
 from whitney.client import WhitneyClient

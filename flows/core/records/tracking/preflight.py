@@ -4,17 +4,17 @@ not answer or refuses the credentials) is a ConfigError naming the fix. No Prefe
 
 from __future__ import annotations
 
-from flows.core.tracking.config import TrackingSettings
+from flows.core.records.tracking.config import TrackingSettings
 
 
 def check_tracking(settings: TrackingSettings, reach: bool) -> None:
     """ConfigError if a chosen tracker refuses its settings; with `reach`, also if its
     server does not answer or refuses the credentials (asked once, no retries)."""
     if "mlflow" in settings.backends:
-        from flows.core.tracking.mlflow_tracker import check_mlflow
+        from flows.core.records.tracking.mlflow_tracker import check_mlflow
 
         check_mlflow(settings, reach)
     if "wandb" in settings.backends:
-        from flows.core.tracking.wandb_tracker import check_wandb
+        from flows.core.records.tracking.wandb_tracker import check_wandb
 
         check_wandb()

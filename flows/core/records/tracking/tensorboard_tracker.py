@@ -19,7 +19,7 @@ from tensorboard.plugins.hparams import summary_v2 as hparams_summary
 from tensorboard.plugins.text import summary_v2 as text_summary
 from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
-from flows.core.tracking.backend import RunStatus, TrackedRunSpec
+from flows.core.records.tracking.backend import RunStatus, TrackedRunSpec
 
 
 def run_directory(spec: TrackedRunSpec) -> Path:

@@ -14,10 +14,11 @@ whitney_block, **arguments)`, where `start` (a `CycleStart`) holds every run's n
 
 Around each cycle the loop does what every flow needs: between cycles it stops if the flow run
 was asked to cancel or the budget says the next cycle would go over; after each, it adds the
-cycle's cost and writes its records (flows.core.records: the metrics line, the progress
-artifact, and the experiment trackers the config names: flows.core.tracking).
+cycle's cost and writes its records (flows.core.records.run_records: the metrics line, the progress
+artifact, and the experiment trackers the config names: flows.core.records.tracking).
 A cycle, and the check between cycles, ride out a Prefect API outage: made again once the API
-answers (flows.core.orchestrator), with one line in the log when it goes and one when it is back.
+answers (flows.core.orchestration.orchestrator), with one line in the log when it goes and one when
+it is back.
 
 The calls around a cycle's middle:
 
@@ -53,19 +54,19 @@ from prefect.context import FlowRunContext
 from pydantic import BaseModel, Field
 
 from blocks.flow_run import resolve_connection
-from flows.core.budget import BudgetGuard
-from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import FlowConfig
-from flows.core.cost import Usage
-from flows.core.events import CycleEvents, checkpoint_saved
-from flows.core.heartbeat import subflows_without_heartbeat
-from flows.core.lineage import Lineage
-from flows.core.off_policy_schedule import SampleBlock
-from flows.core.orchestrator import prefect_away_notice, ride_out
-from flows.core.records import RunRecords, by_run, metrics_row, record_cycle
-from flows.core.task_runner_settings import TaskRunnerSettings
-from flows.core.task_runners import cycle_task_runners
-from flows.core.tracking.session import open_tracking
+from flows.core.loop.budget import BudgetGuard
+from flows.core.loop.cost import Usage
+from flows.core.loop.off_policy_schedule import SampleBlock
+from flows.core.orchestration.cleanup import CLEANUP_HOOKS
+from flows.core.orchestration.heartbeat import subflows_without_heartbeat
+from flows.core.orchestration.orchestrator import prefect_away_notice, ride_out
+from flows.core.orchestration.task_runner_settings import TaskRunnerSettings
+from flows.core.orchestration.task_runners import cycle_task_runners
+from flows.core.records.events import CycleEvents, checkpoint_saved
+from flows.core.records.lineage import Lineage
+from flows.core.records.run_records import RunRecords, by_run, metrics_row, record_cycle
+from flows.core.records.tracking.session import open_tracking
 from tasks.names import cycle_name
 from tasks.sequenced_client import Call, SequencedClient
 from whitney import wire
