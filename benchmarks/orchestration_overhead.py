@@ -53,7 +53,7 @@ from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
 from blocks.connection import client_for
-from blocks.flow_run import resolve_connection
+from blocks.endpoint import resolve_connection
 from flows.core.orchestration.heartbeat import subflows_without_heartbeat
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow, run_cycle

@@ -17,7 +17,7 @@ from prefect import Task, task
 from prefect.cache_policies import NONE
 
 from blocks.connection import WhitneyConnection, client_for
-from tasks.retry import TaskRetrySettings
+from tasks.calls import TaskRetrySettings
 from whitney import wire
 
 TASK_DEFAULTS: dict[str, Any] = {

@@ -35,14 +35,13 @@ from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.utilities.annotations import quote
 
 from blocks.connection import WhitneyConnection
-from tasks.calls import WhitneyCalls
+from tasks.calls import TaskRetrySettings, WhitneyCalls
 from tasks.lifecycle import cancel_run
 from tasks.operations import (
     RUN_OPERATION_TASKS,
     SAMPLER_OPERATION_TASKS,
     requested_earlier,
 )
-from tasks.retry import TaskRetrySettings
 from whitney import wire
 from whitney.errors import OperationFailed, WhitneyError
 from whitney.seq_ids import SeqLedger

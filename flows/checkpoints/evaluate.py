@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from blocks.flow_run import resolve_connection
+from blocks.endpoint import resolve_connection
 from flows.checkpoints.comparison import (
     CheckpointEvaluation,
     evaluate_checkpoints,

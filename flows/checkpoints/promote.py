@@ -38,7 +38,7 @@ from prefect.runtime import flow_run as current_flow_run
 from pydantic import BaseModel, Field
 
 from blocks.connection import WhitneyConnection
-from blocks.flow_run import resolve_connection
+from blocks.endpoint import resolve_connection
 from flows.checkpoints.comparison import (
     CheckpointEvaluation,
     eval_set_name,

@@ -28,9 +28,13 @@ from rich.console import Console
 from rich.table import Table
 
 from blocks.connection import WhitneyConnection
-from blocks.endpoint import resolve_endpoint
-from blocks.flow_run import EMBEDDED_DATA_DIR_ENV, EMBEDDED_URL_ENV, check_whitney
-from blocks.served import check_served
+from blocks.endpoint import (
+    EMBEDDED_DATA_DIR_ENV,
+    EMBEDDED_URL_ENV,
+    check_served,
+    check_whitney,
+    resolve_endpoint,
+)
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_FLOW_FAILED, EXIT_OK
 from flows.cli.watchdog import watch
 from flows.core.config import ConfigError, FlowConfig

@@ -33,8 +33,7 @@ def run_reap(options: argparse.Namespace) -> int:
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME
     from rich.console import Console
 
-    from blocks.endpoint import resolve_endpoint
-    from blocks.flow_run import check_whitney
+    from blocks.endpoint import check_whitney, resolve_endpoint
     from flows.cli.launch import prefect_start_failure, start_ephemeral_prefect
     from flows.core.config import ConfigError
     from flows.core.orchestration.reaping import reap, survey

@@ -19,8 +19,8 @@ from flows.core.evaluation.config import EvalSettings
 from flows.core.loop.cost import Budget, PriceTable
 from flows.core.loop.stall_windows import StallSettings
 from flows.core.records.tracking.config import TrackingSettings
+from tasks.calls import TaskRetrySettings
 from tasks.names import CYCLE_CHECKPOINT_PATTERN, checkpoint_cycle
-from tasks.retry import TaskRetrySettings
 from whitney.renderers import RendererName
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)

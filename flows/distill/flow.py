@@ -41,7 +41,7 @@ from datetime import UTC, datetime
 from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
 
-from blocks.flow_run import resolve_connection
+from blocks.endpoint import resolve_connection
 from flows.core.config import checkpoint_due
 from flows.core.evaluation.plan import completion_logprobs
 from flows.core.evaluation.sampler import evaluate_after_cycle

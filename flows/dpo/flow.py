@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 from prefect import flow, get_run_logger
 from pydantic import BaseModel
 
-from blocks.flow_run import resolve_connection
+from blocks.endpoint import resolve_connection
 from flows.core.config import checkpoint_due
 from flows.core.evaluation.plan import completion_logprobs
 from flows.core.loop.budget import BudgetGuard, flow_cost_model

@@ -14,7 +14,7 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from blocks.flow_run import resolve_connection
+from blocks.endpoint import resolve_connection
 from flows.core.orchestration.reaping import reap, survey
 
 

@@ -34,7 +34,7 @@ from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.events import emit_event
 
-from blocks.flow_run import resolve_connection
+from blocks.endpoint import resolve_connection
 from flows.core.orchestration.orchestrator import crash_open_subflows
 from flows.core.records.events import RUN_NOT_RESUMED, RUN_RESUMED, flow_run_resource
 from flows.core.records.run_records import artifact_key

@@ -63,7 +63,7 @@ from uuid import UUID
 
 from prefect import flow
 
-from blocks.flow_run import resolve_connection
+from blocks.endpoint import resolve_connection
 from flows.core.config import checkpoint_due
 from flows.core.evaluation.sampler import evaluate_after_cycle, evaluate_at_start
 from flows.core.loop.budget import BudgetGuard, flow_cost_model

@@ -37,7 +37,7 @@ from datetime import UTC, datetime
 
 from prefect import flow
 
-from blocks.flow_run import resolve_connection
+from blocks.endpoint import resolve_connection
 from flows.core.config import checkpoint_due
 from flows.core.loop.cycles import (
     CycleStart,

@@ -31,7 +31,7 @@ from prefect.deployments import run_deployment
 from prefect.states import Cancelling, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from blocks.flow_run import resolve_connection
+from blocks.endpoint import resolve_connection
 from flows.core.loop.budget import check_budget, flow_cost_model
 from flows.core.loop.cost import Budget
 from flows.core.orchestration.paging import every_page

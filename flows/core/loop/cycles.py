@@ -53,7 +53,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext
 from pydantic import BaseModel, Field
 
-from blocks.flow_run import resolve_connection
+from blocks.endpoint import resolve_connection
 from flows.core.config import FlowConfig
 from flows.core.loop.budget import BudgetGuard
 from flows.core.loop.cost import Usage

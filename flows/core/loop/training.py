@@ -26,14 +26,14 @@ from prefect.context import FlowRunContext
 from pydantic import BaseModel, Field
 
 from blocks.connection import WhitneyConnection
-from blocks.flow_run import flow_run_export_command
-from blocks.served import check_served
+from blocks.endpoint import check_served
 from flows.core.config import FlowConfig
 from flows.core.orchestration.cleanup import session_labels
 from flows.core.records.events import checkpoint_saved, run_finished, run_forked
 from flows.core.records.lineage import Lineage, find_lineage, lineage_artifact
 from flows.core.records.manifest import flow_manifest
 from flows.core.records.run_records import artifact_key
+from flows.core.records.summary_parts import flow_run_export_command
 from tasks.calls import WhitneyCalls
 from tasks.lifecycle import capabilities, close_session, create_run, finish_run, open_session
 from tasks.resume import ResumePoint, find_resume_point

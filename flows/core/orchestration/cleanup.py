@@ -21,7 +21,7 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.logging.loggers import flow_run_logger
 from prefect.states import State
 
-from blocks.flow_run import resolve_connection
+from blocks.endpoint import resolve_connection
 from flows.core.records.events import run_released
 from flows.core.records.tracking.session import end_tracking
 from tasks.names import FLOW_RUN_LABEL, PARENT_FLOW_RUN_LABEL

@@ -1,12 +1,16 @@
 """What the final summaries of every flow share, in the terminal and in the Prefect summary
 artifact: a metric over the first and last cycles of a run, and the command that exports its
-adapter. No Prefect import."""
+adapter (a flow run's: with the URL of its Whitney, `blocks.endpoint.flow_run_api_url`). No
+Prefect import."""
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Callable, Sequence
 from typing import TypeVar
+
+from blocks.endpoint import EMBEDDED_DATA_DIR_ENV, flow_run_api_url
 
 CycleT = TypeVar("CycleT")
 
@@ -40,3 +44,11 @@ def export_command(run_id: str, api_url: str | None, data_dir: str | None = None
     elif data_dir:
         command += ["--data-dir", data_dir]
     return shlex.join(command)
+
+
+def flow_run_export_command(run_id: str) -> str:
+    """The command that exports the current flow run's adapter of `run_id`: with the URL of
+    its Whitney, or the data directory of `whitney-flows run`'s embedded server if not the
+    default one."""
+    api_url = flow_run_api_url()
+    return export_command(run_id, api_url, os.environ.get(EMBEDDED_DATA_DIR_ENV))

@@ -28,7 +28,7 @@ from flows.rl.batch import score_group
 from flows.rl.config import RLConfig
 from flows.rl.plan import check_rl_config, probe
 from flows.rl.recipes import join_payloads, load_recipe
-from tasks.retry import TaskRetrySettings, retry_if_retryable
+from tasks.calls import TaskRetrySettings, retry_if_retryable
 from tasks.sequenced_client import SeqLedger
 from whitney.errors import InvalidDatum, RateLimited, TransportError
 from whitney.renderers import get_renderer

@@ -35,7 +35,7 @@ from prefect.logging.loggers import flow_run_logger
 from prefect.states import State
 from pydantic import BaseModel
 
-from blocks.flow_run import resolve_connection
+from blocks.endpoint import resolve_connection
 from flows.core.config import FlowConfig
 from flows.core.records.lineage import Lineage, branches
 from flows.core.records.run_records import artifact_key
