@@ -10,6 +10,7 @@ torch. Imports under `if TYPE_CHECKING:` are annotations, not arrows."""
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -221,3 +222,15 @@ def test_blocks_reach_up_only_for_the_config() -> None:
         if target.startswith("flows") and target != "flows.core.config"
     ]
     assert wrong == [], "blocks/ reaching up:\n" + "\n".join(wrong)
+
+
+def test_the_design_map_draws_the_table() -> None:
+    """docs/design.md's arrows, one line a layer, are the `ALLOWED` table (less self-arrows)."""
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    block = text.split("### The import arrows", 1)[1].split("```", 2)[1]
+    drawn = {}
+    for line in block.strip().splitlines():
+        source, _, targets = re.sub(r"\(.*?\)", "", line).partition("->")
+        drawn[source.strip()] = {target.strip() for target in targets.split(",")}
+    table = {name: allowed - {name} for name, allowed in ALLOWED.items() if allowed - {name}}
+    assert drawn == table
