@@ -103,7 +103,7 @@ def check_whitney(endpoint: Endpoint) -> wire.Capabilities | None:
     url, field = endpoint.connection.base_url, endpoint.named_by
     probe = endpoint.connection.model_copy(update={"timeout_s": PROBE_TIMEOUT_S, "max_attempts": 1})
     try:
-        with probe.new_client() as client:
+        with probe.get_client() as client:
             return client.capabilities()
     except Unauthorized as error:
         raise ConfigError(API_KEY_ENV, f"{url} refused the key ({error})") from None

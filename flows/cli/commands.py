@@ -38,7 +38,7 @@ def journal_source(options: argparse.Namespace) -> ApiJournal | DataDirJournal:
         except ConfigError as error:
             raise ValueError(error.message) from None
         if endpoint is not None:
-            return ApiJournal(endpoint.connection.new_client())
+            return ApiJournal(endpoint.connection.get_client())
         options.data_dir = data_dir_holding(getattr(options, "run_id", None))
     try:
         return DataDirJournal(options.data_dir)

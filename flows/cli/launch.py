@@ -79,7 +79,7 @@ def launch_flow(
             endpoint = resolve_endpoint(config.api_url, url_field="--api-url")
             if endpoint is None:
                 connection, export_url = start_embedded_server(stack, console), None
-                with connection.new_client() as client:
+                with connection.get_client() as client:
                     capabilities = client.capabilities()
             else:
                 capabilities = check_whitney(endpoint)
@@ -115,7 +115,7 @@ def launch_flow(
             print(f"{prog}: the flow run ended {state.name}: {state.message}", file=sys.stderr)
             return EXIT_FLOW_FAILED
         result = state.result()
-        with connection.new_client() as client:
+        with connection.get_client() as client:
             adapter_path = client.download_artifact(
                 result.adapter.artifact_id, archive_path(result.run_id, adapter_dir)
             )

@@ -53,7 +53,7 @@ def run_reap(options: argparse.Namespace) -> int:
     except RuntimeError as error:
         print(f"{PROG}: {prefect_start_failure(error)}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    with endpoint.connection.new_client() as client:
+    with endpoint.connection.get_client() as client:
         verdicts = survey(client)
         if options.apply:
             verdicts = reap(client, verdicts, logging.getLogger("whitney_flows.reap"))

@@ -32,7 +32,7 @@ def check_reference(config: DPOConfig, connection: WhitneyConnection) -> None:
         return
     uri = config.reference
     run_id = checkpoint_run_id(uri)
-    with connection.new_client() as client:
+    with connection.get_client() as client:
         try:
             run = client.get_run(run_id)
         except NotFound:

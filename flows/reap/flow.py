@@ -33,7 +33,7 @@ def reap_orphaned_sessions(
         api_url: The Whitney URL, without a block.
     """
     logger = get_run_logger()
-    with resolve_connection(api_url, whitney_block).new_client() as client:
+    with resolve_connection(api_url, whitney_block).get_client() as client:
         verdicts = survey(client)
         if apply:
             verdicts = reap(client, verdicts, logger)

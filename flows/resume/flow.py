@@ -145,7 +145,7 @@ def resume_run(
             return not_resumed(ended, reason)
         config = dict(ended.parameters.get("config") or {})
         block = whitney_block or ended.parameters.get("whitney_block")
-        with resolve_connection(config.get("api_url"), block).new_client() as client:
+        with resolve_connection(config.get("api_url"), block).get_client() as client:
             release_sessions(client, ended.id, RELEASE_TIMEOUT_S, logger)
             checkpoint = resume_checkpoint(client, ended)
         after_cycle = checkpoint_cycle(checkpoint) if checkpoint is not None else -1

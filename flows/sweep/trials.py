@@ -147,7 +147,7 @@ def whitney_usage(connection: WhitneyConnection, flow_run_id: str, timeout_s: fl
     """Release what the flow run still holds on Whitney (nothing, after a normal end), and
     the usage of every run of its sessions."""
     usage: Usage = {}
-    with connection.new_client() as client:
+    with connection.get_client() as client:
         release_sessions(client, flow_run_id, timeout_s, get_run_logger())
         for session in client.list_sessions(label=f"{FLOW_RUN_LABEL}:{flow_run_id}"):
             for run_id in client.get_session(session.session_id).run_ids or []:

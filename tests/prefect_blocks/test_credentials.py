@@ -162,7 +162,7 @@ def test_a_flow_run_s_connection_backs_off_as_its_block_says(embedded_server, mo
     with respx.mock(base_url=block.base_url, assert_all_called=True) as server:
         route = server.get("/v1/training/capabilities")
         route.side_effect = [busy, busy, busy, httpx.Response(200, json=answer)]
-        with resolve_connection(None, "prod").new_client() as client:
+        with resolve_connection(None, "prod").get_client() as client:
             assert "local" in client.capabilities().providers
     assert route.call_count == 4
     assert sleeps == [min(0.5, 0.3 * 2**attempt) for attempt in range(3)] == [0.3, 0.5, 0.5]
@@ -247,7 +247,7 @@ def test_nothing_configured_starts_an_embedded_server(monkeypatch, tmp_path, cap
     with ExitStack() as stack:
         connection = start_embedded_server(stack, Console(file=shown))
         assert connection.base_url.startswith("http://127.0.0.1:")
-        with connection.new_client() as client:
+        with connection.get_client() as client:
             assert "local" in client.capabilities().providers
         key = connection.api_key.get_secret_value()
     assert key not in caplog.text and key not in shown.getvalue()

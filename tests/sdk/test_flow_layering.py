@@ -199,7 +199,7 @@ def test_the_checker_sees_imports_inside_functions(tmp_path: Path) -> None:
 
 def test_only_tasks_use_the_process_wide_client() -> None:
     """A flow reaches Whitney through tasks; code outside a task (the CLI, the cleanup hooks,
-    the reaper) owns a client for as long as it needs one (`connection.new_client()`)."""
+    the reaper) owns a client for as long as it needs one (`connection.get_client()`)."""
     wrong = [
         f"{module} ({path.name}:{node.lineno})"
         for module, path in modules().items()

@@ -76,7 +76,7 @@ def release_whitney(flow: Flow[..., Any], flow_run: FlowRun, state: State[Any]) 
             state.name,
             ", ".join(str(owner) for owner in owners),
         )
-        with connection.new_client() as client:
+        with connection.get_client() as client:
             released = sum(release_sessions(client, owner, timeout_s, logger) for owner in owners)
         run_released(owners[-1], flow_run.id, state.name or "", released)
     except Exception as error:

@@ -135,7 +135,7 @@ def find_lineage(connection: WhitneyConnection, config: FlowConfig) -> Lineage |
     if not checkpoint:
         return None
     parent_run = checkpoint_run_id(checkpoint)
-    with connection.new_client() as client:
+    with connection.get_client() as client:
         flow_run_id = parent_flow_run_id(client, parent_run)
     parent = parent_config(flow_run_id, type(config))
     changes = None
@@ -169,7 +169,7 @@ def loss_by_step(operations: Iterable[wire.Operation]) -> list[tuple[float, floa
 def lineage_curves(connection: WhitneyConnection, lineage: Lineage, run_id: str) -> Panel:
     """The parent's and the fork's loss by optimizer step, from their journals, in one panel
     (the step continues across the checkpoint: its optimizer state holds it)."""
-    with connection.new_client() as client:
+    with connection.get_client() as client:
         parent = loss_by_step(client.iter_journal(lineage.parent_run_id))
         fork = loss_by_step(client.iter_journal(run_id))
     return Panel(

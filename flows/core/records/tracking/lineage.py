@@ -44,7 +44,7 @@ def lineage_key(
     """The tracked run's key for this flow run (see the module docstring)."""
     if not resume_from or connection is None:
         return str(flow_run.id)
-    with connection.new_client() as client:
+    with connection.get_client() as client:
         first = first_run(client, checkpoint_run(resume_from))
         session = client.get_session(client.get_run(first).session_id)
     return session.labels.get(FLOW_RUN_LABEL) or first
