@@ -42,6 +42,14 @@ def project_file(filename: str) -> str | None:
     return relative if relative.split("/")[0] in CODE else None
 
 
+def sending(request: Any) -> bytes:
+    """The body of an httpx request about to be sent (b"" when it streams)."""
+    try:
+        return bytes(request.content)
+    except Exception:  # noqa: BLE001 - a streamed body: not an operation's request
+        return b""
+
+
 def stack_files(frame: FrameType | None) -> list[str]:
     """The project files of the stack, outermost first."""
     files = []
@@ -74,7 +82,7 @@ class Tracer:
                 self.submit_stack = stack_files(frame)
         if code.co_name == "send" and self.send_stack is None and "httpx" in code.co_filename:
             request = frame.f_locals.get("request")
-            if request is not None and str(request.url).endswith("optim_step"):
+            if request is not None and b'"optim_step"' in sending(request):
                 self.send_stack = stack_files(frame)
         path = project_file(code.co_filename)
         if path is None:
