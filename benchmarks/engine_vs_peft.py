@@ -34,8 +34,8 @@ import sys
 import time
 from pathlib import Path
 
-from flows.cli.model_pull import PULLABLE
 from whitney.errors import UnsupportedBaseModel
+from whitney.local.model_pull import PULLABLE
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -35,7 +35,7 @@ from served import quiet_prefect  # noqa: E402
 
 from flows.core.config import settings_with_overrides, validated  # noqa: E402
 from flows.core.environments import held_out_prompts, load_environment  # noqa: E402
-from flows.core.rendering import config_renderer  # noqa: E402
+from flows.core.environments.rendering import config_renderer  # noqa: E402
 from flows.rl.config import RLConfig  # noqa: E402
 from flows.rl.flow import rl_flow  # noqa: E402
 from flows.rl.plan import load_rubric  # noqa: E402

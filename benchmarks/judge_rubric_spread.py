@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from judging import Frozen  # noqa: E402
 from real_model_learning import machine, pulled  # noqa: E402
 
-from flows.core.rendering import load_renderer  # noqa: E402
+from flows.core.environments.rendering import load_renderer  # noqa: E402
 from flows.rl.judge_config import JudgeSettings  # noqa: E402
 from flows.rl.judge_rubric import Rubric  # noqa: E402
 from whitney import hf_cache  # noqa: E402

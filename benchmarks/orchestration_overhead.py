@@ -9,9 +9,10 @@ records artifacts. The flow runs three ways: unpipelined with sequential samplin
 loop's calls), unpipelined with a cycle's sample requests fanned out on a reserved block of seq ids,
 and pipelined (the flow's default): fanned out, and each cycle's forward_backward, optim_step and
 the save_weights_for_sampler publishing the next cycle's sampler submitted back to back as task
-futures (`flows.core.cycles.run_tail`). All four train the same adapter: the script checks the
+futures (`flows.core.loop.cycles.run_tail`). All four train the same adapter: the script checks the
 sha256s agree. The async variants are the pipelined flow with `max_staleness` 1 and 2
-(flows.core.off_policy_schedule): each cycle's training runs beside the sampling of the next cycles,
+(flows.core.loop.off_policy_schedule): each cycle's training runs beside the sampling of the next
+cycles,
 on the server's two lanes; each trains an adapter of its own (other samples), the same on every
 repeat (checked).
 
@@ -32,7 +33,7 @@ Aims (issue 12), the pipelined flow against the plain loop by mean wall time per
 most 1.5x at --latency-ms 0 and at most 0.7x at 100; its p95 per cycle at most 1.5x its median.
 Aims (issue 15): async-1 at most 0.6x the plain loop at 100 ms, and faster than the pipelined
 (on-policy) flow at 0 ms.
-The Prefect server settings are the project's (flows/cli/prefect_env.py).
+The Prefect server settings are the project's (flows/core/orchestration/prefect_env.py).
 """
 
 from __future__ import annotations
@@ -51,15 +52,15 @@ from served import quiet_prefect, served_whitney  # before prefect: it sets Pref
 from prefect import flow
 from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
-from flows.core.connection import resolve_connection
-from flows.core.heartbeat import subflows_without_heartbeat
-from flows.core.sequenced_client import OperationLog, SequencedClient
+from blocks.connection import client_for
+from blocks.endpoint import resolve_connection
+from flows.core.orchestration.heartbeat import subflows_without_heartbeat
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow, run_cycle
 from flows.rl.metrics import CycleMetrics
 from flows.rl.plan import check_rl_config
+from tasks.sequenced_client import OperationLog, SequencedClient
 from whitney import wire
-from whitney_calls.connection import client_for
 
 HEARTBEAT_S = 30
 

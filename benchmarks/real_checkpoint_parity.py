@@ -22,10 +22,10 @@ import torch  # noqa: E402
 from real_model_learning import machine, pulled  # noqa: E402
 
 from flows.cli.main import main as whitney_flows  # noqa: E402
-from flows.cli.model_pull import PULLABLE  # noqa: E402
 from whitney import hf_cache  # noqa: E402
 from whitney.client import WhitneyClient  # noqa: E402
 from whitney.local import EmbeddedWhitney  # noqa: E402
+from whitney.local.model_pull import PULLABLE  # noqa: E402
 from whitney.renderers import get_renderer  # noqa: E402
 from whitney.tokenizers import get_tokenizer  # noqa: E402
 

@@ -29,7 +29,7 @@ from served import quiet_prefect  # noqa: E402
 
 from flows.core.config import settings_with_overrides, validated  # noqa: E402
 from flows.core.evaluation.plan import EvalMetrics  # noqa: E402
-from flows.core.plots import Line, Panel, render_png  # noqa: E402
+from flows.core.records.plots import Line, Panel, render_png  # noqa: E402
 from flows.rl.config import RLConfig  # noqa: E402
 from flows.rl.flow import rl_flow  # noqa: E402
 from whitney import hf_cache  # noqa: E402

@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from flows.cli.prefect_env import set_prefect_env_defaults
+from flows.core.orchestration.prefect_env import set_prefect_env_defaults
 
 if "prefect" in sys.modules:
     raise RuntimeError("import served before prefect: Prefect reads its settings when imported")

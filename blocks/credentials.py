@@ -12,33 +12,20 @@ from collections.abc import Mapping
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator, model_validator
 
+from blocks.connection import (
+    BackoffBaseS,
+    BackoffMaxS,
+    ClientFactory,
+    MaxAttempts,
+    MaxRetrySeconds,
+    PollWaitS,
+    TimeoutS,
+)
 from whitney import wire
-from whitney.client import API_KEY_ENV, WhitneyClient
+from whitney.client import API_KEY_ENV
 
 OPERATION_KINDS: frozenset[str] = wire.RUN_OPERATION_KINDS | wire.SAMPLER_OPERATION_KINDS
 """The keys a price table may have: every Whitney operation kind."""
-
-
-class ClientFactory:
-    """`client_settings()` and `get_client()` for a model with `base_url`, `api_key` (a
-    `SecretStr`) and the client settings of `WhitneyCredentials`."""
-
-    def client_settings(self) -> dict[str, float | int]:
-        """The `WhitneyClient` keyword arguments these settings stand for (no URL, no key)."""
-        return {
-            "timeout": self.timeout_s,
-            "max_attempts": self.max_attempts,
-            "max_retry_seconds": self.max_retry_seconds,
-            "backoff_base": self.backoff_base_s,
-            "backoff_max": self.backoff_max_s,
-            "poll_wait_s": self.poll_wait_s,
-        }
-
-    def get_client(self) -> WhitneyClient:
-        """A new `WhitneyClient` for this endpoint; close it (or use it as a context manager)."""
-        return WhitneyClient(
-            self.base_url, self.api_key.get_secret_value(), **self.client_settings()
-        )
 
 
 class WhitneyCredentials(ClientFactory, Block):
@@ -74,40 +61,12 @@ with credentials.get_client() as client:
         title="API key",
         description="Whitney API key; stored encrypted, shown as ********** everywhere",
     )
-    timeout_s: float = Field(
-        default=30.0,
-        gt=0,
-        le=3600,
-        title="Request timeout (s)",
-        description="Bound of one HTTP request",
-    )
-    max_attempts: int = Field(
-        default=6, ge=1, le=100, title="Max attempts", description="HTTP attempts per client call"
-    )
-    max_retry_seconds: float = Field(
-        default=120.0,
-        ge=0,
-        le=86_400,
-        title="Max retry time (s)",
-        description="Bound of the client's retries of one call",
-    )
-    backoff_base_s: float = Field(
-        default=0.2,
-        ge=0,
-        le=600,
-        title="Backoff base (s)",
-        description="First delay of the client's full-jitter exponential backoff",
-    )
-    backoff_max_s: float = Field(
-        default=10.0, ge=0, le=3600, title="Backoff cap (s)", description="Cap of one retry delay"
-    )
-    poll_wait_s: float = Field(
-        default=30.0,
-        ge=0,
-        le=60,
-        title="Long-poll wait (s)",
-        description="How long each long-poll GET of an operation asks the server to wait",
-    )
+    timeout_s: TimeoutS
+    max_attempts: MaxAttempts
+    max_retry_seconds: MaxRetrySeconds
+    backoff_base_s: BackoffBaseS
+    backoff_max_s: BackoffMaxS
+    poll_wait_s: PollWaitS
     price_table: dict[str, float] | None = Field(
         default=None,
         title="Price table",

@@ -121,8 +121,8 @@ up_postgres() {
 
 up_prefect() {
   if alive prefect-server "$(prefect_marker)"; then say "prefect server already running (pid $(pid_of prefect-server))"; return; fi
-  # the project's server settings (flows/cli/prefect_env.py), then the database URL
-  eval "$(python -c 'from flows.cli.prefect_env import SERVER_SETTINGS as s
+  # the project's server settings (flows/core/orchestration/prefect_env.py), then the database URL
+  eval "$(python -c 'from flows.core.orchestration.prefect_env import SERVER_SETTINGS as s
 print("\n".join(f"export {k}={v}" for k, v in s.items()))')"
   PREFECT_API_DATABASE_CONNECTION_URL="postgresql+asyncpg://whitney:$PG_PASSWORD@127.0.0.1:$pg_port/prefect" \
     launch prefect-server prefect server start --host 127.0.0.1 --port "$prefect_port"

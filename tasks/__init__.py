@@ -1,2 +1,3 @@
-"""Prefect tasks, one per Whitney operation and per Whitney-only step a flow takes (their retry
-policy and connection: `whitney_calls`)."""
+"""Prefect tasks, one per Whitney operation and per Whitney-only step a flow takes, and how flows
+submit them: the retry policy and a task on a connection (`tasks.calls`), the
+sequenced client (`tasks.sequenced_client`), the names and the release of a flow run's sessions."""

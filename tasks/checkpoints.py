@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from prefect import task
 
+from blocks.connection import WhitneyConnection, client_for
 from tasks.operations import TASK_DEFAULTS
 from whitney import wire
 from whitney.client import WhitneyClient
-from whitney_calls.connection import WhitneyConnection, client_for
 
 
 def saved_checkpoints(client: WhitneyClient, run_id: str) -> list[str]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from prefect import task
 
+from blocks.connection import WhitneyConnection, client_for
 from tasks.operations import TASK_DEFAULTS
 from whitney import wire
-from whitney_calls.connection import WhitneyConnection, client_for
 
 
 @task(name="capabilities", **TASK_DEFAULTS)

@@ -16,9 +16,9 @@ from typing import Any
 from prefect import Task, task
 from prefect.cache_policies import NONE
 
+from blocks.connection import WhitneyConnection, client_for
+from tasks.calls import TaskRetrySettings
 from whitney import wire
-from whitney_calls.connection import WhitneyConnection, client_for
-from whitney_calls.retry import TaskRetrySettings
 
 TASK_DEFAULTS: dict[str, Any] = {
     "cache_policy": NONE,

@@ -40,12 +40,12 @@ from uuid import UUID
 
 from prefect import get_run_logger, task
 
+from blocks.connection import WhitneyConnection, client_for
+from tasks.names import AUXILIARY_LABEL, CYCLE_CHECKPOINT, FLOW_RUN_LABEL, checkpoint_cycle
 from tasks.operations import TASK_DEFAULTS
+from tasks.release import release_sessions
 from whitney import wire
 from whitney.client import WhitneyClient
-from whitney_calls.connection import WhitneyConnection, client_for
-from whitney_calls.names import AUXILIARY_LABEL, CYCLE_CHECKPOINT, FLOW_RUN_LABEL, checkpoint_cycle
-from whitney_calls.release import release_sessions
 
 POLICY = "policy"
 

@@ -2,7 +2,8 @@
 tokens count toward the distillation's budget.
 
 With `teacher_sft`, a distillation's first step is an SFT subflow; its session bears the label
-`prefect.parent-flow-run-id=<the distillation's flow run id>` (flows.core.cleanup.session_labels).
+`prefect.parent-flow-run-id=<the distillation's flow run id>`
+(flows.core.orchestration.cleanup.session_labels).
 A retried attempt (the UI's Retry, `prefect flow-run retry`, flow `retries`) looks for such a
 session whose run finished: the teacher was trained to the end and its final `save_state`
 succeeded. It then distills from that checkpoint instead of training the teacher again, which
@@ -18,13 +19,13 @@ from uuid import UUID
 
 from prefect import get_run_logger, task
 
+from blocks.connection import WhitneyConnection, client_for
 from tasks.checkpoints import saved_checkpoints
+from tasks.names import PARENT_FLOW_RUN_LABEL
 from tasks.operations import TASK_DEFAULTS
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.uris import checkpoint_run_id
-from whitney_calls.connection import WhitneyConnection, client_for
-from whitney_calls.names import PARENT_FLOW_RUN_LABEL
 
 
 def final_checkpoint(client: WhitneyClient, run_id: str) -> str | None:

@@ -26,23 +26,22 @@ from prefect.client.schemas.sorting import ArtifactSort
 from prefect.context import FlowRunContext
 from pydantic import BaseModel, Field
 
+from blocks.connection import WhitneyConnection
 from flows.checkpoints.config import EvaluateConfig
-from flows.core.cleanup import session_labels
 from flows.core.config import ConfigError
+from flows.core.environments.rendering import load_renderer
 from flows.core.evaluation.config import CORPUS, EvalSettings
 from flows.core.evaluation.plan import EvalMetrics, EvalPlan, HeldOutPair, load_eval_plan
 from flows.core.evaluation.sampler import evaluate_weights
-from flows.core.records import artifact_key
-from flows.core.rendering import load_renderer
-from flows.core.sequenced_client import SequencedClient
+from flows.core.orchestration.cleanup import session_labels
+from flows.core.records.run_records import artifact_key
+from tasks.calls import TaskRetrySettings, WhitneyCalls
 from tasks.checkpoints import read_run
 from tasks.lifecycle import close_session, create_run, finish_run, open_session
+from tasks.names import CYCLE_CHECKPOINT
+from tasks.sequenced_client import SequencedClient
 from whitney import wire
 from whitney.uris import checkpoint_run_id
-from whitney_calls.calls import WhitneyCalls
-from whitney_calls.connection import WhitneyConnection
-from whitney_calls.names import CYCLE_CHECKPOINT
-from whitney_calls.retry import TaskRetrySettings
 
 EVAL_SAMPLER = "eval"
 """The sampler a frozen run is evaluated on."""

@@ -14,8 +14,8 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flows.core.evaluation.config import EvalSettings
+from tasks.calls import TaskRetrySettings
 from whitney.uris import CHECKPOINT_PATTERN
-from whitney_calls.retry import TaskRetrySettings
 
 CheckpointURI = Annotated[
     str,

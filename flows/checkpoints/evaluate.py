@@ -18,15 +18,15 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
+from blocks.endpoint import resolve_connection
 from flows.checkpoints.comparison import (
     CheckpointEvaluation,
     evaluate_checkpoints,
     record_comparison,
 )
 from flows.checkpoints.config import CheckpointURI, EvaluateConfig
-from flows.core.cleanup import CLEANUP_HOOKS
-from flows.core.connection import resolve_connection
-from flows.core.events import checkpoint_evaluated
+from flows.core.orchestration.cleanup import CLEANUP_HOOKS
+from flows.core.records.events import checkpoint_evaluated
 
 
 @flow(name="evaluate-checkpoint", persist_result=False, **CLEANUP_HOOKS)

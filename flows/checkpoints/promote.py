@@ -12,7 +12,7 @@ person in the loop.
       approved: a trainable run created from the checkpoint, export_lora, finish, close; then
         `whitney-flows export RUN --out target_dir/merged --merged` and
         `whitney-flows export RUN --out target_dir/adapter` (issue 8's export, as a user runs
-        it), the approval added to each directory's manifest.json (flows.core.manifest); a
+        it), the approval added to each directory's manifest.json (flows.core.records.manifest); a
         link artifact to target_dir
       rejected: ends there, nothing exported; no decision within approval_timeout_s: the
         same, recorded, and the run fails (Prefect fails a pause that times out)
@@ -37,6 +37,8 @@ from prefect.input import RunInput
 from prefect.runtime import flow_run as current_flow_run
 from pydantic import BaseModel, Field
 
+from blocks.connection import WhitneyConnection
+from blocks.endpoint import resolve_connection
 from flows.checkpoints.comparison import (
     CheckpointEvaluation,
     eval_set_name,
@@ -44,17 +46,15 @@ from flows.checkpoints.comparison import (
     runs_from_checkpoints,
 )
 from flows.checkpoints.config import LOWER_IS_BETTER, PromoteConfig
-from flows.core.cleanup import CLEANUP_HOOKS
 from flows.core.config import ConfigError
-from flows.core.connection import resolve_connection
-from flows.core.events import promotion_decided
-from flows.core.manifest import add_promotion
+from flows.core.orchestration.cleanup import CLEANUP_HOOKS
+from flows.core.records.events import promotion_decided
+from flows.core.records.manifest import add_promotion
+from tasks.calls import WhitneyCalls
 from tasks.checkpoints import list_checkpoints, read_run
 from whitney import wire
 from whitney.client import API_KEY_ENV
 from whitney.uris import checkpoint_run_id
-from whitney_calls.calls import WhitneyCalls
-from whitney_calls.connection import WhitneyConnection
 
 POLL_INTERVAL_S = 2
 """How often the paused run asks whether it was resumed."""

@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_NOT_FOUND, EXIT_OK
 
 if TYPE_CHECKING:
-    from flows.cli.inspection_sources import ApiJournal, DataDirJournal
+    from flows.core.records.inspection_sources import ApiJournal, DataDirJournal
 
 
 def journal_source(options: argparse.Namespace) -> ApiJournal | DataDirJournal:
     """The source `options` name (see the module docstring); ValueError saying what is
     missing."""
-    from flows.cli.inspection_sources import ApiJournal, DataDirJournal
+    from blocks.endpoint import resolve_endpoint
     from flows.core.config import ConfigError
-    from flows.core.endpoint import resolve_endpoint
+    from flows.core.records.inspection_sources import ApiJournal, DataDirJournal
 
     if options.data_dir is None:
         try:
@@ -38,7 +38,7 @@ def journal_source(options: argparse.Namespace) -> ApiJournal | DataDirJournal:
         except ConfigError as error:
             raise ValueError(error.message) from None
         if endpoint is not None:
-            return ApiJournal(endpoint.connection.new_client())
+            return ApiJournal(endpoint.connection.get_client())
         options.data_dir = data_dir_holding(getattr(options, "run_id", None))
     try:
         return DataDirJournal(options.data_dir)
@@ -50,7 +50,7 @@ def data_dir_holding(run_id: str | None) -> Path:
     """The data directory `whitney-flows run` uses by default or, for a run started while a
     live server held that one, the first of its siblings (`local-2`, ...) whose journal holds
     `run_id`."""
-    from flows.cli.inspection_sources import DataDirJournal, RunNotFound
+    from flows.core.records.inspection_sources import DataDirJournal, RunNotFound
     from whitney.local.config import default_data_dir
     from whitney.local.ownership import siblings
 
@@ -69,9 +69,9 @@ def run_inspection(options: argparse.Namespace) -> int:
     from rich.console import Console
 
     from flows.cli.inspection import render_run_report, render_runs_report
-    from flows.cli.inspection_journal import run_report as build_run_report
-    from flows.cli.inspection_journal import runs_report as build_runs_report
-    from flows.cli.inspection_sources import RunNotFound
+    from flows.core.records.inspection_journal import run_report as build_run_report
+    from flows.core.records.inspection_journal import runs_report as build_runs_report
+    from flows.core.records.inspection_sources import RunNotFound
     from whitney.errors import NotFound, WhitneyError
 
     prog = f"whitney-flows {options.command}"

@@ -1,5 +1,5 @@
 """The `export` command of `whitney-flows`: a run's adapter as Hugging Face model directories,
-with the manifest of what made it (flows.core.manifest), and the check of that manifest.
+with the manifest of what made it (flows.core.records.manifest), and the check of that manifest.
 
     whitney-flows export RUN_ID --out DIR [--merged] [--manifest FILE]
                          [--api-url URL | --data-dir DIR]
@@ -15,7 +15,8 @@ DIR too) or nothing could be re-hashed, 2 without a readable manifest.
 The endpoint resolves as for `inspect` (flows.cli.commands): `--api-url`, else WHITNEY_API_URL with
 the key from WHITNEY_API_KEY, else an embedded server's data directory. The archive is the run's
 latest `export_lora` of its current weights (the one a flow's normal end makes); a run with none
-that is still active on a Whitney URL is asked for one. flows.cli.hf_export writes DIR from the
+that is still active on a Whitney URL is asked for one. flows.core.records.hf_export writes DIR from
+the
 archive alone, offline; it needs the `hf` extra. No Prefect import: the command starts fast.
 """
 
@@ -34,7 +35,7 @@ from typing import Any
 
 from flows.cli.commands import journal_source
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_CHANGED, EXIT_OK, EXIT_UNVERIFIED
-from flows.core.manifest import (
+from flows.core.records.manifest import (
     MANIFEST_NAME,
     export_manifest,
     manifest_path,
@@ -124,7 +125,8 @@ def check_out_dir(out: Path) -> None:
 
 
 def import_hf_export() -> Any:
-    """flows.cli.hf_export, with transformers quiet (no progress bars, errors only); ExportError
+    """flows.core.records.hf_export, with transformers quiet (no progress bars, errors only);
+    ExportError
     naming the `hf` extra if its packages are missing."""
     try:
         import peft  # noqa: F401
@@ -133,7 +135,7 @@ def import_hf_export() -> Any:
         raise ExportError(HF_EXTRA) from None
     transformers.logging.set_verbosity_error()
     transformers.logging.disable_progress_bar()
-    from flows.cli import hf_export
+    from flows.core.records import hf_export
 
     return hf_export
 
@@ -166,7 +168,7 @@ def fetch_archive(source: Any, run_id: str, scratch: Path) -> tuple[Path, dict[s
     """The run's current export archive, and the export_lora result that made it: downloaded
     into `scratch` from a Whitney URL (made first if an active run has none), or the file in
     an embedded server's data directory."""
-    from flows.cli.inspection_sources import DataDirJournal, RunNotFound
+    from flows.core.records.inspection_sources import DataDirJournal, RunNotFound
     from whitney.errors import NotFound, TransportError, WhitneyError
 
     client = getattr(source, "client", None)

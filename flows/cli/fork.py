@@ -2,13 +2,13 @@
 
     whitney-flows fork PARENT --cycle K [--set FIELD=VALUE ...] [--api-url URL] ...
 
-PARENT is the parent's manifest (flows.core.manifest): a file, a directory holding
+PARENT is the parent's manifest (flows.core.records.manifest): a file, a directory holding
 `manifest.json` (an export), or a Whitney run id, whose manifest `whitney-flows run` wrote
 beside its adapter (`--adapter-dir`/RUN-manifest.json). The fork's config is the parent's
 with the `--set` fields on top (flows.cli.settings: VALUE is JSON when it parses as JSON,
 else a string; a dotted FIELD sets a nested one) and `resume_from` the parent's checkpoint
 after cycle K; it runs as `whitney-flows run FLOW --config` would (flows.cli.launch), and
-records its lineage (flows.core.lineage). Refused, exit 2 with one line naming the field: a
+records its lineage (flows.core.records.lineage). Refused, exit 2 with one line naming the field: a
 cycle the parent has no checkpoint of, a field its flow's config does not have (with the
 nearest valid name), one a fork cannot change.
 """
@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 from flows.cli.commands import journal_source
 from flows.cli.exit_codes import EXIT_BAD_CONFIG
 from flows.core.config import ConfigError
-from flows.core.manifest import manifest_path, read_manifest
-from whitney_calls.names import CYCLE_CHECKPOINT
+from flows.core.records.manifest import manifest_path, read_manifest
+from tasks.names import CYCLE_CHECKPOINT
 
 if TYPE_CHECKING:
     from flows.catalogue import TrainingFlow
@@ -90,7 +90,7 @@ def parent_checkpoint(options: argparse.Namespace, run_id: str, cycle: int) -> s
     """The parent run's checkpoint after `cycle`, from its journal (at --api-url, else
     WHITNEY_API_URL, else in the data directory of the embedded server the fork will start);
     ConfigError naming --cycle, with the cycles it has, if it saved none then."""
-    from flows.cli.inspection_sources import RunNotFound
+    from flows.core.records.inspection_sources import RunNotFound
     from whitney.errors import WhitneyError
 
     source_options = argparse.Namespace(api_url=options.api_url, data_dir=None)
@@ -136,10 +136,10 @@ def fork_config(
 def check_fork_fields(flow: TrainingFlow, settings: list[str], parent: dict[str, Any]) -> None:
     """ConfigError naming a `--set` field the flow's config does not have (and the nearest
     valid name), one the fork sets itself, or one a fork cannot change
-    (flows.core.lineage.FIXED_IN_FORK)."""
+    (flows.core.records.lineage.FIXED_IN_FORK)."""
     from flows.cli.settings import resolved_path, split_setting
-    from flows.core.lineage import FIXED_IN_FORK
-    from flows.core.manifest import flat_settings
+    from flows.core.records.lineage import FIXED_IN_FORK
+    from flows.core.records.manifest import flat_settings
 
     known = flat_settings(parent)
     for setting in settings:

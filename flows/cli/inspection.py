@@ -1,6 +1,6 @@
 """What happened in cycle N, on the terminal: the rendering of the `whitney-flows inspect` and
-`runs` reports (`flows.cli.inspection_journal` builds them from the journal that
-`flows.cli.inspection_sources` reads).
+`runs` reports (`flows.core.records.inspection_journal` builds them from the journal that
+`flows.core.records.inspection_sources` reads).
 
     whitney-flows inspect RUN_ID [--cycle N] [--json]
     whitney-flows runs [--json]
@@ -12,8 +12,8 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from flows.core.cost import format_usage
-from flows.core.operation_rows import metrics_text, parse_time, seconds_text
+from flows.core.loop.cost import format_usage
+from flows.core.records.operation_rows import metrics_text, parse_time, seconds_text
 
 
 def created_text(value: str) -> str:

@@ -3,7 +3,7 @@ tracker refuses, a tracking server that does not answer or refuses the credentia
 before anything starts), reach Whitney (a URL that does not answer, or refuses the key, exits 2
 before any flow run starts) or start the embedded server, run the flow with progress fed by its
 metrics JSON lines, download the exported adapter and write its manifest beside it
-(`RUN-manifest.json`, flows.core.manifest), print a summary table, then where the learning
+(`RUN-manifest.json`, flows.core.records.manifest), print a summary table, then where the learning
 curves are (the summary artifact's picture, as a PNG beside the metrics file: `--metrics-out`'s,
 else in the adapter directory) and the command that exports the adapter. Exit codes as in
 `flows.cli.main`."""
@@ -27,22 +27,26 @@ from pydantic import SecretStr
 from rich.console import Console
 from rich.table import Table
 
+from blocks.connection import WhitneyConnection
+from blocks.endpoint import (
+    EMBEDDED_DATA_DIR_ENV,
+    EMBEDDED_URL_ENV,
+    check_served,
+    check_whitney,
+    resolve_endpoint,
+)
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_FLOW_FAILED, EXIT_OK
 from flows.cli.watchdog import watch
 from flows.core.config import ConfigError, FlowConfig
-from flows.core.connection import EMBEDDED_DATA_DIR_ENV, EMBEDDED_URL_ENV, check_whitney
-from flows.core.endpoint import resolve_endpoint
-from flows.core.manifest import archive_path, manifest_path, with_archive, write_manifest
-from flows.core.plots import picture_beside
-from flows.core.served import check_served
-from flows.core.summary_parts import export_command
-from flows.core.tracking.preflight import check_tracking
+from flows.core.records.manifest import archive_path, manifest_path, with_archive, write_manifest
+from flows.core.records.plots import picture_beside
+from flows.core.records.summary_parts import export_command
+from flows.core.records.tracking.preflight import check_tracking
 from whitney.client import API_KEY_ENV
 from whitney.local import ServerStartError
 from whitney.local.config import default_data_dir
 from whitney.local.ownership import start_on_first_free
 from whitney.local.tinker_endpoint import TINKER_URL_ENV, endpoint_of
-from whitney_calls.connection import WhitneyConnection
 
 ProgressFactory = Callable[[Path, Console], AbstractContextManager[Any]]
 """(metrics path, console) -> the progress display, entered around the flow run."""
@@ -75,7 +79,7 @@ def launch_flow(
             endpoint = resolve_endpoint(config.api_url, url_field="--api-url")
             if endpoint is None:
                 connection, export_url = start_embedded_server(stack, console), None
-                with connection.new_client() as client:
+                with connection.get_client() as client:
                     capabilities = client.capabilities()
             else:
                 capabilities = check_whitney(endpoint)
@@ -111,7 +115,7 @@ def launch_flow(
             print(f"{prog}: the flow run ended {state.name}: {state.message}", file=sys.stderr)
             return EXIT_FLOW_FAILED
         result = state.result()
-        with connection.new_client() as client:
+        with connection.get_client() as client:
             adapter_path = client.download_artifact(
                 result.adapter.artifact_id, archive_path(result.run_id, adapter_dir)
             )

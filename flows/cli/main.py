@@ -7,7 +7,7 @@
     whitney-flows inspect RUN_ID [--cycle N] [--json]     (flows.cli.commands)
     whitney-flows runs [--json]
     whitney-flows export RUN_ID --out DIR [--merged]      (flows.cli.export)
-    whitney-flows export --verify DIR                     (flows.core.manifest)
+    whitney-flows export --verify DIR                     (flows.core.records.manifest)
     whitney-flows fork PARENT --cycle K [--set F=V ...]   (flows.cli.fork)
     whitney-flows reap [--apply] [--json]                 (flows.cli.reap)
     whitney-flows sweep CONFIG [--block NAME] [--set F=V ...]  (flows.cli.sweep)
@@ -42,10 +42,10 @@ from flows.cli.export import run_export
 from flows.cli.fork import run_fork
 from flows.cli.models import run_models
 from flows.cli.parsers import build_parser
-from flows.cli.prefect_env import set_prefect_env_defaults
 from flows.cli.reap import run_reap
 from flows.cli.sweep import run_sweep
 from flows.core.config import ConfigError
+from flows.core.orchestration.prefect_env import set_prefect_env_defaults
 from flows.core.renames import RenamedSetting
 
 

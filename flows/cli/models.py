@@ -5,8 +5,8 @@ serves, and how to add one with no hub.
     whitney-flows models pull NAME [--name ID] [--hf-cache DIR]
     whitney-flows models list [--hf-cache DIR]
 
-`import` turns a Llama or Qwen2 GGUF file into a float32 snapshot (flows.cli.gguf_import);
-`pull` downloads a model it knows by name with pip and imports it (flows.cli.model_pull);
+`import` turns a Llama or Qwen2 GGUF file into a float32 snapshot (whitney.local.gguf_import);
+`pull` downloads a model it knows by name with pip and imports it (whitney.local.model_pull);
 `list` shows the cache's served checkpoints: id, architecture, parameters, size, origin. The
 cache is `--hf-cache`, else the environment's (whitney.hf_cache), the one the server
 `whitney-flows run` starts reads. No Prefect import.
@@ -23,7 +23,9 @@ from math import prod
 from pathlib import Path
 
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_OK
-from flows.cli.gguf_import import (
+from whitney import hf_cache
+from whitney.local import hf_models
+from whitney.local.gguf_import import (
     ModelImportError,
     card_fields,
     default_repo_id,
@@ -32,9 +34,7 @@ from flows.cli.gguf_import import (
     read_gguf,
     repo_folder,
 )
-from flows.cli.model_pull import PULLABLE, fetch_gguf
-from whitney import hf_cache
-from whitney.local import hf_models
+from whitney.local.model_pull import PULLABLE, fetch_gguf
 
 HF_EXTRA = 'importing a GGUF file needs the hf extra: pip install "whitney-flows[hf]"'
 

@@ -1,5 +1,5 @@
 """`whitney-flows reap`: close the Whitney sessions whose flow run is over or gone
-(flows.core.reaping). Dry run unless --apply.
+(flows.core.orchestration.reaping). Dry run unless --apply.
 
     whitney-flows reap [--api-url URL] [--apply] [--json]
 
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_OK, EXIT_REAP_FAILED
 
 if TYPE_CHECKING:
-    from flows.core.reaping import Verdict
+    from flows.core.orchestration.reaping import Verdict
 
 PROG = "whitney-flows reap"
 
@@ -33,11 +33,10 @@ def run_reap(options: argparse.Namespace) -> int:
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME
     from rich.console import Console
 
+    from blocks.endpoint import check_whitney, resolve_endpoint
     from flows.cli.launch import prefect_start_failure, start_ephemeral_prefect
     from flows.core.config import ConfigError
-    from flows.core.connection import check_whitney
-    from flows.core.endpoint import resolve_endpoint
-    from flows.core.reaping import reap, survey
+    from flows.core.orchestration.reaping import reap, survey
     from whitney.client import API_URL_ENV
 
     try:
@@ -54,7 +53,7 @@ def run_reap(options: argparse.Namespace) -> int:
     except RuntimeError as error:
         print(f"{PROG}: {prefect_start_failure(error)}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    with endpoint.connection.new_client() as client:
+    with endpoint.connection.get_client() as client:
         verdicts = survey(client)
         if options.apply:
             verdicts = reap(client, verdicts, logging.getLogger("whitney_flows.reap"))

@@ -21,10 +21,10 @@ from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
 from flows.cli.settings import apply_settings
 from flows.cli.terminal import CycleProgress, add_weights_rows, result_table
-from flows.core.budget import check_budget
 from flows.core.config import settings_with_overrides, validated
-from flows.core.cost import cost_model, format_cost, format_usage
-from flows.core.summary_parts import first_and_last
+from flows.core.loop.budget import check_budget
+from flows.core.loop.cost import cost_model, format_cost, format_usage
+from flows.core.records.summary_parts import first_and_last
 from flows.distill.config import DistillationConfig, teacher_metrics_path
 from flows.distill.flow import distillation_flow
 from flows.distill.metrics import DistillationResult

@@ -14,7 +14,7 @@ from flows.cli.parsers import shared_overrides
 from flows.cli.settings import apply_settings
 from flows.cli.terminal import CycleProgress, add_weights_rows, describe_rl_cycle, result_table
 from flows.core.config import settings_with_overrides, validated
-from flows.core.summary_parts import first_and_last
+from flows.core.records.summary_parts import first_and_last
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from flows.rl.metrics import RLResult

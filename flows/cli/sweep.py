@@ -19,7 +19,7 @@ import os
 import sys
 
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_FLOW_FAILED, EXIT_OK
-from flows.cli.prefect_env import set_prefect_env_defaults
+from flows.core.orchestration.prefect_env import set_prefect_env_defaults
 
 PROG = "whitney-flows sweep"
 CONSOLE_LEVEL = "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL"

@@ -28,7 +28,7 @@ from rich.progress import (
 from rich.table import Table
 
 from flows.cli.polling import PollingThread
-from flows.core.training import TrainingResult
+from flows.core.loop.training import TrainingResult
 from flows.rl.metrics import CycleMetrics
 
 POLL_INTERVAL_S = 0.2

@@ -15,15 +15,15 @@ from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from flows.core.cost import Budget, PriceTable
 from flows.core.evaluation.config import EvalSettings
+from flows.core.loop.cost import Budget, PriceTable
+from flows.core.loop.stall_windows import StallSettings
+from flows.core.records.tracking.config import TrackingSettings
 from flows.core.renames import RenamedFields
-from flows.core.stall_windows import StallSettings
-from flows.core.tracking.config import TrackingSettings
+from tasks.calls import TaskRetrySettings
+from tasks.names import CYCLE_CHECKPOINT_PATTERN, checkpoint_cycle
 from whitney.renderers import RendererName
 from whitney.wire import Provider
-from whitney_calls.names import CYCLE_CHECKPOINT_PATTERN, checkpoint_cycle
-from whitney_calls.retry import TaskRetrySettings
 
 ConfigT = TypeVar("ConfigT", bound=BaseModel)
 BudgetField = Annotated[

@@ -10,7 +10,7 @@ from pydantic import Field, field_validator
 from flows.core.config import BudgetField, FlowConfig, MaxStalenessField, PricesField
 from flows.core.evaluation.config import CORPUS as EVAL_CORPUS
 from flows.core.evaluation.config import EvalSettings
-from flows.core.task_runner_settings import TaskRunnerSettings
+from flows.core.orchestration.task_runner_settings import TaskRunnerSettings
 from flows.sft.config import EvalFraction, SFTConfig
 from whitney.renderers import RendererName
 from whitney.uris import CHECKPOINT_PATTERN

@@ -1,6 +1,6 @@
 """The distillation flow: RL whose advantages come from the teacher. A student run learns a
 frozen teacher run's distribution on its own samples, with the teacher's `logprobs` fanned out
-as concurrent tasks; the cycle is the RL flow's (flows.core.cycles: the same sampler calls,
+as concurrent tasks; the cycle is the RL flow's (flows.core.loop.cycles: the same sampler calls,
 the same training tail, the same loop) with the teacher's per-token reverse KL as advantages.
 
     distillation_flow(config)            check (fail closed); [sft_flow: train the teacher,
@@ -41,12 +41,13 @@ from datetime import UTC, datetime
 from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
 
-from flows.core.budget import BudgetGuard, flow_cost_model
-from flows.core.cleanup import CLEANUP_HOOKS
+from blocks.endpoint import resolve_connection
 from flows.core.config import checkpoint_due
-from flows.core.connection import resolve_connection
-from flows.core.cost import Usage, add_usage, format_usage, usage_of
-from flows.core.cycles import (
+from flows.core.evaluation.plan import completion_logprobs
+from flows.core.evaluation.sampler import evaluate_after_cycle
+from flows.core.loop.budget import BudgetGuard, flow_cost_model
+from flows.core.loop.cost import Usage, add_usage, format_usage, usage_of
+from flows.core.loop.cycles import (
     CycleStart,
     cycle_subflow,
     publish_call,
@@ -55,13 +56,11 @@ from flows.core.cycles import (
     run_tail,
     sampler_calls,
 )
-from flows.core.evaluation.plan import completion_logprobs
-from flows.core.evaluation.sampler import evaluate_after_cycle
-from flows.core.off_policy_schedule import SampleBlock, Schedule
-from flows.core.records import run_rows, spend_rows
-from flows.core.sampling_ahead import CycleSamples, sample_ahead
-from flows.core.sequenced_client import Call, SequencedClient
-from flows.core.training import end_training_run, require_served, start_training_run
+from flows.core.loop.off_policy_schedule import SampleBlock, Schedule
+from flows.core.loop.sampling_ahead import CycleSamples, sample_ahead
+from flows.core.loop.training import end_training_run, require_served, start_training_run
+from flows.core.orchestration.cleanup import CLEANUP_HOOKS
+from flows.core.records.run_records import run_rows, spend_rows
 from flows.distill.config import LOSS_FUNCTION, DistillationConfig
 from flows.distill.metrics import (
     DistillationResult,
@@ -75,12 +74,13 @@ from flows.distill.plan import (
     chunked,
     reverse_kl_advantages,
 )
+from tasks.calls import WhitneyCalls
+from tasks.names import cycle_name
+from tasks.sequenced_client import Call, SequencedClient
 from tasks.teacher import find_trained_teacher, read_teacher_sft_journal
 from whitney import wire
 from whitney.datums import rl_datum
 from whitney.payloads import adamw_optimizer, forward_backward_payload
-from whitney_calls.calls import WhitneyCalls
-from whitney_calls.names import cycle_name
 
 ROLE_LABEL = "whitney-flows.role"
 """The run label naming the student and the teacher."""
@@ -244,7 +244,7 @@ def distill_cycle(
 ) -> DistillCycleMetrics:
     """One distillation cycle of the student `run_id` and the teacher `teacher_run_id` from
     `start`; returns its metrics, with where the next cycle starts."""
-    plan = check_distill_config(config)  # built once per process (flows.core.plans)
+    plan = check_distill_config(config)  # built once per process (flows.core.loop.plans)
     return run_cycle_subflow(
         config,
         start,

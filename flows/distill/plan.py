@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from flows.core.config import ConfigError, check_max_staleness, check_resume_from
-from flows.core.cost import Usage
+from flows.core.environments.rendering import config_renderer, load_renderer
 from flows.core.evaluation.plan import (
     EvalPlan,
     HeldOutPair,
@@ -31,10 +31,10 @@ from flows.core.evaluation.plan import (
     loss_per_token,
     prompt_key,
 )
-from flows.core.plans import once_per_process
-from flows.core.rendering import config_renderer, load_renderer
-from flows.core.seeds import derive_seed
-from flows.core.task_runner_settings import check_task_runner
+from flows.core.loop.cost import Usage
+from flows.core.loop.plans import once_per_process
+from flows.core.loop.seeds import derive_seed
+from flows.core.orchestration.task_runner_settings import check_task_runner
 from flows.distill.config import CORPUS, LOSS_FUNCTION, DistillationConfig
 from whitney.advantages import kl_adjust_advantages
 from whitney.losses import PROVIDER_LOSS_SUPPORT, require_advertised_loss

@@ -1,5 +1,5 @@
 """The DPO flow: preference pairs trained through the importance-sampling gradient, one
-subflow run per cycle (the outer loop: flows.core.cycles).
+subflow run per cycle (the outer loop: flows.core.loop.cycles).
 
     dpo_flow(config)                      check the config, the pairs and the reference (fail
                                           closed), resume point, open_session (labelled),
@@ -35,12 +35,12 @@ from datetime import UTC, datetime
 from prefect import flow, get_run_logger
 from pydantic import BaseModel
 
-from flows.core.budget import BudgetGuard, flow_cost_model
-from flows.core.cleanup import CLEANUP_HOOKS
+from blocks.endpoint import resolve_connection
 from flows.core.config import checkpoint_due
-from flows.core.connection import resolve_connection
-from flows.core.cost import usage_of
-from flows.core.cycles import (
+from flows.core.evaluation.plan import completion_logprobs
+from flows.core.loop.budget import BudgetGuard, flow_cost_model
+from flows.core.loop.cost import usage_of
+from flows.core.loop.cycles import (
     CycleStart,
     cycle_subflow,
     run_cycle_subflow,
@@ -48,10 +48,9 @@ from flows.core.cycles import (
     run_tail,
     sampler_calls,
 )
-from flows.core.evaluation.plan import completion_logprobs
-from flows.core.records import run_rows, spend_rows
-from flows.core.sequenced_client import SequencedClient
-from flows.core.training import end_training_run, start_training_run
+from flows.core.loop.training import end_training_run, start_training_run
+from flows.core.orchestration.cleanup import CLEANUP_HOOKS
+from flows.core.records.run_records import run_rows, spend_rows
 from flows.dpo.config import BASE_REFERENCE, DPOConfig
 from flows.dpo.metrics import DPOCycleMetrics, DPOResult, PreferenceEval, learning_curves
 from flows.dpo.objective import PairLogprobs, margin, preference_stats
@@ -66,9 +65,10 @@ from flows.dpo.plan import (
     training_datums,
 )
 from flows.dpo.reference import check_reference
+from tasks.names import cycle_name
+from tasks.sequenced_client import SequencedClient
 from whitney import wire
 from whitney.payloads import adamw_optimizer, forward_backward_payload
-from whitney_calls.names import cycle_name
 
 ROLE_LABEL = "whitney-flows.role"
 REFERENCE_SAMPLER = "reference"
@@ -208,7 +208,7 @@ def dpo_cycle(
 ) -> DPOCycleMetrics:
     """One DPO cycle of the policy `run_id` from `start`, against the reference's summed
     logprobs `reference`; returns its metrics, with where the next cycle starts."""
-    plan = check_dpo_config(config)  # built once per process (flows.core.plans)
+    plan = check_dpo_config(config)  # built once per process (flows.core.loop.plans)
     if reference is None:
         raise ValueError("a DPO cycle needs the reference's logprobs")
     return run_cycle_subflow(

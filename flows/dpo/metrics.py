@@ -7,10 +7,10 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
-from flows.core.cost import Usage
-from flows.core.cycles import CycleResult
-from flows.core.plots import Line, Panel
-from flows.core.training import TrainingResult
+from flows.core.loop.cost import Usage
+from flows.core.loop.cycles import CycleResult
+from flows.core.loop.training import TrainingResult
+from flows.core.records.plots import Line, Panel
 from flows.dpo.objective import PreferenceStats
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.core.config import ConfigError
-from flows.core.jsonl import json_objects, read_text
+from flows.core.environments.jsonl import json_objects, read_text
 from whitney.renderers import Message, Prompt, Renderer, as_messages, check_messages
 
 DATA_FIELD = "data_path"

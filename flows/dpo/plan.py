@@ -12,8 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from flows.core.config import ConfigError, check_resume_from
-from flows.core.plans import once_per_process
-from flows.core.rendering import config_renderer
+from flows.core.environments.rendering import config_renderer
+from flows.core.loop.plans import once_per_process
 from flows.dpo.config import DPOConfig
 from flows.dpo.objective import pair_advantages
 from flows.dpo.pairs import SPLIT_SALT, PairTokens, read_pairs, render_pair

@@ -4,12 +4,12 @@ and its run has the config's base model and LoRA rank (the policy starts from it
 
 from __future__ import annotations
 
+from blocks.connection import WhitneyConnection
 from flows.core.config import ConfigError
 from flows.dpo.config import BASE_REFERENCE, DPOConfig
 from whitney.client import WhitneyClient
 from whitney.errors import NotFound
 from whitney.uris import checkpoint_run_id
-from whitney_calls.connection import WhitneyConnection
 
 FIELD = "reference"
 
@@ -32,7 +32,7 @@ def check_reference(config: DPOConfig, connection: WhitneyConnection) -> None:
         return
     uri = config.reference
     run_id = checkpoint_run_id(uri)
-    with connection.new_client() as client:
+    with connection.get_client() as client:
         try:
             run = client.get_run(run_id)
         except NotFound:

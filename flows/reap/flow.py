@@ -1,4 +1,5 @@
-"""`reap_orphaned_sessions`: `whitney-flows reap` as a flow (flows.core.reaping), for the
+"""`reap_orphaned_sessions`: `whitney-flows reap` as a flow (flows.core.orchestration.reaping), for
+the
 `reap-every-15-minutes` deployment.
 
 `apply` defaults to False, as the command does: a run started by hand lists what it would
@@ -13,8 +14,8 @@ from typing import Any
 from prefect import flow, get_run_logger
 from prefect.artifacts import create_table_artifact
 
-from flows.core.connection import resolve_connection
-from flows.core.reaping import reap, survey
+from blocks.endpoint import resolve_connection
+from flows.core.orchestration.reaping import reap, survey
 
 
 @flow(name="reap", persist_result=False)
@@ -32,7 +33,7 @@ def reap_orphaned_sessions(
         api_url: The Whitney URL, without a block.
     """
     logger = get_run_logger()
-    with resolve_connection(api_url, whitney_block).new_client() as client:
+    with resolve_connection(api_url, whitney_block).get_client() as client:
         verdicts = survey(client)
         if apply:
             verdicts = reap(client, verdicts, logger)

@@ -50,7 +50,7 @@ INFRASTRUCTURE_ERRORS = frozenset(
         "InternalError",
         "ServerError",
         "OperationTimeout",
-        # flows.core.orchestrator: Prefect stayed away longer than the run waits
+        # flows.core.orchestration.orchestrator: Prefect stayed away longer than the run waits
         "PrefectAway",
     }
 )

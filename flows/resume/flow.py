@@ -34,10 +34,10 @@ from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.events import emit_event
 
-from flows.core.connection import resolve_connection
-from flows.core.events import RUN_NOT_RESUMED, RUN_RESUMED, flow_run_resource
-from flows.core.orchestrator import crash_open_subflows
-from flows.core.records import artifact_key
+from blocks.endpoint import resolve_connection
+from flows.core.orchestration.orchestrator import crash_open_subflows
+from flows.core.records.events import RUN_NOT_RESUMED, RUN_RESUMED, flow_run_resource
+from flows.core.records.run_records import artifact_key
 from flows.resume.continuation import (
     Continuation,
     lineage_from_tags,
@@ -45,10 +45,10 @@ from flows.resume.continuation import (
     resume_reason,
     without_lineage,
 )
+from tasks.names import checkpoint_cycle
+from tasks.release import release_sessions
 from tasks.resume import latest_checkpoints
 from whitney.client import WhitneyClient
-from whitney_calls.names import checkpoint_cycle
-from whitney_calls.release import release_sessions
 
 RELEASE_TIMEOUT_S = 60.0
 
@@ -145,7 +145,7 @@ def resume_run(
             return not_resumed(ended, reason)
         config = dict(ended.parameters.get("config") or {})
         block = whitney_block or ended.parameters.get("whitney_block")
-        with resolve_connection(config.get("api_url"), block).new_client() as client:
+        with resolve_connection(config.get("api_url"), block).get_client() as client:
             release_sessions(client, ended.id, RELEASE_TIMEOUT_S, logger)
             checkpoint = resume_checkpoint(client, ended)
         after_cycle = checkpoint_cycle(checkpoint) if checkpoint is not None else -1

@@ -35,7 +35,7 @@ from prefect.client.schemas.objects import FlowRun, StateType
 from prefect.client.schemas.sorting import ArtifactCollectionSort, FlowRunSort
 
 from flows.catalogue import DEPLOYMENTS
-from flows.core.paging import every_page
+from flows.core.orchestration.paging import every_page
 from flows.resume.flow import decision_key, resume_run
 
 

@@ -17,11 +17,11 @@ from collections.abc import Iterable, Mapping
 
 from pydantic import BaseModel
 
-from flows.core.sequenced_client import SeqLedger, SequencedClient
-from flows.core.training import TrainingRun
+from flows.core.loop.training import TrainingRun
 from flows.rl.recipes import Recipe
+from tasks.names import AUXILIARY_LABEL, cycle_name
+from tasks.sequenced_client import SeqLedger, SequencedClient
 from whitney import wire
-from whitney_calls.names import AUXILIARY_LABEL, cycle_name
 
 
 class AuxiliaryHandle(BaseModel):

@@ -29,13 +29,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from flows.core.environments import Completion, Environment
-from flows.core.seeds import derive_seed
-from flows.core.sequenced_client import SequencedClient
+from flows.core.loop.seeds import derive_seed
 from flows.rl.auxiliary import AuxiliaryHandle
 from flows.rl.metrics import EpisodeStats
 from flows.rl.plan import RLPlan
 from flows.rl.recipes import join_payloads
 from flows.rl.recipes.context import LossContext
+from tasks.sequenced_client import SequencedClient
 from whitney.advantages import all_zero, group_mean_advantages, leave_one_out_baseline
 from whitney.datums import tensor
 from whitney.renderers import Prompt, Renderer

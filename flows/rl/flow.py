@@ -1,17 +1,17 @@
 """The RL flow: the ordered loop skeleton of Whitney's Loop building blocks, one subflow run
-per cycle (the outer loop: flows.core.cycles).
+per cycle (the outer loop: flows.core.loop.cycles).
 
     rl_flow(config)                       resume point (tasks.resume), open_session
                                           (labelled), create_run (from_checkpoint if resuming),
                                           the recipe's auxiliary runs (flows.rl.auxiliary)
       cycle-{first} .. cycle-{n-1}        rl_cycle(config, cycle, start): from the seq ids
-                                          the loop carries (flows.core.cycles)
+                                          the loop carries (flows.core.loop.cycles)
         save_weights_for_sampler[seq=k]   -> sampler_id (the first cycle, or unpipelined only)
         sample[seq=k+1 .. k+P]            one request per prompt, a reserved block of ids
         rewards, advantages, build_loss   (recipe calls through ctx take the next ids)
         [resampling, finish_cycle]        flows.rl.batch: uniform groups resampled or dropped;
                                           the recipe's cycle end (a critic's update)
-        forward_backward, optim_step      the tail (flows.core.cycles.run_tail): pipelined,
+        forward_backward, optim_step      the tail (flows.core.loop.cycles.run_tail): pipelined,
         [save_state cycle-{n}]            submitted together with the checkpoint when one is
         [save_weights_for_sampler]        due and the next cycle's sampler, named cycle-{n+1}
       save_state cycle-{n-1}, export_lora, finish_run, close_session
@@ -37,7 +37,8 @@ snapshots, and therefore the samples and the adapter, are those of one call afte
 the seq-id layout differs (a cycle's ids no longer start with its save_weights_for_sampler). A
 retried cycle resubmits the same ids and replays.
 
-Off-policy (`max_staleness` > 0, flows.core.off_policy_schedule): a cycle also requests the samples
+Off-policy (`max_staleness` > 0, flows.core.loop.off_policy_schedule): a cycle also requests the
+samples
 of the later cycles its sampler serves, which the server samples while this cycle trains, and reads
 its own back from the journal when an earlier cycle requested them (`sample_cycle`); clipped losses
 then clip around the current weights (flows.rl.off_policy).
@@ -62,12 +63,12 @@ from uuid import UUID
 
 from prefect import flow
 
-from flows.core.budget import BudgetGuard, flow_cost_model
-from flows.core.cleanup import CLEANUP_HOOKS
+from blocks.endpoint import resolve_connection
 from flows.core.config import checkpoint_due
-from flows.core.connection import resolve_connection
-from flows.core.cost import format_cost, format_usage
-from flows.core.cycles import (
+from flows.core.evaluation.sampler import evaluate_after_cycle, evaluate_at_start
+from flows.core.loop.budget import BudgetGuard, flow_cost_model
+from flows.core.loop.cost import format_cost, format_usage
+from flows.core.loop.cycles import (
     CycleStart,
     CycleTail,
     cycle_subflow,
@@ -77,13 +78,12 @@ from flows.core.cycles import (
     run_tail,
     sampler_calls,
 )
-from flows.core.evaluation.sampler import evaluate_after_cycle, evaluate_at_start
-from flows.core.off_policy_schedule import SampleBlock, Schedule
-from flows.core.records import RunRecords, run_rows
-from flows.core.sampling_ahead import CycleSamples, sample_ahead
-from flows.core.sequenced_client import Call, OperationLog, SequencedClient
-from flows.core.summary_parts import first_and_last
-from flows.core.training import end_training_run, start_training_run
+from flows.core.loop.off_policy_schedule import SampleBlock, Schedule
+from flows.core.loop.sampling_ahead import CycleSamples, sample_ahead
+from flows.core.loop.training import end_training_run, start_training_run
+from flows.core.orchestration.cleanup import CLEANUP_HOOKS
+from flows.core.records.run_records import RunRecords, run_rows
+from flows.core.records.summary_parts import first_and_last
 from flows.rl.auxiliary import (
     AuxiliaryHandle,
     ledger_starts,
@@ -98,8 +98,9 @@ from flows.rl.metrics import CycleMetrics, RLResult, learning_curves
 from flows.rl.multi_turn_batch import build_episode_batch
 from flows.rl.off_policy import decouple, decouples, logprobs_requests
 from flows.rl.plan import RLPlan, check_rl_config
+from tasks.names import cycle_name
+from tasks.sequenced_client import Call, OperationLog, SequencedClient
 from whitney.payloads import adamw_optimizer
-from whitney_calls.names import cycle_name
 
 
 def cycle_metrics(
@@ -143,7 +144,7 @@ def sample_cycle(
     presampled: Sequence[SampleBlock],
 ) -> CycleSamples:
     """The cycle's samples. On-policy (max_staleness 0): its own requests on `sampler_id`,
-    together or one by one. Off-policy: `flows.core.sampling_ahead.sample_ahead`."""
+    together or one by one. Off-policy: `flows.core.loop.sampling_ahead.sample_ahead`."""
     config = plan.config
     if config.max_staleness == 0:
         requests = plan.sample_requests(cycle)[1]
@@ -177,7 +178,7 @@ def run_cycle(
     Pipelined, a cycle after the flow run's `first_cycle` samples from the sampler the
     previous cycle published (`cycle-{n}`); otherwise it publishes its own first. Its samples
     come from `sample_cycle` (with max_staleness, from an older sampler; `presampled`: the
-    later cycles' requests already made). The tail is `flows.core.cycles.run_tail`.
+    later cycles' requests already made). The tail is `flows.core.loop.cycles.run_tail`.
     `auxiliary`: the runs the recipe declared (their seq ids are in the ledger too). The
     middle of the cycle (scores, resampling, build_loss, the recipe's finish_cycle) is
     `flows.rl.batch`; with a multi-turn environment (on-policy only), `flows.rl.multi_turn_batch`
@@ -338,7 +339,7 @@ def rl_cycle(
     names = {run_id: "policy", **{handle.run_id: handle.name for handle in handles}}
     if judge is not None:
         names[judge.run_id] = "judge"
-    plan = check_rl_config(config)  # built once per process (flows.core.plans)
+    plan = check_rl_config(config)  # built once per process (flows.core.loop.plans)
     return run_cycle_subflow(
         config,
         start,

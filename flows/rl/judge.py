@@ -36,10 +36,10 @@ from prefect.futures import PrefectFuture
 from pydantic import BaseModel
 
 from flows.core.environments import Completion
-from flows.core.sequenced_client import SequencedClient, task_payload
-from flows.core.training import TrainingRun
+from flows.core.loop.training import TrainingRun
 from flows.rl.judge_rubric import Question, Rubric
 from tasks.operations import SAMPLER_OPERATION_TASKS
+from tasks.sequenced_client import SequencedClient, task_payload
 from whitney import wire
 from whitney.renderers import Prompt
 

@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
-from flows.core.cycles import CycleResult
 from flows.core.evaluation.plan import EvalMetrics
-from flows.core.off_policy_schedule import SampleBlock
-from flows.core.plots import Line, Panel
-from flows.core.training import TrainingResult
+from flows.core.loop.cycles import CycleResult
+from flows.core.loop.off_policy_schedule import SampleBlock
+from flows.core.loop.training import TrainingResult
+from flows.core.records.plots import Line, Panel
 
 
 class TurnRecord(BaseModel):

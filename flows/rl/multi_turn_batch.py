@@ -35,8 +35,7 @@ from dataclasses import dataclass, field, replace
 
 from prefect import get_run_logger
 
-from flows.core.seeds import derive_seed
-from flows.core.sequenced_client import SequencedClient
+from flows.core.loop.seeds import derive_seed
 from flows.rl.auxiliary import AuxiliaryHandle
 from flows.rl.batch import (
     ADVANTAGE_ESTIMATORS,
@@ -58,6 +57,7 @@ from flows.rl.multi_turn_rollout import (
 )
 from flows.rl.multi_turn_transcripts import Turn, transcript_sequences
 from flows.rl.plan import RLPlan
+from tasks.sequenced_client import SequencedClient
 from whitney.payloads import sample_request
 
 

@@ -1,5 +1,5 @@
 """The SFT flow: the Loop building blocks' single-pass loop without sampling, one subflow run
-per cycle (the outer loop: flows.core.cycles).
+per cycle (the outer loop: flows.core.loop.cycles).
 
     sft_flow(config)                      check the config and data (fail closed), resume
                                           point, open_session (labelled), create_run
@@ -9,7 +9,7 @@ per cycle (the outer loop: flows.core.cycles).
           forward_backward                cross_entropy on the step's batch of sft_datums
           optim_step                      AdamW at the scheduled learning rate of step s
                                           (the training tail every flow shares:
-                                          flows.core.cycles.run_tail; with `pipelined`, the
+                                          flows.core.loop.cycles.run_tail; with `pipelined`, the
                                           two submitted together)
           [forward ...]                   eval loss on the held-out split, every eval_every
         [save_state cycle-{n}]            every checkpoint_every cycles
@@ -37,10 +37,9 @@ from datetime import UTC, datetime
 
 from prefect import flow
 
-from flows.core.cleanup import CLEANUP_HOOKS
+from blocks.endpoint import resolve_connection
 from flows.core.config import checkpoint_due
-from flows.core.connection import resolve_connection
-from flows.core.cycles import (
+from flows.core.loop.cycles import (
     CycleStart,
     cycle_subflow,
     run_cycle_subflow,
@@ -48,16 +47,17 @@ from flows.core.cycles import (
     run_tail,
     save_checkpoint,
 )
-from flows.core.records import run_rows
-from flows.core.sequenced_client import SequencedClient
-from flows.core.training import end_training_run, start_training_run
+from flows.core.loop.training import end_training_run, start_training_run
+from flows.core.orchestration.cleanup import CLEANUP_HOOKS
+from flows.core.records.run_records import run_rows
 from flows.sft.config import SFTConfig
 from flows.sft.metrics import EvalPoint, SFTCycleMetrics, SFTResult, learning_curves
 from flows.sft.plan import LOSS_FUNCTION, SFTPlan, check_sft_config
+from tasks.names import cycle_name
+from tasks.sequenced_client import SequencedClient
 from whitney import wire
 from whitney.datums import Datum
 from whitney.payloads import adamw_optimizer, forward_backward_payload
-from whitney_calls.names import cycle_name
 
 
 def evaluate(
@@ -135,7 +135,7 @@ def sft_cycle(
 ) -> SFTCycleMetrics:
     """One SFT cycle of the run `run_id` from `start`; returns its metrics, with where the
     next cycle starts."""
-    plan = check_sft_config(config)  # built once per process (flows.core.plans)
+    plan = check_sft_config(config)  # built once per process (flows.core.loop.plans)
     return run_cycle_subflow(
         config,
         start,

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, Field
 
-from flows.core.cycles import CycleResult
-from flows.core.plots import Line, Panel
-from flows.core.training import TrainingResult
+from flows.core.loop.cycles import CycleResult
+from flows.core.loop.training import TrainingResult
+from flows.core.records.plots import Line, Panel
 
 
 class EvalPoint(BaseModel):

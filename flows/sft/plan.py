@@ -3,7 +3,8 @@ allocated.
 
 `load_sft_plan(config)` reads the examples (`config.data_path`, or the built-in corpus of
 `flows.sft.corpus`): (prompt, completion) pairs and conversations. The config's renderer
-(`flows.core.rendering`) turns each into tokens and the mask of its assistant turns, one
+(`flows.core.environments.rendering`) turns each into tokens and the mask of its assistant turns,
+one
 cross_entropy datum each (with the raw renderer a pair is BOS + prompt, completion + EOS: the
 `sft_datum` of Whitney's Loop building blocks). It holds out the eval split, and fixes which
 examples every optimizer step trains on: a pure function of (seed, step),
@@ -25,9 +26,9 @@ from pathlib import Path
 from typing import Protocol
 
 from flows.core.config import ConfigError, check_resume_from
-from flows.core.plans import once_per_process
-from flows.core.rendering import config_renderer
-from flows.core.seeds import derive_seed
+from flows.core.environments.rendering import config_renderer
+from flows.core.loop.plans import once_per_process
+from flows.core.loop.seeds import derive_seed
 from flows.sft.config import SFTConfig
 from flows.sft.corpus import DATA_FIELD, Example, builtin_examples, read_examples
 from flows.sft.schedules import scheduled_rate

@@ -6,8 +6,8 @@ from __future__ import annotations
 import base64
 from collections.abc import Sequence
 
-from flows.core.cost import format_cost
-from flows.core.plots import Line, Panel, render_png
+from flows.core.loop.cost import format_cost
+from flows.core.records.plots import Line, Panel, render_png
 from flows.sweep.results import SKIPPED, SweepResult, TrialRung, TrialSummary
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flows.catalogue import COMMANDS
-from flows.core.cost import PriceTable
+from flows.core.loop.cost import PriceTable
 
 
 class RandomRange(BaseModel):

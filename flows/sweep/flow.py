@@ -31,12 +31,12 @@ from prefect.deployments import run_deployment
 from prefect.states import Cancelling, State
 from prefect.task_runners import ThreadPoolTaskRunner
 
-from flows.core.budget import check_budget, flow_cost_model
-from flows.core.connection import resolve_connection
-from flows.core.cost import Budget
-from flows.core.events import sweep_best
-from flows.core.paging import every_page
-from flows.core.records import artifact_key
+from blocks.endpoint import resolve_connection
+from flows.core.loop.budget import check_budget, flow_cost_model
+from flows.core.loop.cost import Budget
+from flows.core.orchestration.paging import every_page
+from flows.core.records.events import sweep_best
+from flows.core.records.run_records import artifact_key
 from flows.sweep.comparison import comparison_markdown, summaries
 from flows.sweep.config import SweepConfig
 from flows.sweep.kinds import trial_kind

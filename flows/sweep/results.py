@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from flows.core.cost import Usage
+from flows.core.loop.cost import Usage
 
 SKIPPED = "SKIPPED"
 """The state of a trial's rung the budget did not start."""

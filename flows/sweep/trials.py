@@ -39,13 +39,13 @@ from prefect.events.filters import (
 from prefect.states import Cancelling
 from pydantic import BaseModel, Field
 
-from flows.core.cost import CostModel, Usage, add_usage, total_tokens, usage_of
-from flows.core.events import CYCLE_COMPLETED, RUN_FINISHED
+from blocks.connection import WhitneyConnection
+from flows.core.loop.cost import CostModel, Usage, add_usage, total_tokens, usage_of
+from flows.core.records.events import CYCLE_COMPLETED, RUN_FINISHED
 from flows.sweep.ledger import CostLedger
 from flows.sweep.results import SKIPPED, TrialRung
-from whitney_calls.connection import WhitneyConnection
-from whitney_calls.names import FLOW_RUN_LABEL
-from whitney_calls.release import release_sessions
+from tasks.names import FLOW_RUN_LABEL
+from tasks.release import release_sessions
 
 SWEEP_TAG = "whitney.sweep"
 EVENT_WAIT_S = 60.0
@@ -147,7 +147,7 @@ def whitney_usage(connection: WhitneyConnection, flow_run_id: str, timeout_s: fl
     """Release what the flow run still holds on Whitney (nothing, after a normal end), and
     the usage of every run of its sessions."""
     usage: Usage = {}
-    with connection.new_client() as client:
+    with connection.get_client() as client:
         release_sessions(client, flow_run_id, timeout_s, get_run_logger())
         for session in client.list_sessions(label=f"{FLOW_RUN_LABEL}:{flow_run_id}"):
             for run_id in client.get_session(session.session_id).run_ids or []:

@@ -2,10 +2,10 @@
 server") sets it up by hand:
 
 - `prefect server start` on 127.0.0.1:<free port>, with a fresh temporary PREFECT_HOME and
-  the project's server settings (`flows.cli.prefect_env.SERVER_SETTINGS`, as the guide
-  exports them); its database SQLite in that home, or, with `WHITNEY_E2E_POSTGRES=1` and
-  always in CI, a PostgreSQL cluster of its own (tests/e2e/postgres.py; "The stack on
-  PostgreSQL" in the guide);
+  the project's server settings (`flows.core.orchestration.prefect_env.SERVER_SETTINGS`, as
+  the guide exports them); its database SQLite in that home, or, with
+  `WHITNEY_E2E_POSTGRES=1` and always in CI, a PostgreSQL cluster of its own
+  (tests/e2e/postgres.py; "The stack on PostgreSQL" in the guide);
 - the embedded Whitney server (`whitney-flows serve`) on 127.0.0.1:<free port>, with a known
   key (in WHITNEY_LOCAL_API_KEYS) and a temporary data directory;
 - `prefect work-pool create whitney-process --type process`;
@@ -42,7 +42,7 @@ from typing import Any
 
 import pytest
 
-from flows.cli.prefect_env import SERVER_SETTINGS
+from flows.core.orchestration.prefect_env import SERVER_SETTINGS
 
 from . import postgres
 from .harness import (

@@ -38,7 +38,8 @@ import httpx
 import pytest
 import yaml
 
-from flows.core.events import (
+from flows.core.loop.stall_windows import STALL_WINDOWS_S
+from flows.core.records.events import (
     ALL_WINDOWS,
     CYCLE_COMPLETED,
     CYCLE_STARTED,
@@ -46,7 +47,6 @@ from flows.core.events import (
     STALL_WINDOW_LABEL,
     flow_run_resource,
 )
-from flows.core.stall_windows import STALL_WINDOWS_S
 
 from .cdp import Chromium, find_chromium
 from .conftest import EVALUATE_TRIGGER, LOG_DIR, Stack

@@ -139,7 +139,8 @@ def assert_nothing_open(stack: Stack, flow_run_id: str, timeout: float = 60) -> 
 def task_run_names(stack: Stack, flow_run_id: str, wanted: set[str]) -> list[str]:
     """The names of the flow run's task runs, once every `wanted` one is recorded: the Prefect
     server writes task runs in batches, up to a second after their events
-    (flows/cli/prefect_env.py), so a flow run can be COMPLETED before its last task runs are."""
+    (flows/core/orchestration/prefect_env.py), so a flow run can be COMPLETED before its last task
+    runs are."""
 
     def recorded() -> list[str] | None:
         names = [run["name"] for run in stack.api.task_runs([flow_run_id])]

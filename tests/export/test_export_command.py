@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli.inspection_sources import DataDirJournal
 from flows.cli.main import main
+from flows.core.records.inspection_sources import DataDirJournal
 from whitney.client import WhitneyClient
 
 from .helpers import export, new_trained_run, train

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli.main import main
-from flows.core.manifest import archive_path, code_version, with_archive, write_manifest
+from flows.core.records.manifest import archive_path, code_version, with_archive, write_manifest
 from whitney.local import EmbeddedWhitney
 
 from .helpers import new_trained_run

@@ -20,7 +20,7 @@ from flowtest_helpers import CheckpointedRun
 from flowtest_settings import QUICK_RECOVERY
 from prefect.testing.utilities import prefect_test_harness
 
-from flows.core.plans import forget_plans
+from flows.core.loop.plans import forget_plans
 from flows.rl.config import RLConfig
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
@@ -29,7 +29,7 @@ from whitney.local import EmbeddedWhitney
 @pytest.fixture(autouse=True)
 def fresh_plans() -> None:
     """Each test builds its flows' plans anew: some change a registry a plan reads (the
-    recipes, a plug-in environment) for one test (flows.core.plans)."""
+    recipes, a plug-in environment) for one test (flows.core.loop.plans)."""
     forget_plans()
 
 
@@ -94,7 +94,7 @@ def small_config(whitney: EmbeddedWhitney) -> RLConfig:
 def checkpointed_run(embedded_server: EmbeddedWhitney) -> CheckpointedRun:
     """The small config with `checkpoint_every` 1 and `eval_every` 1, trained once for the
     session: three checkpoints, each evaluated inline by the cycle that saved it."""
-    from flows.core import events
+    from flows.core.records import events
     from flows.rl.flow import rl_flow
 
     emitted: list[dict[str, Any]] = []

@@ -52,7 +52,7 @@ def run_ok(argv: list[str], cwd: Path, environment: dict[str, str], timeout: flo
 
 def assert_downloaded(adapter_dir: Path, output: str) -> None:
     """`adapter_dir` holds one adapter, whose path and sha256 the summary printed, and its
-    manifest (flows.core.manifest), which lists it with that sha256."""
+    manifest (flows.core.records.manifest), which lists it with that sha256."""
     adapter, manifest = sorted(adapter_dir.iterdir())
     assert adapter.name.endswith("-adapter.tar") and manifest.name.endswith("-manifest.json")
     sha256 = hashlib.sha256(adapter.read_bytes()).hexdigest()

@@ -12,13 +12,13 @@ from flows.distill.config import DistillationConfig
 from flows.sft.config import SFTConfig
 from flows.sft.corpus import builtin_examples
 from flows.sft.plan import example_tokens, held_out
+from tasks.calls import TaskRetrySettings
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.datums import sft_datum
 from whitney.payloads import adamw_optimizer, forward_backward_payload
 from whitney.renderers import get_renderer
 from whitney.tokenizers import get_tokenizer
-from whitney_calls.retry import TaskRetrySettings
 
 
 def small_distill_config(api_url: str, **settings: object) -> DistillationConfig:

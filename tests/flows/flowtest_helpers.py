@@ -23,11 +23,11 @@ from prefect.states import Cancelling, State
 
 from flows.rl.config import RLConfig
 from flows.rl.metrics import RLResult
+from tasks.names import FLOW_RUN_LABEL
 from tests.local.helpers import journal_rows
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
-from whitney_calls.names import FLOW_RUN_LABEL
 
 
 @dataclass(frozen=True)

@@ -13,12 +13,12 @@ import pytest
 from flowtest_helpers import assert_executed_once_in_order, journal_rows
 from prefect.states import State
 
-from flows.core.sequenced_client import SequencedClient
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from flows.rl.metrics import RLResult
 from flows.rl.recipes import CRITIC_PROVIDERS, RECIPES, AuxiliaryRun, Recipe, load_recipe
 from flows.rl.recipes.ppo import RECIPE as PPO
+from tasks.sequenced_client import SequencedClient
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 from whitney.losses import PROVIDER_LOSS_SUPPORT

@@ -25,7 +25,7 @@ from prefect.client.schemas.objects import Artifact, FlowRun, Log, TaskRun
 from prefect.client.schemas.sorting import ArtifactSort, FlowRunSort, LogSort, TaskRunSort
 from prefect.logging.handlers import APILogWorker
 
-from flows.core.paging import every_page
+from flows.core.orchestration.paging import every_page
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from flows.cli.fork import PROG, check_fork_fields
 from flows.cli.main import main
 from flows.cli.parsers import build_parser
 from flows.core.config import ConfigError
-from flows.core.manifest import MANIFEST_VERSION
+from flows.core.records.manifest import MANIFEST_VERSION
 from flows.resume.sweep import resume_sweep
 from flows.sweep.config import SweepConfig
 from flows.sweep.kinds import TRIAL_KINDS, trial_kind

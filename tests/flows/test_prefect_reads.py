@@ -18,7 +18,7 @@ from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCol
 from prefect.client.schemas.objects import FlowRun, State, StateType
 from prefect.states import Completed, Failed, Running
 
-from flows.core.orchestrator import crash_open_subflows
+from flows.core.orchestration.orchestrator import crash_open_subflows
 from flows.sweep.flow import cancel_trials, comparison_key, sweep_flow
 from flows.sweep.trials import SWEEP_TAG, TrialRequest, ended_trial_run
 

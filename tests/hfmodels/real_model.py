@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli.model_pull import PULLABLE
 from whitney import hf_cache
+from whitney.local.model_pull import PULLABLE
 
 PULLED = PULLABLE["smollm2-135m-instruct"]
 REPO_ID = PULLED.repo_id

@@ -20,7 +20,6 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from flows.cli.main import main
-from flows.cli.model_pull import PULLABLE
 from tests.export.helpers import hf_log_probs, new_client, server_log_probs
 from tests.hfmodels.gguf_files import (
     tiny_model,
@@ -30,6 +29,7 @@ from tests.hfmodels.gguf_files import (
 )
 from whitney import hf_cache
 from whitney.local import EmbeddedWhitney
+from whitney.local.model_pull import PULLABLE
 
 TEXT = "Hello! How are you today? The cat eats fish. 12345"
 CHAT = [{"role": "user", "content": "What colour is the sky?"}]

@@ -1,4 +1,4 @@
-"""`WhitneyCredentials` and the endpoint resolution (`flows.core.endpoint`), against the real
+"""`WhitneyCredentials` and the endpoint resolution (`blocks.endpoint`), against the real
 embedded server.
 
 Saving and loading through a Prefect server, the UI's view of the block and the key's
@@ -23,11 +23,10 @@ from rich.console import Console
 
 import whitney.clock
 from blocks import BlockNotFound, WhitneyCredentials, load_credentials
+from blocks.endpoint import resolve_connection, resolve_endpoint
 from flows.cli.launch import start_embedded_server
-from flows.core.budget import flow_cost_model
 from flows.core.config import ConfigError
-from flows.core.connection import resolve_connection
-from flows.core.endpoint import resolve_endpoint
+from flows.core.loop.budget import flow_cost_model
 from whitney.errors import Unauthorized
 
 KEY = "sk-test-blocks-0123456789"
@@ -165,7 +164,7 @@ def test_a_flow_run_s_connection_backs_off_as_its_block_says(embedded_server, mo
     with respx.mock(base_url=block.base_url, assert_all_called=True) as server:
         route = server.get("/v1/training/capabilities")
         route.side_effect = [busy, busy, busy, httpx.Response(200, json=answer)]
-        with resolve_connection(None, "prod").new_client() as client:
+        with resolve_connection(None, "prod").get_client() as client:
             assert "local" in client.capabilities().providers
     assert route.call_count == 4
     assert sleeps == [min(0.5, 0.3 * 2**attempt) for attempt in range(3)] == [0.3, 0.5, 0.5]
@@ -250,7 +249,7 @@ def test_nothing_configured_starts_an_embedded_server(monkeypatch, tmp_path, cap
     with ExitStack() as stack:
         connection = start_embedded_server(stack, Console(file=shown))
         assert connection.base_url.startswith("http://127.0.0.1:")
-        with connection.new_client() as client:
+        with connection.get_client() as client:
             assert "local" in client.capabilities().providers
         key = connection.api_key.get_secret_value()
     assert key not in caplog.text and key not in shown.getvalue()
@@ -260,7 +259,7 @@ def test_blocks_import_neither_flows_nor_tasks():
     code = (
         "import sys, blocks, blocks.__main__\n"
         "print(sorted(m for m in sys.modules"
-        " if m.split('.')[0] in ('flows', 'tasks', 'whitney_calls')))\n"
+        " if m.split('.')[0] in ('flows', 'tasks')))\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True

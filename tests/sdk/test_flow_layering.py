@@ -1,20 +1,21 @@
 """The arrows of `flows/`, read from the source with `ast` (imports inside functions count):
-`cli -> {rl, sft, distill, dpo, sweep} -> core -> tasks -> whitney_calls -> whitney` (and
+`cli -> {rl, sft, distill, dpo, sweep} -> core -> tasks -> blocks -> whitney` (and
 `reap -> core`, `resume -> core`, `checkpoints -> core`), distill -> sft, checkpoints -> sft,
 dpo -> sft (they read SFT data) the cross-flow arrows, `catalogue -> {rl, sft, distill, dpo}`
 (their configs) the one list of training flows that cli, sweep and resume read, no import
-cycle among the modules of flows/, and recipes, plans, configs, the catalogue and
-`whitney_calls` load neither Prefect nor torch. Imports under `if TYPE_CHECKING:` are
-annotations, not arrows."""
+cycle among the modules of flows/, and recipes, plans, configs, the catalogue and the
+binding's pure modules (the connection, retry policy, names, release) load neither Prefect nor
+torch. Imports under `if TYPE_CHECKING:` are annotations, not arrows."""
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("flows", "tasks", "whitney_calls")
+PACKAGES = ("flows", "tasks", "blocks")
 
 ALLOWED = {
     "flows.cli": {
@@ -27,7 +28,7 @@ ALLOWED = {
         "flows.catalogue",
         "flows.core",
         "tasks",
-        "whitney_calls",
+        "blocks",
     },
     "flows.catalogue": {
         "flows.catalogue",
@@ -37,23 +38,30 @@ ALLOWED = {
         "flows.dpo",
         "flows.core",
     },
-    "flows.rl": {"flows.rl", "flows.core", "tasks", "whitney_calls"},
-    "flows.sft": {"flows.sft", "flows.core", "tasks", "whitney_calls"},
-    "flows.dpo": {"flows.dpo", "flows.sft", "flows.core", "tasks", "whitney_calls"},
-    "flows.distill": {"flows.distill", "flows.sft", "flows.core", "tasks", "whitney_calls"},
-    "flows.reap": {"flows.reap", "flows.core", "tasks", "whitney_calls"},
-    "flows.resume": {"flows.resume", "flows.catalogue", "flows.core", "tasks", "whitney_calls"},
-    "flows.checkpoints": {"flows.checkpoints", "flows.sft", "flows.core", "tasks", "whitney_calls"},
-    "flows.sweep": {"flows.sweep", "flows.catalogue", "flows.core", "tasks", "whitney_calls"},
-    "flows.core": {"flows.core", "tasks", "whitney_calls"},
+    "flows.rl": {"flows.rl", "flows.core", "tasks", "blocks"},
+    "flows.sft": {"flows.sft", "flows.core", "tasks", "blocks"},
+    "flows.dpo": {"flows.dpo", "flows.sft", "flows.core", "tasks", "blocks"},
+    "flows.distill": {"flows.distill", "flows.sft", "flows.core", "tasks", "blocks"},
+    "flows.reap": {"flows.reap", "flows.core", "tasks", "blocks"},
+    "flows.resume": {"flows.resume", "flows.catalogue", "flows.core", "tasks", "blocks"},
+    "flows.checkpoints": {"flows.checkpoints", "flows.sft", "flows.core", "tasks", "blocks"},
+    "flows.sweep": {"flows.sweep", "flows.catalogue", "flows.core", "tasks", "blocks"},
+    "flows.core": {"flows.core", "tasks", "blocks"},
     "flows": set(),
-    "tasks": {"tasks", "whitney_calls"},
-    "whitney_calls": {"whitney_calls"},
+    "tasks": {"tasks", "blocks"},
+    "blocks": {"blocks", "flows.core"},
 }
-"""Which layers of this repository each layer may import (whitney and blocks: any layer)."""
+"""Which layers of this repository each layer may import (whitney: any layer); blocks ->
+flows.core is for `flows.core.config` alone (`test_blocks_reach_up_only_for_the_config`)."""
 HEAVY = ("prefect", "torch")
 PURE_SUFFIXES = (".config", ".plan", ".catalogue")
-PURE_PACKAGES = ("flows.rl.recipes", "whitney_calls")
+PURE_PACKAGES = (
+    "flows.rl.recipes",
+    "blocks.connection",
+    "tasks.names",
+    "tasks.calls",
+    "tasks.release",
+)
 
 
 def module_name(path: Path) -> str:
@@ -62,7 +70,7 @@ def module_name(path: Path) -> str:
 
 
 def modules() -> dict[str, Path]:
-    """Every module of flows/, tasks/ and whitney_calls/, by dotted name."""
+    """Every module of flows/, tasks/ and blocks/, by dotted name."""
     return {
         module_name(path): path for package in PACKAGES for path in (ROOT / package).rglob("*.py")
     }
@@ -102,9 +110,9 @@ def imports(path: Path, known: set[str]) -> list[tuple[int, str]]:
 
 
 def layer(module: str) -> str | None:
-    """The layer of a module of this repository (None outside flows/, tasks/ and whitney_calls/)."""
+    """The layer of a module of this repository (None outside flows/, tasks/ and blocks/)."""
     parts = module.split(".")
-    if parts[0] in ("tasks", "whitney_calls"):
+    if parts[0] in ("tasks", "blocks"):
         return parts[0]
     if parts[0] != "flows":
         return None
@@ -191,14 +199,38 @@ def test_the_checker_sees_imports_inside_functions(tmp_path: Path) -> None:
 
 def test_only_tasks_use_the_process_wide_client() -> None:
     """A flow reaches Whitney through tasks; code outside a task (the CLI, the cleanup hooks,
-    the reaper) owns a client for as long as it needs one (`connection.new_client()`)."""
+    the reaper) owns a client for as long as it needs one (`connection.get_client()`)."""
     wrong = [
         f"{module} ({path.name}:{node.lineno})"
         for module, path in modules().items()
-        if layer(module) not in ("tasks", "whitney_calls")
+        if layer(module) not in ("tasks", "blocks")
         for node in runtime_nodes(ast.parse(path.read_text(encoding="utf-8")))
         if isinstance(node, ast.ImportFrom)
-        and node.module == "whitney_calls.connection"
+        and node.module == "blocks.connection"
         and "client_for" in {alias.name for alias in node.names}
     ]
     assert wrong == [], "client_for outside tasks/:\n" + "\n".join(wrong)
+
+
+def test_blocks_reach_up_only_for_the_config() -> None:
+    """blocks/ -> flows/ is `flows.core.config` (the ConfigError naming a field), nothing else."""
+    wrong = [
+        f"{module} ({line}) imports {target}"
+        for module, arrows in graph().items()
+        if layer(module) == "blocks"
+        for line, target in arrows
+        if target.startswith("flows") and target != "flows.core.config"
+    ]
+    assert wrong == [], "blocks/ reaching up:\n" + "\n".join(wrong)
+
+
+def test_the_design_map_draws_the_table() -> None:
+    """docs/design.md's arrows, one line a layer, are the `ALLOWED` table (less self-arrows)."""
+    text = (ROOT / "docs" / "design.md").read_text(encoding="utf-8")
+    block = text.split("### The import arrows", 1)[1].split("```", 2)[1]
+    drawn = {}
+    for line in block.strip().splitlines():
+        source, _, targets = re.sub(r"\(.*?\)", "", line).partition("->")
+        drawn[source.strip()] = {target.strip() for target in targets.split(",")}
+    table = {name: allowed - {name} for name, allowed in ALLOWED.items() if allowed - {name}}
+    assert drawn == table

@@ -23,7 +23,6 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 SPAN = re.compile(r"`([^`\n]+)`")
 TOP = (
     "whitney",
-    "whitney_calls",
     "flows",
     "tasks",
     "blocks",
@@ -49,7 +48,7 @@ def anchors(path: Path) -> set[str]:
 
 
 def exists(span: str) -> bool:
-    """A path of the repository, or a module named without its `.py` (`flows/core/cycles`)."""
+    """A path of the repository, or a module named without its `.py` (`flows/core/loop/cycles`)."""
     path = ROOT / span.rstrip("/")
     return path.exists() or path.with_suffix(".py").is_file()
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from flows.core.cost import usage_of
 from flows.core.evaluation.plan import EvalMetrics, EvalPlan, eval_due
-from flows.core.sequenced_client import Call, SequencedClient
-from whitney_calls.names import START_EVAL_SAMPLER, eval_sampler_name
+from flows.core.loop.cost import usage_of
+from tasks.names import START_EVAL_SAMPLER, eval_sampler_name
+from tasks.sequenced_client import Call, SequencedClient
 
 
 def evaluate_weights(

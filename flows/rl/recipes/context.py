@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from flows.core.operation_client import OperationClient
+from tasks.operation_client import OperationClient
 
 
 class AuxiliaryRunRef(Protocol):

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from flows.core.config import ConfigError
-from flows.core.jsonl import json_objects, read_text
+from flows.core.environments.jsonl import json_objects, read_text
 from whitney.renderers import Message, Prompt, check_messages
 
 BUILTIN_CORPUS = "animals.jsonl"

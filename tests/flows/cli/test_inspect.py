@@ -14,9 +14,9 @@ from flowtest_cli import CONSOLE_SCRIPT
 from flowtest_distill import small_distill_config
 
 from flows.cli.inspection import created_text
-from flows.cli.inspection_journal import cycle_groups, run_report
-from flows.cli.inspection_sources import ApiJournal, DataDirJournal
 from flows.cli.main import main
+from flows.core.records.inspection_journal import cycle_groups, run_report
+from flows.core.records.inspection_sources import ApiJournal, DataDirJournal
 from flows.distill.flow import distillation_flow
 from flows.distill.metrics import DistillationResult
 from whitney import wire

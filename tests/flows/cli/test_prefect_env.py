@@ -1,4 +1,5 @@
-"""The project's Prefect server settings (flows.cli.prefect_env): `whitney-flows run` puts them
+"""The project's Prefect server settings (flows.core.orchestration.prefect_env): `whitney-flows run`
+puts them
 in the environment its ephemeral Prefect server starts with, under a user's own values, and
 docs/prefect-server.md's `prefect server start` step exports the same."""
 
@@ -11,7 +12,7 @@ import pytest
 from prefect.settings import Settings
 
 from flows.cli.main import main
-from flows.cli.prefect_env import PREFECT_ENV_DEFAULTS, SERVER_SETTINGS
+from flows.core.orchestration.prefect_env import PREFECT_ENV_DEFAULTS, SERVER_SETTINGS
 
 GUIDE = Path(__file__).resolve().parents[3] / "docs" / "prefect-server.md"
 RECORDER_BATCH_SIZE = "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"

@@ -1,4 +1,5 @@
-"""`flows.cli.prefect_ordering` on a real Prefect server database (SQLite, in a temporary
+"""`flows.core.orchestration.prefect_ordering` on a real Prefect server database (SQLite, in a
+temporary
 directory): a state event whose leader the server received before this process started goes
 through at once; one whose leader is new, or unknown, waits as Prefect's own ordering makes it
 (its EventArrivedEarly); the end-to-end effect (a crashed run resumed minutes, not 15, after a
@@ -19,8 +20,8 @@ from prefect.server.events.schemas.events import ReceivedEvent
 from prefect.server.events.storage.database import write_events
 from prefect.settings import PREFECT_API_DATABASE_CONNECTION_URL, temporary_settings
 
-from flows.cli import prefect_ordering
-from flows.cli.prefect_ordering import CausalOrdering, received_before_start
+from flows.core.orchestration import prefect_ordering
+from flows.core.orchestration.prefect_ordering import CausalOrdering, received_before_start
 
 
 def state_event(received: datetime, follows: UUID | None = None) -> ReceivedEvent:

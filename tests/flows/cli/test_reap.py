@@ -16,12 +16,12 @@ from prefect import flow, get_client
 from prefect.states import Completed, Crashed, Failed, Running, State
 
 from flows.cli.main import main
-from flows.core.reaping import FlowRunState, Verdict, judge, reap
+from flows.core.orchestration.reaping import FlowRunState, Verdict, judge, reap
 from flows.reap.flow import reap_orphaned_sessions
+from tasks.names import FLOW_RUN_LABEL
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
-from whitney_calls.names import FLOW_RUN_LABEL
 
 
 @flow(name="reap-subject")

@@ -17,7 +17,7 @@ from flowtest_cli import CONSOLE_SCRIPT
 from prefect._internal.analytics.ci_detection import CI_ENV_VARS
 from prefect.settings import PREFECT_API_URL
 
-from flows.core.summary_parts import export_command, first_and_last
+from flows.core.records.summary_parts import export_command, first_and_last
 from whitney.local import EmbeddedWhitney
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -9,9 +9,9 @@ from flowtest_distill import small_distill_config, small_sft_teacher
 from flowtest_helpers import assert_finished
 
 from blocks import WhitneyCredentials
-from flows.core.budget import BudgetGuard, flow_cost_model
 from flows.core.config import ConfigError
-from flows.core.cost import (
+from flows.core.loop.budget import BudgetGuard, flow_cost_model
+from flows.core.loop.cost import (
     Budget,
     KindPriceTable,
     PriceTable,

@@ -1,6 +1,6 @@
 """Which endings the automatic resume continues (flows.resume.continuation), the lineage tags read
 back, the attempt bound, the resume-run trigger as Prefect validates it, and the outage
-notice (flows.core.orchestrator) on Prefect's own log lines."""
+notice (flows.core.orchestration.orchestrator) on Prefect's own log lines."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 import yaml
 from prefect.events.schemas.automations import EventTrigger
 
-from flows.core.orchestrator import PrefectAwayNotice, prefect_away_notice
+from flows.core.orchestration.orchestrator import PrefectAwayNotice, prefect_away_notice
 from flows.resume.continuation import (
     Continuation,
     lineage_from_tags,

@@ -14,8 +14,8 @@ import pytest
 from flowtest_helpers import CheckpointedRun
 from prefect import flow
 
-from flows.core import events
-from flows.core.lineage import Change, Lineage
+from flows.core.records import events
+from flows.core.records.lineage import Change, Lineage
 from whitney.uris import checkpoint_run_id
 
 GUIDE = Path(__file__).resolve().parents[3] / "docs" / "evaluation.md"

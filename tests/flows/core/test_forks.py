@@ -1,4 +1,4 @@
-"""Forks (flows.core.lineage, `whitney-flows fork`): a fork with nothing changed trains the
+"""Forks (flows.core.records.lineage, `whitney-flows fork`): a fork with nothing changed trains the
 parent's later cycles bit for bit; a fork with a changed learning rate differs and records its
 lineage (the result, the `whitney.run.forked` event, the lineage artifact with both curves);
 the command refuses, naming the field, a cycle with no checkpoint, an unknown field and one a
@@ -19,11 +19,17 @@ from prefect import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
 
 from flows.cli.main import main
-from flows.core import events
-from flows.core.lineage import Change, Lineage, config_changes, lineage_markdown, parent_config
-from flows.core.manifest import write_manifest
-from flows.core.records import artifact_key
-from flows.core.tracking.config import TrackingSettings
+from flows.core.records import events
+from flows.core.records.lineage import (
+    Change,
+    Lineage,
+    config_changes,
+    lineage_markdown,
+    parent_config,
+)
+from flows.core.records.manifest import write_manifest
+from flows.core.records.run_records import artifact_key
+from flows.core.records.tracking.config import TrackingSettings
 from flows.dpo.config import DPOConfig
 from flows.dpo.flow import dpo_flow
 from flows.rl.config import RLConfig

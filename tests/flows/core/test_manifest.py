@@ -1,4 +1,5 @@
-"""The manifest of an adapter (flows.core.manifest): what the flow records at its normal end,
+"""The manifest of an adapter (flows.core.records.manifest): what the flow records at its normal
+end,
 what `whitney-flows export` writes beside the adapter, every hash recomputed here with
 hashlib; `export --verify` says ok, then changed (exit 1) after one byte of the adapter is
 flipped; a promotion's approval is added to it."""
@@ -15,7 +16,13 @@ from flowtest_parent import Parent, parent_run
 from flowtest_sft import small_sft_config
 
 from flows.cli.main import main
-from flows.core.manifest import add_promotion, base_weights, data_files, verify, write_manifest
+from flows.core.records.manifest import (
+    add_promotion,
+    base_weights,
+    data_files,
+    verify,
+    write_manifest,
+)
 from flows.sft.flow import sft_flow
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney

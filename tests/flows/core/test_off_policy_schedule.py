@@ -1,4 +1,4 @@
-"""The off-policy schedule (flows.core.off_policy_schedule) and decoupled clipping
+"""The off-policy schedule (flows.core.loop.off_policy_schedule) and decoupled clipping
 (flows.rl.off_policy), by hand: which sampler each cycle uses, which cycle requests whose samples,
 and the datums a stale ppo cycle trains on."""
 
@@ -9,7 +9,7 @@ import math
 import pytest
 
 from flows.core.config import ConfigError
-from flows.core.off_policy_schedule import Schedule
+from flows.core.loop.off_policy_schedule import Schedule
 from flows.rl.config import RLConfig
 from flows.rl.off_policy import BEHAVIOUR_WEIGHT_CAP, decouple, decouples, logprobs_requests
 from flows.rl.plan import check_rl_config

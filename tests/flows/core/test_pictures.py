@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from flows.cli.main import main
-from flows.core.plots import PALETTE, Line, Panel, picture_beside, render_png
+from flows.core.records.plots import PALETTE, Line, Panel, picture_beside, render_png
 from whitney.local import EmbeddedWhitney
 
 BLUE, INK, WHITE = (31, 119, 180), (40, 40, 40), (255, 255, 255)

@@ -1,4 +1,4 @@
-"""A flow's plan is built once per process (flows.core.plans): the CLI's check, the flow's and
+"""A flow's plan is built once per process (flows.core.loop.plans): the CLI's check, the flow's and
 every cycle's share it; a config that differs only in where the run goes and writes shares it
 too, holding its own config; any other field builds a new plan; a refused config keeps
 nothing."""

@@ -1,4 +1,5 @@
-"""`ride_out` (flows.core.orchestrator) against a real HTTP health endpoint on loopback: a
+"""`ride_out` (flows.core.orchestration.orchestrator) against a real HTTP health endpoint on
+loopback: a
 call that fails while the Prefect API does not answer waits for it and is made again, with
 one line when Prefect goes and one when it is back; a failure while the API answers is the
 call's own; past the bound, PrefectAway (an infrastructure error for the automatic resume).
@@ -16,8 +17,8 @@ import httpx
 import pytest
 from prefect.settings import PREFECT_API_URL, temporary_settings
 
-from flows.core import orchestrator
-from flows.core.orchestrator import (
+from flows.core.orchestration import orchestrator
+from flows.core.orchestration.orchestrator import (
     OUTAGE_ENV,
     PrefectAway,
     PrefectAwayNotice,

@@ -22,12 +22,12 @@ from flows.core.config import ConfigError, check_resume_from, checkpoint_due
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from flows.rl.metrics import RLResult
+from tasks.names import FLOW_RUN_LABEL
 from tasks.resume import latest_checkpoints, run_checkpoints
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.errors import OperationFailed
 from whitney.local import EmbeddedWhitney
-from whitney_calls.names import FLOW_RUN_LABEL
 
 REPO = Path(__file__).resolve().parents[3]
 TESTS_FLOWS = Path(__file__).resolve().parents[1]

@@ -18,9 +18,9 @@ from prefect.settings import PREFECT_API_URL
 
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
+from tasks.names import FLOW_RUN_LABEL
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
-from whitney_calls.names import FLOW_RUN_LABEL
 
 
 def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:

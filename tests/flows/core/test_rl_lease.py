@@ -10,9 +10,9 @@ import pytest
 
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
+from tasks.names import FLOW_RUN_LABEL
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
-from whitney_calls.names import FLOW_RUN_LABEL
 
 TTL_S = 1.0
 

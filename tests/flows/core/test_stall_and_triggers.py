@@ -1,7 +1,8 @@
 """Stall detection and the evaluate trigger, as Prefect reads them.
 
 deployments/stall-automations.yaml validates as Prefect's automation model with no key it
-would drop, one proactive automation per window of flows/core/stall_windows.py; the window a cycle
+would drop, one proactive automation per window of flows/core/loop/stall_windows.py; the window a
+cycle
 gets is the multiple of its recent cycle time rounded up to the next of them. (That the 15 s
 automation cancels a flow run whose cycle never completed, and spares one whose cycle
 completed or whose cleanup hook released it, is checked on a real Prefect server:
@@ -24,7 +25,8 @@ from prefect.server.events.schemas.events import ReceivedEvent
 from prefect.utilities.schema_tools.hydration import HydrationContext, hydrate
 
 from flows.checkpoints.evaluate import evaluate_checkpoint
-from flows.core.events import (
+from flows.core.loop.stall_windows import STALL_WINDOWS_S, StallSettings, stall_window
+from flows.core.records.events import (
     ALL_WINDOWS,
     CYCLE_COMPLETED,
     CYCLE_STARTED,
@@ -32,7 +34,6 @@ from flows.core.events import (
     STALL_WINDOW_LABEL,
     flow_run_resource,
 )
-from flows.core.stall_windows import STALL_WINDOWS_S, StallSettings, stall_window
 from flows.rl.config import RLConfig
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -32,16 +32,16 @@ from wandb.proto import wandb_internal_pb2
 
 from flows.cli.main import main
 from flows.core.config import ConfigError, settings_with_overrides, validated
-from flows.core.plots import picture_beside
-from flows.core.records import RunRecords
-from flows.core.tracking import delivery
-from flows.core.tracking.backend import LINEAGE_TAG, TrackedRunSpec
-from flows.core.tracking.config import Backend, TrackingSettings
-from flows.core.tracking.delivery import shown
-from flows.core.tracking.params import config_params, redacted, text
-from flows.core.tracking.preflight import check_tracking
-from flows.core.tracking.session import Tracking, start_backend
-from flows.core.tracking.tensorboard_tracker import TensorBoardTracker
+from flows.core.records.plots import picture_beside
+from flows.core.records.run_records import RunRecords
+from flows.core.records.tracking import delivery
+from flows.core.records.tracking.backend import LINEAGE_TAG, TrackedRunSpec
+from flows.core.records.tracking.config import Backend, TrackingSettings
+from flows.core.records.tracking.delivery import shown
+from flows.core.records.tracking.params import config_params, redacted, text
+from flows.core.records.tracking.preflight import check_tracking
+from flows.core.records.tracking.session import Tracking, start_backend
+from flows.core.records.tracking.tensorboard_tracker import TensorBoardTracker
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from flows.rl.metrics import RLResult

@@ -11,8 +11,8 @@ import pytest
 from flowtest_distill import make_teacher_checkpoint, max_in_flight, recorded_span_s
 from flowtest_settings import QUICK_RECOVERY
 
-from flows.cli.inspection_journal import cycle_groups
-from flows.cli.inspection_sources import ApiJournal
+from flows.core.records.inspection_journal import cycle_groups
+from flows.core.records.inspection_sources import ApiJournal
 from flows.distill.config import DistillationConfig
 from flows.distill.flow import distillation_flow
 from flows.distill.metrics import DistillationResult

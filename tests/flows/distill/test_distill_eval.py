@@ -10,7 +10,7 @@ import statistics
 
 from flowtest_distill import small_distill_config
 
-from flows.cli.inspection_journal import cycle_groups
+from flows.core.records.inspection_journal import cycle_groups
 from flows.distill.flow import distillation_flow
 from flows.sft.corpus import builtin_examples
 from flows.sft.plan import held_out

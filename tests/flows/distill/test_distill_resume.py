@@ -12,9 +12,9 @@ from flowtest_distill import small_distill_config, small_sft_teacher
 from flowtest_resume_plugins import fail_once_at_cycle
 
 from flows.distill.flow import distillation_flow
+from tasks.names import FLOW_RUN_LABEL, PARENT_FLOW_RUN_LABEL
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
-from whitney_calls.names import FLOW_RUN_LABEL, PARENT_FLOW_RUN_LABEL
 
 
 def test_resume_from_a_cycle_checkpoint_gives_the_undisturbed_adapter(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from flowtest_distill import small_distill_config
 
-from flows.core.off_policy_schedule import Schedule
+from flows.core.loop.off_policy_schedule import Schedule
 from flows.distill.flow import distillation_flow
 from tests.local.helpers import journal_rows
 from whitney.local import EmbeddedWhitney

@@ -20,16 +20,16 @@ from flowtest_helpers import (
 from flowtest_recipe_helpers import replay_after_one_failure
 from flowtest_resume_plugins import fail_once_at_cycle
 
-from flows.core.cost import Budget
-from flows.core.off_policy_schedule import Schedule
+from flows.core.loop.cost import Budget
+from flows.core.loop.off_policy_schedule import Schedule
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from flows.rl.metrics import RLResult
 from tasks import operations
+from tasks.names import FLOW_RUN_LABEL
 from tests.local.helpers import journal_rows
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
-from whitney_calls.names import FLOW_RUN_LABEL
 
 LEARNING_CYCLES = 18
 """The learning tests' cycles: 0.81 (importance_sampling, 1 step behind) and 0.95 (ppo, 2

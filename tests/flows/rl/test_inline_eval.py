@@ -21,9 +21,9 @@ from flowtest_helpers import (
 )
 from flowtest_recipe_helpers import journaled, replay_after_one_failure
 
-from flows.cli.inspection_journal import cycle_groups
 from flows.core.environments.digits import DigitsEnvironment
-from flows.core.records import metrics_row
+from flows.core.records.inspection_journal import cycle_groups
+from flows.core.records.run_records import metrics_row
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 from flows.rl.plan import check_rl_config

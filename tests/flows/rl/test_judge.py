@@ -18,6 +18,7 @@ from flowtest_cli import Refusal
 from flowtest_helpers import assert_executed_once_in_order, subflow_runs, task_runs_of
 from flowtest_recipe_helpers import journaled, replay_after_one_failure
 
+from blocks.connection import WhitneyConnection
 from flows.core.config import read_config_file, validated
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
@@ -31,7 +32,6 @@ from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 from whitney.renderers import get_renderer
 from whitney.tokenizers import BOS_ID, ByteTokenizer
-from whitney_calls.connection import WhitneyConnection
 
 EOS = 257
 EXAMPLE = Path(__file__).resolve().parents[3] / "examples" / "judge-rubric.toml"

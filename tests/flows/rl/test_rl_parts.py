@@ -16,23 +16,23 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY
 from prefect.states import Completed, Failed
 from pydantic import SecretStr
 
+from blocks.connection import WhitneyConnection, client_for
 from flows.core.config import ConfigError
 from flows.core.environments import Completion, load_environment
 from flows.core.environments.digits import DigitsEnvironment
 from flows.core.environments.lowercase import LowercaseEnvironment
-from flows.core.heartbeat import subflows_without_heartbeat
-from flows.core.records import artifact_key
-from flows.core.seeds import derive_seed
-from flows.core.sequenced_client import SeqLedger
+from flows.core.loop.seeds import derive_seed
+from flows.core.orchestration.heartbeat import subflows_without_heartbeat
+from flows.core.records.run_records import artifact_key
 from flows.rl.batch import score_group
 from flows.rl.config import RLConfig
 from flows.rl.plan import check_rl_config, probe
 from flows.rl.recipes import join_payloads, load_recipe
+from tasks.calls import TaskRetrySettings, retry_if_retryable
+from tasks.sequenced_client import SeqLedger
 from whitney.errors import InvalidDatum, RateLimited, TransportError
 from whitney.renderers import get_renderer
 from whitney.tokenizers import get_tokenizer
-from whitney_calls.connection import WhitneyConnection, client_for
-from whitney_calls.retry import TaskRetrySettings, retry_if_retryable
 
 
 def test_seq_ledger_hands_out_ids_in_order_and_blocks() -> None:
@@ -87,7 +87,7 @@ def test_environments_load_by_name_or_import_path() -> None:
     with pytest.raises(ValueError, match="cannot import"):
         load_environment("no_such_module:Thing")
     with pytest.raises(ValueError, match="not an environment"):
-        load_environment("flows.core.seeds:derive_seed")
+        load_environment("flows.core.loop.seeds:derive_seed")
 
 
 def test_recipes_load_by_loss_name() -> None:
@@ -195,7 +195,7 @@ def test_subflows_run_without_their_heartbeat_thread() -> None:
 
 
 def test_metrics_usage_fallback() -> None:
-    from flows.core.sequenced_client import OperationLog
+    from tasks.sequenced_client import OperationLog
 
     log = OperationLog()
     log.record(SimpleNamespace(kind="sample", usage={"tokens": 9, "sampled_tokens": 7}))
@@ -219,8 +219,7 @@ def imported_packages(package: str) -> set[str]:
 
 
 def test_layering_flows_over_tasks_over_whitney() -> None:
-    assert not imported_packages("tasks") & {"flows", "blocks"}
-    assert not imported_packages("whitney_calls") & {"flows", "blocks", "tasks"}
+    assert not imported_packages("tasks") & {"flows"}
     assert "flows" not in imported_packages("whitney")
     light = (
         "import sys, flows, tasks, flows.cli.main\n"

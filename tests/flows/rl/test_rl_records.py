@@ -13,7 +13,7 @@ import pytest
 from flowtest_helpers import artifacts_of, cycle_artifact, subflow_runs
 from prefect import flow
 
-from flows.core.connection import EMBEDDED_URL_ENV, flow_run_api_url
+from blocks.endpoint import EMBEDDED_URL_ENV, flow_run_api_url
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
 
