@@ -15,7 +15,6 @@ torch code running beside it does (torch's AdamW takes its compiled path)."""
 from __future__ import annotations
 
 import atexit
-import ctypes
 import fcntl
 import hashlib
 import inspect
@@ -23,7 +22,6 @@ import json
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -229,10 +227,10 @@ def unavailable() -> str | None:
 
 
 def inductor_cache() -> str:
-    """Inductor's cache directory: TORCHINDUCTOR_CACHE_DIR if set, else the user's."""
+    """The kernels' cache directory, the user's (not TORCHINDUCTOR_CACHE_DIR, which importing
+    Inductor sets in a process's environment for its children)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    default = Path(base) / "whitney-flows" / "inductor"
-    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(default)
+    return str(Path(base) / "whitney-flows" / "inductor")
 
 
 def compiled_directory() -> Path:
@@ -247,14 +245,10 @@ def compiled_directory() -> Path:
     )
 
 
-def main(parent: int) -> int:
-    """The child's work: compile every kernel into the cache, its shapes written last; killed
-    if `parent`, the process it compiles for, ends first."""
+def main() -> int:
+    """The child's work: compile every kernel into the cache, its shapes written last."""
     import whitney.local.engine.model  # noqa: F401 - registers the model's kernels
 
-    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent:  # ended before that
-        return 1
     directory = compiled_directory()
     directory.mkdir(parents=True, exist_ok=True)
     shapes = [export(kernel, directory / package(n)) for n, kernel in enumerate(STATE.kernels)]
@@ -264,10 +258,14 @@ def main(parent: int) -> int:
     return 0
 
 
-CHILD = (
-    "import sys; from whitney.local.engine import kernels; sys.exit(kernels.main(int(sys.argv[1])))"
-)
-PR_SET_PDEATHSIG = 1
+CHILD = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: killed if its parent ends first
+if os.getppid() != int(sys.argv[1]):  # it ended before that
+    sys.exit(1)
+from whitney.local.engine import kernels
+sys.exit(kernels.main())
+"""
 
 
 def package(n: int) -> str:
