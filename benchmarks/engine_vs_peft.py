@@ -3,23 +3,26 @@ PEFT (LoRA r8 on q,k,v,o,gate,up,down, the same base weights, the same tokens), 
 alternating worker processes: forward, forward_backward (cross_entropy, and RL-shaped datums
 whose first half, the prompt, weighs 0), a train step (cross_entropy forward_backward then an
 AdamW step, so the engine's next forward rebuilds its merged weights), logprobs, and sample (a
-group of samples of one prompt, and several prompts, `--new-tokens` each). Prints each median,
-the engine/PEFT ratio, tokens per second and the achieved GFLOPS against the machine's float32
-(and float64) matmul rate, measured first, and beside each of the issue's aims the floor of
-exact arithmetic on this machine: a forward's float64 products (plus PEFT's own backward for a
-forward_backward), and for a group's samples those of its decode steps, timed here at the
-model's shapes. Then, on local/tiny, a cycle against the engine before it was exact
-(`benchmarks/engine_cycle.py`).
+group of samples of one prompt, and several prompts, `--new-tokens` each), the engine with its
+compiled kernels and eager (`WHITNEY_ENGINE_COMPILE=1` and `0`, `--compile 1,0`). Prints each
+median, the engine/PEFT ratio (compiled, then eager), tokens per second and the achieved GFLOPS
+against the machine's float32 (and float64) matmul rate, measured first, and beside each of
+the issue's aims the floor of exact arithmetic on this machine: a forward's float64 products
+(plus PEFT's own backward for a forward_backward), and for a group's samples those of its
+decode steps, timed here at the model's shapes. Then, on local/tiny, a cycle against the engine
+before it was exact (`benchmarks/engine_cycle.py`).
 
     python benchmarks/engine_vs_peft.py [--model gguf/SmolLM2-135M-Instruct-Q4_1]
         [--hf-cache /work/models/hf-cache] [--threads 2] [--rounds 2] [--reps 1]
-        [--shapes 16x43,4x256] [--samples 8] [--new-tokens 64] [--memory 16x1024]
-        [--tiny-cycles 5] [--tiny-rounds 2] [--skip-tiny]
+        [--shapes 16x43,4x256] [--work forward,...,sample_batch] [--samples 8]
+        [--new-tokens 64] [--memory 16x1024]
+        [--tiny-cycles 5] [--tiny-rounds 2] [--skip-tiny] [--compile 1,0]
 
-`--memory BxT` adds one engine forward_backward of that shape in a worker of its own and
-reports its peak resident memory.
+`--work` picks some of the workloads (comma-separated: the names above, `sample_group`,
+`sample_batch`), for a shorter run. `--memory BxT` adds one engine forward_backward of that
+shape in a worker of its own and reports its peak resident memory.
 
-What it measured, and on what machine: docs/measured.md.
+What it measured, and on what machine: docs/engine.md and docs/measured.md.
 """
 
 from __future__ import annotations
@@ -240,7 +243,7 @@ def worker(args: argparse.Namespace) -> dict:
         return {"rss_gib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20}
     for b, t in shapes_of(args.shapes):
         batch = token_batch(b, t, side.vocab, seed=b * 1000 + t)
-        for kind in WORK:
+        for kind in (k for k in WORK if k in args.work):
             key = f"{kind} {b}x{t}"
             for rep in range(args.reps + 1):
                 seconds = timed(lambda kind=kind, batch=batch: side.work(kind, batch))
@@ -252,6 +255,8 @@ def worker(args: argparse.Namespace) -> dict:
         ("sample group", 1, args.samples),
         ("sample batch", 4, max(1, args.samples // 2)),
     ):
+        if name.replace(" ", "_") not in args.work:
+            continue
         ids = prompt_ids(args, prompts)
         key = f"{name} {prompts}x{samples}x{args.new_tokens}"
         for rep in range(args.reps + 1):
@@ -273,14 +278,16 @@ def worker(args: argparse.Namespace) -> dict:
 
 
 def spawn(args: argparse.Namespace, side: str, extra: list[str] = ()) -> dict:
-    command = [sys.executable, __file__, "--worker", side, *extra]
-    for name in ("model", "hf_cache", "threads", "reps", "shapes", "samples", "new_tokens"):
+    """A worker of `side`: "peft", "engine" (compiled kernels) or "eager" (the engine without)."""
+    compiled = "0" if side == "eager" else "1"
+    command = [sys.executable, __file__, "--worker", "peft" if side == "peft" else "engine", *extra]
+    for name in ("model", "hf_cache", "threads", "reps", "shapes", "samples", "new_tokens", "work"):
         value = getattr(args, name)
         if value is not None:
             command += [f"--{name.replace('_', '-')}", str(value)]
     if args.memory:
         command += ["--memory", args.memory]
-    env = os.environ | {"PYTHONPATH": str(ROOT), "WHITNEY_ENGINE_COMPILE": args.compile}
+    env = os.environ | {"PYTHONPATH": str(ROOT), "WHITNEY_ENGINE_COMPILE": compiled}
     out = subprocess.run(command, env=env, check=True, stdout=subprocess.PIPE, text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -349,17 +356,20 @@ def model_shape(args: argparse.Namespace) -> dict:
 
 
 def report(args: argparse.Namespace, found: dict, rates: dict, cfg: dict) -> None:
-    engine, peft = found["engine"], found["peft"]
+    engine, peft = found[engines(args)[0]], found["peft"]
     medians = {
         side: {k: statistics.median(v) for k, v in found[side]["times"].items()} for side in found
     }
+    eager = medians.get("eager") if "engine" in medians else None
     print(
         f"\n  {'work':34s} {'engine s':>9s} {'PEFT s':>9s} {'ratio':>6s} {'aim':>5s} {'floor':>6s}"
-        "   engine / PEFT (floor: exact float64 arithmetic's least ratio on this machine)"
+        + (f" {'eager s':>8s} {'ratio':>6s}" if eager else "")
+        + "   engine / PEFT (floor: exact float64 arithmetic's least ratio on this machine)"
     )
     products: dict[str, float] = {}  # a shape's forward products, timed once
-    for key, new in medians["engine"].items():
+    for key, new in medians[engines(args)[0]].items():
         old = medians["peft"][key]
+        slow = medians["eager"][key] if eager else 0.0
         kind, shape = key.rsplit(" ", 1)
         aim = f"{AIMS[kind]:.2f}x" if kind in AIMS else ""
         if kind.startswith("sample"):
@@ -370,9 +380,13 @@ def report(args: argparse.Namespace, found: dict, rates: dict, cfg: dict) -> Non
             if kind == "sample group":
                 rows = int(shape.split("x")[1])
                 floor = f"{weight_products(cfg, rows, args.threads) / rows / per_old:5.2f}x"
+            beside = ""
+            if eager:
+                per_slow = slow / (found["eager"]["sampled"][key] / n)
+                beside = f" {slow:8.2f} {per_slow / per_old:5.2f}x"
             print(
                 f"  {key:34s} {new:9.2f} {old:9.2f} {per_new / per_old:5.2f}x {aim:>5s} {floor:>6s}"
-                f"   {made_new / n / new:.0f} / {made_old / n / old:.0f} sampled tokens/s"
+                f"{beside}   {made_new / n / new:.0f} / {made_old / n / old:.0f} sampled tokens/s"
                 " (ratios per token)"
             )
             continue
@@ -384,14 +398,20 @@ def report(args: argparse.Namespace, found: dict, rates: dict, cfg: dict) -> Non
             products[shape] = forward_products(cfg, b, t, args.threads, rates)
         floor = floor_ratio(kind, peft_here, products[shape])
         gf_new, gf_old = work / new / 1e9, work / old / 1e9
+        beside = f" {slow:8.2f} {slow / old:5.2f}x" if eager else ""
         print(
-            f"  {key:34s} {new:9.2f} {old:9.2f} {new / old:5.2f}x {aim:>5s} {floor:5.2f}x"
+            f"  {key:34s} {new:9.2f} {old:9.2f} {new / old:5.2f}x {aim:>5s} {floor:5.2f}x{beside}"
             f"   {b * t / new:.0f} / {b * t / old:.0f} tokens/s, {gf_new:.0f} / {gf_old:.0f} "
             f"GFLOPS ({gf_new / rates['float32']:.0%} / {gf_old / rates['float32']:.0%} of float32)"
         )
-    rss_new = max(engine["rss_gib"]) if isinstance(engine["rss_gib"], list) else engine["rss_gib"]
-    rss_old = max(peft["rss_gib"]) if isinstance(peft["rss_gib"], list) else peft["rss_gib"]
+    rss_new = max(engine["rss_gib"])
+    rss_old = max(peft["rss_gib"])
     print(f"  peak resident memory of a worker: engine {rss_new:.2f} GiB, PEFT {rss_old:.2f} GiB")
+
+
+def engines(args: argparse.Namespace) -> list[str]:
+    """The engine's sides in this run: "engine" (compiled kernels) and/or "eager"."""
+    return ["engine" if setting == "1" else "eager" for setting in args.compile.split(",")]
 
 
 def main() -> None:
@@ -402,13 +422,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="alternating pairs of workers")
     parser.add_argument("--reps", type=int, default=1, help="timed runs per worker and work")
     parser.add_argument("--shapes", default="16x43,4x256", help="datums x tokens, comma-separated")
+    parser.add_argument("--work", default=",".join([*WORK, "sample_group", "sample_batch"]))
     parser.add_argument("--samples", type=int, default=8, help="samples of the one-prompt group")
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--memory", default=None, metavar="BxT", help="peak RSS of one such fb")
     parser.add_argument("--tiny-cycles", type=int, default=5)
     parser.add_argument("--tiny-rounds", type=int, default=2)
     parser.add_argument("--skip-tiny", action="store_true")
-    parser.add_argument("--compile", default="1", help="WHITNEY_ENGINE_COMPILE of the engine")
+    parser.add_argument(
+        "--compile",
+        default="1,0",
+        help="the engine's WHITNEY_ENGINE_COMPILE settings, side by side",
+    )
     parser.add_argument("--worker", choices=("engine", "peft"), help=argparse.SUPPRESS)
     parser.add_argument("--memory-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -427,9 +452,10 @@ def main() -> None:
         pull = "whitney-flows models pull smollm2-135m-instruct"
         raise SystemExit(f"{error}; `{pull}` brings it") from None
     print(f"{args.model}: {cfg}; shapes {args.shapes}, {args.rounds} rounds", flush=True)
-    found: dict[str, dict] = {"engine": {}, "peft": {}}
+    sides = ["peft", *engines(args)]
+    found: dict[str, dict] = {side: {} for side in sides}
     for n in range(args.rounds):
-        order = ["peft", "engine"] if n % 2 == 0 else ["engine", "peft"]
+        order = sides if n % 2 == 0 else sides[::-1]
         for side in order:
             result = spawn(args, side)
             for key, values in result["times"].items():
@@ -440,7 +466,7 @@ def main() -> None:
             found[side].setdefault("rss_gib", []).append(result["rss_gib"])
             if "compiled" in result:
                 print(
-                    f"  engine worker: compiled kernels {result['compiled']}, ready after "
+                    f"  {side} worker: compiled kernels {result['compiled']}, ready after "
                     f"{result['compile_s']:.1f} s",
                     flush=True,
                 )
@@ -450,7 +476,7 @@ def main() -> None:
             )
     report(args, found, rates, cfg)
     if args.memory:  # the engine only: PEFT's logits alone at 16x1024 are 3 GiB, a copy each step
-        rss = spawn(args, "engine", ["--memory-only"])["rss_gib"]
+        rss = spawn(args, engines(args)[0], ["--memory-only"])["rss_gib"]
         print(f"  forward_backward {args.memory} peak RSS, engine: {rss:.2f} GiB", flush=True)
     if not args.skip_tiny:
         print("\nlocal/tiny: an RL cycle against the engine before it was exact", flush=True)

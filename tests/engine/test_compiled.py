@@ -3,7 +3,9 @@ one with the kernels compiled (waited for) and one with `WHITNEY_ENGINE_COMPILE=
 `local/tiny` and on a small Llama built here (grouped-query attention, q/k/v biases, a head
 size whose 1/sqrt is no power of two): forward outputs, logprobs, sampled tokens and their
 logprobs, forward_backward's outputs, loss and gradients, and a training step's adapter and
-the forward after it, compared as raw bytes."""
+the forward after it, compared as raw bytes; while the kernels compile and load, torch code
+beside them (AdamW) runs as it does without them. Off or without a compiler, the engine says
+so once and runs eager."""
 
 from __future__ import annotations
 
@@ -23,9 +25,27 @@ from whitney.local.engine.lora import Lora
 from whitney.local.engine.model import ModelConfig, init_weights
 from whitney.local.engine.runtime import EngineRun
 
+params = [torch.randn(64, generator=torch.Generator().manual_seed(n)) for n in range(4)]
+
+def adamw():
+    copies = [p.clone().requires_grad_() for p in params]
+    for p in copies:
+        p.grad = p.detach().sin()
+    torch.optim.AdamW(copies, lr=1e-2, foreach=False).step()
+    return [p.detach() for p in copies]
+
+# while the kernels compile and load, torch code beside them runs as without them (tracing in
+# this process would set torch's process-wide is_compiling(): AdamW took its compiled path)
+reference = adamw()
+kernels.STATE.start()
+compiling = differed = 0
+while not kernels.STATE.done.is_set():
+    compiling += torch.compiler.is_compiling()
+    differed += any(not torch.equal(a, b) for a, b in zip(adamw(), reference))
 compiled = kernels.STATE.wait()
-kernels.COMPILED_FROM = 0  # every call compiled, however small
-found = {"compiled": compiled}
+for kernel in kernels.STATE.kernels:
+    kernel.eager_from = None  # every call compiled, however large
+found = {"compiled": compiled, "compiling seen": compiling, "adamw differed": differed}
 
 def digest(value):
     if isinstance(value, torch.Tensor):
@@ -101,5 +121,37 @@ def test_compiled_kernels_give_the_eager_bits(tmp_path) -> None:
     compiled, eager = probe("1", str(tmp_path)), probe("0", str(tmp_path))
     assert compiled.pop("compiled") is True
     assert eager.pop("compiled") is False
+    assert (compiled.pop("compiling seen"), compiled.pop("adamw differed")) == (0, 0)
+    assert (eager.pop("compiling seen"), eager.pop("adamw differed")) == (0, 0)
     assert len(compiled["tiny gradients"]) == 2 * 7 * 4  # A and B of every projection
     assert compiled == eager
+
+
+SAY = """
+import logging
+from whitney.local.engine.runtime import EngineRun
+logging.basicConfig(level=logging.WARNING, format="%(message)s")
+run = EngineRun.create(base_model="local/tiny", lora_rank=4, seed=1)
+run.save_weights_for_sampler("s")
+for _ in range(2):
+    run.logprobs("s", {"sequences": [{"token_ids": [256, 1, 2, 3]}]})
+"""
+
+
+@pytest.mark.parametrize(
+    ("setting", "reason"),
+    [
+        ({"WHITNEY_ENGINE_COMPILE": "0"}, "compiled kernels off (WHITNEY_ENGINE_COMPILE=0)"),
+        ({"CXX": "no-such-compiler"}, "no C++ compiler (no-such-compiler) for compiled kernels"),
+    ],
+)
+def test_off_or_without_a_compiler_it_runs_eager_and_says_so_once(setting, reason) -> None:
+    environment = os.environ | setting
+    if "CXX" in setting:
+        environment.pop("WHITNEY_ENGINE_COMPILE", None)
+    completed = subprocess.run(
+        [sys.executable, "-c", SAY], env=environment, capture_output=True, text=True, check=False
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    said = [line for line in completed.stderr.splitlines() if "running eager" in line]
+    assert said == [f"engine: {reason}; running eager (the same bits)"]

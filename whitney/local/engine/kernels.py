@@ -1,19 +1,21 @@
 """The exact elementwise work around each product (roundings to fixed point, exact sums of
-integers), fused into C++ kernels by torch.compile (Inductor, the machine's C++ compiler).
+integers), fused into C++ kernels ahead of time (torch.export and AOTInductor, the machine's
+C++ compiler).
 
 Every kernel is a plain torch function of exact operations only (scalings by powers of two,
 roundings, bit manipulations, sums of integers below 2**53, comparisons): the compiled kernel
-gives the bits of the eager function, which runs instead unless `WHITNEY_ENGINE_COMPILE=1`
-(off by default: see docs/engine.md), where no compiler is present, until the kernels are
-compiled, or after a compiled kernel fails.
-Kernels compile once per process in the background (eager meanwhile: the same bits), in a
-child process at the lowest priority, then load from the cache it filled (the user's:
-`$XDG_CACHE_HOME/whitney-flows/inductor`), each checked bit for bit against its eager
-function first, every dimension dynamic so that no shape compiles again."""
+gives the bits of the eager function, which runs instead where no compiler is present, with
+`WHITNEY_ENGINE_COMPILE=0`, until the kernels are loaded, or after a compiled kernel fails.
+A child process compiles them once, at the lowest priority, into the user's cache
+(`$XDG_CACHE_HOME/whitney-flows/inductor`); this process only loads the compiled libraries and
+checks each bit for bit against its eager function. Nothing here traces in this process:
+tracing sets torch's process-wide `torch.compiler.is_compiling()`, which changes what other
+torch code running beside it does (torch's AdamW takes its compiled path)."""
 
 from __future__ import annotations
 
 import atexit
+import fcntl
 import hashlib
 import inspect
 import json
@@ -35,43 +37,54 @@ log = logging.getLogger("whitney.local.engine")
 
 COMPILE_ENV = "WHITNEY_ENGINE_COMPILE"
 Examples = Callable[[], list[tuple]]
-COMPILED_FROM = 1 << 16
-"""Elements of a kernel's first argument from which it runs compiled; smaller calls (a decode
-step's) run eagerly, the same bits: measured on a loaded 2-core machine, interleaved, a
-SmolLM2 decode step of 8 rows took 3.6x as long with every call compiled, a 16 x 43 forward
-0.81x."""
+Shape = tuple[torch.dtype, tuple[int | None, ...]]
 
 
 @dataclass
 class Kernel:
-    """One fused kernel: the eager function, its compiled form once ready, and example
-    arguments to compile it on (`dynamic` the dims of each tensor argument left unspecialised,
-    so that sizes 0 and 1 run the same kernel)."""
+    """One fused kernel: the eager function, example arguments to compile and check it on,
+    the elements of the first argument from which the eager function is the faster (None:
+    never; `benchmarks/engine_kernels.py` measures it), and once loaded the compiled kernel
+    (`run`: a list of tensors in, a list out) with the dtype and sizes of each argument it was
+    compiled for (None where any size runs)."""
 
     eager: Callable[..., object]
     examples: Examples
-    dynamic: tuple[tuple[int, ...], ...]
-    compiled: Callable[..., object] | None = None
+    eager_from: int | None
+    run: Callable[[list[Tensor]], list[Tensor]] | None = None
+    shapes: tuple[Shape, ...] = ()
 
     def __call__(self, *args):
-        compiled = self.compiled
-        if compiled is None:
+        run = self.run
+        if run is None:
             STATE.start()
-        if compiled is None or args[0].numel() < COMPILED_FROM:
+            return self.eager(*args)
+        large = self.eager_from is not None and args[0].numel() >= self.eager_from
+        if large or not fits(args, self.shapes):
             return self.eager(*args)
         try:
-            with torch.no_grad():  # as compiled: the kernels' inputs are detached
-                return compiled(*args)
+            out = run(list(args))
         except Exception as error:  # noqa: BLE001 - any failure falls back to the same bits
             STATE.fail(f"a compiled kernel failed ({type(error).__name__}: {error})")
             return self.eager(*args)
+        return out[0] if len(out) == 1 else tuple(out)
+
+
+def fits(args: tuple, shapes: tuple[Shape, ...]) -> bool:
+    """Whether `args` are contiguous tensors of the dtypes, ranks and fixed sizes compiled for."""
+    for arg, (dtype, sizes) in zip(args, shapes, strict=True):
+        if arg.dtype != dtype or arg.dim() != len(sizes) or not arg.is_contiguous():
+            return False
+        if any(size is not None and size != n for size, n in zip(sizes, arg.shape, strict=True)):
+            return False
+    return True
 
 
 class State:
-    """Whether kernels compile, and the one background compilation of all of them: a child
-    process compiles them into the cache (at the lowest priority, so it only takes a core
-    nothing else wants), then this process loads them from it (seconds, not a compiler's
-    minutes: a process exiting waits for that, and stops the child)."""
+    """Whether kernels compile, and the one background load of all of them: a child process
+    compiles them into the cache if they are not there yet (at the lowest priority, so it only
+    takes a core nothing else wants), then this process loads them from it (milliseconds; a
+    process exiting stops the child)."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
@@ -84,20 +97,21 @@ class State:
         self.seconds = 0.0
 
     def say(self, message: str) -> None:
-        """Log `message` once per process (the first reason kernels run eager; "" says nothing)."""
-        if message and not self.said and not self.stop.is_set():
+        """Log `message` once per process (the first reason kernels run eager)."""
+        if not self.said and not self.stop.is_set():
             self.said = True
             log.warning("engine: %s; running eager (the same bits)", message)
 
     def fail(self, message: str) -> None:
         for kernel in self.kernels:
-            kernel.compiled = None
+            kernel.run = None
         self.thread = self.thread or threading.current_thread()  # never start again
         self.done.set()
         self.say(message)
 
     def start(self) -> None:
-        """Start compiling every kernel in the background, once per process (unless off)."""
+        """Start compiling (if not cached) and loading every kernel in the background, once
+        per process (unless off)."""
         if self.thread is not None:
             return
         with self.lock:
@@ -117,45 +131,56 @@ class State:
         """The child compiles into the cache, then this process loads the kernels from it."""
         t0 = time.perf_counter()
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread, its child
-        if not compiled_marker().exists():
-            environment = os.environ | {"TORCHINDUCTOR_CACHE_DIR": inductor_cache()}
-            with self.lock:
-                if self.stop.is_set():
+        directory = compiled_directory()
+        directory.mkdir(parents=True, exist_ok=True)
+        with open(directory / "lock", "w") as lock:  # one compiling child per cache at a time
+            while not locked(lock):
+                if self.stop.wait(1.0):
                     return
-                self.child = subprocess.Popen(
-                    [sys.executable, "-c", CHILD],
-                    env=environment,
-                    stdin=subprocess.DEVNULL,
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                )
-            _, errors = self.child.communicate()
-            if self.stop.is_set():
-                return
-            if self.child.returncode != 0:
-                last = (errors.strip().splitlines() or ["no message"])[-1]
-                self.fail(f"compiling the engine's kernels failed ({last})")
+            if not (directory / SHAPES).exists() and not self.compile_in_child():
                 return
         try:
-            compiled = compile_here(self.kernels)
+            loaded = load(directory, self.kernels)
         except Exception as error:  # noqa: BLE001 - no compiled kernels, the same bits
             self.fail(f"loading the engine's kernels failed ({type(error).__name__}: {error})")
             return
-        if compiled is None:
+        if loaded is None:
             self.fail("a compiled kernel's bits differed from its eager function's")
             return
-        for kernel, fn in zip(self.kernels, compiled, strict=True):
-            kernel.compiled = fn
+        for kernel, (run, shapes) in zip(self.kernels, loaded, strict=True):
+            kernel.shapes, kernel.run = shapes, run
         self.seconds = time.perf_counter() - t0
-        log.info("engine: %d kernels compiled in %.1f s", len(compiled), self.seconds)
+        log.info("engine: %d kernels ready in %.1f s", len(loaded), self.seconds)
         self.done.set()
 
+    def compile_in_child(self) -> bool:
+        """Run the child that fills the cache; False (having said why, or stopping) if none."""
+        environment = os.environ | {"TORCHINDUCTOR_CACHE_DIR": inductor_cache()}
+        with self.lock:
+            if self.stop.is_set():
+                return False
+            self.child = subprocess.Popen(
+                [sys.executable, "-c", CHILD, str(os.getpid())],
+                env=environment,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        _, errors = self.child.communicate()
+        if self.stop.is_set():
+            return False
+        if self.child.returncode != 0:
+            last = (errors.strip().splitlines() or ["no message"])[-1]
+            self.fail(f"compiling the engine's kernels failed ({last})")
+            return False
+        return True
+
     def wait(self, timeout: float | None = None) -> bool:
-        """Start compiling if not started and wait for it; True if the kernels are compiled."""
+        """Start compiling if not started and wait for it; True if the kernels are loaded."""
         self.start()
         self.done.wait(timeout)
-        return all(kernel.compiled is not None for kernel in self.kernels)
+        return all(kernel.run is not None for kernel in self.kernels)
 
     def finish(self) -> None:
         """At exit: stop the compiling child, wait for the kernels being loaded."""
@@ -177,14 +202,22 @@ class State:
 STATE = State()
 os.register_at_fork(after_in_child=STATE.after_fork)
 atexit.register(STATE.finish)
+SHAPES = "shapes.json"
+"""The file the child writes last, once every kernel is compiled: each argument's shape."""
+
+
+def locked(file) -> bool:
+    """Whether this process took the exclusive lock of `file` (never waiting for it)."""
+    try:
+        fcntl.flock(file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    return True
 
 
 def unavailable() -> str | None:
-    """Why kernels run eager in this process ("" when simply not asked for), or None if they
-    compile."""
-    setting = os.environ.get(COMPILE_ENV)
-    if setting is None:
-        return ""  # off by default, said nowhere
+    """Why kernels run eager in this process, or None if they compile."""
+    setting = os.environ.get(COMPILE_ENV, "1")
     if setting.strip().lower() not in ("1", "true", "yes", "on"):
         return f"compiled kernels off ({COMPILE_ENV}={setting})"
     compiler = os.environ.get("CXX", "g++")
@@ -194,73 +227,109 @@ def unavailable() -> str | None:
 
 
 def inductor_cache() -> str:
-    """Inductor's cache directory: TORCHINDUCTOR_CACHE_DIR if set, else the user's."""
+    """The kernels' cache directory, the user's (not TORCHINDUCTOR_CACHE_DIR, which importing
+    Inductor sets in a process's environment for its children)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    default = Path(base) / "whitney-flows" / "inductor"
-    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or str(default)
+    return str(Path(base) / "whitney-flows" / "inductor")
 
 
-def compiled_marker() -> Path:
-    """The file the child writes once every kernel of this source and torch is in the cache."""
+def compiled_directory() -> Path:
+    """Where the kernels of this source, torch, Python, compiler and CPU are compiled to."""
     import whitney.local.engine.model  # noqa: F401 - registers the model's kernels
 
-    source = [inspect.getsource(k.eager) for k in STATE.kernels] + [inspect.getsource(compile_here)]
-    key = hashlib.sha256(json.dumps([torch.__version__, sys.version, source]).encode())
-    return Path(inductor_cache()) / f"whitney-kernels-{key.hexdigest()[:16]}"
+    source = [inspect.getsource(k.eager) for k in STATE.kernels] + [inspect.getsource(export)]
+    machine = [torch.__version__, sys.version, os.environ.get("CXX", "g++")]
+    key = json.dumps([machine, torch.backends.cpu.get_cpu_capability(), source])
+    return (
+        Path(inductor_cache()) / f"whitney-kernels-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    )
 
 
 def main() -> int:
-    """The child's work: compile every kernel into the cache, then write the marker."""
-    compiled = compile_here(STATE.kernels)
-    if compiled is None:
-        return 1
-    compiled_marker().touch()
+    """The child's work: compile every kernel into the cache, its shapes written last."""
+    import whitney.local.engine.model  # noqa: F401 - registers the model's kernels
+
+    directory = compiled_directory()
+    directory.mkdir(parents=True, exist_ok=True)
+    shapes = [export(kernel, directory / package(n)) for n, kernel in enumerate(STATE.kernels)]
+    written = directory / f"{SHAPES}.{os.getpid()}"
+    written.write_text(json.dumps(shapes))
+    written.replace(directory / SHAPES)
     return 0
 
 
-CHILD = "import sys; from whitney.local.engine import kernels; sys.exit(kernels.main())"
+CHILD = """
+import ctypes, os, signal, sys
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: killed if its parent ends first
+if os.getppid() != int(sys.argv[1]):  # it ended before that
+    sys.exit(1)
+from whitney.local.engine import kernels
+sys.exit(kernels.main())
+"""
 
 
-def compile_here(kernels: list[Kernel]) -> list[Callable[..., object]] | None:
-    """Every kernel compiled in this process, or None if one's bits on its examples differ
-    from its eager function's. After it, a call whose guards fail (an unforeseen shape or
-    stride) runs the kernel's function eagerly, never compiling again."""
-    os.environ["TORCHINDUCTOR_CACHE_DIR"] = inductor_cache()
+def package(n: int) -> str:
+    return f"kernel-{n}.pt2"
+
+
+def export(kernel: Kernel, path: Path) -> list[tuple[str, list[int | None]]]:
+    """Compile `kernel` on its first example into the package `path`: every dimension of more
+    than one element dynamic (any size, 0 and 1 included), one thread a kernel (a parallel
+    kernel waits at its end for its slowest thread, which on a busy machine is often
+    descheduled). Returns each argument's dtype and sizes (None: dynamic)."""
     import torch._inductor.config
     import torch.fx.experimental._config as fx_config
+    from torch.export import Dim
 
-    import whitney.local.engine.model  # noqa: F401 - registers the model's kernels
-
-    torch._inductor.config.compile_threads = 1  # in this thread: no pool of compile processes
-    # one thread a kernel: a parallel kernel waits at its end for its slowest thread, which on
-    # a busy machine is often descheduled (decode steps ran 2.4x slower than eager with two)
+    torch._inductor.config.compile_threads = 1  # no pool of compile processes
     torch._inductor.config.cpp.threads = 1
-    fx_config.use_duck_shape = False  # equal sizes in one call are no reason to recompile
-    compiled = []
-    for kernel in kernels:
-        fn = torch.compile(kernel.eager, dynamic=True, fullgraph=True)
+    args = kernel.examples()[0]
+    dynamic = tuple({d: Dim.AUTO for d, n in enumerate(a.shape) if n != 1} for a in args)
+    with fx_config.patch(backed_size_oblivious=True):  # no guess that a size is not 0 or 1
+        program = torch.export.export(Function(kernel.eager), args, dynamic_shapes=(dynamic,))
+    made = path.with_name(f"{path.stem}.{os.getpid()}{path.suffix}")  # a package ends in .pt2
+    torch._inductor.aoti_compile_and_package(program, package_path=str(made))
+    made.replace(path)
+    inputs = [node.meta["val"] for node in program.graph.nodes if node.op == "placeholder"]
+    return [
+        (str(x.dtype).removeprefix("torch."), [n if isinstance(n, int) else None for n in x.shape])
+        for x in inputs
+    ]
+
+
+class Function(torch.nn.Module):
+    """A kernel's function as the module torch.export takes."""
+
+    def __init__(self, fn: Callable[..., object]) -> None:
+        super().__init__()
+        self.fn = fn
+
+    def forward(self, *args):
+        return self.fn(*args)
+
+
+def load(
+    directory: Path, kernels: list[Kernel]
+) -> list[tuple[Callable[[list[Tensor]], list[Tensor]], tuple[Shape, ...]]] | None:
+    """Every kernel's compiled library loaded from `directory` (no tracing), or None if one's
+    bits on its examples (inference tensors among them) differ from its eager function's."""
+    from torch._inductor import aoti_load_package
+
+    described = json.loads((directory / SHAPES).read_text())
+    loaded = []
+    for n, (kernel, shapes) in enumerate(zip(kernels, described, strict=True)):
+        run = aoti_load_package(str(directory / package(n))).loader.boxed_run
         for args in kernel.examples():
-            for mode, inference in inference_patterns(len(args)):
-                with torch.inference_mode():  # inference tensors, as sampling and logprobs hold
-                    made = [a.clone() if i else a for a, i in zip(args, inference, strict=True)]
-                for arg, dims in zip(made, kernel.dynamic, strict=False):
-                    for dim in dims:
-                        torch._dynamo.decorators.mark_unbacked(arg, dim)
-                with torch.inference_mode(mode), torch.no_grad():
-                    if not same_bits(fn(*made), kernel.eager(*made)):
-                        return None
-        compiled.append(fn)
-    torch.compiler.set_stance("eager_on_recompile")
-    return compiled
-
-
-def inference_patterns(count: int) -> list[tuple[bool, tuple[bool, ...]]]:
-    """The calls a kernel compiles for (its guards tell them apart): whether inference mode is
-    on, and which arguments are inference tensors: outside it none; inside it none (weights
-    built there), all, or the first alone (data beside cached constants)."""
-    none, first = (False,) * count, (True,) + (False,) * (count - 1)
-    patterns = [(False, none), (True, none), (True, (True,) * count), (True, first)]
-    return list(dict.fromkeys(patterns))
+            with torch.inference_mode():
+                inference = [a.clone() for a in args]
+            for made in (list(args), inference):
+                want = kernel.eager(*made)
+                got = run(list(made))
+                if not same_bits(tuple(got) if isinstance(want, tuple) else got[0], want):
+                    return None
+        shape = tuple((getattr(torch, dtype), tuple(sizes)) for dtype, sizes in shapes)
+        loaded.append((run, shape))
+    return loaded
 
 
 def same_bits(a, b) -> bool:
@@ -273,11 +342,12 @@ def bits(t: Tensor) -> Tensor:
     return t.view({8: torch.int64, 4: torch.int32, 2: torch.int16, 1: torch.int8}[t.element_size()])
 
 
-def kernel(examples: Examples, *dynamic: tuple[int, ...]) -> Callable[[Callable], Kernel]:
-    """Register a fused kernel: `examples` builds arguments to compile and check it on."""
+def kernel(examples: Examples, eager_from: int | None = None) -> Callable[[Callable], Kernel]:
+    """Register a fused kernel: `examples` builds arguments to compile and check it on; calls
+    of `eager_from` elements or more run eagerly."""
 
     def register(fn: Callable) -> Kernel:
-        made = Kernel(fn, examples, dynamic)
+        made = Kernel(fn, examples, eager_from)
         STATE.kernels.append(made)
         return made
 

@@ -829,7 +829,7 @@ def score_examples() -> list[tuple]:
     ]
 
 
-PROB_PARTS = kernels.kernel(attention_examples, (0, 1))(prob_parts)
-WEIGHTED_MEAN = kernels.kernel(mean_examples, (0, 1), (0, 1), (0,))(weighted_mean)
-VALUE_PARTS = kernels.kernel(value_examples, (0, 2))(value_parts)
-SHIFTED_SCORES = kernels.kernel(score_examples, (0, 2, 3), (0, 2, 3))(shifted_scores)
+PROB_PARTS = kernels.kernel(attention_examples)(prob_parts)
+WEIGHTED_MEAN = kernels.kernel(mean_examples)(weighted_mean)
+VALUE_PARTS = kernels.kernel(value_examples)(value_parts)
+SHIFTED_SCORES = kernels.kernel(score_examples, eager_from=1 << 12)(shifted_scores)
