@@ -11,7 +11,7 @@ per cycle (the outer loop: flows.core.loop.cycles).
         rewards, advantages, build_loss   (recipe calls through ctx take the next ids)
         [resampling, finish_cycle]        flows.rl.batch: uniform groups resampled or dropped;
                                           the recipe's cycle end (a critic's update)
-        forward_backward, optim_step      the tail (flows.core.loop.cycles.run_tail): pipelined,
+        forward_backward, optim_step      the tail (CycleContext.run_tail): pipelined,
         [save_state cycle-{n}]            submitted together with the checkpoint when one is
         [save_weights_for_sampler]        due and the next cycle's sampler, named cycle-{n+1}
       save_state cycle-{n-1}, export_lora, finish_run, close_session
@@ -67,18 +67,10 @@ from blocks.endpoint import resolve_connection
 from flows.core.config import checkpoint_due
 from flows.core.evaluation.sampler import evaluate_after_cycle, evaluate_at_start
 from flows.core.loop.budget import BudgetGuard, flow_cost_model
+from flows.core.loop.context import CycleContext, CycleTail
 from flows.core.loop.cost import format_cost, format_usage
-from flows.core.loop.cycles import (
-    CycleStart,
-    CycleTail,
-    cycle_subflow,
-    publish_sampler,
-    run_cycle_subflow,
-    run_cycles,
-    run_tail,
-    sampler_calls,
-)
-from flows.core.loop.off_policy_schedule import SampleBlock, Schedule
+from flows.core.loop.cycles import CycleStart, cycle_subflow, run_cycles
+from flows.core.loop.off_policy_schedule import Schedule
 from flows.core.loop.sampling_ahead import CycleSamples, sample_ahead
 from flows.core.loop.training import end_training_run, start_training_run
 from flows.core.orchestration.cleanup import CLEANUP_HOOKS
@@ -135,50 +127,40 @@ def cycle_metrics(
 
 
 def sample_cycle(
-    plan: RLPlan,
-    client: SequencedClient,
-    cycle: int,
-    run_id: str,
-    sampler_id: str,
-    schedule: Schedule,
-    presampled: Sequence[SampleBlock],
+    plan: RLPlan, ctx: CycleContext, sampler_id: str, schedule: Schedule
 ) -> CycleSamples:
     """The cycle's samples. On-policy (max_staleness 0): its own requests on `sampler_id`,
     together or one by one. Off-policy: `flows.core.loop.sampling_ahead.sample_ahead`."""
     config = plan.config
     if config.max_staleness == 0:
-        requests = plan.sample_requests(cycle)[1]
-        samples = sampler_calls(
-            client, run_id, sampler_id, "sample", requests, config.concurrent_sampling
-        )
+        requests = plan.sample_requests(ctx.cycle)[1]
+        samples = ctx.sampler_calls(sampler_id, "sample", requests, config.concurrent_sampling)
         return CycleSamples(sampler_id, samples, [])
     return sample_ahead(
-        client,
-        run_id,
-        cycle,
+        ctx.client,
+        ctx.run_id,
+        ctx.cycle,
         sampler_id,
         schedule,
         lambda later: plan.sample_requests(later)[1],
-        presampled,
+        ctx.presampled,
     )
 
 
 def run_cycle(
     plan: RLPlan,
-    client: SequencedClient,
-    cycle: int,
-    run_id: str,
+    ctx: CycleContext,
     auxiliary: Sequence[AuxiliaryHandle] = (),
-    first_cycle: int = 0,
-    presampled: Sequence[SampleBlock] = (),
     judge: JudgeHandle | None = None,
 ) -> CycleMetrics:
-    """The loop body of one cycle, every call through `client` (the cycle's ledger).
+    """The loop body of one cycle, every call through the context's client (the cycle's
+    ledger).
 
-    Pipelined, a cycle after the flow run's `first_cycle` samples from the sampler the
+    Pipelined, a cycle after the flow run's first cycle samples from the sampler the
     previous cycle published (`cycle-{n}`); otherwise it publishes its own first. Its samples
-    come from `sample_cycle` (with max_staleness, from an older sampler; `presampled`: the
-    later cycles' requests already made). The tail is `flows.core.loop.cycles.run_tail`.
+    come from `sample_cycle` (with max_staleness, from an older sampler; the context's
+    `presampled`: the later cycles' requests already made). The tail is the context's
+    `run_tail` (flows.core.loop.context).
     `auxiliary`: the runs the recipe declared (their seq ids are in the ledger too). The
     middle of the cycle (scores, resampling, build_loss, the recipe's finish_cycle) is
     `flows.rl.batch`; with a multi-turn environment (on-policy only), `flows.rl.multi_turn_batch`
@@ -187,6 +169,7 @@ def run_cycle(
     """
     started_at = datetime.now(UTC)
     config = plan.config
+    client, cycle, run_id, first_cycle = ctx.client, ctx.cycle, ctx.run_id, ctx.first_cycle
     seq_start = client.ledger.position(run_id)
     eval_before = None
     if config.eval_at_start and cycle == 0 and plan.evaluation is not None:
@@ -196,14 +179,14 @@ def run_cycle(
     if config.pipelined and cycle > first_cycle:
         sampler_id = cycle_name(cycle)
     else:
-        sampler_id = publish_sampler(client, run_id, cycle, named=config.pipelined)
+        sampler_id = ctx.publish_sampler(named=config.pipelined)
     schedule = Schedule(config.max_staleness, first_cycle, config.checkpoint_every, config.cycles)
     if plan.multi_turn:  # episodes of several turns, on-policy: flows.rl.multi_turn_batch
         sampling = CycleSamples(sampler_id, [], [])
-        batch = build_episode_batch(plan, client, cycle, run_id, sampler_id, auxiliary)
+        batch = build_episode_batch(plan, ctx, sampler_id, auxiliary)
     else:
-        sampling = sample_cycle(plan, client, cycle, run_id, sampler_id, schedule, presampled)
-        batch = single_turn_batch(plan, client, cycle, run_id, sampling, auxiliary, judge)
+        sampling = sample_cycle(plan, ctx, sampler_id, schedule)
+        batch = single_turn_batch(plan, ctx, sampling, auxiliary, judge)
     staleness = schedule.staleness_of(cycle)
     payload, kl_sample_train = batch.payload, None
     if decouples(payload["loss_function"], staleness, config.proximal_clip):
@@ -214,10 +197,7 @@ def run_cycle(
     if checkpoint:
         save_auxiliary_checkpoints(client, auxiliary, cycle)  # a critic's, beside the policy's
     optimizer = adamw_optimizer(config.learning_rate, grad_clip_norm=config.grad_clip_norm)
-    tail = run_tail(
-        client,
-        run_id,
-        cycle,
+    tail = ctx.run_tail(
         payload,
         optimizer,
         checkpoint=checkpoint,
@@ -252,7 +232,7 @@ def run_cycle(
             "checkpoint": tail.checkpoint,
             "sampler_id": sampling.sampler_id,
             "staleness": staleness,
-            "presampled": sampling.presampled_after(cycle, presampled),
+            "presampled": sampling.presampled_after(cycle, ctx.presampled),
             "episodes": batch.episodes,
             **evaluation,
         }
@@ -261,36 +241,30 @@ def run_cycle(
 
 def single_turn_batch(
     plan: RLPlan,
-    client: SequencedClient,
-    cycle: int,
-    run_id: str,
+    ctx: CycleContext,
     sampling: CycleSamples,
     auxiliary: Sequence[AuxiliaryHandle],
     judge: JudgeHandle | None = None,
 ) -> TrainingBatch:
     """The cycle's training batch from its samples (`sample_cycle`); resampling samples on
     the same sampler; the judge's rewards when there is one."""
-    prompts, requests = plan.sample_requests(cycle)
+    prompts, requests = plan.sample_requests(ctx.cycle)
     sample = functools.partial(  # on the next seq ids, together or one by one: the same ids
-        sampler_calls,
-        client,
-        run_id,
+        ctx.sampler_calls,
         sampling.sampler_id,
         "sample",
         together=plan.config.concurrent_sampling,
     )
     return build_training_batch(
         plan,
-        client,
-        cycle,
-        run_id,
+        ctx,
         sampling.sampler_id,
         prompts,
         requests,
         sampling.samples,
         sample,
         auxiliary,
-        rewards=judge_rewards(plan, client, judge),
+        rewards=judge_rewards(plan, ctx.client, judge),
     )
 
 
@@ -340,15 +314,8 @@ def rl_cycle(
     if judge is not None:
         names[judge.run_id] = "judge"
     plan = check_rl_config(config)  # built once per process (flows.core.loop.plans)
-    return run_cycle_subflow(
-        config,
-        start,
-        whitney_block,
-        names,
-        lambda client: run_cycle(
-            plan, client, cycle, run_id, handles, start.first_cycle, start.presampled, judge
-        ),
-    )
+    ctx = CycleContext.open(config, cycle, start, whitney_block, run_id)
+    return ctx.finish(run_cycle(plan, ctx, handles, judge), names)
 
 
 @flow(name="rl", persist_result=False, **CLEANUP_HOOKS)
