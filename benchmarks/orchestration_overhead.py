@@ -3,7 +3,7 @@ side by side in one run.
 
 Both drive the same embedded Whitney server, started in its own process (`whitney-flows serve`, as a
 remote Whitney would be, so Prefect's threads do not share its interpreter), with the same cycle
-code (`flows.rl.flow.run_cycle`): the plain loop calls the client directly, one call after another,
+code (`flows.rl.cycle.run_cycle`): the plain loop calls the client directly, one call after another,
 with no Prefect; the flow runs every call as a Prefect task inside a `cycle-{n}` subflow run and
 records artifacts. The flow runs three ways: unpipelined with sequential sampling (exactly the plain
 loop's calls), unpipelined with a cycle's sample requests fanned out on a reserved block of seq ids,
@@ -58,7 +58,8 @@ from flows.core.loop.context import CycleContext
 from flows.core.loop.cycles import CycleStart
 from flows.core.orchestration.heartbeat import subflows_without_heartbeat
 from flows.rl.config import RLConfig
-from flows.rl.flow import rl_flow, run_cycle
+from flows.rl.cycle import run_cycle
+from flows.rl.flow import rl_flow
 from flows.rl.metrics import CycleMetrics
 from flows.rl.plan import check_rl_config
 from tasks.sequenced_client import OperationLog, SequencedClient
