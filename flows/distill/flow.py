@@ -49,8 +49,7 @@ from flows.core.loop.budget import BudgetGuard, flow_cost_model
 from flows.core.loop.context import CycleContext, publish_call, sampler_calls
 from flows.core.loop.cost import Usage, add_usage, format_usage, usage_of
 from flows.core.loop.cycles import CycleStart, cycle_subflow, run_cycles
-from flows.core.loop.off_policy_schedule import Schedule
-from flows.core.loop.sampling_ahead import CycleSamples, sample_ahead
+from flows.core.loop.off_policy_schedule import CycleSamples, Schedule, sample_ahead
 from flows.core.loop.training import end_training_run, require_served, start_training_run
 from flows.core.orchestration.cleanup import CLEANUP_HOOKS
 from flows.core.records.run_records import run_rows, spend_rows

@@ -30,7 +30,7 @@ from typing import Any
 
 from flows.core.environments import Completion, Environment
 from flows.core.loop.context import CycleContext
-from flows.core.loop.seeds import derive_seed
+from flows.core.loop.plans import derive_seed
 from flows.rl.auxiliary import AuxiliaryHandle
 from flows.rl.metrics import EpisodeStats
 from flows.rl.plan import RLPlan

@@ -14,8 +14,7 @@ from flows.core.config import checkpoint_due
 from flows.core.evaluation.sampler import evaluate_after_cycle, evaluate_at_start
 from flows.core.loop.context import CycleContext, CycleTail
 from flows.core.loop.cycles import CycleStart, cycle_subflow
-from flows.core.loop.off_policy_schedule import Schedule
-from flows.core.loop.sampling_ahead import CycleSamples, sample_ahead
+from flows.core.loop.off_policy_schedule import CycleSamples, Schedule, sample_ahead
 from flows.rl.auxiliary import (
     AuxiliaryHandle,
     save_auxiliary_checkpoints,
@@ -68,7 +67,7 @@ def sample_cycle(
     plan: RLPlan, ctx: CycleContext, sampler_id: str, schedule: Schedule
 ) -> CycleSamples:
     """The cycle's samples. On-policy (max_staleness 0): its own requests on `sampler_id`,
-    together or one by one. Off-policy: `flows.core.loop.sampling_ahead.sample_ahead`."""
+    together or one by one. Off-policy: `flows.core.loop.off_policy_schedule.sample_ahead`."""
     config = plan.config
     if config.max_staleness == 0:
         requests = plan.sample_requests(ctx.cycle)[1]

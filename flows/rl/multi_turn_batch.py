@@ -36,7 +36,7 @@ from dataclasses import dataclass, field, replace
 from prefect import get_run_logger
 
 from flows.core.loop.context import CycleContext
-from flows.core.loop.seeds import derive_seed
+from flows.core.loop.plans import derive_seed
 from flows.rl.auxiliary import AuxiliaryHandle
 from flows.rl.batch import (
     ADVANTAGE_ESTIMATORS,
