@@ -4,8 +4,8 @@ per cycle (the outer loop: flows.core.loop.cycles).
     rl_flow(config)                       resume point (tasks.resume), open_session
                                           (labelled), create_run (from_checkpoint if resuming),
                                           the recipe's auxiliary runs (flows.rl.auxiliary)
-      cycle-{first} .. cycle-{n-1}        rl_cycle(config, cycle, start): from the seq ids
-                                          the loop carries (flows.core.loop.cycles)
+      cycle-{first} .. cycle-{n-1}        rl_cycle (flows.rl.cycle), on its cycle context
+                                          from the seq ids the loop carries
         save_weights_for_sampler[seq=k]   -> sampler_id (the first cycle, or unpipelined only)
         sample[seq=k+1 .. k+P]            one request per prompt, a reserved block of ids
         rewards, advantages, build_loss   (recipe calls through ctx take the next ids)

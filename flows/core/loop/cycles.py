@@ -1,6 +1,6 @@
-"""The cycle kit every training flow (RL, SFT, distillation) shares: the one outer loop, its
-cycles as subflow runs in order, the body of every cycle subflow, and the calls every cycle
-makes around its own middle.
+"""The loop every training flow (RL, SFT, distillation, DPO) shares: the one outer loop, its
+cycles as subflow runs in order, and what every cycle returns and starts from. A cycle's own
+calls are made on its context (flows.core.loop.context).
 
     ran = run_cycles(rl_cycle, config, range(first, config.cycles), seq_ids, whitney_block,
                      records=records, guard=guard, run_id=run_id, auxiliary=auxiliary)
