@@ -131,16 +131,7 @@ def student_samples(plan: DistillPlan, ctx: CycleContext) -> CycleSamples:
     schedule = Schedule(
         config.max_staleness, ctx.first_cycle, config.checkpoint_every, config.cycles
     )
-    return sample_ahead(
-        ctx.client,
-        ctx.run_id,
-        ctx.cycle,
-        name,
-        schedule,
-        plan.sample_requests,
-        ctx.presampled,
-        lead=[publish_call(name)],
-    )
+    return sample_ahead(ctx, name, schedule, plan.sample_requests, lead=[publish_call(name)])
 
 
 def run_distill_cycle(
@@ -210,7 +201,7 @@ def run_distill_cycle(
         wall_seconds=time.perf_counter() - started,
     )
     evaluation = evaluate_after_cycle(  # {} unless due; after the numbers above are taken
-        client, run_id, cycle, config.eval_every, config.cycles, plan.evaluation
+        ctx, config.eval_every, config.cycles, plan.evaluation
     )
     return metrics.model_copy(update=evaluation)
 

@@ -73,15 +73,7 @@ def sample_cycle(
         requests = plan.sample_requests(ctx.cycle)[1]
         samples = ctx.sampler_calls(sampler_id, "sample", requests, config.concurrent_sampling)
         return CycleSamples(sampler_id, samples, [])
-    return sample_ahead(
-        ctx.client,
-        ctx.run_id,
-        ctx.cycle,
-        sampler_id,
-        schedule,
-        lambda later: plan.sample_requests(later)[1],
-        ctx.presampled,
-    )
+    return sample_ahead(ctx, sampler_id, schedule, lambda later: plan.sample_requests(later)[1])
 
 
 def run_cycle(
@@ -110,7 +102,7 @@ def run_cycle(
     seq_start = client.ledger.position(run_id)
     eval_before = None
     if config.eval_at_start and cycle == 0 and plan.evaluation is not None:
-        eval_before = evaluate_at_start(client, run_id, plan.evaluation)
+        eval_before = evaluate_at_start(ctx, plan.evaluation)
     eval_tokens = client.log.tokens("sample", "sampled_tokens")  # not the cycle's own
     started = time.perf_counter()
     if config.pipelined and cycle > first_cycle:
@@ -158,7 +150,7 @@ def run_cycle(
     if kl_sample_train is not None:  # the datums carry the current weights' logprobs
         metrics = metrics.model_copy(update={"kl_sample_train": kl_sample_train})
     evaluation = evaluate_after_cycle(  # {} unless due; after the numbers above are taken
-        client, run_id, cycle, config.eval_every, config.cycles, plan.evaluation
+        ctx, config.eval_every, config.cycles, plan.evaluation
     )
     return metrics.model_copy(
         update={

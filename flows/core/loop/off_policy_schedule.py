@@ -21,12 +21,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, Field
 
 from flows.core.config import checkpoint_due
 from tasks.sequenced_client import Call, SequencedClient, Submitted
+
+if TYPE_CHECKING:
+    from flows.core.loop.context import CycleContext
 
 
 class SampleBlock(BaseModel):
@@ -105,19 +108,17 @@ class CycleSamples:
 
 
 def sample_ahead(
-    client: SequencedClient,
-    run_id: str,
-    cycle: int,
+    ctx: CycleContext,
     sampler_id: str,
     schedule: Schedule,
     requests_of: Requests,
-    presampled: Sequence[SampleBlock],
     lead: Sequence[Call] = (),
 ) -> CycleSamples:
     """Submit `lead` (the call publishing `sampler_id`, where the cycle makes it) and the
-    sample requests of every cycle the schedule starts at `cycle`, on `sampler_id`, in cycle
-    order on the next seq ids; return the cycle's own samples, from that block or, requested
-    by an earlier cycle, from the journal (`presampled`)."""
+    sample requests of every cycle the schedule starts at the context's cycle, on `sampler_id`,
+    in cycle order on the next seq ids; return the cycle's own samples, from that block or,
+    requested by an earlier cycle, from the journal (the context's `presampled`)."""
+    client, run_id, cycle, presampled = ctx.client, ctx.run_id, ctx.cycle, ctx.presampled
     sampled_now = schedule.sampled_at(cycle)
 
     def calls(later: int, sampler: str) -> list[Call]:
