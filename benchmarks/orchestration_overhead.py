@@ -3,13 +3,13 @@ side by side in one run.
 
 Both drive the same embedded Whitney server, started in its own process (`whitney-flows serve`, as a
 remote Whitney would be, so Prefect's threads do not share its interpreter), with the same cycle
-code (`flows.rl.flow.run_cycle`): the plain loop calls the client directly, one call after another,
+code (`flows.rl.cycle.run_cycle`): the plain loop calls the client directly, one call after another,
 with no Prefect; the flow runs every call as a Prefect task inside a `cycle-{n}` subflow run and
 records artifacts. The flow runs three ways: unpipelined with sequential sampling (exactly the plain
 loop's calls), unpipelined with a cycle's sample requests fanned out on a reserved block of seq ids,
 and pipelined (the flow's default): fanned out, and each cycle's forward_backward, optim_step and
 the save_weights_for_sampler publishing the next cycle's sampler submitted back to back as task
-futures (`flows.core.loop.cycles.run_tail`). All four train the same adapter: the script checks the
+futures (`CycleContext.run_tail`). All four train the same adapter: the script checks the
 sha256s agree. The async variants are the pipelined flow with `max_staleness` 1 and 2
 (flows.core.loop.off_policy_schedule): each cycle's training runs beside the sampling of the next
 cycles,
@@ -54,9 +54,12 @@ from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settin
 
 from blocks.connection import client_for
 from blocks.endpoint import resolve_connection
+from flows.core.loop.context import CycleContext
+from flows.core.loop.cycles import CycleStart
 from flows.core.orchestration.heartbeat import subflows_without_heartbeat
 from flows.rl.config import RLConfig
-from flows.rl.flow import rl_flow, run_cycle
+from flows.rl.cycle import run_cycle
+from flows.rl.flow import rl_flow
 from flows.rl.metrics import CycleMetrics
 from flows.rl.plan import check_rl_config
 from tasks.sequenced_client import OperationLog, SequencedClient
@@ -95,7 +98,8 @@ def plain_loop(config: RLConfig) -> tuple[list[CycleMetrics], str]:
     cycles = []
     for cycle in range(config.cycles):
         plain.log = OperationLog()
-        cycles.append(run_cycle(plan, plain, cycle, run.run_id))
+        start = CycleStart(first_cycle=0, seq_ids={run.run_id: plain.ledger.position(run.run_id)})
+        cycles.append(run_cycle(plan, CycleContext(plain, run.run_id, cycle, start)))
     plain.run_operation(run.run_id, "save_state", {})
     adapter = plain.run_operation(run.run_id, "export_lora", {})
     client.finish(run.run_id)

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from flows.core.loop.cost import format_usage
-from flows.core.records.operation_rows import metrics_text, parse_time, seconds_text
+from flows.core.records.inspection_journal import metrics_text, parse_time, seconds_text
 
 
 def created_text(value: str) -> str:

@@ -46,18 +46,10 @@ from flows.core.config import checkpoint_due
 from flows.core.evaluation.plan import completion_logprobs
 from flows.core.evaluation.sampler import evaluate_after_cycle
 from flows.core.loop.budget import BudgetGuard, flow_cost_model
+from flows.core.loop.context import CycleContext, publish_call, sampler_calls
 from flows.core.loop.cost import Usage, add_usage, format_usage, usage_of
-from flows.core.loop.cycles import (
-    CycleStart,
-    cycle_subflow,
-    publish_call,
-    run_cycle_subflow,
-    run_cycles,
-    run_tail,
-    sampler_calls,
-)
-from flows.core.loop.off_policy_schedule import SampleBlock, Schedule
-from flows.core.loop.sampling_ahead import CycleSamples, sample_ahead
+from flows.core.loop.cycles import CycleStart, cycle_subflow, run_cycles
+from flows.core.loop.off_policy_schedule import CycleSamples, Schedule, sample_ahead
 from flows.core.loop.training import end_training_run, require_served, start_training_run
 from flows.core.orchestration.cleanup import CLEANUP_HOOKS
 from flows.core.records.run_records import run_rows, spend_rows
@@ -124,57 +116,38 @@ def teacher_logprobs(
     ]
 
 
-def student_samples(
-    plan: DistillPlan,
-    client: SequencedClient,
-    cycle: int,
-    run_id: str,
-    first_cycle: int,
-    presampled: Sequence[SampleBlock],
-) -> CycleSamples:
+def student_samples(plan: DistillPlan, ctx: CycleContext) -> CycleSamples:
     """The student's sampler `cycle-{n}` and the cycle's samples: one block of its requests
     on it (on-policy), or, with max_staleness, `sample_ahead` (the later cycles' requests
     beside, or this cycle's from an older sampler)."""
     config = plan.config
-    name = cycle_name(cycle)
+    name = cycle_name(ctx.cycle)
     if config.max_staleness == 0:
-        requests = plan.sample_requests(cycle)
-        samples = sampler_calls(
-            client, run_id, name, "sample", requests, config.concurrent_sampling, publish=True
+        requests = plan.sample_requests(ctx.cycle)
+        samples = ctx.sampler_calls(
+            name, "sample", requests, config.concurrent_sampling, publish=True
         )
         return CycleSamples(name, samples, [])
-    schedule = Schedule(config.max_staleness, first_cycle, config.checkpoint_every, config.cycles)
-    return sample_ahead(
-        client,
-        run_id,
-        cycle,
-        name,
-        schedule,
-        plan.sample_requests,
-        presampled,
-        lead=[publish_call(name)],
+    schedule = Schedule(
+        config.max_staleness, ctx.first_cycle, config.checkpoint_every, config.cycles
     )
+    return sample_ahead(ctx, name, schedule, plan.sample_requests, lead=[publish_call(name)])
 
 
 def run_distill_cycle(
-    plan: DistillPlan,
-    client: SequencedClient,
-    cycle: int,
-    run_id: str,
-    teacher_run_id: str,
-    first_cycle: int = 0,
-    presampled: Sequence[SampleBlock] = (),
+    plan: DistillPlan, ctx: CycleContext, teacher_run_id: str
 ) -> DistillCycleMetrics:
-    """One distillation cycle, every call through `client` (the cycle's ledger of both runs).
-    `first_cycle`: the flow run's; `presampled`: sample requests earlier cycles made for this
+    """One distillation cycle, every call through the context's client (the cycle's ledger
+    of both runs); the context's `presampled`: sample requests earlier cycles made for this
     one and later ones (max_staleness > 0)."""
     started_at = datetime.now(UTC)
     started = time.perf_counter()
     config = plan.config
+    client, cycle, run_id, first_cycle = ctx.client, ctx.cycle, ctx.run_id, ctx.first_cycle
     seq_start = client.ledger.position(run_id)
     teacher_seq_start = client.ledger.position(teacher_run_id)
     requests = plan.sample_requests(cycle)
-    sampling = student_samples(plan, client, cycle, run_id, first_cycle, presampled)
+    sampling = student_samples(plan, ctx)
     rollouts = [
         Rollout(request["prompt"]["token_ids"], sequence["tokens"], sequence["logprobs"])
         for request, sample in zip(requests, sampling.samples, strict=True)
@@ -196,7 +169,7 @@ def run_distill_cycle(
     payload = forward_backward_payload(data, LOSS_FUNCTION)
     optimizer = adamw_optimizer(config.learning_rate, grad_clip_norm=config.grad_clip_norm)
     checkpoint = checkpoint_due(cycle, config.checkpoint_every, config.cycles)
-    tail = run_tail(client, run_id, cycle, payload, optimizer, checkpoint=checkpoint)
+    tail = ctx.run_tail(payload, optimizer, checkpoint=checkpoint)
     sampling.wait_ahead(client)  # the later cycles' samples ran beside this training
     schedule = Schedule(config.max_staleness, first_cycle, config.checkpoint_every, config.cycles)
     log = client.log
@@ -211,7 +184,7 @@ def run_distill_cycle(
         advantage_mean=statistics.fmean(advantages),
         sampler_id=sampling.sampler_id,
         staleness=schedule.staleness_of(cycle),
-        presampled=sampling.presampled_after(cycle, presampled),
+        presampled=sampling.presampled_after(cycle, ctx.presampled),
         loss=tail.backward.loss,
         grad_norm=tail.optimized.metrics.get("grad_norm", 0.0),
         kl_sample_train=tail.backward.metrics.get("kl_sample_train:mean"),
@@ -228,7 +201,7 @@ def run_distill_cycle(
         wall_seconds=time.perf_counter() - started,
     )
     evaluation = evaluate_after_cycle(  # {} unless due; after the numbers above are taken
-        client, run_id, cycle, config.eval_every, config.cycles, plan.evaluation
+        ctx, config.eval_every, config.cycles, plan.evaluation
     )
     return metrics.model_copy(update=evaluation)
 
@@ -245,15 +218,9 @@ def distill_cycle(
     """One distillation cycle of the student `run_id` and the teacher `teacher_run_id` from
     `start`; returns its metrics, with where the next cycle starts."""
     plan = check_distill_config(config)  # built once per process (flows.core.loop.plans)
-    return run_cycle_subflow(
-        config,
-        start,
-        whitney_block,
-        {run_id: "student", teacher_run_id: "teacher"},
-        lambda client: run_distill_cycle(
-            plan, client, cycle, run_id, teacher_run_id, start.first_cycle, start.presampled
-        ),
-    )
+    ctx = CycleContext.open(config, cycle, start, whitney_block, run_id)
+    names = {run_id: "student", teacher_run_id: "teacher"}
+    return ctx.finish(run_distill_cycle(plan, ctx, teacher_run_id), names)
 
 
 # --------------------------------------------------------------------------- the flow

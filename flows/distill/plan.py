@@ -32,8 +32,7 @@ from flows.core.evaluation.plan import (
     prompt_key,
 )
 from flows.core.loop.cost import Usage
-from flows.core.loop.plans import once_per_process
-from flows.core.loop.seeds import derive_seed
+from flows.core.loop.plans import derive_seed, once_per_process
 from flows.core.orchestration.task_runner_settings import check_task_runner
 from flows.distill.config import CORPUS, LOSS_FUNCTION, DistillationConfig
 from whitney.advantages import kl_adjust_advantages

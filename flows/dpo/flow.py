@@ -39,15 +39,9 @@ from blocks.endpoint import resolve_connection
 from flows.core.config import checkpoint_due
 from flows.core.evaluation.plan import completion_logprobs
 from flows.core.loop.budget import BudgetGuard, flow_cost_model
+from flows.core.loop.context import CycleContext, sampler_calls
 from flows.core.loop.cost import usage_of
-from flows.core.loop.cycles import (
-    CycleStart,
-    cycle_subflow,
-    run_cycle_subflow,
-    run_cycles,
-    run_tail,
-    sampler_calls,
-)
+from flows.core.loop.cycles import CycleStart, cycle_subflow, run_cycles
 from flows.core.loop.training import end_training_run, start_training_run
 from flows.core.orchestration.cleanup import CLEANUP_HOOKS
 from flows.core.records.run_records import run_rows, spend_rows
@@ -143,17 +137,13 @@ def evaluate(
 
 
 def run_dpo_cycle(
-    plan: DPOPlan,
-    client: SequencedClient,
-    cycle: int,
-    run_id: str,
-    reference: ReferenceLogprobs,
-    first_cycle: int,
+    plan: DPOPlan, ctx: CycleContext, reference: ReferenceLogprobs
 ) -> DPOCycleMetrics:
-    """One DPO cycle, every call through `client` (the cycle's ledger)."""
+    """One DPO cycle, every call through the context's client (the cycle's ledger)."""
     started_at = datetime.now(UTC)
     started = time.perf_counter()
     config = plan.config
+    client, cycle, run_id, first_cycle = ctx.client, ctx.cycle, ctx.run_id, ctx.first_cycle
     seq_start = client.ledger.position(run_id)
     eval_before = None
     if cycle == first_cycle and plan.eval_due(cycle):
@@ -167,7 +157,7 @@ def run_dpo_cycle(
     payload = forward_backward_payload(training_datums(config, pairs, rows, margins), LOSS_FUNCTION)
     optimizer = adamw_optimizer(config.learning_rate, grad_clip_norm=config.grad_clip_norm)
     checkpoint = checkpoint_due(cycle, config.checkpoint_every, config.cycles)
-    tail = run_tail(client, run_id, cycle, payload, optimizer, checkpoint=checkpoint)
+    tail = ctx.run_tail(payload, optimizer, checkpoint=checkpoint)
     evaluation = None
     if plan.eval_due(cycle + 1):
         evaluation = evaluate(client, run_id, plan, reference)
@@ -211,13 +201,8 @@ def dpo_cycle(
     plan = check_dpo_config(config)  # built once per process (flows.core.loop.plans)
     if reference is None:
         raise ValueError("a DPO cycle needs the reference's logprobs")
-    return run_cycle_subflow(
-        config,
-        start,
-        whitney_block,
-        {run_id: "policy"},
-        lambda client: run_dpo_cycle(plan, client, cycle, run_id, reference, start.first_cycle),
-    )
+    ctx = CycleContext.open(config, cycle, start, whitney_block, run_id)
+    return ctx.finish(run_dpo_cycle(plan, ctx, reference), {run_id: "policy"})
 
 
 def summary_rows(result: DPOResult) -> list[tuple[str, str]]:

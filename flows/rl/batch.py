@@ -29,13 +29,13 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from flows.core.environments import Completion, Environment
-from flows.core.loop.seeds import derive_seed
+from flows.core.loop.context import CycleContext
+from flows.core.loop.plans import derive_seed
 from flows.rl.auxiliary import AuxiliaryHandle
 from flows.rl.metrics import EpisodeStats
 from flows.rl.plan import RLPlan
 from flows.rl.recipes import join_payloads
 from flows.rl.recipes.context import LossContext
-from tasks.sequenced_client import SequencedClient
 from whitney.advantages import all_zero, group_mean_advantages, leave_one_out_baseline
 from whitney.datums import tensor
 from whitney.renderers import Prompt, Renderer
@@ -201,9 +201,7 @@ def zero_weights(payload: dict[str, Any]) -> dict[str, Any]:
 
 def build_training_batch(
     plan: RLPlan,
-    client: SequencedClient,
-    cycle: int,
-    run_id: str,
+    ctx: CycleContext,
     sampler_id: str,
     prompts: Sequence[Prompt],
     requests: Sequence[dict[str, Any]],
@@ -246,7 +244,7 @@ def build_training_batch(
         )
     ]
     groups = resample_uniform_groups(
-        first, config.resample_rounds, sample_groups, score, config.seed, cycle
+        first, config.resample_rounds, sample_groups, score, config.seed, ctx.cycle
     )
     kept = [group for group in groups if not group.dropped]
     calls = [
@@ -254,7 +252,7 @@ def build_training_batch(
         for group in kept or groups[:1]
     ]
     payload, recipe_metrics = recipe_payload(
-        plan, client, cycle, run_id, sampler_id, calls, auxiliary, train=bool(kept)
+        plan, ctx, sampler_id, calls, auxiliary, train=bool(kept)
     )
     return TrainingBatch(
         payload=payload,
@@ -278,9 +276,7 @@ class LossCall:
 
 def recipe_payload(
     plan: RLPlan,
-    client: SequencedClient,
-    cycle: int,
-    run_id: str,
+    ctx: CycleContext,
     sampler_id: str,
     calls: Sequence[LossCall],
     auxiliary: Sequence[AuxiliaryHandle] = (),
@@ -296,8 +292,8 @@ def recipe_payload(
 
     def context(rewards: list[float], advantages: list[float]) -> LossContext:
         return LossContext(
-            client=client,
-            run_id=run_id,
+            client=ctx.client,
+            run_id=ctx.run_id,
             sampler_id=sampler_id,
             provider=config.provider,
             loss_config=dict(config.loss_config),
@@ -309,7 +305,7 @@ def recipe_payload(
 
     payloads = [
         plan.recipe.build_loss(
-            call.sample, cycle, call.request, context(call.rewards, call.advantages)
+            call.sample, ctx.cycle, call.request, context(call.rewards, call.advantages)
         )
         for call in calls
     ]
@@ -318,5 +314,5 @@ def recipe_payload(
     if plan.recipe.finish_cycle is not None:
         rewards = [reward for call in calls for reward in call.rewards]
         advantages = [value for call in calls for value in call.advantages]
-        recipe_metrics = plan.recipe.finish_cycle(cycle, context(rewards, advantages))
+        recipe_metrics = plan.recipe.finish_cycle(ctx.cycle, context(rewards, advantages))
     return (payload if train else zero_weights(payload)), dict(recipe_metrics)

@@ -4,14 +4,14 @@ per cycle (the outer loop: flows.core.loop.cycles).
     rl_flow(config)                       resume point (tasks.resume), open_session
                                           (labelled), create_run (from_checkpoint if resuming),
                                           the recipe's auxiliary runs (flows.rl.auxiliary)
-      cycle-{first} .. cycle-{n-1}        rl_cycle(config, cycle, start): from the seq ids
-                                          the loop carries (flows.core.loop.cycles)
+      cycle-{first} .. cycle-{n-1}        rl_cycle (flows.rl.cycle), on its cycle context
+                                          from the seq ids the loop carries
         save_weights_for_sampler[seq=k]   -> sampler_id (the first cycle, or unpipelined only)
         sample[seq=k+1 .. k+P]            one request per prompt, a reserved block of ids
         rewards, advantages, build_loss   (recipe calls through ctx take the next ids)
         [resampling, finish_cycle]        flows.rl.batch: uniform groups resampled or dropped;
                                           the recipe's cycle end (a critic's update)
-        forward_backward, optim_step      the tail (flows.core.loop.cycles.run_tail): pipelined,
+        forward_backward, optim_step      the tail (CycleContext.run_tail): pipelined,
         [save_state cycle-{n}]            submitted together with the checkpoint when one is
         [save_weights_for_sampler]        due and the next cycle's sampler, named cycle-{n+1}
       save_state cycle-{n-1}, export_lora, finish_run, close_session
@@ -54,253 +54,29 @@ checkpoint that precedes the failure (`tasks.resume`).
 
 from __future__ import annotations
 
-import functools
-import statistics
-import time
-from collections.abc import Sequence
-from datetime import UTC, datetime
 from uuid import UUID
 
 from prefect import flow
 
 from blocks.endpoint import resolve_connection
-from flows.core.config import checkpoint_due
-from flows.core.evaluation.sampler import evaluate_after_cycle, evaluate_at_start
 from flows.core.loop.budget import BudgetGuard, flow_cost_model
 from flows.core.loop.cost import format_cost, format_usage
-from flows.core.loop.cycles import (
-    CycleStart,
-    CycleTail,
-    cycle_subflow,
-    publish_sampler,
-    run_cycle_subflow,
-    run_cycles,
-    run_tail,
-    sampler_calls,
-)
-from flows.core.loop.off_policy_schedule import SampleBlock, Schedule
-from flows.core.loop.sampling_ahead import CycleSamples, sample_ahead
+from flows.core.loop.cycles import run_cycles
 from flows.core.loop.training import end_training_run, start_training_run
 from flows.core.orchestration.cleanup import CLEANUP_HOOKS
 from flows.core.records.run_records import RunRecords, run_rows
 from flows.core.records.summary_parts import first_and_last
 from flows.rl.auxiliary import (
-    AuxiliaryHandle,
     ledger_starts,
     open_auxiliary_runs,
     save_auxiliary_checkpoints,
-    seq_ends,
 )
-from flows.rl.batch import GroupRewards, GroupScore, TrainingBatch, build_training_batch
 from flows.rl.config import RLConfig
-from flows.rl.judge import Judge, JudgeHandle, open_judge_run
-from flows.rl.metrics import CycleMetrics, RLResult, learning_curves
-from flows.rl.multi_turn_batch import build_episode_batch
-from flows.rl.off_policy import decouple, decouples, logprobs_requests
-from flows.rl.plan import RLPlan, check_rl_config
+from flows.rl.cycle import rl_cycle
+from flows.rl.judge import open_judge_run
+from flows.rl.metrics import RLResult, learning_curves
+from flows.rl.plan import check_rl_config
 from tasks.names import cycle_name
-from tasks.sequenced_client import Call, OperationLog, SequencedClient
-from whitney.payloads import adamw_optimizer
-
-
-def cycle_metrics(
-    cycle: int,
-    started_at: datetime,
-    seq_start: int,
-    seq_end: int,
-    scores: list[GroupScore],
-    tail: CycleTail,
-    log: OperationLog,
-    wall_seconds: float,
-) -> CycleMetrics:
-    """The cycle's record from its scores, its training tail and its operation log."""
-    rewards = [reward for score in scores for reward in score.rewards]
-    return CycleMetrics(
-        cycle=cycle,
-        started_at=started_at,
-        seq_start=seq_start,
-        seq_end=seq_end,
-        reward_mean=statistics.fmean(rewards),
-        reward_std=statistics.pstdev(rewards),
-        all_zero_group_share=sum(score.uniform for score in scores) / len(scores),
-        loss=tail.backward.loss,
-        grad_norm=tail.optimized.metrics.get("grad_norm", 0.0),
-        kl_sample_train=tail.backward.metrics.get("kl_sample_train:mean"),
-        tokens_sampled=log.tokens("sample", "sampled_tokens"),
-        tokens_trained=log.tokens("forward_backward", "trained_tokens"),
-        usage={kind: dict(counters) for kind, counters in log.usage.items()},
-        op_seconds=dict(log.seconds),
-        wall_seconds=wall_seconds,
-    )
-
-
-def sample_cycle(
-    plan: RLPlan,
-    client: SequencedClient,
-    cycle: int,
-    run_id: str,
-    sampler_id: str,
-    schedule: Schedule,
-    presampled: Sequence[SampleBlock],
-) -> CycleSamples:
-    """The cycle's samples. On-policy (max_staleness 0): its own requests on `sampler_id`,
-    together or one by one. Off-policy: `flows.core.loop.sampling_ahead.sample_ahead`."""
-    config = plan.config
-    if config.max_staleness == 0:
-        requests = plan.sample_requests(cycle)[1]
-        samples = sampler_calls(
-            client, run_id, sampler_id, "sample", requests, config.concurrent_sampling
-        )
-        return CycleSamples(sampler_id, samples, [])
-    return sample_ahead(
-        client,
-        run_id,
-        cycle,
-        sampler_id,
-        schedule,
-        lambda later: plan.sample_requests(later)[1],
-        presampled,
-    )
-
-
-def run_cycle(
-    plan: RLPlan,
-    client: SequencedClient,
-    cycle: int,
-    run_id: str,
-    auxiliary: Sequence[AuxiliaryHandle] = (),
-    first_cycle: int = 0,
-    presampled: Sequence[SampleBlock] = (),
-    judge: JudgeHandle | None = None,
-) -> CycleMetrics:
-    """The loop body of one cycle, every call through `client` (the cycle's ledger).
-
-    Pipelined, a cycle after the flow run's `first_cycle` samples from the sampler the
-    previous cycle published (`cycle-{n}`); otherwise it publishes its own first. Its samples
-    come from `sample_cycle` (with max_staleness, from an older sampler; `presampled`: the
-    later cycles' requests already made). The tail is `flows.core.loop.cycles.run_tail`.
-    `auxiliary`: the runs the recipe declared (their seq ids are in the ledger too). The
-    middle of the cycle (scores, resampling, build_loss, the recipe's finish_cycle) is
-    `flows.rl.batch`; with a multi-turn environment (on-policy only), `flows.rl.multi_turn_batch`
-    plays the episodes turn by turn instead. `judge`: the judge run that rewards the
-    completions (flows.rl.judge), if any.
-    """
-    started_at = datetime.now(UTC)
-    config = plan.config
-    seq_start = client.ledger.position(run_id)
-    eval_before = None
-    if config.eval_at_start and cycle == 0 and plan.evaluation is not None:
-        eval_before = evaluate_at_start(client, run_id, plan.evaluation)
-    eval_tokens = client.log.tokens("sample", "sampled_tokens")  # not the cycle's own
-    started = time.perf_counter()
-    if config.pipelined and cycle > first_cycle:
-        sampler_id = cycle_name(cycle)
-    else:
-        sampler_id = publish_sampler(client, run_id, cycle, named=config.pipelined)
-    schedule = Schedule(config.max_staleness, first_cycle, config.checkpoint_every, config.cycles)
-    if plan.multi_turn:  # episodes of several turns, on-policy: flows.rl.multi_turn_batch
-        sampling = CycleSamples(sampler_id, [], [])
-        batch = build_episode_batch(plan, client, cycle, run_id, sampler_id, auxiliary)
-    else:
-        sampling = sample_cycle(plan, client, cycle, run_id, sampler_id, schedule, presampled)
-        batch = single_turn_batch(plan, client, cycle, run_id, sampling, auxiliary, judge)
-    staleness = schedule.staleness_of(cycle)
-    payload, kl_sample_train = batch.payload, None
-    if decouples(payload["loss_function"], staleness, config.proximal_clip):
-        calls = [Call("logprobs", request, sampler_id) for request in logprobs_requests(payload)]
-        current = [row for op in client.run_block(run_id, calls) for row in op.result["logprobs"]]
-        payload, kl_sample_train = decouple(payload, current)
-    checkpoint = checkpoint_due(cycle, config.checkpoint_every, config.cycles)
-    if checkpoint:
-        save_auxiliary_checkpoints(client, auxiliary, cycle)  # a critic's, beside the policy's
-    optimizer = adamw_optimizer(config.learning_rate, grad_clip_norm=config.grad_clip_norm)
-    tail = run_tail(
-        client,
-        run_id,
-        cycle,
-        payload,
-        optimizer,
-        checkpoint=checkpoint,
-        publish_next=config.pipelined and cycle < config.cycles - 1,
-        together=config.pipelined,
-    )
-    sampling.wait_ahead(client)  # the later cycles' samples ran beside this training
-    metrics = cycle_metrics(
-        cycle,
-        started_at,
-        seq_start,
-        client.ledger.position(run_id),
-        batch.scores,
-        tail,
-        client.log,
-        time.perf_counter() - started,
-    )
-    metrics = metrics.model_copy(
-        update={"tokens_sampled": metrics.tokens_sampled - eval_tokens, "eval_before": eval_before}
-    )
-    if kl_sample_train is not None:  # the datums carry the current weights' logprobs
-        metrics = metrics.model_copy(update={"kl_sample_train": kl_sample_train})
-    evaluation = evaluate_after_cycle(  # {} unless due; after the numbers above are taken
-        client, run_id, cycle, config.eval_every, config.cycles, plan.evaluation
-    )
-    return metrics.model_copy(
-        update={
-            "groups_resampled": batch.groups_resampled,
-            "groups_dropped": batch.groups_dropped,
-            "recipe_metrics": batch.recipe_metrics,
-            "auxiliary_seq_end": seq_ends(auxiliary, client.ledger),
-            "checkpoint": tail.checkpoint,
-            "sampler_id": sampling.sampler_id,
-            "staleness": staleness,
-            "presampled": sampling.presampled_after(cycle, presampled),
-            "episodes": batch.episodes,
-            **evaluation,
-        }
-    )
-
-
-def single_turn_batch(
-    plan: RLPlan,
-    client: SequencedClient,
-    cycle: int,
-    run_id: str,
-    sampling: CycleSamples,
-    auxiliary: Sequence[AuxiliaryHandle],
-    judge: JudgeHandle | None = None,
-) -> TrainingBatch:
-    """The cycle's training batch from its samples (`sample_cycle`); resampling samples on
-    the same sampler; the judge's rewards when there is one."""
-    prompts, requests = plan.sample_requests(cycle)
-    sample = functools.partial(  # on the next seq ids, together or one by one: the same ids
-        sampler_calls,
-        client,
-        run_id,
-        sampling.sampler_id,
-        "sample",
-        together=plan.config.concurrent_sampling,
-    )
-    return build_training_batch(
-        plan,
-        client,
-        cycle,
-        run_id,
-        sampling.sampler_id,
-        prompts,
-        requests,
-        sampling.samples,
-        sample,
-        auxiliary,
-        rewards=judge_rewards(plan, client, judge),
-    )
-
-
-def judge_rewards(
-    plan: RLPlan, client: SequencedClient, judge: JudgeHandle | None
-) -> GroupRewards | None:
-    """The rewards of the cycle's judge (flows.rl.judge); None: the environment's."""
-    if judge is None or plan.rubric is None:
-        return None
-    return Judge(judge, plan.rubric, client, plan.config.judge.concurrency).rewards
 
 
 def add_summary(records: RunRecords, result: RLResult) -> UUID:
@@ -320,34 +96,6 @@ def add_summary(records: RunRecords, result: RLResult) -> UUID:
         rows + run_rows(result),
         "Checkpoint and exported adapter of the RL flow run",
         learning_curves(result.cycles),
-    )
-
-
-@cycle_subflow("rl-cycle")
-def rl_cycle(
-    config: RLConfig,
-    cycle: int,
-    start: CycleStart,
-    whitney_block: str | None = None,
-    run_id: str = "",
-    auxiliary: list[AuxiliaryHandle] | None = None,
-    judge: JudgeHandle | None = None,
-) -> CycleMetrics:
-    """One RL cycle of the policy run `run_id` (and the recipe's `auxiliary` runs, and the
-    `judge` run) from `start`; returns its metrics, with where the next cycle starts."""
-    handles = auxiliary or []
-    names = {run_id: "policy", **{handle.run_id: handle.name for handle in handles}}
-    if judge is not None:
-        names[judge.run_id] = "judge"
-    plan = check_rl_config(config)  # built once per process (flows.core.loop.plans)
-    return run_cycle_subflow(
-        config,
-        start,
-        whitney_block,
-        names,
-        lambda client: run_cycle(
-            plan, client, cycle, run_id, handles, start.first_cycle, start.presampled, judge
-        ),
     )
 
 

@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from flows.core.loop.seeds import derive_seed
+from flows.core.loop.plans import derive_seed
 from flows.rl.judge_config import JudgeSettings
 from whitney.payloads import sample_request
 from whitney.renderers import Prompt, Renderer, as_messages

@@ -35,7 +35,8 @@ from dataclasses import dataclass, field, replace
 
 from prefect import get_run_logger
 
-from flows.core.loop.seeds import derive_seed
+from flows.core.loop.context import CycleContext
+from flows.core.loop.plans import derive_seed
 from flows.rl.auxiliary import AuxiliaryHandle
 from flows.rl.batch import (
     ADVANTAGE_ESTIMATORS,
@@ -187,16 +188,15 @@ def loss_calls(plan: RLPlan, group: EpisodeGroup) -> list[LossCall]:
 
 def build_episode_batch(
     plan: RLPlan,
-    client: SequencedClient,
-    cycle: int,
-    run_id: str,
+    ctx: CycleContext,
     sampler_id: str,
     auxiliary: Sequence[AuxiliaryHandle] = (),
 ) -> TrainingBatch:
     """Play the cycle's episodes, apply the failure policy, score, resample, and build the
     payload (every weight 0 if resampling dropped every group)."""
     config = plan.config
-    episodes = Episodes(plan, client, cycle, run_id, sampler_id)
+    cycle = ctx.cycle
+    episodes = Episodes(plan, ctx.client, cycle, ctx.run_id, sampler_id)
     indices = list(range(config.prompts_per_cycle))
     drawn = episodes.groups(indices)
     first = [group for group in drawn if group is not None]
@@ -221,7 +221,7 @@ def build_episode_batch(
             f"rollout.episode_timeout_s {config.rollout.episode_timeout_s})"
         )
     payload, recipe_metrics = recipe_payload(
-        plan, client, cycle, run_id, sampler_id, calls, auxiliary, train=bool(kept)
+        plan, ctx, sampler_id, calls, auxiliary, train=bool(kept)
     )
     stats = episode_stats(episodes.played, episodes.dropped, drawn.count(None))
     if stats.failed or stats.dropped:

@@ -38,7 +38,7 @@ from typing import Any
 from flows.core.environments import Completion
 from flows.core.environments.calls import EnvironmentCalls, NamedCall
 from flows.core.environments.multiturn import Episode, MultiTurnEnvironment, StepResult
-from flows.core.loop.seeds import derive_seed
+from flows.core.loop.plans import derive_seed
 from flows.rl.multi_turn_transcripts import Turn, first_prompt, next_prompt
 from flows.rl.plan import RLPlan
 from tasks.sequenced_client import Call, SequencedClient

@@ -23,8 +23,7 @@ from flows.core.environments.multiturn import (
 )
 from flows.core.environments.rendering import config_renderer, load_renderer
 from flows.core.evaluation.plan import EvalPlan, load_eval_plan
-from flows.core.loop.plans import once_per_process
-from flows.core.loop.seeds import derive_seed
+from flows.core.loop.plans import derive_seed, once_per_process
 from flows.rl.config import RLConfig
 from flows.rl.judge_rubric import Rubric
 from flows.rl.recipes import (

@@ -9,7 +9,7 @@ per cycle (the outer loop: flows.core.loop.cycles).
           forward_backward                cross_entropy on the step's batch of sft_datums
           optim_step                      AdamW at the scheduled learning rate of step s
                                           (the training tail every flow shares:
-                                          flows.core.loop.cycles.run_tail; with `pipelined`, the
+                                          flows.core.loop.context's run_tail; with `pipelined`, the
                                           two submitted together)
           [forward ...]                   eval loss on the held-out split, every eval_every
         [save_state cycle-{n}]            every checkpoint_every cycles
@@ -39,14 +39,8 @@ from prefect import flow
 
 from blocks.endpoint import resolve_connection
 from flows.core.config import checkpoint_due
-from flows.core.loop.cycles import (
-    CycleStart,
-    cycle_subflow,
-    run_cycle_subflow,
-    run_cycles,
-    run_tail,
-    save_checkpoint,
-)
+from flows.core.loop.context import CycleContext
+from flows.core.loop.cycles import CycleStart, cycle_subflow, run_cycles
 from flows.core.loop.training import end_training_run, start_training_run
 from flows.core.orchestration.cleanup import CLEANUP_HOOKS
 from flows.core.records.run_records import run_rows
@@ -76,14 +70,13 @@ def evaluate(
     return EvalPoint(step=step, loss=loss / tokens, tokens=round(tokens))
 
 
-def run_sft_cycle(
-    plan: SFTPlan, client: SequencedClient, cycle: int, run_id: str
-) -> SFTCycleMetrics:
-    """One cycle's steps (and evals, and checkpoint), every call through `client` (the
-    cycle's ledger)."""
+def run_sft_cycle(plan: SFTPlan, ctx: CycleContext) -> SFTCycleMetrics:
+    """One cycle's steps (and evals, and checkpoint), every call through the context's client
+    (the cycle's ledger)."""
     started_at = datetime.now(UTC)
     started = time.perf_counter()
     config = plan.config
+    client, cycle, run_id = ctx.client, ctx.cycle, ctx.run_id
     seq_start = client.ledger.position(run_id)
     steps = plan.cycle_steps(cycle)
     evals: list[EvalPoint] = []
@@ -96,7 +89,7 @@ def run_sft_cycle(
         payload = forward_backward_payload(plan.batch(step), LOSS_FUNCTION)
         rate = plan.learning_rate(step)
         optimizer = adamw_optimizer(rate, grad_clip_norm=config.grad_clip_norm)
-        tail = run_tail(client, run_id, cycle, payload, optimizer, together=config.pipelined)
+        tail = ctx.run_tail(payload, optimizer, together=config.pipelined)
         loss_sum += tail.backward.loss
         token_sum += tail.backward.metrics["tokens:sum"]
         grad_norms.append(tail.optimized.metrics.get("grad_norm", 0.0))
@@ -104,7 +97,7 @@ def run_sft_cycle(
             evals.append(evaluate(client, run_id, plan.eval_chunks(), step + 1))
     checkpoint = None
     if checkpoint_due(cycle, config.checkpoint_every, plan.cycles):
-        checkpoint = save_checkpoint(client, run_id, cycle)
+        checkpoint = ctx.save_checkpoint()
     return SFTCycleMetrics(
         cycle=cycle,
         started_at=started_at,
@@ -136,13 +129,8 @@ def sft_cycle(
     """One SFT cycle of the run `run_id` from `start`; returns its metrics, with where the
     next cycle starts."""
     plan = check_sft_config(config)  # built once per process (flows.core.loop.plans)
-    return run_cycle_subflow(
-        config,
-        start,
-        whitney_block,
-        {run_id: "policy"},
-        lambda client: run_sft_cycle(plan, client, cycle, run_id),
-    )
+    ctx = CycleContext.open(config, cycle, start, whitney_block, run_id)
+    return ctx.finish(run_sft_cycle(plan, ctx), {run_id: "policy"})
 
 
 def summary_rows(result: SFTResult) -> list[tuple[str, str]]:

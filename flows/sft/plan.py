@@ -27,8 +27,7 @@ from typing import Protocol
 
 from flows.core.config import ConfigError, check_resume_from
 from flows.core.environments.rendering import config_renderer
-from flows.core.loop.plans import once_per_process
-from flows.core.loop.seeds import derive_seed
+from flows.core.loop.plans import derive_seed, once_per_process
 from flows.sft.config import SFTConfig
 from flows.sft.corpus import DATA_FIELD, Example, builtin_examples, read_examples
 from flows.sft.schedules import scheduled_rate

@@ -118,8 +118,8 @@ def test_the_reading_order_has_the_length_it_states() -> None:
 
 
 def test_the_checks_catch_a_wrong_reference() -> None:
-    sample = ROOT / "flows" / "core" / "loop" / "cycles.py"
-    assert resolves(sample, "run_tail") and resolves(sample, "CycleTail.checkpoint")
+    sample = ROOT / "flows" / "core" / "loop" / "context.py"
+    assert resolves(sample, "CycleContext.run_tail") and resolves(sample, "CycleTail.checkpoint")
     assert not resolves(sample, "no_such_function")
-    assert module_file("flows.core.loop.cycles") == sample
+    assert module_file("flows.core.loop.context") == sample
     assert FILE_REF.match("flows/rl/flow.py:rl_flow") and not DOTTED.match("whitney-flows.role")

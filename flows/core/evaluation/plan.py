@@ -32,7 +32,7 @@ from flows.core.environments import (
     load_environment,
 )
 from flows.core.evaluation.config import EvalSettings
-from flows.core.loop.seeds import derive_seed
+from flows.core.loop.plans import derive_seed
 from whitney.payloads import sample_request
 from whitney.renderers import Message, Prompt, Renderer, as_messages
 

@@ -15,12 +15,15 @@ the same calls with the same ids.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flows.core.evaluation.plan import EvalMetrics, EvalPlan, eval_due
 from flows.core.loop.cost import usage_of
 from tasks.names import START_EVAL_SAMPLER, eval_sampler_name
 from tasks.sequenced_client import Call, SequencedClient
+
+if TYPE_CHECKING:
+    from flows.core.loop.context import CycleContext
 
 
 def evaluate_weights(
@@ -39,31 +42,26 @@ def evaluate_weights(
 
 
 def evaluate_after_cycle(
-    client: SequencedClient,
-    run_id: str,
-    cycle: int,
-    every: int,
-    cycles: int,
-    plan: EvalPlan | None,
+    ctx: CycleContext, every: int, cycles: int, plan: EvalPlan | None
 ) -> dict[str, Any]:
-    """The inline evaluation after `cycle` when one is due (`eval_due`), as an update of the
-    cycle's metrics: its `eval`, and where the run's seq ids and the cycle's billed usage now
-    stand. Empty when none is due (or `plan` is None). Call it once the cycle's training
-    numbers are taken, so they count training alone."""
-    if plan is None or not eval_due(cycle, every, cycles):
+    """The inline evaluation of the policy run after the context's cycle when one is due
+    (`eval_due`), as an update of the cycle's metrics: its `eval`, and where the run's seq ids
+    and the cycle's billed usage now stand. Empty when none is due (or `plan` is None). Call
+    it once the cycle's training numbers are taken, so they count training alone."""
+    if plan is None or not eval_due(ctx.cycle, every, cycles):
         return {}
     started = time.perf_counter()
-    evaluation = evaluate_weights(client, run_id, eval_sampler_name(cycle), plan)
+    evaluation = evaluate_weights(ctx.client, ctx.run_id, eval_sampler_name(ctx.cycle), plan)
     return {
         "eval": evaluation.model_copy(update={"seconds": time.perf_counter() - started}),
-        "seq_end": client.ledger.position(run_id),
-        "usage": usage_of(client.log.operations),
+        "seq_end": ctx.client.ledger.position(ctx.run_id),
+        "usage": usage_of(ctx.client.log.operations),
     }
 
 
-def evaluate_at_start(client: SequencedClient, run_id: str, plan: EvalPlan) -> EvalMetrics:
-    """The inline evaluation of the weights before the first cycle trains (on a fresh run,
-    the base model), on the sampler `eval-start`."""
+def evaluate_at_start(ctx: CycleContext, plan: EvalPlan) -> EvalMetrics:
+    """The inline evaluation of the policy run's weights before the first cycle trains (on a
+    fresh run, the base model), on the sampler `eval-start`."""
     started = time.perf_counter()
-    evaluation = evaluate_weights(client, run_id, START_EVAL_SAMPLER, plan)
+    evaluation = evaluate_weights(ctx.client, ctx.run_id, START_EVAL_SAMPLER, plan)
     return evaluation.model_copy(update={"seconds": time.perf_counter() - started})

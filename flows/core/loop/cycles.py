@@ -1,6 +1,6 @@
-"""The cycle kit every training flow (RL, SFT, distillation) shares: the one outer loop, its
-cycles as subflow runs in order, the body of every cycle subflow, and the calls every cycle
-makes around its own middle.
+"""The loop every training flow (RL, SFT, distillation, DPO) shares: the one outer loop, its
+cycles as subflow runs in order, and what every cycle returns and starts from. A cycle's own
+calls are made on its context (flows.core.loop.context).
 
     ran = run_cycles(rl_cycle, config, range(first, config.cycles), seq_ids, whitney_block,
                      records=records, guard=guard, run_id=run_id, auxiliary=auxiliary)
@@ -9,8 +9,9 @@ The loop carries the seq ids: each cycle subflow is called as `cycle(config, n, 
 whitney_block, **arguments)`, where `start` (a `CycleStart`) holds every run's next seq id
 (from `seq_ids` for the first cycle, then from where the cycle before ended: its
 `seq_ends`), and the sample requests earlier cycles made for it and later ones (off-policy).
-`arguments` are the same for every cycle (the run ids). A cycle subflow's body is
-`run_cycle_subflow`: its ordered calls from `start`, its work, where it ended, its record.
+`arguments` are the same for every cycle (the run ids). A cycle subflow's body opens its
+context (flows.core.loop.context.CycleContext: its ordered calls from `start`), runs its
+work on it, and finishes it (where it ended, its record).
 
 Around each cycle the loop does what every flow needs: between cycles it stops if the flow run
 was asked to cancel or the budget says the next cycle would go over; after each, it adds the
@@ -20,16 +21,7 @@ A cycle, and the check between cycles, ride out a Prefect API outage: made again
 answers (flows.core.orchestration.orchestrator), with one line in the log when it goes and one when
 it is back.
 
-The calls around a cycle's middle:
-
-    publish_sampler    save_weights_for_sampler, named `cycle-{n}` or unnamed -> sampler id
-    sampler_calls      [the named sampler's publication +] one call per payload on it
-    run_tail           forward_backward, optim_step, [save_state cycle-{n}],
-                       [save_weights_for_sampler cycle-{n+1}]: together or one by one
-
-Submitted together, a block's calls take consecutive seq ids and are awaited at once; one by
-one, they take the same ids. The server runs a run's operations strictly in seq order, so the
-results, and the adapter, are the same either way (docs/api.md, *Ordering and exactly-once*).
+The calls around a cycle's middle are the context's (flows.core.loop.context).
 
 Prefect 3.9 leaves a local (not deployed) flow run asked to cancel in Cancelling and lets its
 body run to the end; only then does `on_cancellation` fire. So the loop reads its flow run's
@@ -41,8 +33,7 @@ same.)
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Generic, NamedTuple, TypeVar
 from uuid import UUID
@@ -53,7 +44,6 @@ from prefect.client.schemas.objects import FlowRun
 from prefect.context import FlowRunContext
 from pydantic import BaseModel, Field
 
-from blocks.endpoint import resolve_connection
 from flows.core.config import FlowConfig
 from flows.core.loop.budget import BudgetGuard
 from flows.core.loop.cost import Usage
@@ -65,11 +55,8 @@ from flows.core.orchestration.task_runner_settings import TaskRunnerSettings
 from flows.core.orchestration.task_runners import cycle_task_runners
 from flows.core.records.events import CycleEvents, checkpoint_saved
 from flows.core.records.lineage import Lineage
-from flows.core.records.run_records import RunRecords, by_run, metrics_row, record_cycle
+from flows.core.records.run_records import RunRecords, metrics_row
 from flows.core.records.tracking.session import open_tracking
-from tasks.names import cycle_name
-from tasks.sequenced_client import Call, SequencedClient
-from whitney import wire
 
 
 class CycleResult(BaseModel):
@@ -202,124 +189,6 @@ def run_cycles(
 def cycle_subflow(name: str) -> Callable[[Callable[..., M]], Flow[..., M]]:
     """The decorator of every flow's cycle subflow: flow `name`, run name `cycle-{cycle}`,
     results kept in memory only, the cleanup hooks. A cycle subflow takes `(config, cycle,
-    start, whitney_block, **arguments)`, as `run_cycles` calls it, and runs
-    `run_cycle_subflow`."""
+    start, whitney_block, **arguments)`, as `run_cycles` calls it, and runs its cycle on a
+    `flows.core.loop.context.CycleContext`."""
     return flow(name=name, flow_run_name="cycle-{cycle}", persist_result=False, **CLEANUP_HOOKS)
-
-
-def run_cycle_subflow(
-    config: FlowConfig,
-    start: CycleStart,
-    whitney_block: str | None,
-    names: Mapping[str, str],
-    run_cycle: Callable[[SequencedClient], M],
-) -> M:
-    """The body of every cycle subflow: its ordered calls (each run from its seq id in
-    `start`), `run_cycle` on them, where every run's next cycle starts (`seq_ends`), and the
-    cycle's one artifact, its operations under their run's name in `names` (run id -> name).
-
-    Retried by replaying: the same calls with the same seq ids, answered from the journal.
-    """
-    connection = resolve_connection(config.api_url, whitney_block)
-    client = SequencedClient(connection, start.seq_ids, config.task_retry)
-    metrics = run_cycle(client)
-    ends = {run_id: client.ledger.position(run_id) for run_id in start.seq_ids}
-    metrics = metrics.model_copy(update={"seq_ends": ends})
-    record_cycle(metrics, by_run(client.log.operations, names), metrics.sections())
-    return metrics
-
-
-def publish_call(name: str) -> Call:
-    """The save_weights_for_sampler that publishes the sampler `name`."""
-    return Call("save_weights_for_sampler", {"name": name})
-
-
-def publish_sampler(client: SequencedClient, run_id: str, cycle: int, named: bool) -> str:
-    """save_weights_for_sampler for `cycle` at its start: named `cycle-{n}` or unnamed (the
-    Loop building blocks' loop: the server names it); the sampler id."""
-    payload = {"name": cycle_name(cycle)} if named else {}
-    operation = client.execute(run_id, "save_weights_for_sampler", payload)
-    return operation.result_as(wire.SamplerResult).sampler_id
-
-
-def sampler_calls(
-    client: SequencedClient,
-    run_id: str,
-    sampler_id: str,
-    kind: str,
-    payloads: Sequence[dict[str, Any]],
-    together: bool,
-    *,
-    publish: bool = False,
-) -> list[dict[str, Any]]:
-    """One `kind` call per payload on `sampler_id`, after its publication when `publish` (the
-    sampler is named, so its calls queue before it answers): one submitted block
-    (`together`) or one call after another, on the same seq ids. The calls' results."""
-    lead = [publish_call(sampler_id)] if publish else []
-    calls = lead + [Call(kind, payload, sampler_id) for payload in payloads]
-    operations = client.run_calls(run_id, calls, together)
-    if publish:
-        operations[0].result_as(wire.SamplerResult)
-    return [operation.result or {} for operation in operations[len(lead) :]]
-
-
-@dataclass(frozen=True)
-class CycleTail:
-    """What the end of a cycle produced."""
-
-    backward: wire.ForwardResult
-    optimized: wire.OptimStepResult
-    checkpoint: str | None
-    """The `cycle-{n}` checkpoint URI, when one was due."""
-    next_sampler_id: str | None
-    """The sampler the next cycle samples from, when this cycle published it."""
-
-
-def tail_calls(
-    cycle: int,
-    payload: dict[str, Any],
-    optimizer: dict[str, Any],
-    *,
-    checkpoint: bool,
-    publish_next: bool,
-) -> list[Call]:
-    """The cycle's tail in seq order: forward_backward, optim_step, then the `cycle-{n}`
-    save_state if `checkpoint`, then the `cycle-{n+1}` sampler if `publish_next`."""
-    calls = [Call("forward_backward", payload), Call("optim_step", {"optimizer": optimizer})]
-    if checkpoint:
-        calls.append(Call("save_state", {"name": cycle_name(cycle)}))
-    if publish_next:
-        calls.append(publish_call(cycle_name(cycle + 1)))
-    return calls
-
-
-def run_tail(
-    client: SequencedClient,
-    run_id: str,
-    cycle: int,
-    payload: dict[str, Any],
-    optimizer: dict[str, Any],
-    *,
-    checkpoint: bool = False,
-    publish_next: bool = False,
-    together: bool = False,
-) -> CycleTail:
-    """The training tail (`tail_calls`): submitted together (pipelined: one round trip) or
-    one call after another."""
-    calls = tail_calls(cycle, payload, optimizer, checkpoint=checkpoint, publish_next=publish_next)
-    operations = client.run_calls(run_id, calls, together=together)
-    by_kind = {operation.kind: operation for operation in operations}
-    saved = by_kind.get("save_state")
-    published = by_kind.get("save_weights_for_sampler")
-    return CycleTail(
-        backward=by_kind["forward_backward"].result_as(wire.ForwardResult),
-        optimized=by_kind["optim_step"].result_as(wire.OptimStepResult),
-        checkpoint=saved.result_as(wire.SaveStateResult).checkpoint if saved else None,
-        next_sampler_id=(published.result_as(wire.SamplerResult).sampler_id if published else None),
-    )
-
-
-def save_checkpoint(client: SequencedClient, run_id: str, cycle: int) -> str:
-    """save_state named `cycle-{n}`; its URI."""
-    saved = client.execute(run_id, "save_state", {"name": cycle_name(cycle)})
-    return saved.result_as(wire.SaveStateResult).checkpoint

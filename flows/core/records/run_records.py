@@ -23,7 +23,7 @@ from prefect.artifacts import (
 )
 
 from flows.core.loop.cost import format_cost
-from flows.core.records.operation_rows import metrics_text, operation_row, seconds_text
+from flows.core.records.inspection_journal import metrics_text, operation_row, seconds_text
 from flows.core.records.plots import Panel, picture_beside, render_png
 from flows.core.records.summary_parts import flow_run_export_command
 from whitney import wire

@@ -25,7 +25,7 @@ from flows.cli.main import main
 from flows.core.config import ConfigError
 from flows.core.evaluation.config import EvalSettings
 from flows.core.evaluation.plan import load_eval_plan
-from flows.core.loop.seeds import derive_seed
+from flows.core.loop.plans import derive_seed
 from flows.rl.config import RLConfig, RolloutSettings
 from flows.rl.flow import rl_flow
 from flows.rl.multi_turn_rollout import EpisodeFailed

@@ -14,7 +14,7 @@ from flowtest_helpers import (
     journal_rows,
 )
 
-from flows.core.loop.cycles import tail_calls
+from flows.core.loop.context import tail_calls
 from flows.rl import recipes
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow

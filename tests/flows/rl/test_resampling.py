@@ -12,7 +12,7 @@ from flowtest_recipe_helpers import journaled, replay_after_one_failure
 
 from flows.core.environments import Completion
 from flows.core.environments.lowercase import LowercaseEnvironment
-from flows.core.loop.seeds import derive_seed
+from flows.core.loop.plans import derive_seed
 from flows.rl.batch import Group, GroupScore, resample_uniform_groups
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow

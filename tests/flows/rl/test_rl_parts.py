@@ -21,7 +21,7 @@ from flows.core.config import ConfigError
 from flows.core.environments import Completion, load_environment
 from flows.core.environments.digits import DigitsEnvironment
 from flows.core.environments.lowercase import LowercaseEnvironment
-from flows.core.loop.seeds import derive_seed
+from flows.core.loop.plans import derive_seed
 from flows.core.orchestration.heartbeat import subflows_without_heartbeat
 from flows.core.records.run_records import artifact_key
 from flows.rl.batch import score_group
@@ -87,7 +87,7 @@ def test_environments_load_by_name_or_import_path() -> None:
     with pytest.raises(ValueError, match="cannot import"):
         load_environment("no_such_module:Thing")
     with pytest.raises(ValueError, match="not an environment"):
-        load_environment("flows.core.loop.seeds:derive_seed")
+        load_environment("flows.core.loop.plans:derive_seed")
 
 
 def test_recipes_load_by_loss_name() -> None:

@@ -122,7 +122,7 @@ def test_pipelined_and_unpipelined_steps_train_the_same_adapter(
     whitney: EmbeddedWhitney, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Pipelined, each step's forward_backward and optim_step are submitted together (the
-    training tail the RL flow submits, flows.core.loop.cycles.run_tail): the first
+    training tail the RL flow submits, CycleContext.run_tail): the first
     forward_backward is held back until the optim_step behind it is on its way, which only a
     block submitted before any answer allows; the same seq-id layout and, the server executing
     in seq order, the same adapter as one call after another."""
