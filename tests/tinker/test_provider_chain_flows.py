@@ -1,0 +1,173 @@
+"""Evaluation, forks and resume on the chain: an RL run with inline evaluation through a broker
+that forwards provider `tinker` runs to the embedded Tinker front (official SDK), and the same
+run emulated on the CPU engine (the front itself): the same eval figures and adapter sha256;
+`evaluate-checkpoint` of a forwarded checkpoint, a `whitney-flows fork` and a `resume_from` of
+the forwarded run: the same numbers and adapters as their emulated twins (`local/tiny`, 2
+cycles)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.local.served import ServedWhitney, served
+from tests.tinker.steps import KEYS, sdk_key
+from tests.tinker.test_tinker_provider import tinker_key
+from whitney import WhitneyClient
+
+ROOT = Path(__file__).resolve().parents[2]
+PARENT = ["--cycles", "2", "--set", "eval_every=1", "--set", "checkpoint_every=1"]
+NOT_TIMED = {"seconds"}
+EVALUATE = """
+import json, sys
+from flows.checkpoints.config import EvaluateConfig
+from flows.checkpoints.evaluate import evaluate_checkpoint
+from flows.rl.config import RLConfig
+config = EvaluateConfig(api_url=sys.argv[2], evaluation=RLConfig().eval_settings())
+result = evaluate_checkpoint(sys.argv[1], config)
+print(json.dumps({"cycle": result.cycle, "run_id": result.run_id,
+                  "evaluation": result.evaluation.model_dump(exclude={"seconds"})}))
+"""
+
+
+@dataclass(frozen=True)
+class Ran:
+    """A finished `whitney-flows` command: its run, adapter sha256, metrics lines and output."""
+
+    run_id: str
+    sha256: str
+    metrics: list[dict]
+    manifest: Path
+
+
+def environment(tmp: Path) -> dict[str, str]:
+    """The CLI's environment: tenant A's key, Prefect and data homes of its own."""
+    env = os.environ | {
+        "WHITNEY_API_KEY": KEYS[0],
+        "PREFECT_HOME": str(tmp / "prefect"),
+        "XDG_DATA_HOME": str(tmp / "xdg"),
+    }
+    env.pop("PREFECT_API_URL", None)
+    for home in ("prefect", "xdg"):
+        (tmp / home).mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def cli(argv: list[str], api_url: str, tmp: Path, out: str) -> Ran:
+    """`whitney-flows ARGV` against `api_url`; its adapter and metrics under tmp/out."""
+    metrics = tmp / f"{out}.jsonl"
+    argv = [sys.executable, "-m", "flows.cli.main", *argv, "--api-url", api_url]
+    argv += ["--adapter-dir", str(tmp / out), "--metrics-out", str(metrics)]
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=900, check=False, env=environment(tmp)
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    (manifest,) = (tmp / out).glob("*-manifest.json")
+    (adapter,) = (tmp / out).glob("*-adapter.tar")
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    run_id = json.loads(manifest.read_text())["run_id"]
+    return Ran(run_id, hashlib.sha256(adapter.read_bytes()).hexdigest(), lines, manifest)
+
+
+def evaluations(ran: Ran) -> list[dict]:
+    """The inline evaluation of each cycle, without its wall time."""
+    return [
+        {k: v for k, v in line["eval"].items() if k not in NOT_TIMED}
+        for line in ran.metrics
+        if line.get("eval")
+    ]
+
+
+def evaluated(checkpoint: str, api_url: str, tmp: Path) -> dict:
+    """The evaluate-checkpoint flow's result for `checkpoint` (RL's default eval settings)."""
+    argv = [sys.executable, "-c", EVALUATE, checkpoint, api_url]
+    done = subprocess.run(
+        argv, capture_output=True, text=True, timeout=600, check=False, env=environment(tmp)
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@dataclass(frozen=True)
+class Twins:
+    """The broker (forwarding) and the front (emulating), with a parent RL run on each."""
+
+    broker: ServedWhitney
+    front: ServedWhitney
+    chain: Ran
+    cpu: Ran
+    tmp: Path
+
+    def forwarded(self, run_id: str) -> bool:
+        """The broker's run `run_id` trained at the front (through the SDK), not on its CPU."""
+        with WhitneyClient(self.broker.url, KEYS[0]) as client:
+            return client.get_run(run_id).model_extra["trained_at"] == self.front.url
+
+
+@pytest.fixture(scope="module")
+def twins(server: ServedWhitney, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Twins]:
+    tmp = tmp_path_factory.mktemp("chain-flows")
+    (tmp / "broker").mkdir()
+    argv = ["run", "rl", "--provider", "tinker", *PARENT]
+    with (
+        tinker_key(sdk_key(0)),
+        served(tmp / "broker", "--tinker-url", server.url, keys=KEYS) as broker,
+    ):
+        chain = cli(argv, broker.url, tmp / "chain", "parent")
+        cpu = cli(argv, server.url, tmp / "cpu", "parent")
+        yield Twins(broker, server, chain, cpu, tmp)
+
+
+def test_inline_evaluation_on_the_chain_gives_the_cpu_engines_figures(twins: Twins) -> None:
+    assert [line["cycle"] for line in twins.chain.metrics if line.get("eval")] == [0, 1]
+    assert evaluations(twins.chain) == evaluations(twins.cpu)
+    assert twins.chain.sha256 == twins.cpu.sha256
+    assert twins.forwarded(twins.chain.run_id)
+
+
+def test_evaluate_checkpoint_of_a_forwarded_run(twins: Twins) -> None:
+    chain = evaluated(
+        f"whitney://runs/{twins.chain.run_id}/states/cycle-0", twins.broker.url, twins.tmp / "chain"
+    )
+    cpu = evaluated(
+        f"whitney://runs/{twins.cpu.run_id}/states/cycle-0", twins.front.url, twins.tmp / "cpu"
+    )
+    assert (chain["cycle"], chain["run_id"]) == (0, twins.chain.run_id)
+    assert chain["evaluation"] == cpu["evaluation"] == evaluations(twins.chain)[0]
+
+
+def test_a_fork_of_a_forwarded_run_gives_its_emulated_twins_adapter(twins: Twins) -> None:
+    argv = ["fork", "--cycle", "0", "--set", "learning_rate=0.004"]
+    chain = cli(
+        [*argv[:1], str(twins.chain.manifest), *argv[1:]],
+        twins.broker.url,
+        twins.tmp / "chain",
+        "fork",
+    )
+    cpu = cli(
+        [*argv[:1], str(twins.cpu.manifest), *argv[1:]], twins.front.url, twins.tmp / "cpu", "fork"
+    )
+    assert [line["cycle"] for line in chain.metrics if "loss" in line] == [1]
+    assert chain.sha256 == cpu.sha256 != twins.chain.sha256
+    assert twins.forwarded(chain.run_id)
+
+
+def test_a_resume_of_a_forwarded_run_is_its_parent(twins: Twins) -> None:
+    def resumed(parent: Ran, api_url: str, tmp: Path) -> Ran:
+        checkpoint = f"resume_from=whitney://runs/{parent.run_id}/states/cycle-0"
+        argv = ["run", "rl", "--provider", "tinker", *PARENT, "--set", checkpoint]
+        return cli(argv, api_url, tmp, "resume")
+
+    chain = resumed(twins.chain, twins.broker.url, twins.tmp / "chain")
+    cpu = resumed(twins.cpu, twins.front.url, twins.tmp / "cpu")
+    assert chain.sha256 == cpu.sha256 == twins.chain.sha256
+    assert twins.forwarded(chain.run_id)
+    assert evaluations(chain) == evaluations(twins.chain)[1:]
