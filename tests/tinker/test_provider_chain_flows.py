@@ -10,14 +10,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import pytest
 
+from flows.core.orchestration.prefect_env import SERVER_SETTINGS
 from tests.local.served import ServedWhitney, served
 from tests.tinker.steps import KEYS, sdk_key
 from tests.tinker.test_tinker_provider import tinker_key
@@ -33,8 +39,9 @@ from flows.checkpoints.evaluate import evaluate_checkpoint
 from flows.rl.config import RLConfig
 config = EvaluateConfig(api_url=sys.argv[2], evaluation=RLConfig().eval_settings())
 result = evaluate_checkpoint(sys.argv[1], config)
+numbers = result.evaluation.model_dump(exclude={"seconds"})
 print(json.dumps({"cycle": result.cycle, "run_id": result.run_id,
-                  "evaluation": result.evaluation.model_dump(exclude={"seconds"})}))
+                  "frozen": result.frozen_run_id, "evaluation": numbers}))
 """
 
 
@@ -142,6 +149,7 @@ def test_evaluate_checkpoint_of_a_forwarded_run(twins: Twins) -> None:
     )
     assert (chain["cycle"], chain["run_id"]) == (0, twins.chain.run_id)
     assert chain["evaluation"] == cpu["evaluation"] == evaluations(twins.chain)[0]
+    assert twins.forwarded(chain["frozen"])  # the frozen run sampled at the front
 
 
 def test_a_fork_of_a_forwarded_run_gives_its_emulated_twins_adapter(twins: Twins) -> None:
@@ -171,3 +179,119 @@ def test_a_resume_of_a_forwarded_run_is_its_parent(twins: Twins) -> None:
     assert chain.sha256 == cpu.sha256 == twins.chain.sha256
     assert twins.forwarded(chain.run_id)
     assert evaluations(chain) == evaluations(twins.chain)[1:]
+
+
+POOL = "chain-sweep"
+DEPLOY = """
+import sys
+from prefect import flow
+trials = flow.from_source(sys.argv[1], "flows/rl/flow.py:rl_flow")
+trials.deploy("chain-sweep", work_pool_name="chain-sweep", build=False, push=False)
+"""
+SWEEP = """
+import json, sys
+from flows.sweep.config import SweepConfig
+from flows.sweep.flow import sweep_flow
+config = SweepConfig.model_validate_json(sys.argv[1])
+result = sweep_flow(config)
+print(json.dumps([rung.model_dump(include={"trial", "state", "score", "run_id"})
+                  for trial in result.trials for rung in trial.rungs]))
+"""
+
+
+@contextmanager
+def running(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen]:
+    """A process of its own session (its children with it), terminated on exit."""
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        try:
+            yield process
+        finally:
+            os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+
+
+@contextmanager
+def prefect_with_trials(tmp: Path) -> Iterator[dict[str, str]]:
+    """A Prefect server, the deployment `rl/chain-sweep` of the RL flow on a process work pool,
+    and a worker of that pool (each flow run a process of its own): the environment that
+    reaches them."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    api_url = f"http://127.0.0.1:{port}/api"
+    env = environment(tmp) | SERVER_SETTINGS | {"PREFECT_API_URL": api_url}
+    prefect = [sys.executable, "-m", "prefect"]
+    server = [*prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)]
+    with running(server, env, tmp / "prefect-server.log") as process:
+        deadline = time.monotonic() + 180
+        while not healthy(api_url):
+            assert process.poll() is None and time.monotonic() < deadline, (
+                tmp / "prefect-server.log"
+            ).read_text()[-2000:]
+            time.sleep(1)
+        for argv in (
+            [*prefect, "work-pool", "create", POOL, "--type", "process"],
+            [sys.executable, "-c", DEPLOY, str(ROOT)],
+        ):
+            done = subprocess.run(
+                argv, capture_output=True, text=True, timeout=300, check=False, env=env
+            )
+            assert done.returncode == 0, done.stderr[-3000:]
+        worker = [*prefect, "worker", "start", "--pool", POOL, "--prefetch-seconds", "5"]
+        with running(worker, env, tmp / "worker.log"):
+            yield env
+
+
+def healthy(api_url: str) -> bool:
+    """The Prefect API answers its health check."""
+    try:
+        return httpx.get(f"{api_url}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def swept(api_url: str, env: dict[str, str], name: str) -> list[dict]:
+    """Each trial's rung of a 2-trial, 1-rung RL sweep of provider `tinker` runs at `api_url`."""
+    config = {
+        "kind": "rl",
+        "deployment": "rl/chain-sweep",
+        "base": {"api_url": api_url, "provider": "tinker"},
+        "grid": {"learning_rate": [0.002, 0.004]},
+        "rungs": [2],
+        "max_concurrent": 1,
+        "concurrency_limit": f"chain-{name}",
+    }
+    argv = [sys.executable, "-c", SWEEP, json.dumps(config)]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False, env=env)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def exported_sha256(api_url: str, run_id: str, scratch: Path) -> str:
+    """The sha256 of the archive of the run's last `export_lora` (its flow's normal end),
+    downloaded and hashed here."""
+    with WhitneyClient(api_url, KEYS[0]) as client:
+        (export,) = [op for op in client.iter_journal(run_id) if op.kind == "export_lora"]
+        archive = client.download_artifact(export.result["artifact_id"], scratch / f"{run_id}.tar")
+    return hashlib.sha256(archive.read_bytes()).hexdigest()
+
+
+def test_a_sweep_on_the_chain_gives_each_trial_its_emulated_twins_adapter(twins: Twins) -> None:
+    with prefect_with_trials(twins.tmp / "sweep") as env:
+        chain = swept(twins.broker.url, env, "broker")
+        cpu = swept(twins.front.url, env, "front")
+    assert [(r["trial"], r["state"]) for r in chain] == [(0, "COMPLETED"), (1, "COMPLETED")]
+    assert [r["score"] for r in chain] == [r["score"] for r in cpu]
+    adapters = []
+    for forwarded, emulated in zip(chain, cpu, strict=True):
+        assert twins.forwarded(forwarded["run_id"])
+        adapters.append(exported_sha256(twins.broker.url, forwarded["run_id"], twins.tmp))
+        assert adapters[-1] == exported_sha256(twins.front.url, emulated["run_id"], twins.tmp)
+    assert adapters[0] != adapters[1]
