@@ -283,6 +283,24 @@ def exported_sha256(api_url: str, run_id: str, scratch: Path) -> str:
     return hashlib.sha256(archive.read_bytes()).hexdigest()
 
 
+def test_a_resume_of_a_forwarded_run_on_the_cpu_engine_is_refused_in_one_line(
+    twins: Twins,
+) -> None:
+    """Its state is on the Tinker endpoint: a provider `local` run cannot load it."""
+    checkpoint = f"whitney://runs/{twins.chain.run_id}/states/cycle-0"
+    argv = [sys.executable, "-m", "flows.cli.main", "run", "rl", *PARENT]
+    argv += ["--set", f"resume_from={checkpoint}", "--api-url", twins.broker.url]
+    env = environment(twins.tmp / "local")
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, env=env)
+    assert done.returncode == 1, done.stderr[-3000:]
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("whitney-flows run rl: the flow run ended Failed"), last
+    assert (
+        f"from_checkpoint: checkpoint '{checkpoint}' was saved by a run forwarded to Tinker" in last
+    )
+    assert "served-data" not in done.stderr + done.stdout  # no server path
+
+
 def test_a_sweep_on_the_chain_gives_each_trial_its_emulated_twins_adapter(twins: Twins) -> None:
     with prefect_with_trials(twins.tmp / "sweep") as env:
         chain = swept(twins.broker.url, env, "broker")
@@ -295,3 +313,4 @@ def test_a_sweep_on_the_chain_gives_each_trial_its_emulated_twins_adapter(twins:
         adapters.append(exported_sha256(twins.broker.url, forwarded["run_id"], twins.tmp))
         assert adapters[-1] == exported_sha256(twins.front.url, emulated["run_id"], twins.tmp)
     assert adapters[0] != adapters[1]
+    assert adapters[0] == twins.chain.sha256  # the parent's settings (eval changes no weight)
