@@ -28,6 +28,7 @@ from tests.local.served import ServedWhitney, served
 from tests.tinker.steps import KEYS, sdk_key
 from tests.tinker.test_tinker_provider import tinker_key
 from whitney import WhitneyClient
+from whitney.errors import InvalidRequest
 
 ROOT = Path(__file__).resolve().parents[2]
 PARENT = ["--cycles", "2", "--set", "eval_every=1", "--set", "checkpoint_every=1"]
@@ -299,6 +300,23 @@ def test_a_resume_of_a_forwarded_run_on_the_cpu_engine_is_refused_in_one_line(
         f"from_checkpoint: checkpoint '{checkpoint}' was saved by a run forwarded to Tinker" in last
     )
     assert "served-data" not in done.stderr + done.stdout  # no server path
+
+
+def test_a_forwarded_checkpoint_loaded_on_the_cpu_engine_is_refused_naming_it(
+    twins: Twins,
+) -> None:
+    checkpoint = f"whitney://runs/{twins.chain.run_id}/states/cycle-0"
+    with WhitneyClient(twins.broker.url, KEYS[0]) as client:
+        session = client.open_session()
+        run = client.create_run(session.session_id, "local", "local/tiny")
+        with pytest.raises(InvalidRequest) as refused:
+            client.run_operation(run.run_id, "load_state", {"checkpoint": checkpoint})
+        assert client.get_run(run.run_id).step == 0
+        client.close_session(session.session_id)
+    assert refused.value.details["field"] == "payload.checkpoint"
+    assert f"payload.checkpoint: checkpoint '{checkpoint}' was saved by a run forwarded" in str(
+        refused.value
+    )
 
 
 def test_a_sweep_on_the_chain_gives_each_trial_its_emulated_twins_adapter(twins: Twins) -> None:
