@@ -1,9 +1,10 @@
-"""Evaluation, forks and resume on the chain: an RL run with inline evaluation through a broker
-that forwards provider `tinker` runs to the embedded Tinker front (official SDK), and the same
-run emulated on the CPU engine (the front itself): the same eval figures and adapter sha256;
-`evaluate-checkpoint` of a forwarded checkpoint, a `whitney-flows fork` and a `resume_from` of
-the forwarded run: the same numbers and adapters as their emulated twins (`local/tiny`, 2
-cycles)."""
+"""Evaluation, forks, resume and sweeps on the chain: an RL run with inline evaluation through a
+broker that forwards provider `tinker` runs to the embedded Tinker front (official SDK), and the
+same run emulated on the CPU engine (the front itself): the same eval figures and adapter
+sha256; `evaluate-checkpoint` of a forwarded checkpoint, a `whitney-flows fork` and a
+`resume_from` of the forwarded run, and a 2-trial, 1-rung sweep: the same numbers and adapters
+as their emulated twins (`local/tiny`, 2 cycles). A forwarded checkpoint given to a run of the
+CPU engine is refused in one line naming the field."""
 
 from __future__ import annotations
 
@@ -48,7 +49,7 @@ print(json.dumps({"cycle": result.cycle, "run_id": result.run_id,
 
 @dataclass(frozen=True)
 class Ran:
-    """A finished `whitney-flows` command: its run, adapter sha256, metrics lines and output."""
+    """A finished `whitney-flows` command: its run, adapter sha256, metrics lines, manifest."""
 
     run_id: str
     sha256: str
