@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from whitney.errors import InvalidRequest, NotFound, RunNotActive, SeqConflict
-from whitney.local import providers
+from whitney.local import providers, tinker_provider
 from whitney.local.config import ServerConfig
 from whitney.local.execution import default_sampler_id, default_state_name
 from whitney.local.executor import RunWorker
@@ -92,7 +92,8 @@ class Admission:
         if sampler_id is not None:
             self._check_sampler(worker, seq_id, sampler_id)
         if kind == "load_state":
-            self._check_checkpoint(tenant, worker, seq_id, payload["checkpoint"])
+            forwarded = bool(run.get("trained_at"))
+            self._check_checkpoint(tenant, worker, seq_id, payload["checkpoint"], forwarded)
         engine = worker.engine
         if engine is not None and not run.get("trained_at"):  # a forwarded run's: its provider's
             from whitney.local.engine import validation  # torch: loaded with the run's engine
@@ -113,10 +114,12 @@ class Admission:
             details={"field": "sampler_id", "sampler_id": sampler_id},
         )
 
-    def _check_checkpoint(self, tenant: str, worker: RunWorker, seq_id: int, uri: str) -> None:
+    def _check_checkpoint(
+        self, tenant: str, worker: RunWorker, seq_id: int, uri: str, forwarded: bool
+    ) -> None:
         """A load_state checkpoint that exists, or that a save_state of this run before
         `seq_id` will write: journaled, or possibly still to come while a seq_id before is
-        missing."""
+        missing; not a forwarded run's when this run trains on the CPU engine."""
         field, run_id = "payload.checkpoint", worker.run_id
         owner, name = self.files.parse_checkpoint(tenant, uri, field)
         if (
@@ -128,7 +131,8 @@ class Admission:
             )
         ):
             return
-        self.files.resolve_checkpoint(tenant, uri, field=field)
+        directory = self.files.resolve_checkpoint(tenant, uri, field=field)
+        tinker_provider.check_loadable(directory, forwarded=forwarded, uri=uri, field=field)
 
     def _made_before(self, run_id: str, seq_id: int, kind: str, name: str) -> bool:
         """Whether a journaled `kind` operation of the run before `seq_id` is named `name`,

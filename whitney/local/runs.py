@@ -93,6 +93,12 @@ class Runs:
             checkpoint_dir = self.files.resolve_checkpoint(
                 tenant, request.from_checkpoint, field="from_checkpoint"
             )
+            tinker_provider.check_loadable(
+                checkpoint_dir,
+                forwarded=forwarded,
+                uri=request.from_checkpoint,
+                field="from_checkpoint",
+            )
         seed = 0 if request.seed is None else request.seed
         if not -(2**63) <= seed < 2**63:
             raise InvalidRequest("seed: must fit in 64 bits", details={"field": "seed"})

@@ -388,6 +388,18 @@ class TinkerRun:
             _close_quietly(session, reason)
 
 
+def check_loadable(directory: Path, *, forwarded: bool, uri: str, field: str) -> None:
+    """InvalidRequest naming `field` when a checkpoint saved on Tinker goes to a run of the CPU
+    engine (its state is not on this server)."""
+    if not forwarded and (Path(directory) / POINTER).exists():
+        raise InvalidRequest(
+            f"{field}: checkpoint {uri!r} was saved by a run forwarded to Tinker (its state is "
+            "on the Tinker endpoint): only a run of provider tinker on a server forwarding to "
+            "that endpoint can load it, and this run trains on the CPU engine",
+            details={"field": field},
+        )
+
+
 def read_pointer(directory: Path) -> str:
     """The Tinker path a forwarded checkpoint directory names."""
     try:
