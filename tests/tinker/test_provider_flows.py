@@ -1,4 +1,4 @@
-"""Distillation and DPO on the chain: `whitney-flows run` (a Prefect flow) against a broker
+"""SFT, distillation and DPO on the chain: `whitney-flows run` (a Prefect flow) against a broker
 that forwards provider `tinker` runs through the official SDK to the embedded Tinker front,
 and against the front itself (the same runs emulated on the CPU engine): the same adapter,
 bit for bit (a few cycles on `local/tiny`)."""
@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 FLOWS = {
     "distill": ["--cycles", "2", "--sft-steps", "2"],
     "dpo": ["--cycles", "3", "--data", str(ROOT / "examples" / "dpo-pairs.jsonl")],
+    "sft": ["--steps", "4"],
 }
 
 
