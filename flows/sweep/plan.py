@@ -106,17 +106,19 @@ def draw(rng: random.Random, spec: RandomRange) -> Any:
 
 
 def expand(config: SweepConfig) -> list[Trial]:
-    """The trials: the grid's combinations (its fields in order, the last varying fastest),
-    or `samples` draws of every random field in order, from `random.Random(seed)`."""
+    """The trials: the grid's combinations (its fields in alphabetical order, the last varying
+    fastest), or `samples` draws of every random field in alphabetical order, from
+    `random.Random(seed)`. Not in the order written: a Prefect server on PostgreSQL keeps a
+    run's parameters as JSONB, which keeps no key order, so a trial's number would change."""
     if config.search == "grid":
-        paths = list(config.grid)
+        paths = sorted(config.grid)
         combinations = itertools.product(*(config.grid[path] for path in paths))
         return [
             Trial(i, dict(zip(paths, values, strict=True))) for i, values in enumerate(combinations)
         ]
     rng = random.Random(config.seed)
     return [
-        Trial(i, {path: draw(rng, spec) for path, spec in config.random.items()})
+        Trial(i, {path: draw(rng, config.random[path]) for path in sorted(config.random)})
         for i in range(config.samples)
     ]
 

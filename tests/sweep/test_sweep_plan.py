@@ -63,11 +63,11 @@ def test_a_random_search_draws_the_same_trials_from_the_same_seed() -> None:
     )
     rng = random.Random(11)
     expected = []
-    for _ in range(4):  # the fields in their order, one draw each, trial after trial
+    for _ in range(4):  # the fields in alphabetical order, one draw each, trial after trial
+        size = round(rng.uniform(2, 9))
         rate = math.exp(rng.uniform(math.log(1e-4), math.log(1e-2)))
         rank = rng.choice([4, 8, 16])
-        size = round(rng.uniform(2, 9))
-        expected.append({"learning_rate": rate, "lora_rank": rank, "group_size": size})
+        expected.append({"group_size": size, "learning_rate": rate, "lora_rank": rank})
     assert [trial.params for trial in check_sweep_config(config)] == expected
     assert expand(config) == expand(config)
     other = expand(config.model_copy(update={"seed": 12}))
@@ -210,3 +210,13 @@ def test_the_comparison_lists_every_trial_with_how_it_ended() -> None:
     png = base64.b64decode(data)
     assert png_size(png) == (480, 300)
     zlib.decompress(png[png.index(b"IDAT") + 4 :])  # a complete image stream
+
+
+def test_trials_do_not_depend_on_the_order_the_fields_are_written() -> None:
+    """A Prefect server on PostgreSQL stores parameters as JSONB, which keeps no key order:
+    the same grid or random fields written in another order give the same numbered trials."""
+    grid = {"learning_rate": [0.002, 0.05], "lora_rank": [4, 8]}
+    written = SweepConfig(kind="rl", grid=grid, rungs=[1])
+    reordered = SweepConfig(kind="rl", grid=dict(reversed(grid.items())), rungs=[1])
+    assert expand(written) == expand(reordered)
+    assert [trial.params["lora_rank"] for trial in expand(written)] == [4, 8, 4, 8]
