@@ -22,9 +22,11 @@ def test_the_free_heap_is_measured_and_grows_when_small_tensors_are_freed() -> N
     free = memory.free_heap()
     assert free is not None
     held = [torch.ones(4096) for _ in range(4096)]  # 64 MiB of heap, below mmap's threshold
+    fence = torch.ones(4096)  # above them, kept: glibc's free would give a freed top back itself
     before = free()
     del held
     assert free() >= before + 32 * 2**20
+    assert fence.sum() == 4096
 
 
 def test_releasing_checks_every_time_and_trims_when_the_free_heap_is_large(monkeypatch) -> None:
