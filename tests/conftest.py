@@ -28,17 +28,27 @@ if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
 
 from whitney.local import EmbeddedWhitney
 
+SERVED_APART = (
+    "tests/e2e/",
+    "tests/tinker/test_provider_flows.py",
+    "tests/tinker/test_provider_chain_flows.py",
+    "tests/tinker/test_provider_kills.py",
+)
+"""The tests the end-to-end process runs, in this order."""
+
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
     """Two test processes (pytest-xdist): the end-to-end tests in one, on their stack of
-    servers, every other test in the other, in its usual order. A scheduler of our own rather
+    servers, then the longest chains of served processes (the Tinker provider's flows, kills
+    and chained flows, each on servers of its own), so that both processes end near the same
+    time; every other test in the other, in its usual order. A scheduler of our own rather
     than `--dist=loadgroup`, whose groups pytest >= 9.2 silently drops (pytest-xdist#1386)."""
     from xdist.scheduler import LoadScopeScheduling
 
     class EndToEndApart(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            return "e2e" if nodeid.startswith("tests/e2e/") else "in-process"
+            return "e2e" if nodeid.startswith(SERVED_APART) else "in-process"
 
     return EndToEndApart(config, log)
 
