@@ -26,7 +26,7 @@ def test_the_free_heap_is_measured_and_grows_when_small_tensors_are_freed() -> N
     before = free()
     del held
     assert free() >= before + 32 * 2**20
-    assert fence.sum() == 4096
+    del fence
 
 
 def test_releasing_checks_every_time_and_trims_when_the_free_heap_is_large(monkeypatch) -> None:

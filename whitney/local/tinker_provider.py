@@ -47,9 +47,6 @@ POSITION_KEYS = ("session_id", "model_id", "model_seq_id", "next_request_id")
 """The record's keys that say where the run's training client is (`tinker_sdk.Position`)."""
 POINTER = "tinker.json"
 """The file a forwarded `save_state` writes in the checkpoint directory: the Tinker path."""
-BOTH_STOPS = object()
-"""In place of a request's Tinker future: it names stop strings and stop token ids, which one
-Tinker `SamplingParams.stop` cannot hold together."""
 
 
 class Output:
@@ -273,13 +270,17 @@ class TinkerRun:
         from tinker import types
 
         sampler = self._sampler(sampler_id)
-        futures: list[tuple[list[int], Any]] = []
+        futures: list[tuple[list[int], Any]] = []  # a Tinker future, or the request's refusal
         for request, seed in zip(requests, default_seeds, strict=True):
             parsed = wire.SampleRequest.model_validate(request)
             params = parsed.sampling_params
             prompt = tokens(request["prompt"])
-            if params.stop and params.stop_token_ids:
-                futures.append((prompt, BOTH_STOPS))
+            if params.stop and params.stop_token_ids:  # one Tinker `stop` cannot hold both
+                refusal = InvalidRequest(
+                    "sampling_params: Tinker takes stop strings or stop_token_ids, not both",
+                    details={"field": "sampling_params.stop"},
+                )
+                futures.append((prompt, refusal))
                 continue
             sampling = types.SamplingParams(
                 max_tokens=params.max_tokens,
@@ -299,13 +300,8 @@ class TinkerRun:
             )
         outputs: list[Output | WhitneyError] = []
         for prompt, future in futures:
-            if future is BOTH_STOPS:
-                outputs.append(
-                    InvalidRequest(
-                        "sampling_params: Tinker takes stop strings or stop_token_ids, not both",
-                        details={"field": "sampling_params.stop"},
-                    )
-                )
+            if isinstance(future, WhitneyError):
+                outputs.append(future)
                 continue
             answer = self._wait(future)
             sequences = [
