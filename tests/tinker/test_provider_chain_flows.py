@@ -27,6 +27,7 @@ import pytest
 from flows.core.orchestration.prefect_env import SERVER_SETTINGS
 from tests.local.served import ServedWhitney, served
 from tests.tinker.steps import KEYS, sdk_key
+from tests.tinker.test_provider_flows import environment
 from tests.tinker.test_tinker_provider import tinker_key
 from whitney import WhitneyClient
 from whitney.errors import InvalidRequest
@@ -55,19 +56,6 @@ class Ran:
     sha256: str
     metrics: list[dict]
     manifest: Path
-
-
-def environment(tmp: Path) -> dict[str, str]:
-    """The CLI's environment: tenant A's key, Prefect and data homes of its own."""
-    env = os.environ | {
-        "WHITNEY_API_KEY": KEYS[0],
-        "PREFECT_HOME": str(tmp / "prefect"),
-        "XDG_DATA_HOME": str(tmp / "xdg"),
-    }
-    env.pop("PREFECT_API_URL", None)
-    for home in ("prefect", "xdg"):
-        (tmp / home).mkdir(parents=True, exist_ok=True)
-    return env
 
 
 def cli(argv: list[str], api_url: str, tmp: Path, out: str) -> Ran:

@@ -25,8 +25,8 @@ FLOWS = {
 }
 
 
-def adapter_of(flow: str, api_url: str, tmp: Path) -> str:
-    """The sha256 of the adapter `whitney-flows run FLOW --provider tinker` downloads."""
+def environment(tmp: Path) -> dict[str, str]:
+    """The CLI's environment: tenant A's key, Prefect and data homes of its own."""
     env = os.environ | {
         "WHITNEY_API_KEY": KEYS[0],
         "PREFECT_HOME": str(tmp / "prefect"),
@@ -34,7 +34,13 @@ def adapter_of(flow: str, api_url: str, tmp: Path) -> str:
     }
     env.pop("PREFECT_API_URL", None)
     for home in ("prefect", "xdg"):
-        (tmp / home).mkdir(parents=True)
+        (tmp / home).mkdir(parents=True, exist_ok=True)
+    return env
+
+
+def adapter_of(flow: str, api_url: str, tmp: Path) -> str:
+    """The sha256 of the adapter `whitney-flows run FLOW --provider tinker` downloads."""
+    env = environment(tmp)
     argv = [sys.executable, "-m", "flows.cli.main", "run", flow, "--provider", "tinker"]
     argv += [*FLOWS[flow], "--api-url", api_url, "--adapter-dir", str(tmp / "out")]
     done = subprocess.run(

@@ -15,10 +15,14 @@ from typing import Any
 
 import pytest
 
-from tests.local.served import served
-from tests.tinker.steps import BASE_MODEL, KEYS, RANK, SEED, sdk_key
+from tests.tinker.steps import KEYS
 from tests.tinker.test_provider_faults import front_operations
-from tests.tinker.test_tinker_provider import SAMPLE_REQUEST, front_runs, tinker_key, train
+from tests.tinker.test_tinker_provider import (
+    SAMPLE_REQUEST,
+    front_runs,
+    published_run,
+    slow_chain,
+)
 from whitney import WhitneyClient
 
 
@@ -46,19 +50,9 @@ def after(client: WhitneyClient, run_id: str, kind: str) -> list[Any]:
 
 @pytest.mark.parametrize("kind", ["save_weights_for_sampler", "export_lora", "sample"])
 def test_a_broker_killed_mid_operation_sends_it_once(tmp_path: Path, kind: str) -> None:
-    (tmp_path / "front").mkdir()
-    (tmp_path / "broker").mkdir()
-    with (
-        served(tmp_path / "front", "--latency-ms", "1500", keys=KEYS) as front,
-        tinker_key(sdk_key(0)),
-        served(tmp_path / "broker", "--tinker-url", front.url, keys=KEYS) as broker,
-    ):
+    with slow_chain(tmp_path) as (front, broker):
         with WhitneyClient(broker.url, KEYS[0]) as client:
-            session = client.open_session().session_id
-            run = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED)
-            run_id = run.run_id
-            train(client, run_id, 1)
-            client.run_operation(run_id, "save_weights_for_sampler", {"name": "one"})
+            run_id = published_run(client)
             killed_seq = len(list(client.iter_journal(run_id))) + 1
 
         def send() -> None:  # its answer is lost with the broker; read again below
@@ -79,13 +73,10 @@ def test_a_broker_killed_mid_operation_sends_it_once(tmp_path: Path, kind: str) 
             assert (resent.kind, resent.status) == (kind, "succeeded"), resent.error
             forwarded = [result_of(resent.result), *after(client, run_id, kind)]
         with WhitneyClient(front.url, KEYS[0]) as client:
-            session = client.open_session().session_id
-            emulated = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED)
-            train(client, emulated.run_id, 1)
-            client.run_operation(emulated.run_id, "save_weights_for_sampler", {"name": "one"})
+            emulated = published_run(client)
             expected = [
-                result_of(killed_op(client, emulated.run_id, kind)),
-                *after(client, emulated.run_id, kind),
+                result_of(killed_op(client, emulated, kind)),
+                *after(client, emulated, kind),
             ]
         done = front_operations(front, model_id)
     assert forwarded == expected

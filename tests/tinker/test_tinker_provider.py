@@ -211,12 +211,18 @@ def train(client: WhitneyClient, run: str, steps: int) -> None:
         client.run_operation(run, "optim_step", {"optimizer": ADAM})
 
 
-def test_a_broker_killed_mid_operation_sends_nothing_twice(tmp_path: Path) -> None:
-    """SIGKILL while a forward_backward waits on Tinker (the front answers 1.5 s late), then
-    restart: the run reconnects to its Tinker model, sends the operation again under its
-    recorded Tinker seq_id, which the front answers from its record; each of the front's
-    operations ran once and the adapter is the CPU engine's."""
-    payload = {"data": [whitney_datum(row) for row in sl_rows()], "loss_function": "cross_entropy"}
+def published_run(client: WhitneyClient) -> str:
+    """A new provider `tinker` run trained one step, sampler `one` published: its id."""
+    session = client.open_session().session_id
+    run_id = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED).run_id
+    train(client, run_id, 1)
+    client.run_operation(run_id, "save_weights_for_sampler", {"name": "one"})
+    return run_id
+
+
+@contextmanager
+def slow_chain(tmp_path: Path) -> Iterator[tuple[ServedWhitney, ServedWhitney]]:
+    """A front that answers 1.5 s late, and a broker forwarding to it: (front, broker)."""
     (tmp_path / "front").mkdir()
     (tmp_path / "broker").mkdir()
     with (
@@ -224,15 +230,22 @@ def test_a_broker_killed_mid_operation_sends_nothing_twice(tmp_path: Path) -> No
         tinker_key(sdk_key(0)),
         served(tmp_path / "broker", "--tinker-url", front.url, keys=KEYS) as broker,
     ):
+        yield front, broker
+
+
+def test_a_broker_killed_mid_operation_sends_nothing_twice(tmp_path: Path) -> None:
+    """SIGKILL while a forward_backward waits on Tinker (the front answers 1.5 s late), then
+    restart: the run reconnects to its Tinker model, sends the operation again under its
+    recorded Tinker seq_id, which the front answers from its record; each of the front's
+    operations ran once and the adapter is the CPU engine's."""
+    payload = {"data": [whitney_datum(row) for row in sl_rows()], "loss_function": "cross_entropy"}
+    with slow_chain(tmp_path) as (front, broker):
         with WhitneyClient(broker.url, KEYS[0]) as client:
-            session = client.open_session().session_id
-            run = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED)
-            train(client, run.run_id, 1)
-            client.run_operation(run.run_id, "save_weights_for_sampler", {"name": "one"})
+            run_id = published_run(client)
 
         def send() -> None:  # its answer is lost with the broker; read again below
             with contextlib.suppress(Exception), WhitneyClient(broker.url, KEYS[0]) as client:
-                client.run_operation(run.run_id, "forward_backward", payload)
+                client.run_operation(run_id, "forward_backward", payload)
 
         caller = threading.Thread(target=send, daemon=True)
         caller.start()
@@ -240,22 +253,19 @@ def test_a_broker_killed_mid_operation_sends_nothing_twice(tmp_path: Path) -> No
         broker.kill()
         broker.restart()
         with WhitneyClient(broker.url, KEYS[0]) as client:
-            resent = client.get_operation(run.run_id, 4, wait_s=60)
+            resent = client.get_operation(run_id, 4, wait_s=60)
             assert (resent.kind, resent.status) == ("forward_backward", "succeeded")
-            client.run_operation(run.run_id, "optim_step", {"optimizer": ADAM})
-            sampled = client.sampler_operation(run.run_id, "one", "sample", SAMPLE_REQUEST)
-            forwarded = client.run_operation(run.run_id, "export_lora", {})["sha256"]
+            client.run_operation(run_id, "optim_step", {"optimizer": ADAM})
+            sampled = client.sampler_operation(run_id, "one", "sample", SAMPLE_REQUEST)
+            forwarded = client.run_operation(run_id, "export_lora", {})["sha256"]
         with WhitneyClient(front.url, KEYS[0]) as client:
-            session = client.open_session().session_id
-            emulated = client.create_run(session, "tinker", BASE_MODEL, lora_rank=RANK, seed=SEED)
-            train(client, emulated.run_id, 1)
-            client.run_operation(emulated.run_id, "save_weights_for_sampler", {"name": "one"})
-            train(client, emulated.run_id, 1)
+            emulated = published_run(client)
+            train(client, emulated, 1)
             assert sampled == client.sampler_operation(
-                emulated.run_id, "one", "sample", SAMPLE_REQUEST
+                emulated, "one", "sample", SAMPLE_REQUEST
             )  # the sampler published before the kill, sampled after it
-            assert forwarded == client.run_operation(emulated.run_id, "export_lora", {})["sha256"]
-        model = next(r for r in front_runs(front) if r["run_id"] != emulated.run_id)
+            assert forwarded == client.run_operation(emulated, "export_lora", {})["sha256"]
+        model = next(r for r in front_runs(front) if r["run_id"] != emulated)
         data_dir = Path(front.argv[front.argv.index("--data-dir") + 1])
         with sqlite3.connect(data_dir / "journal.sqlite3") as conn:
             kinds = conn.execute(
