@@ -23,14 +23,12 @@ import os
 import random
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")  # busy CPU
 
-from real_model_learning import cpu_model, machine, pulled  # noqa: E402
+from real_model_learning import cpu_model, followed, machine, pulled  # noqa: E402
 from served import quiet_prefect  # noqa: E402
 
 from flows.core.environments.arithmetic import answer, problem_text  # noqa: E402
@@ -67,27 +65,18 @@ def preference_pairs(count: int, seed: int) -> list[dict[str, str]]:
     return pairs
 
 
-def follow(path: Path, stop: threading.Event) -> None:
-    """Print each cycle's numbers as the flow appends its metrics line (progress, also when
-    the output goes to a file)."""
-    done = 0
-    while not stop.wait(2.0):
-        lines = path.read_text().splitlines() if path.exists() else []
-        for line in lines[done:]:
-            cycle = json.loads(line)
-            if cycle.get("eval_before"):
-                print(f"before training: {describe(PreferenceEval(**cycle['eval_before']))}")
-            extra = (
-                f"; held-out {describe(PreferenceEval(**cycle['eval']))}"
-                if cycle.get("eval")
-                else ""
-            )
-            print(
-                f"cycle {cycle['cycle']}: loss {cycle['loss']:.3f}, margin {cycle['margin']:.2f}, "
-                f"{cycle['wall_seconds']:.0f} s{extra}",
-                flush=True,
-            )
-        done = len(lines)
+def cycle_line(cycle: dict) -> str:
+    """A DPO cycle's loss and margin (and evaluation) as one progress line."""
+    first = (
+        f"before training: {describe(PreferenceEval(**cycle['eval_before']))}\n"
+        if cycle.get("eval_before")
+        else ""
+    )
+    extra = f"; held-out {describe(PreferenceEval(**cycle['eval']))}" if cycle.get("eval") else ""
+    return (
+        f"{first}cycle {cycle['cycle']}: loss {cycle['loss']:.3f}, margin {cycle['margin']:.2f}, "
+        f"{cycle['wall_seconds']:.0f} s{extra}"
+    )
 
 
 def describe(evaluation: PreferenceEval) -> str:
@@ -137,14 +126,8 @@ def main() -> None:
             f"{config.pairs_per_cycle} pairs, beta {config.beta:g}, lr {config.learning_rate:g}",
             flush=True,
         )
-        started = time.perf_counter()
-        stop = threading.Event()
-        progress = threading.Thread(target=follow, args=(metrics, stop), daemon=True)
-        progress.start()
-        result = dpo_flow(config)
-        stop.set()
-        progress.join()
-        minutes = (time.perf_counter() - started) / 60
+        result, seconds = followed(lambda: dpo_flow(config), metrics, cycle_line)
+        minutes = seconds / 60
     print(f"machine at the end: {machine()}")
     before, after = result.eval_before, result.eval_after
     assert before is not None and after is not None, "eval_every > 0 evaluates before and after"

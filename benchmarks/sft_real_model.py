@@ -21,14 +21,12 @@ import json
 import os
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")  # busy CPU
 
-from real_model_learning import cpu_model, machine, pulled  # noqa: E402
+from real_model_learning import cpu_model, followed, machine, pulled  # noqa: E402
 from served import quiet_prefect  # noqa: E402
 
 from flows.core.environments.arithmetic import (  # noqa: E402
@@ -70,22 +68,13 @@ def conversations() -> list[dict]:
     ]
 
 
-def follow(path: Path, stop: threading.Event) -> None:
-    """Print each cycle's losses as the flow appends its metrics line (progress)."""
-    done = 0
-    while not stop.wait(2.0):
-        lines = path.read_text().splitlines() if path.exists() else []
-        for line in lines[done:]:
-            cycle = json.loads(line)
-            evals = "".join(
-                f", held-out loss {e['loss']:.3f} at step {e['step']}" for e in cycle["evals"]
-            )
-            print(
-                f"cycle {cycle['cycle']}: train loss {cycle['train_loss']:.3f}{evals}, "
-                f"{cycle['wall_seconds']:.0f} s",
-                flush=True,
-            )
-        done = len(lines)
+def cycle_line(cycle: dict) -> str:
+    """An SFT cycle's losses as one progress line."""
+    evals = "".join(f", held-out loss {e['loss']:.3f} at step {e['step']}" for e in cycle["evals"])
+    return (
+        f"cycle {cycle['cycle']}: train loss {cycle['train_loss']:.3f}{evals}, "
+        f"{cycle['wall_seconds']:.0f} s"
+    )
 
 
 def main() -> None:
@@ -130,14 +119,7 @@ def main() -> None:
             f"{config.learning_rate:g}",
             flush=True,
         )
-        started = time.perf_counter()
-        stop = threading.Event()
-        progress = threading.Thread(target=follow, args=(metrics, stop), daemon=True)
-        progress.start()
-        result = sft_flow(config)
-        stop.set()
-        progress.join()
-        seconds = time.perf_counter() - started
+        result, seconds = followed(lambda: sft_flow(config), metrics, cycle_line)
     print(f"machine at the end: {machine()}")
     before, after = result.eval_losses[0], result.eval_losses[-1]
     print(
