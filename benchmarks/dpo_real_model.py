@@ -18,25 +18,21 @@ prefers is the measure of the base model; its preference accuracy is 0 by constr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")  # busy CPU
 
-from real_model_learning import cpu_model, followed, machine, pulled  # noqa: E402
+from real_model_learning import cpu_model, data_flow_settings, followed, machine  # noqa: E402
 from served import quiet_prefect  # noqa: E402
 
 from flows.core.environments.arithmetic import answer, problem_text  # noqa: E402
 from flows.dpo.config import DPOConfig  # noqa: E402
 from flows.dpo.flow import dpo_flow  # noqa: E402
 from flows.dpo.metrics import PreferenceEval  # noqa: E402
-from whitney import hf_cache  # noqa: E402
-from whitney.local import EmbeddedWhitney  # noqa: E402
 
 SMOLLM2 = "gguf/SmolLM2-135M-Instruct-Q4_1"
 RAMBLES = (
@@ -97,29 +93,16 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=6)
     parser.add_argument("--base-model", default=SMOLLM2)
     options = parser.parse_args()
-    real = pulled(options.base_model) is not None
+    pairs = preference_pairs(options.pairs, seed=0)
     print(f"machine: {machine()}", flush=True)
-    with (
-        tempfile.TemporaryDirectory(prefix="whitney-bench-") as scratch,
-        EmbeddedWhitney(hf_cache=hf_cache.cache_dir() if real else None) as server,
-    ):
-        data = Path(scratch) / "pairs.jsonl"
-        pairs = preference_pairs(options.pairs, seed=0)
-        data.write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
-        metrics = Path(scratch) / "metrics.jsonl"
-        os.environ["WHITNEY_API_KEY"] = server.api_key
+    with data_flow_settings(options.base_model, pairs) as (settings, metrics):
         config = DPOConfig(
-            api_url=server.url,
-            base_model=options.base_model,
-            renderer="chat_template" if real else "auto",
-            data_path=str(data),
+            **settings,
             cycles=options.cycles,
             pairs_per_cycle=options.pairs_per_cycle,
             beta=options.beta,
             learning_rate=options.learning_rate,
             eval_every=options.eval_every,
-            checkpoint_every=0,
-            metrics_path=str(metrics),
         )
         print(
             f"{config.base_model}: {len(pairs)} pairs, {config.cycles} cycles of "

@@ -21,9 +21,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -96,6 +97,31 @@ def followed(run: Callable[[], T], metrics: Path, line: Callable[[dict], str]) -
         stop.set()
         progress.join()
     return result, time.perf_counter() - started
+
+
+@contextmanager
+def data_flow_settings(base_model: str, rows: list[dict]) -> Iterator[tuple[dict[str, Any], Path]]:
+    """For a flow trained on a data file (SFT, DPO): `rows` as a JSONL file in a scratch
+    directory and an embedded server (on the Hugging Face cache when `base_model` is pulled),
+    its key in WHITNEY_API_KEY; yields the config settings they give (server, model, renderer,
+    data, metrics file, no checkpoints) and the metrics file."""
+    real = pulled(base_model) is not None
+    with (
+        tempfile.TemporaryDirectory(prefix="whitney-bench-") as scratch,
+        EmbeddedWhitney(hf_cache=hf_cache.cache_dir() if real else None) as server,
+    ):
+        data, metrics = Path(scratch) / "data.jsonl", Path(scratch) / "metrics.jsonl"
+        data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        os.environ["WHITNEY_API_KEY"] = server.api_key
+        settings = {
+            "api_url": server.url,
+            "base_model": base_model,
+            "renderer": "chat_template" if real else "auto",
+            "data_path": str(data),
+            "checkpoint_every": 0,
+            "metrics_path": str(metrics),
+        }
+        yield settings, metrics
 
 
 def cycle_line(cycle: dict) -> str:
