@@ -18,27 +18,21 @@ prefers is the measure of the base model; its preference accuracy is 0 by constr
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import sys
-import tempfile
-import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")  # busy CPU
 
-from real_model_learning import cpu_model, machine, pulled  # noqa: E402
+from real_model_learning import cpu_model, data_flow_settings, followed, machine  # noqa: E402
 from served import quiet_prefect  # noqa: E402
 
 from flows.core.environments.arithmetic import answer, problem_text  # noqa: E402
 from flows.dpo.config import DPOConfig  # noqa: E402
 from flows.dpo.flow import dpo_flow  # noqa: E402
 from flows.dpo.metrics import PreferenceEval  # noqa: E402
-from whitney import hf_cache  # noqa: E402
-from whitney.local import EmbeddedWhitney  # noqa: E402
 
 SMOLLM2 = "gguf/SmolLM2-135M-Instruct-Q4_1"
 RAMBLES = (
@@ -67,27 +61,18 @@ def preference_pairs(count: int, seed: int) -> list[dict[str, str]]:
     return pairs
 
 
-def follow(path: Path, stop: threading.Event) -> None:
-    """Print each cycle's numbers as the flow appends its metrics line (progress, also when
-    the output goes to a file)."""
-    done = 0
-    while not stop.wait(2.0):
-        lines = path.read_text().splitlines() if path.exists() else []
-        for line in lines[done:]:
-            cycle = json.loads(line)
-            if cycle.get("eval_before"):
-                print(f"before training: {describe(PreferenceEval(**cycle['eval_before']))}")
-            extra = (
-                f"; held-out {describe(PreferenceEval(**cycle['eval']))}"
-                if cycle.get("eval")
-                else ""
-            )
-            print(
-                f"cycle {cycle['cycle']}: loss {cycle['loss']:.3f}, margin {cycle['margin']:.2f}, "
-                f"{cycle['wall_seconds']:.0f} s{extra}",
-                flush=True,
-            )
-        done = len(lines)
+def cycle_line(cycle: dict) -> str:
+    """A DPO cycle's loss and margin (and evaluation) as one progress line."""
+    first = (
+        f"before training: {describe(PreferenceEval(**cycle['eval_before']))}\n"
+        if cycle.get("eval_before")
+        else ""
+    )
+    extra = f"; held-out {describe(PreferenceEval(**cycle['eval']))}" if cycle.get("eval") else ""
+    return (
+        f"{first}cycle {cycle['cycle']}: loss {cycle['loss']:.3f}, margin {cycle['margin']:.2f}, "
+        f"{cycle['wall_seconds']:.0f} s{extra}"
+    )
 
 
 def describe(evaluation: PreferenceEval) -> str:
@@ -108,43 +93,24 @@ def main() -> None:
     parser.add_argument("--eval-every", type=int, default=6)
     parser.add_argument("--base-model", default=SMOLLM2)
     options = parser.parse_args()
-    real = pulled(options.base_model) is not None
+    pairs = preference_pairs(options.pairs, seed=0)
     print(f"machine: {machine()}", flush=True)
-    with (
-        tempfile.TemporaryDirectory(prefix="whitney-bench-") as scratch,
-        EmbeddedWhitney(hf_cache=hf_cache.cache_dir() if real else None) as server,
-    ):
-        data = Path(scratch) / "pairs.jsonl"
-        pairs = preference_pairs(options.pairs, seed=0)
-        data.write_text("".join(json.dumps(pair) + "\n" for pair in pairs))
-        metrics = Path(scratch) / "metrics.jsonl"
-        os.environ["WHITNEY_API_KEY"] = server.api_key
+    with data_flow_settings(options.base_model, pairs) as (settings, metrics):
         config = DPOConfig(
-            api_url=server.url,
-            base_model=options.base_model,
-            renderer="chat_template" if real else "auto",
-            data_path=str(data),
+            **settings,
             cycles=options.cycles,
             pairs_per_cycle=options.pairs_per_cycle,
             beta=options.beta,
             learning_rate=options.learning_rate,
             eval_every=options.eval_every,
-            checkpoint_every=0,
-            metrics_path=str(metrics),
         )
         print(
             f"{config.base_model}: {len(pairs)} pairs, {config.cycles} cycles of "
             f"{config.pairs_per_cycle} pairs, beta {config.beta:g}, lr {config.learning_rate:g}",
             flush=True,
         )
-        started = time.perf_counter()
-        stop = threading.Event()
-        progress = threading.Thread(target=follow, args=(metrics, stop), daemon=True)
-        progress.start()
-        result = dpo_flow(config)
-        stop.set()
-        progress.join()
-        minutes = (time.perf_counter() - started) / 60
+        result, seconds = followed(lambda: dpo_flow(config), metrics, cycle_line)
+        minutes = seconds / 60
     print(f"machine at the end: {machine()}")
     before, after = result.eval_before, result.eval_after
     assert before is not None and after is not None, "eval_every > 0 evaluates before and after"

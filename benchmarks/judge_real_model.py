@@ -18,19 +18,16 @@ real model: a check that the script runs, not a learning result.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
-import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from judging import Frozen  # noqa: E402
-from real_model_learning import cpu_model, machine, pulled  # noqa: E402
+from real_model_learning import cpu_model, followed, machine, pulled  # noqa: E402
 from served import quiet_prefect  # noqa: E402
 
 from flows.core.config import settings_with_overrides, validated  # noqa: E402
@@ -56,20 +53,12 @@ WINDOW = 3
 """Cycles averaged at each end of the reward curve."""
 
 
-def follow(path: Path, stop: threading.Event) -> None:
-    """Print each cycle's judged reward as the flow appends its metrics line: the progress of
-    a long run, also when the output goes to a file."""
-    done = 0
-    while not stop.wait(2.0):
-        lines = path.read_text().splitlines() if path.exists() else []
-        for line in lines[done:]:
-            cycle = json.loads(line)
-            print(
-                f"cycle {cycle['cycle']}: judged reward {cycle['reward_mean']:.3f}, "
-                f"{cycle['wall_seconds']:.0f} s",
-                flush=True,
-            )
-        done = len(lines)
+def cycle_line(cycle: dict) -> str:
+    """An RL cycle's judged reward as one progress line."""
+    return (
+        f"cycle {cycle['cycle']}: judged reward {cycle['reward_mean']:.3f}, "
+        f"{cycle['wall_seconds']:.0f} s"
+    )
 
 
 def with_judge_model(settings: dict, judge_model: str | None) -> dict:
@@ -159,14 +148,8 @@ def main() -> None:
         config = config.model_copy(
             update={"api_url": server.url, "judge": judge, "metrics_path": str(metrics)}
         )
-        started = time.perf_counter()
-        stop = threading.Event()
-        progress = threading.Thread(target=follow, args=(metrics, stop), daemon=True)
-        progress.start()
-        result = rl_flow(config)
-        stop.set()
-        progress.join()
-        minutes = (time.perf_counter() - started) / 60
+        result, seconds = followed(lambda: rl_flow(config), metrics, cycle_line)
+        minutes = seconds / 60
         (cache,) = (Path(scratch) / "judge").iterdir()
         asked = len(cache.read_text().splitlines())
         prompts = len(held_out_prompts(load_environment(config.env), 32, config.seed))

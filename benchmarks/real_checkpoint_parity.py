@@ -1,8 +1,8 @@
 """How close the server's logprobs on SmolLM2 are to transformers' float32 forward, on the chats
-of tests/hfmodels/test_real_checkpoint.py: the base model, then after three SFT steps the
-server's own, the exported adapter loaded with PEFT and the merged export. Prints the largest
-difference of a target token's logprob for each (the test only holds them to 1e-4), with
-progress; docs/real-models.md quotes them.
+of tests/hfmodels/test_real_checkpoint.py (its measure is tests/hfmodels/parity.py): the base
+model, then after three SFT steps the server's own, the exported adapter loaded with PEFT and
+the merged export. Prints the largest difference of a target token's logprob for each (the
+test only holds them to 1e-4), with progress; docs/real-models.md quotes them.
 
     python benchmarks/real_checkpoint_parity.py [--steps 3] [--learning-rate 1e-3]
 """
@@ -22,6 +22,12 @@ import torch  # noqa: E402
 from real_model_learning import machine, pulled  # noqa: E402
 
 from flows.cli.main import main as whitney_flows  # noqa: E402
+from tests.hfmodels.parity import (  # noqa: E402
+    hf_target_logprobs,
+    max_difference,
+    server_target_logprobs,
+    sft_payload,
+)
 from whitney import hf_cache  # noqa: E402
 from whitney.client import WhitneyClient  # noqa: E402
 from whitney.local import EmbeddedWhitney  # noqa: E402
@@ -30,32 +36,6 @@ from whitney.renderers import get_renderer  # noqa: E402
 from whitney.tokenizers import get_tokenizer  # noqa: E402
 
 MODEL = PULLABLE["smollm2-135m-instruct"].repo_id
-CHATS = [
-    [{"role": "user", "content": "What is 3 + 4?"}, {"role": "assistant", "content": "3 + 4 = 7"}],
-    [{"role": "user", "content": "What is 8 + 1?"}, {"role": "assistant", "content": "8 + 1 = 9"}],
-]
-"""The chats of tests/hfmodels/test_real_checkpoint.py."""
-
-
-def hf_logprobs(model: torch.nn.Module, data: list[dict]) -> list[torch.Tensor]:
-    """Each datum's target tokens' logprobs under a transformers model's float32 forward."""
-    rows = []
-    for datum in data:
-        tokens = torch.tensor([datum["input"]["token_ids"]])
-        targets = torch.tensor(datum["loss_inputs"]["target_tokens"]["values"])
-        with torch.no_grad():
-            log_probs = model(tokens).logits[0].float().log_softmax(-1)
-        rows.append(log_probs.gather(1, targets[:, None])[:, 0])
-    return rows
-
-
-def served(client: WhitneyClient, run_id: str, payload: dict) -> list[torch.Tensor]:
-    outputs = client.run_operation(run_id, "forward", payload)["outputs"]
-    return [torch.tensor(output["logprobs"]) for output in outputs]
-
-
-def largest(left: list[torch.Tensor], right: list[torch.Tensor]) -> float:
-    return max((a - b).abs().max().item() for a, b in zip(left, right, strict=True))
 
 
 def main() -> None:
@@ -70,8 +50,7 @@ def main() -> None:
 
     print(f"machine: {machine()}", flush=True)
     renderer = get_renderer("chat_template", get_tokenizer(MODEL), MODEL)
-    data = [renderer.build_supervised(chat).datum() for chat in CHATS]
-    payload = {"data": data, "loss_function": "cross_entropy", "loss_config": {}}
+    payload = sft_payload(renderer)
     base = AutoModelForCausalLM.from_pretrained(snapshot, dtype=torch.float32).eval()
     with (
         EmbeddedWhitney(hf_cache=hf_cache.cache_dir()) as server,
@@ -80,14 +59,16 @@ def main() -> None:
     ):
         session = client.open_session({"whitney-flows.role": "real-checkpoint-parity"})
         run_id = client.create_run(session.session_id, "local", MODEL, lora_rank=8, seed=1).run_id
-        before = largest(served(client, run_id, payload), hf_logprobs(base, data))
+        before = max_difference(
+            server_target_logprobs(client, run_id, payload), hf_target_logprobs(base, payload)
+        )
         print(f"base model: server against transformers float32 {before:.1e}", flush=True)
         for step in range(options.steps):
             client.run_operation(run_id, "forward_backward", payload)
             optimizer = {"type": "adamw", "learning_rate": options.learning_rate}
             client.run_operation(run_id, "optim_step", {"optimizer": optimizer})
             print(f"SFT step {step + 1} of {options.steps} done", flush=True)
-        after = served(client, run_id, payload)
+        after = server_target_logprobs(client, run_id, payload)
         os.environ["WHITNEY_API_KEY"] = server.api_key
         for flags, name in (((), "peft"), (("--merged",), "merged")):
             out = str(Path(tmp) / name)
@@ -99,7 +80,7 @@ def main() -> None:
             peft = AutoPeftModelForCausalLM.from_pretrained(Path(tmp) / "peft").eval()
             merged = AutoModelForCausalLM.from_pretrained(Path(tmp) / "merged").eval()
             for label, model in (("PEFT", peft), ("merged", merged)):
-                difference = largest(after, hf_logprobs(model, data))
+                difference = max_difference(after, hf_target_logprobs(model, payload))
                 print(
                     f"after {options.steps} SFT steps: server against the {label} export "
                     f"(transformers float32) {difference:.1e}",

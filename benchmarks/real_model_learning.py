@@ -21,7 +21,10 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -36,6 +39,7 @@ from whitney import hf_cache  # noqa: E402
 from whitney.local import EmbeddedWhitney  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+T = TypeVar("T")
 OVERRIDES = ("cycles", "eval_every", "learning_rate", "group_size", "prompts_per_cycle")
 
 
@@ -70,24 +74,65 @@ def machine() -> str:
     return f"{cpu_model()}, {cores} cores usable, load average {load}"
 
 
-def follow(path: Path, stop: threading.Event) -> None:
-    """Print each cycle's reward (and evaluation) as the flow appends its metrics line: the
-    progress of a long run, also when the output goes to a file."""
+def follow(path: Path, stop: threading.Event, line: Callable[[dict], str]) -> None:
+    """Print `line(cycle)` for each metrics line the flow appends: the progress of a long run,
+    also when the output goes to a file."""
     done = 0
     while not stop.wait(2.0):
         lines = path.read_text().splitlines() if path.exists() else []
-        for line in lines[done:]:
-            cycle = json.loads(line)
-            before, evaluation = cycle.get("eval_before"), cycle.get("eval")
-            if before:
-                print(f"before training: held-out greedy {before['reward_mean']:.3f}", flush=True)
-            extra = f", held-out greedy {evaluation['reward_mean']:.3f}" if evaluation else ""
-            print(
-                f"cycle {cycle['cycle']}: reward {cycle['reward_mean']:.3f}, "
-                f"{cycle['wall_seconds']:.0f} s{extra}",
-                flush=True,
-            )
+        for text in lines[done:]:
+            print(line(json.loads(text)), flush=True)
         done = len(lines)
+
+
+def followed(run: Callable[[], T], metrics: Path, line: Callable[[dict], str]) -> tuple[T, float]:
+    """`run()` while `follow` prints its metrics lines; its result and wall seconds."""
+    started = time.perf_counter()
+    stop = threading.Event()
+    progress = threading.Thread(target=follow, args=(metrics, stop, line), daemon=True)
+    progress.start()
+    try:
+        result = run()
+    finally:
+        stop.set()
+        progress.join()
+    return result, time.perf_counter() - started
+
+
+@contextmanager
+def data_flow_settings(base_model: str, rows: list[dict]) -> Iterator[tuple[dict[str, Any], Path]]:
+    """For a flow trained on a data file (SFT, DPO): `rows` as a JSONL file in a scratch
+    directory and an embedded server (on the Hugging Face cache when `base_model` is pulled),
+    its key in WHITNEY_API_KEY; yields the config settings they give (server, model, renderer,
+    data, metrics file, no checkpoints) and the metrics file."""
+    real = pulled(base_model) is not None
+    with (
+        tempfile.TemporaryDirectory(prefix="whitney-bench-") as scratch,
+        EmbeddedWhitney(hf_cache=hf_cache.cache_dir() if real else None) as server,
+    ):
+        data, metrics = Path(scratch) / "data.jsonl", Path(scratch) / "metrics.jsonl"
+        data.write_text("".join(json.dumps(row) + "\n" for row in rows))
+        os.environ["WHITNEY_API_KEY"] = server.api_key
+        settings = {
+            "api_url": server.url,
+            "base_model": base_model,
+            "renderer": "chat_template" if real else "auto",
+            "data_path": str(data),
+            "checkpoint_every": 0,
+            "metrics_path": str(metrics),
+        }
+        yield settings, metrics
+
+
+def cycle_line(cycle: dict) -> str:
+    """An RL cycle's reward (and evaluation) as one progress line."""
+    before, evaluation = cycle.get("eval_before"), cycle.get("eval")
+    first = f"before training: held-out greedy {before['reward_mean']:.3f}\n" if before else ""
+    extra = f", held-out greedy {evaluation['reward_mean']:.3f}" if evaluation else ""
+    return (
+        f"{first}cycle {cycle['cycle']}: reward {cycle['reward_mean']:.3f}, "
+        f"{cycle['wall_seconds']:.0f} s{extra}"
+    )
 
 
 def describe(metrics: EvalMetrics) -> str:
@@ -141,16 +186,11 @@ def main() -> None:
     with EmbeddedWhitney(hf_cache=hf_cache.cache_dir()) as server:
         os.environ["WHITNEY_API_KEY"] = server.api_key
         config = config.model_copy(update={"api_url": server.url})
-        started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="whitney-bench-") as scratch:
             metrics = Path(scratch) / "metrics.jsonl"
-            stop = threading.Event()
-            progress = threading.Thread(target=follow, args=(metrics, stop), daemon=True)
-            progress.start()
-            result = rl_flow(config.model_copy(update={"metrics_path": str(metrics)}))
-            stop.set()
-            progress.join()
-        minutes = (time.perf_counter() - started) / 60
+            traced = config.model_copy(update={"metrics_path": str(metrics)})
+            result, seconds = followed(lambda: rl_flow(traced), metrics, cycle_line)
+        minutes = seconds / 60
     print(f"machine at the end: {machine()}")
     print("reward per cycle: " + " ".join(f"{c.reward_mean:.2f}" for c in result.cycles))
     before = result.cycles[0].eval_before

@@ -17,18 +17,14 @@ load the machine was under.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
-import tempfile
-import threading
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")  # busy CPU
 
-from real_model_learning import cpu_model, machine, pulled  # noqa: E402
+from real_model_learning import cpu_model, data_flow_settings, followed, machine  # noqa: E402
 from served import quiet_prefect  # noqa: E402
 
 from flows.core.environments.arithmetic import (  # noqa: E402
@@ -37,8 +33,6 @@ from flows.core.environments.arithmetic import (  # noqa: E402
 )
 from flows.sft.config import SFTConfig  # noqa: E402
 from flows.sft.flow import sft_flow  # noqa: E402
-from whitney import hf_cache  # noqa: E402
-from whitney.local import EmbeddedWhitney  # noqa: E402
 
 SMOLLM2 = "gguf/SmolLM2-135M-Instruct-Q4_1"
 
@@ -70,22 +64,13 @@ def conversations() -> list[dict]:
     ]
 
 
-def follow(path: Path, stop: threading.Event) -> None:
-    """Print each cycle's losses as the flow appends its metrics line (progress)."""
-    done = 0
-    while not stop.wait(2.0):
-        lines = path.read_text().splitlines() if path.exists() else []
-        for line in lines[done:]:
-            cycle = json.loads(line)
-            evals = "".join(
-                f", held-out loss {e['loss']:.3f} at step {e['step']}" for e in cycle["evals"]
-            )
-            print(
-                f"cycle {cycle['cycle']}: train loss {cycle['train_loss']:.3f}{evals}, "
-                f"{cycle['wall_seconds']:.0f} s",
-                flush=True,
-            )
-        done = len(lines)
+def cycle_line(cycle: dict) -> str:
+    """An SFT cycle's losses as one progress line."""
+    evals = "".join(f", held-out loss {e['loss']:.3f} at step {e['step']}" for e in cycle["evals"])
+    return (
+        f"cycle {cycle['cycle']}: train loss {cycle['train_loss']:.3f}{evals}, "
+        f"{cycle['wall_seconds']:.0f} s"
+    )
 
 
 def main() -> None:
@@ -96,22 +81,11 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=1e-3)
     parser.add_argument("--base-model", default=SMOLLM2)
     options = parser.parse_args()
-    real = pulled(options.base_model) is not None
+    examples = conversations()
     print(f"machine: {machine()}", flush=True)
-    with (
-        tempfile.TemporaryDirectory(prefix="whitney-bench-") as scratch,
-        EmbeddedWhitney(hf_cache=hf_cache.cache_dir() if real else None) as server,
-    ):
-        data = Path(scratch) / "sums.jsonl"
-        examples = conversations()
-        data.write_text("".join(json.dumps(example) + "\n" for example in examples))
-        metrics = Path(scratch) / "metrics.jsonl"
-        os.environ["WHITNEY_API_KEY"] = server.api_key
+    with data_flow_settings(options.base_model, examples) as (settings, metrics):
         config = SFTConfig(
-            api_url=server.url,
-            base_model=options.base_model,
-            renderer="chat_template" if real else "auto",
-            data_path=str(data),
+            **settings,
             steps=options.steps,
             steps_per_cycle=1,
             batch_size=options.batch_size,
@@ -120,8 +94,6 @@ def main() -> None:
             warmup_steps=0,
             eval_fraction=0.2,
             eval_every=options.steps,
-            checkpoint_every=0,
-            metrics_path=str(metrics),
         )
         print(
             f"{config.base_model}: {len(examples)} conversations of both orders of a sum "
@@ -130,14 +102,7 @@ def main() -> None:
             f"{config.learning_rate:g}",
             flush=True,
         )
-        started = time.perf_counter()
-        stop = threading.Event()
-        progress = threading.Thread(target=follow, args=(metrics, stop), daemon=True)
-        progress.start()
-        result = sft_flow(config)
-        stop.set()
-        progress.join()
-        seconds = time.perf_counter() - started
+        result, seconds = followed(lambda: sft_flow(config), metrics, cycle_line)
     print(f"machine at the end: {machine()}")
     before, after = result.eval_losses[0], result.eval_losses[-1]
     print(

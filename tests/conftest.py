@@ -4,6 +4,7 @@
   (`api_keys[0]` is `api_key`, `api_keys[1]` another tenant), a temporary data dir;
 - `whitney_client`: a `WhitneyClient` on it (fast retries), closed after the test;
 - `other_tenant_client`: the same, with the second tenant's key;
+- `api`, `other`: raw HTTP clients of it (httpx), one per tenant;
 - `hf_models`: a Hugging Face cache holding tiny Llama and Qwen2 checkpoints
   (tests/hfmodels/builders.py), built once, and this environment pointed at it, offline.
 
@@ -18,14 +19,17 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
 
+from tests.local.helpers import http
 from whitney.local import EmbeddedWhitney
 
 SERVED_APART = (
@@ -78,6 +82,20 @@ def whitney_client(embedded_server):
 @pytest.fixture
 def other_tenant_client(embedded_server):
     with _client(embedded_server, embedded_server.api_keys[1]) as client:
+        yield client
+
+
+@pytest.fixture
+def api(embedded_server: EmbeddedWhitney) -> Iterator[httpx.Client]:
+    """Tenant A's client."""
+    with http(embedded_server) as client:
+        yield client
+
+
+@pytest.fixture
+def other(embedded_server: EmbeddedWhitney) -> Iterator[httpx.Client]:
+    """Tenant B's client."""
+    with http(embedded_server, embedded_server.api_keys[1]) as client:
         yield client
 
 

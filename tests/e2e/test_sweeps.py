@@ -40,6 +40,17 @@ TRIAL_NAME = re.compile(r"-trial-(?P<trial>\d+)-rung-(?P<rung>\d+)$")
 pytestmark = pytest.mark.timeout(540)
 
 
+def completed_sweep(stack: Stack, config: dict[str, Any], name: str) -> dict[str, Any]:
+    """The flow run of the sweep-on-demand deployment triggered with `config`, once completed."""
+    deployment = stack.api.deployment("sweep", "sweep-on-demand")
+    sweep = stack.api.create_flow_run_from_deployment(
+        deployment["id"], {"config": config, "whitney_block": BLOCK_NAME}, name
+    )
+    return stack.api.wait_flow_run(
+        sweep["id"], ["COMPLETED"], SWEEP_TIMEOUT_S, evidence=stack.evidence
+    )
+
+
 def trial_runs(stack: Stack, sweep_id: str) -> dict[tuple[int, int], dict[str, Any]]:
     """The sweep's trial flow runs by (trial, rung), found by the sweep's tag."""
     runs = stack.api.post(
@@ -103,13 +114,7 @@ def documented_payload(event: str) -> set[str]:
 
 
 def test_a_sweep_of_four_trials_runs_two_at_a_time_and_halves(alive: Stack) -> None:
-    deployment = alive.api.deployment("sweep", "sweep-on-demand")
-    sweep = alive.api.create_flow_run_from_deployment(
-        deployment["id"], {"config": SWEEP, "whitney_block": BLOCK_NAME}, "e2e: sweep"
-    )
-    done = alive.api.wait_flow_run(
-        sweep["id"], ["COMPLETED"], SWEEP_TIMEOUT_S, evidence=alive.evidence
-    )
+    done = completed_sweep(alive, SWEEP, "e2e: sweep")
 
     trials = trial_runs(alive, done["id"])
     assert sorted(t for t, rung in trials if rung == 0) == list(range(4))
@@ -214,13 +219,7 @@ def test_a_rung_that_spent_the_budget_leaves_no_slot_to_a_waiting_trial(alive: S
         "prices": {"sampled_per_million": 1000.0},  # every cycle samples >= 12 tokens
         "max_cost": 0.001,
     }
-    deployment = alive.api.deployment("sweep", "sweep-on-demand")
-    sweep = alive.api.create_flow_run_from_deployment(
-        deployment["id"], {"config": config, "whitney_block": BLOCK_NAME}, "e2e: sweep budget"
-    )
-    done = alive.api.wait_flow_run(
-        sweep["id"], ["COMPLETED"], SWEEP_TIMEOUT_S, evidence=alive.evidence
-    )
+    done = completed_sweep(alive, config, "e2e: sweep budget")
 
     trials = trial_runs(alive, done["id"])
     assert len(trials) == 1, sorted(run["name"] for run in trials.values())

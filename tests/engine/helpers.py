@@ -1,11 +1,18 @@
 """Independent references for the engine tests: transformers' LlamaForCausalLM and peft, built
-from the engine's weights but computing everything themselves."""
+from the engine's weights but computing everything themselves; the small trained runs the tests
+check against them, and a probe in a fresh process."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import torch
+
+from whitney.local.engine import EngineRun
 
 PROJ = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -95,3 +102,24 @@ def train_a_little(run, steps: int = 2, lr: float = 5e-3) -> None:
             {"data": data, "loss_function": "cross_entropy", "loss_config": {}}, backward=True
         )
         run.optim_step({"type": "adamw", "learning_rate": lr})
+
+
+def trained_run(seed: int, steps: int = 2, lr: float = 5e-3, sampler: str = "") -> EngineRun:
+    """A local/nano run (LoRA rank 4) after `train_a_little`; its weights saved for the
+    sampler `sampler` when one is named."""
+    run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=seed)
+    train_a_little(run, steps=steps, lr=lr)
+    if sampler:
+        run.save_weights_for_sampler(sampler)
+    return run
+
+
+def python_json(code: str, env: dict[str, str], timeout: float, cwd: Path | None = None) -> Any:
+    """What a fresh Python process running `code` prints last, as JSON; it must exit 0 (the
+    assertion shows its stderr's tail)."""
+    command = [sys.executable, "-c", code]
+    completed = subprocess.run(
+        command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    return json.loads(completed.stdout.splitlines()[-1])

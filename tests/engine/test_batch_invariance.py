@@ -15,17 +15,14 @@ import torch
 
 from whitney.local.engine import EngineRun, exact
 
-from .helpers import datum, make_sequences, train_a_little
+from .helpers import datum, make_sequences, train_a_little, trained_run
 
 LENGTHS = (1, 2, 3, 15, 16, 17, 31, 32, 33, 40, 64, 65, 100)
 
 
 @pytest.fixture(scope="module")
 def run() -> EngineRun:
-    run = EngineRun.create(base_model="local/nano", lora_rank=4, seed=3)
-    train_a_little(run, steps=2)
-    run.save_weights_for_sampler("s")
-    return run
+    return trained_run(seed=3, steps=2, sampler="s")
 
 
 def logprobs(run: EngineRun, sequences: list[list[int]]) -> list[list[float | None]]:

@@ -9,13 +9,14 @@ so once and runs eager."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
 import sys
 
 import pytest
+
+from .helpers import python_json
 
 PROBE = """
 import hashlib, json, logging, sys, time
@@ -104,16 +105,7 @@ print(json.dumps(found))
 
 def probe(compile_flag: str, cache: str) -> dict:
     environment = os.environ | {"WHITNEY_ENGINE_COMPILE": compile_flag, "XDG_CACHE_HOME": cache}
-    completed = subprocess.run(
-        [sys.executable, "-c", PROBE],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=1800,
-        check=False,
-    )
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    return json.loads(completed.stdout.splitlines()[-1])
+    return python_json(PROBE, environment, timeout=1800)
 
 
 @pytest.mark.timeout(1800)  # the kernels compile cold (into tmp_path) on a busy machine

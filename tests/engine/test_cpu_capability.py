@@ -6,12 +6,12 @@ Gradients go through float32 BLAS, whose kernels the CPU picks: they are not com
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 
 import pytest
+
+from .helpers import python_json
 
 AVX512_FLAGS = {"avx512f", "avx512bw", "avx512vl", "avx512dq"}
 
@@ -59,16 +59,7 @@ print(json.dumps({
 
 
 def probe(capability: str) -> dict[str, str]:
-    environment = os.environ | {"ATEN_CPU_CAPABILITY": capability}
-    completed = subprocess.run(
-        [sys.executable, "-c", PROBE],
-        env=environment,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=True,
-    )
-    return json.loads(completed.stdout.splitlines()[-1])
+    return python_json(PROBE, os.environ | {"ATEN_CPU_CAPABILITY": capability}, timeout=300)
 
 
 @pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64", reason="x86-64")

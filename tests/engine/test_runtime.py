@@ -4,8 +4,6 @@ determinism across threads and processes."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
@@ -16,7 +14,7 @@ from whitney.errors import WhitneyError
 from whitney.local.engine import BASE_MODELS, EngineRun
 from whitney.tokenizers import BOS_ID, EOS_ID, PAD_ID, ByteTokenizer, get_tokenizer
 
-from .helpers import datum, make_sequences
+from .helpers import datum, make_sequences, python_json
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -76,15 +74,9 @@ def test_bit_identical_across_threads_and_processes() -> None:
         "sys.stdout.write(json.dumps(cycle(3)))"
     )
     env_threads = str(torch.get_num_threads())
-    out = subprocess.run(
-        [sys.executable, "-c", code],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-        env={"OMP_NUM_THREADS": env_threads, "PATH": "/usr/bin"},
-    )
-    assert json.loads(out.stdout) == json.loads(json.dumps(expected))
+    environment = {"OMP_NUM_THREADS": env_threads, "PATH": "/usr/bin"}
+    printed = python_json(code, environment, timeout=600, cwd=ROOT)
+    assert printed == json.loads(json.dumps(expected))
     assert cycle(4)["sample"] != expected["sample"]
 
 

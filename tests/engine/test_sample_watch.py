@@ -9,7 +9,7 @@ import torch
 
 from whitney.local.engine import EngineRun, Step, Watch
 
-from .helpers import hf_peft, train_a_little
+from .helpers import hf_peft, trained_run
 
 PROMPTS = ([256, 72, 105, 33], [256, 10, 20, 30])
 TOP = 3
@@ -17,10 +17,7 @@ TOP = 3
 
 @pytest.fixture(scope="module")
 def run() -> EngineRun:
-    r = EngineRun.create(base_model="local/nano", lora_rank=4, seed=21)
-    train_a_little(r, steps=2, lr=1e-2)
-    r.save_weights_for_sampler("s0")
-    return r
+    return trained_run(seed=21, steps=2, lr=1e-2, sampler="s0")
 
 
 def requests() -> list[dict]:

@@ -13,17 +13,14 @@ from whitney.local.engine.model import CONFIGS, Llama, init_weights
 from whitney.local.engine.sampling import SampleSpec, SamplingParams, draw, sample
 from whitney.tokenizers import EOS_ID
 
-from .helpers import hf_peft, train_a_little
+from .helpers import hf_peft, train_a_little, trained_run
 
 PROMPTS = ([256, 72, 105, 33], [256, 10, 20, 30, 40, 50, 60, 70, 80], [5])
 
 
 @pytest.fixture(scope="module")
 def run() -> EngineRun:
-    r = EngineRun.create(base_model="local/nano", lora_rank=4, seed=21)
-    train_a_little(r, steps=3, lr=1e-2)
-    r.save_weights_for_sampler("s0")
-    return r
+    return trained_run(seed=21, steps=3, lr=1e-2, sampler="s0")
 
 
 def request(prompt, n=4, **params) -> dict:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from flowtest_cli import Refusal, assert_refused_before_any_session
 from flowtest_helpers import CheckpointedRun
-from flowtest_settings import QUICK_RECOVERY
+from flowtest_rl import small_rl_config
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.core.loop.plans import forget_plans
@@ -68,20 +68,6 @@ def refused(
     """Checks that `whitney-flows run FLOW` on the shared server refuses a bad config
     (`flowtest_cli.assert_refused_before_any_session`)."""
     return functools.partial(assert_refused_before_any_session, whitney.url, inspector, capsys)
-
-
-def small_rl_config(api_url: str) -> RLConfig:
-    """A fast RL config on local/nano: learning is not the point of most tests."""
-    return RLConfig(
-        api_url=api_url,
-        base_model="local/nano",
-        cycles=3,
-        prompts_per_cycle=3,
-        group_size=4,
-        max_tokens=8,
-        seed=11,
-        **QUICK_RECOVERY,
-    )
 
 
 @pytest.fixture

@@ -84,3 +84,14 @@ def assert_refused_before_any_session(
     assert needle in error
     assert "Traceback" not in error
     assert len(inspector.list_sessions()) == sessions_before
+
+
+def help_text(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, flow: str
+) -> str:
+    """The help of `run FLOW`, on one line (argparse wraps it at COLUMNS)."""
+    monkeypatch.setenv("COLUMNS", "1000")
+    with pytest.raises(SystemExit) as exit_info:
+        main(["run", flow, "--help"])
+    assert exit_info.value.code == 0
+    return capsys.readouterr().out

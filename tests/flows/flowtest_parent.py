@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from uuid import UUID
 
-from flowtest_settings import QUICK_RECOVERY
+from flowtest_rl import small_rl_config
 
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
@@ -28,17 +28,15 @@ _parents: dict[str, Parent] = {}
 
 
 def parent_config(api_url: str) -> RLConfig:
-    return RLConfig(
-        api_url=api_url,
+    return small_rl_config(
+        api_url,
         base_model="local/tiny",
         cycles=4,
         checkpoint_every=1,
         eval_every=2,
         prompts_per_cycle=2,
-        group_size=4,
         max_tokens=6,
         seed=5,
-        **QUICK_RECOVERY,
     )
 
 

@@ -1,6 +1,6 @@
 """Checks the recipe tests make: the provider table as (loss, provider) pairs, the payloads
 the server journaled, a recipe's auxiliary run, and a cycle failing once after a given call
-(`replay_after_one_failure`, which the replay and resampling tests use too)."""
+(`replay_after_one_failure`, which the replay, judge and resampling tests use too)."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from flows.rl.flow import rl_flow
 from flows.rl.metrics import RLResult
 from flows.rl.recipes import CRITIC_PROVIDERS, RECIPES, AuxiliaryRun, Recipe, load_recipe
 from flows.rl.recipes.ppo import RECIPE as PPO
+from tasks import operations
 from tasks.sequenced_client import SequencedClient
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
@@ -107,6 +108,26 @@ def replay_after_one_failure(
     result = state.result()
     assert result.adapter.sha256 == undisturbed.adapter.sha256
     return Replay(undisturbed, state, result, matched)
+
+
+def replay_after_second_forward_backward(
+    config: RLConfig, monkeypatch: pytest.MonkeyPatch
+) -> Replay:
+    """`replay_after_one_failure` with cycle 1 failing after its forward_backward (the second),
+    in `operations.execute_operation` (what every operation task runs, submitted or not): the
+    rewards per cycle are the undisturbed run's too."""
+    replay = replay_after_one_failure(
+        config,
+        monkeypatch,
+        lambda kind, payload: kind == "forward_backward",
+        2,
+        owner=operations,
+        name="execute_operation",
+    )
+    assert [cycle.reward_mean for cycle in replay.result.cycles] == [
+        cycle.reward_mean for cycle in replay.undisturbed.cycles
+    ]
+    return replay
 
 
 def assert_replays_exactly(

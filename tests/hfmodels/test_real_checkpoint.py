@@ -16,6 +16,12 @@ import torch
 
 from flows.core.environments.arithmetic import ArithmeticEnvironment
 from tests.export.helpers import export, new_client
+from tests.hfmodels.parity import (
+    hf_target_logprobs,
+    max_difference,
+    server_target_logprobs,
+    sft_payload,
+)
 from tests.hfmodels.real_model import REPO_ID, real_model_snapshot
 from whitney import hf_cache
 from whitney.local import EmbeddedWhitney
@@ -29,16 +35,6 @@ the base model, 4.3e-5 (PEFT) and 4.4e-5 (merged) after the three SFT steps; tra
 float32 forward is within 4e-5 of its float64. The engine's exact dot products round each
 operand row to a fixed-point grid (whitney/local/engine/exact.py); with both operands on equal
 bits this was 4.1e-4 and 5.5e-4."""
-CHATS = [
-    [
-        {"role": "user", "content": "What is 3 + 4?"},
-        {"role": "assistant", "content": "3 + 4 = 7"},
-    ],
-    [
-        {"role": "user", "content": "What is 8 + 1?"},
-        {"role": "assistant", "content": "8 + 1 = 9"},
-    ],
-]
 GREEDY_TOKENS = 8
 
 
@@ -58,33 +54,6 @@ def server(snapshot: Path):
 @pytest.fixture(scope="module")
 def renderer(snapshot: Path):
     return get_renderer("chat_template", get_tokenizer(REPO_ID), REPO_ID)
-
-
-def sft_payload(renderer) -> dict:
-    data = [renderer.build_supervised(chat).datum() for chat in CHATS]
-    return {"data": data, "loss_function": "cross_entropy", "loss_config": {}}
-
-
-def server_target_logprobs(client, run_id: str, payload: dict) -> list[torch.Tensor]:
-    """The logprob of each datum's target tokens under the run's weights (`forward`)."""
-    outputs = client.run_operation(run_id, "forward", payload)["outputs"]
-    return [torch.tensor(output["logprobs"]) for output in outputs]
-
-
-def hf_target_logprobs(model: torch.nn.Module, payload: dict) -> list[torch.Tensor]:
-    """The same numbers from a transformers model's own float32 forward."""
-    rows = []
-    for datum in payload["data"]:
-        tokens = torch.tensor([datum["input"]["token_ids"]])
-        targets = torch.tensor(datum["loss_inputs"]["target_tokens"]["values"])
-        with torch.no_grad():
-            log_probs = model(tokens).logits[0].float().log_softmax(-1)
-        rows.append(log_probs.gather(1, targets[:, None])[:, 0])
-    return rows
-
-
-def max_difference(left: list[torch.Tensor], right: list[torch.Tensor]) -> float:
-    return max((a - b).abs().max().item() for a, b in zip(left, right, strict=True))
 
 
 def until_stop(tokens: list[int], stops: set[int]) -> list[int]:

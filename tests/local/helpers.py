@@ -87,33 +87,32 @@ def post_op(
     return client.post(path, json={"seq_id": seq_id, "kind": kind, "payload": payload})
 
 
-def wait_op(client: httpx.Client, run_id: str, seq_id: int, timeout: float = 60) -> dict:
+def wait_op(
+    client: httpx.Client,
+    run_id: str,
+    seq_id: int,
+    timeout: float = 60,
+    parse: Callable[[str], Any] = json.loads,
+) -> dict:
+    """The operation, once terminal or after `timeout` s of long polling; read by `parse`."""
     response = client.get(
         f"/v1/training/runs/{run_id}/operations/{seq_id}", params={"wait_s": timeout}
     )
     assert response.status_code == 200, response.text
-    return response.json()
+    return parse(response.text)
 
 
 def submit_op(
-    client: httpx.Client,
-    run_id: str,
-    seq_id: int,
-    kind: str,
-    payload: dict,
-    sampler_id: str | None = None,
-    parse: Callable[[str], Any] = json.loads,
+    client: httpx.Client, *operation: Any, parse: Callable[[str], Any] = json.loads
 ) -> dict:
-    """Submit and wait for a terminal status; each answer read by `parse`."""
-    response = post_op(client, run_id, seq_id, kind, payload, sampler_id)
+    """`post_op(client, run_id, seq_id, kind, payload[, sampler_id])` and wait for a terminal
+    status; each answer read by `parse`."""
+    response = post_op(client, *operation)
     assert response.status_code == 200, response.text
     op = parse(response.text)
     if op["status"] not in TERMINAL:
-        response = client.get(
-            f"/v1/training/runs/{run_id}/operations/{seq_id}", params={"wait_s": 60}
-        )
-        assert response.status_code == 200, response.text
-        op = parse(response.text)
+        run_id, seq_id = operation[:2]
+        op = wait_op(client, run_id, seq_id, parse=parse)
         assert op["status"] in TERMINAL, op
     return op
 

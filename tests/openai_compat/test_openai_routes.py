@@ -56,12 +56,6 @@ def client(embedded_server: EmbeddedWhitney) -> Iterator[openai.OpenAI]:
         yield c
 
 
-@pytest.fixture
-def api(embedded_server: EmbeddedWhitney) -> Iterator[httpx.Client]:
-    with http(embedded_server) as c:
-        yield c
-
-
 def next_seq(api: httpx.Client, run_id: str) -> int:
     """The run's next seq_id (each test submits its own, whichever tests run)."""
     return api.get(f"/v1/training/runs/{run_id}").json()["next_seq_id"]

@@ -84,6 +84,22 @@ def sl_rows() -> list[dict[str, list]]:
     return rows
 
 
+def stepped_training_client(
+    base_url: str, tenant: int
+) -> tuple[tinker.ServiceClient, tinker.TrainingClient]:
+    """Tenant `tenant`'s SDK service and a training client on BASE_MODEL that has taken one
+    cross_entropy forward_backward of the first supervised row (no optimizer step)."""
+    service = tinker.ServiceClient(base_url=base_url, api_key=sdk_key(tenant))
+    training = service.create_lora_training_client(base_model=BASE_MODEL, rank=RANK).result()
+    row = sl_rows()[0]
+    datum = types.Datum(
+        model_input=types.ModelInput.from_ints(row["input"]),
+        loss_fn_inputs={"target_tokens": row["target_tokens"]},
+    )
+    training.forward_backward([datum], "cross_entropy").result()
+    return service, training
+
+
 def through_tinker(base_url: str, api_key: str, sl_steps: int = 2, rl_cycles: int = 1) -> Trace:
     trace = Trace()
     started = time.perf_counter()

@@ -13,21 +13,14 @@ import tinker
 from tinker import types
 
 from tests.local.served import ServedWhitney
-from tests.tinker.steps import KEYS, sdk_key, sl_rows
+from tests.tinker.steps import KEYS, sdk_key, stepped_training_client
 from whitney import WhitneyClient
 
 
 def test_runs_checkpoints_and_the_external_weights_download(
     server: ServedWhitney, tmp_path
 ) -> None:
-    service = tinker.ServiceClient(base_url=server.url, api_key=sdk_key(1))
-    training = service.create_lora_training_client(base_model="local/tiny", rank=4).result()
-    row = sl_rows()[0]
-    datum = types.Datum(
-        model_input=types.ModelInput.from_ints(row["input"]),
-        loss_fn_inputs={"target_tokens": row["target_tokens"]},
-    )
-    training.forward_backward([datum], "cross_entropy").result()
+    _, training = stepped_training_client(server.url, tenant=1)
     training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
     state = training.save_state("kept").result().path
     sampler = training.save_weights_for_sampler("snap").result().path

@@ -13,11 +13,10 @@ from pathlib import Path
 import httpx
 import numpy as np
 import tinker
-from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
 
 from tests.local.served import served
-from tests.tinker.steps import KEYS, sdk_key, sl_rows
+from tests.tinker.steps import KEYS, sdk_key, stepped_training_client
 from whitney import WhitneyClient
 
 TOKENS = [5, 9, 12, 40, 41]
@@ -84,14 +83,7 @@ def test_a_request_resent_after_a_restart_gets_its_original_answer(tmp_path: Pat
 
 def test_a_signed_url_serves_after_a_restart(tmp_path: Path) -> None:
     with served(tmp_path, keys=KEYS) as server:
-        service = tinker.ServiceClient(base_url=server.url, api_key=sdk_key(0))
-        training = service.create_lora_training_client(base_model="local/tiny", rank=4).result()
-        row = sl_rows()[0]
-        datum = types.Datum(
-            model_input=types.ModelInput.from_ints(row["input"]),
-            loss_fn_inputs={"target_tokens": row["target_tokens"]},
-        )
-        training.forward_backward([datum], "cross_entropy").result()
+        service, training = stepped_training_client(server.url, tenant=0)
         export = training.save_weights_external("adapter").result().path
         rest = tinker.RestClient(base_url=server.url, api_key=sdk_key(0))
         urls = rest.get_external_weights_urls(export).result().urls

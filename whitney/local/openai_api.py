@@ -370,44 +370,46 @@ def _echo(plan: Plan, index: int) -> str:
     return plan.echoes[index // plan.n] if plan.echoes is not None else ""
 
 
-def chat_answer(model: str, plan: Plan, served: ServedModel, answer: Answer) -> dict[str, Any]:
+def _answer(
+    prefix: str, kind: str, model: str, plan: Plan, answer: Answer, choices: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """A whole (not streamed) answer: a new id, its object type, the time, model and usage."""
     return {
-        "id": f"chatcmpl-{uuid.uuid4().hex}",
-        "object": "chat.completion",
+        "id": f"{prefix}-{uuid.uuid4().hex}",
+        "object": kind,
         "created": int(time.time()),
         "model": model,
-        "choices": [
-            {
-                "index": c.index,
-                "message": {"role": "assistant", "content": c.text},
-                "logprobs": _chat_logprobs(served, c) if plan.logprobs else None,
-                "finish_reason": c.finish_reason,
-            }
-            for c in answer.choices
-        ],
+        "choices": choices,
         "usage": _usage(plan, answer.sampled),
     }
+
+
+def chat_answer(model: str, plan: Plan, served: ServedModel, answer: Answer) -> dict[str, Any]:
+    choices = [
+        {
+            "index": c.index,
+            "message": {"role": "assistant", "content": c.text},
+            "logprobs": _chat_logprobs(served, c) if plan.logprobs else None,
+            "finish_reason": c.finish_reason,
+        }
+        for c in answer.choices
+    ]
+    return _answer("chatcmpl", "chat.completion", model, plan, answer, choices)
 
 
 def completion_answer(
     model: str, plan: Plan, served: ServedModel, answer: Answer
 ) -> dict[str, Any]:
-    return {
-        "id": f"cmpl-{uuid.uuid4().hex}",
-        "object": "text_completion",
-        "created": int(time.time()),
-        "model": model,
-        "choices": [
-            {
-                "index": c.index,
-                "text": _echo(plan, c.index) + c.text,
-                "logprobs": _completion_logprobs(served, c, 0, plan.top) if plan.logprobs else None,
-                "finish_reason": c.finish_reason,
-            }
-            for c in answer.choices
-        ],
-        "usage": _usage(plan, answer.sampled),
-    }
+    choices = [
+        {
+            "index": c.index,
+            "text": _echo(plan, c.index) + c.text,
+            "logprobs": _completion_logprobs(served, c, 0, plan.top) if plan.logprobs else None,
+            "finish_reason": c.finish_reason,
+        }
+        for c in answer.choices
+    ]
+    return _answer("cmpl", "text_completion", model, plan, answer, choices)
 
 
 class ChatStream:

@@ -7,28 +7,18 @@ import re
 from typing import get_args
 
 import pytest
+from flowtest_cli import help_text
 from pydantic import BaseModel
 
-from flows.cli.main import main
 from flows.core.environments import ENVIRONMENTS, load_environment
 from flows.core.environments.multiturn import MultiTurnEnvironment
 from flows.core.evaluation.config import EvalSettings
 from flows.distill.config import DistillationConfig
+from flows.dpo.config import DPOConfig
 from flows.rl.config import RLConfig
 from flows.sft.config import SFTConfig
 from whitney.losses import LOSS_FUNCTIONS
 from whitney.wire import Provider
-
-
-def help_text(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, flow: str
-) -> str:
-    """The help of `run FLOW`, on one line (argparse wraps it at COLUMNS)."""
-    monkeypatch.setenv("COLUMNS", "1000")
-    with pytest.raises(SystemExit) as exit_info:
-        main(["run", flow, "--help"])
-    assert exit_info.value.code == 0
-    return capsys.readouterr().out
 
 
 @pytest.mark.parametrize(
@@ -44,6 +34,16 @@ def help_text(
             "distill",
             DistillationConfig,
             {"--cycles": "cycles", "--chunk-size": "teacher_chunk_size"},
+        ),
+        (
+            "dpo",
+            DPOConfig,
+            {
+                "--cycles": "cycles",
+                "--beta": "beta",
+                "--lr": "learning_rate",
+                "--reference": "reference",
+            },
         ),
     ],
 )

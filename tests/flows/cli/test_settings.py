@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import pytest
+from flowtest_cli import help_text
 from pydantic import BaseModel
 from pydantic_core import to_jsonable_python
 
@@ -175,11 +176,7 @@ def test_a_bad_setting_exits_2_with_one_line_naming_it(
 def test_rl_help_lists_every_field(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv("COLUMNS", "1000")
-    with pytest.raises(SystemExit) as exit_info:
-        main(["run", "rl", "--help"])
-    assert exit_info.value.code == 0
-    text = capsys.readouterr().out
+    text = help_text(capsys, monkeypatch, "rl")
     listed = {
         line.split(":")[0].strip()
         for line in text.split("settings of RLConfig")[1].splitlines()[1:]

@@ -11,10 +11,8 @@ from pathlib import Path
 import pytest
 from flowtest_cli import Refusal, assert_downloaded, run_console_script
 
-from flows.cli.main import main
 from flows.cli.parsers import build_parser
 from flows.cli.run_dpo import dpo_config_from
-from flows.dpo.config import DPOConfig
 from flows.dpo.plan import check_dpo_config
 from whitney.client import WhitneyClient
 
@@ -117,19 +115,3 @@ def test_command_line_options_override_the_config_file(tmp_path: Path) -> None:
         config.model_copy(update={"data_path": str(EXAMPLES / "dpo-pairs.jsonl")})
     )
     assert (len(plan.train), len(plan.eval)) == (38, 10)
-
-
-def test_help_shows_the_config_defaults(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv("COLUMNS", "1000")
-    with pytest.raises(SystemExit) as exit_info:
-        main(["run", "dpo", "--help"])
-    assert exit_info.value.code == 0
-    text = capsys.readouterr().out
-    lines = {line.split()[0]: line for line in text.splitlines() if line.startswith("  --")}
-    options = {"--cycles": "cycles", "--beta": "beta", "--lr": "learning_rate"}
-    options |= {"--reference": "reference", "--base-model": "base_model"}
-    for option, field in options.items():
-        default = DPOConfig.model_fields[field].default
-        assert lines[option].endswith(f"(default: {default})"), lines[option]

@@ -6,6 +6,7 @@ nothing twice; a bad judge setting is refused naming its field."""
 from __future__ import annotations
 
 import functools
+import inspect
 import json
 import math
 import re
@@ -16,9 +17,12 @@ from typing import Any
 import pytest
 from flowtest_cli import Refusal
 from flowtest_helpers import assert_executed_once_in_order, subflow_runs, task_runs_of
-from flowtest_recipe_helpers import journaled, replay_after_one_failure
+from flowtest_recipe_helpers import (
+    auxiliary_run_id,
+    journaled,
+    replay_after_second_forward_backward,
+)
 
-from blocks.connection import WhitneyConnection
 from flows.core.config import read_config_file, validated
 from flows.rl.config import RLConfig
 from flows.rl.flow import rl_flow
@@ -27,7 +31,6 @@ from flows.rl.judge_config import JudgeSettings
 from flows.rl.judge_rubric import Rubric
 from flows.rl.plan import check_rl_config
 from tasks import operations
-from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 from whitney.renderers import get_renderer
@@ -42,15 +45,6 @@ def judged(config: RLConfig, tmp_path: Path, **settings: Any) -> RLConfig:
     """`config` rewarded by a local/tiny judge whose answers are cached under `tmp_path`."""
     judge = JudgeSettings(model=JUDGE, cache_dir=str(tmp_path / "judge"), **settings)
     return config.model_copy(update={"judge": judge})
-
-
-def judge_run_id(inspector: WhitneyClient, session_id: str, policy_run_id: str) -> str:
-    (judge,) = [
-        run_id
-        for run_id in inspector.get_session(session_id).run_ids or []
-        if run_id != policy_run_id
-    ]
-    return judge
 
 
 def completion_texts_of(rows: list[dict]) -> list[list[str]]:
@@ -106,7 +100,7 @@ def test_logprobs_score_is_the_judges_odds_of_yes(
     assert result.cycles[0].reward_mean == pytest.approx(statistics.fmean(rewards), abs=1e-6)
     # every judge call is a task run tagged for a Prefect tag concurrency limit
     (cycle,) = subflow_runs(state.state_details.flow_run_id)
-    asked = len(journaled(whitney, judge_run_id(inspector, result.session_id, result.run_id)))
+    asked = len(journaled(whitney, auxiliary_run_id(inspector, result.session_id, result.run_id)))
     tasks = task_runs_of(cycle.id, expected=asked - 1 + config.prompts_per_cycle + 2)
     judge_tasks = [task for task in tasks if JUDGE_TAG in task.tags]
     assert len(judge_tasks) == asked - 1  # all but the publication, outside the cycle
@@ -161,7 +155,7 @@ def test_sampled_verdicts_reward_a_few_cycles(
     )
     result = rl_flow(config)
     plan = check_rl_config(config)
-    judge_run = judge_run_id(inspector, result.session_id, result.run_id)
+    judge_run = auxiliary_run_id(inspector, result.session_id, result.run_id)
     answers = judge_answers(whitney, judge_run)
     rows = journaled(whitney, judge_run, "sample")
     assert {row["payload"]["sampling_params"]["temperature"] for row in rows} == {1.0}
@@ -208,37 +202,23 @@ def test_a_retried_cycle_replays_and_asks_the_judge_nothing_twice(
     sent: list[tuple[str, int]] = []  # every judge call sent: (judge run, seq id)
     execute = operations.execute_operation
 
+    signature = inspect.signature(execute)
+
     @functools.wraps(execute)
-    def counting(
-        connection: WhitneyConnection,
-        run_id: str,
-        kind: str,
-        seq_id: int,
-        payload: dict,
-        sampler_id: str | None = None,
-    ) -> wire.Operation:
-        if kind == "logprobs":  # the policy's calls here are sample and training only
-            sent.append((run_id, seq_id))
-        return execute(connection, run_id, kind, seq_id, payload, sampler_id)
+    def counting(*args: Any, **options: Any) -> Any:
+        call = signature.bind(*args, **options).arguments
+        if call["kind"] == "logprobs":  # the policy's calls here are sample and training only
+            sent.append((call["run_id"], call["seq_id"]))
+        return execute(*args, **options)
 
     monkeypatch.setattr(operations, "execute_operation", counting)
     # cycle 1 fails after its forward_backward, once its judge calls are answered
-    undisturbed, state, result, _ = replay_after_one_failure(
-        config,
-        monkeypatch,
-        lambda kind, payload: kind == "forward_backward",
-        2,
-        owner=operations,
-        name="execute_operation",
-    )
-    assert [cycle.reward_mean for cycle in result.cycles] == [
-        cycle.reward_mean for cycle in undisturbed.cycles
-    ]
-    judge_run = judge_run_id(inspector, result.session_id, result.run_id)
+    undisturbed, _, result, _ = replay_after_second_forward_backward(config, monkeypatch)
+    judge_run = auxiliary_run_id(inspector, result.session_id, result.run_id)
     calls = [seq_id for run_id, seq_id in sent if run_id == judge_run]
     rows = assert_executed_once_in_order(whitney, judge_run)
     assert len(calls) == len(set(calls)) == len(rows) - 1  # all but the sampler's publication
-    undisturbed_judge = judge_run_id(inspector, undisturbed.session_id, undisturbed.run_id)
+    undisturbed_judge = auxiliary_run_id(inspector, undisturbed.session_id, undisturbed.run_id)
     assert len(calls) == sum(run_id == undisturbed_judge for run_id, _ in sent)
     # the retried cycle's record counts its judge answers once, as the undisturbed one does
     assert [cycle.usage for cycle in result.cycles] == [cycle.usage for cycle in undisturbed.cycles]
