@@ -17,6 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
+from tinker.proto.request_conv import forward_backward_request_to_proto
+from tinker.proto.response_conv import deserialize_forward_backward_output
 
 from tests.local.served import ServedWhitney
 from tests.tinker.steps import MAX_BODY_BYTES, sdk_key
@@ -169,6 +171,36 @@ def test_a_small_zstd_body_that_inflates_past_the_limit_is_413_without_inflating
     )
     answer = api.post("/api/v1/forward_backward", content=body, headers=corrupt)
     assert answer.status_code == 200, answer.text
+
+
+def test_the_sdks_own_forward_backward_body_zstd_compressed_answers_as_sent_plain(
+    api: httpx.Client,
+) -> None:
+    """The server asks the SDK for plain bodies (`proto_compress_fwdbwd` off, Tinker's default);
+    a body the SDK's own serializer wrote and zstd compressed, as the SDK sends it with the flag
+    on, is served: the same forward answer, bit for bit, as the plain one."""
+    flags = api.post("/api/v1/client/config", json={}).json()
+    assert flags["proto_compress_fwdbwd"] is False
+    model = _raw_model(api)
+    fwd = types.ForwardBackwardInput(data=[_datum()], loss_fn="cross_entropy")
+    answers = []
+    for seq_id, compress in ((1, False), (2, True)):
+        request = types.ForwardBackwardRequest(fwd, model_id=model, seq_id=seq_id)
+        message = forward_backward_request_to_proto(request)
+        message.forward_only = True
+        body, headers = message.SerializeToString(), dict(PROTO)
+        if compress:
+            body, headers["Content-Encoding"] = zstandard.ZstdCompressor().compress(body), "zstd"
+        future = api.post("/api/v1/forward_backward", content=body, headers=headers)
+        assert future.status_code == 200, future.text
+        answer = api.post(
+            "/api/v1/retrieve_future", json={"request_id": future.json()["request_id"]}
+        )
+        assert answer.headers["content-type"] == PROTO["Content-Type"], answer.text
+        answers.append(answer.content)
+    assert answers[0] == answers[1]
+    output = deserialize_forward_backward_output(answers[1])
+    assert np.isfinite(output.metrics["loss:sum"]) and output.metrics["loss:sum"] > 0
 
 
 def test_malformed_protobuf_and_json_are_400_naming_the_field(

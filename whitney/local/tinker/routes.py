@@ -38,15 +38,17 @@ CLIENT_CONFIG = {
     "pjwt_auth_enabled": False,
     "credential_default_source": "api_key",
     "parallel_fwdbwd_chunks": False,
-    "proto_compress_fwdbwd": True,
+    "proto_compress_fwdbwd": False,
     "use_pyqwest_transport": True,
     "sample_use_retrieve_futures": False,
     "custom_loss_server_side": False,
     "sample_join_sampling_session": False,
 }
 """The SDK's flags: chunks of a `forward_backward` are sent one after another, in `seq_id`
-order; custom losses run client-side (a `cross_entropy` with the loss's gradient as weights);
-the SDK's HTTP clients use its pyqwest transport, which builds in a fraction of the time of an
+order; its protobuf body is sent plain, as Tinker's default asks (on loopback zstd would cost
+a thread hop and a compressor on each side; a zstd body is still served, measured both ways);
+custom losses run client-side (a `cross_entropy` with the loss's gradient as weights); the
+SDK's HTTP clients use its pyqwest transport, which builds in a fraction of the time of an
 httpx client and its SSL context (the SDK builds one per connection pool, two of them at the
 first train and sample requests)."""
 
