@@ -1,7 +1,8 @@
 """What the embedded server does not serve, the SDK hears as its own exceptions naming it;
-another tenant's models are 404; bodies are measured before and after zstd; malformed
-protobuf or JSON is a 400 naming the field; random bodies on every Tinker route never get a
-5xx or an answer without the error body."""
+another tenant's models are 404; bodies are measured before and after zstd; a request's
+future answers once the request is done; malformed protobuf or JSON is a 400 naming the
+field; random bodies on every Tinker route never get a 5xx or an answer without the error
+body."""
 
 from __future__ import annotations
 
@@ -201,6 +202,28 @@ def test_the_sdks_own_forward_backward_body_zstd_compressed_answers_as_sent_plai
     assert answers[0] == answers[1]
     output = deserialize_forward_backward_output(answers[1])
     assert np.isfinite(output.metrics["loss:sum"]) and output.metrics["loss:sum"] > 0
+
+
+def test_a_requests_future_is_answered_once_the_request_is_done(
+    server: ServedWhitney, api: httpx.Client
+) -> None:
+    """The POST of a training request answers when the request is done (at most
+    `post_wait_s`), as Whitney's POST of an operation does: by then its operation is terminal
+    in the journal, and `retrieve_future` answers it at once."""
+    model = _raw_model(api)
+    body = _fwdbwd(model, np.asarray(TOKENS[1:], np.int64).tobytes())
+    futures = [api.post("/api/v1/forward_backward", content=body, headers=PROTO).json()]
+    step = {"model_id": model, "seq_id": 2, "optim_params": {"learning_rate": 0.01}}
+    futures.append(api.post("/api/v1/optim_step", json=step).json())
+    with server.client(0) as whitney:
+        journal = whitney.get(f"/v1/training/runs/{model}/operations").json()["operations"]
+    assert [(op["kind"], op["status"]) for op in journal] == [
+        ("forward_backward", "succeeded"),
+        ("optim_step", "succeeded"),
+    ]
+    for future in futures:
+        answer = api.post("/api/v1/retrieve_future", json={"request_id": future["request_id"]})
+        assert answer.status_code == 200 and "try_again" not in answer.text
 
 
 def test_malformed_protobuf_and_json_are_400_naming_the_field(

@@ -3,7 +3,10 @@
 Each handler authenticates the `X-API-Key`, admits the call under the tenant's caps, reads
 the body's bytes (measured as sent), and in one of the tenant's worker threads inflates zstd
 (measured again), parses the JSON or the protobuf of `forward_backward` and runs `TinkerFront`:
-one hop off the event loop per call. A refusal is Whitney's error body
+one hop off the event loop per call. The answer of a training or sampling request (its
+future) is held until the request is done, at most `post_wait_s`, as Whitney's POST of an
+operation is: the SDK's `retrieve_future` then finds it done, and the SDK sends its next
+request after it instead of while the engine computes. A refusal is Whitney's error body
 with its status, except that a 409 is answered 400: the SDK retries a 409 for minutes, and a
 conflict never resolves by waiting. An unexpected exception is a 500 with a short message.
 """
@@ -20,7 +23,7 @@ import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from whitney.errors import InternalError, InvalidRequest, WhitneyError
+from whitney.errors import InternalError, InvalidRequest, RateLimited, WhitneyError
 from whitney.local.api_errors import error_object
 from whitney.local.fairness import TenantGate
 from whitney.local.operations import Waiting
@@ -28,7 +31,7 @@ from whitney.local.service import WhitneyService
 from whitney.local.tinker import translate
 from whitney.local.tinker.body import Sent, forward_backward_body, json_body, read_sent
 from whitney.local.tinker.checkpoints import Checkpoints
-from whitney.local.tinker.front import LONG_POLL_S, Done, TinkerFront
+from whitney.local.tinker.front import LONG_POLL_S, Done, Submitted, TinkerFront
 
 log = logging.getLogger("whitney.local.tinker")
 
@@ -75,6 +78,17 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
     checkpoints = Checkpoints(service)
     max_bytes = service.config.limits.max_body_bytes
 
+    async def hold(tenant: str, pending: Waiting | None) -> None:
+        """Until a request's last operation is done (at most `post_wait_s`), counted as one of
+        the tenant's long-polls; at once when it is done or they are all taken."""
+        if pending is None:
+            return
+        try:
+            with gate.admit(tenant, long_poll=True):
+                await service.operations.wait(pending)
+        except RateLimited:
+            pass  # the SDK's retrieve_future waits instead
+
     async def call(
         request: Request, fn: Callable[..., Any], *args: Any, body: str | None = "json"
     ) -> Response:
@@ -88,6 +102,9 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
                     parse = json_body if body == "json" else forward_backward_body
                     # parsed in the thread that runs the call: one hop off the event loop
                     result = await gate.run_sync(tenant, lambda: fn(tenant, *args, parse(sent)))
+            if isinstance(result, Submitted):
+                await hold(tenant, result.pending)
+                result = result.future
         except WhitneyError as exc:
             return _refusal(exc)
         except Exception:
