@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -21,8 +23,8 @@ from tinker.proto import tinker_public_pb2 as pb
 from tinker.proto.request_conv import forward_backward_request_to_proto
 from tinker.proto.response_conv import deserialize_forward_backward_output
 
-from tests.local.served import ServedWhitney
-from tests.tinker.steps import MAX_BODY_BYTES, sdk_key
+from tests.local.served import ServedWhitney, served
+from tests.tinker.steps import KEYS, MAX_BODY_BYTES, sdk_key
 
 TOKENS = [5, 9, 12, 40]
 JSON_ROUTES = (
@@ -224,6 +226,44 @@ def test_a_requests_future_is_answered_once_the_request_is_done(
     for future in futures:
         answer = api.post("/api/v1/retrieve_future", json={"request_id": future["request_id"]})
         assert answer.status_code == 200 and "try_again" not in answer.text
+
+
+def test_with_the_keys_long_polls_all_taken_a_future_is_answered_at_once(
+    tmp_path: Path,
+) -> None:
+    """The wait for a request is one of the key's long-polls: with none left, its future is
+    answered at once, before the request is done, and `retrieve_future` gives the result."""
+    with (
+        served(tmp_path, "--max-long-polls-per-tenant", "1", keys=KEYS) as server,
+        httpx.Client(base_url=server.url, headers={"X-API-Key": sdk_key(0)}, timeout=60) as api,
+        server.client(0) as whitney,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        model = _raw_model(api)
+        tokens = [int(t) for t in np.arange(255) % 90 + 5]
+        datum = types.Datum(
+            model_input=types.ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={"target_tokens": tokens[1:]},
+        )
+        fwd = types.ForwardBackwardInput(data=[datum] * 64, loss_fn="cross_entropy")
+        request = types.ForwardBackwardRequest(fwd, model_id=model, seq_id=1)
+        body = forward_backward_request_to_proto(request).SerializeToString()
+        with httpx.Client(
+            base_url=server.url, headers={"X-API-Key": sdk_key(0)}, timeout=60
+        ) as other:
+            held = pool.submit(other.post, "/api/v1/forward_backward", content=body, headers=PROTO)
+            operations = f"/v1/training/runs/{model}/operations"
+            while not whitney.get(operations).json()["operations"]:
+                time.sleep(0.01)  # journaled: its answer now holds the one long-poll
+            time.sleep(0.05)
+            step = {"model_id": model, "seq_id": 2, "optim_params": {"learning_rate": 0.01}}
+            future = api.post("/api/v1/optim_step", json=step).json()
+            journal = whitney.get(operations).json()["operations"]
+            assert [op["kind"] for op in journal] == ["forward_backward", "optim_step"]
+            assert journal[1]["status"] == "pending"
+            assert held.result().status_code == 200
+        answer = api.post("/api/v1/retrieve_future", json={"request_id": future["request_id"]})
+        assert answer.status_code == 200 and "grad_norm" in answer.json()["metrics"]
 
 
 def test_malformed_protobuf_and_json_are_400_naming_the_field(
