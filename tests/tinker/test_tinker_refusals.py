@@ -1,12 +1,15 @@
 """What the embedded server does not serve, the SDK hears as its own exceptions naming it;
-another tenant's models are 404; bodies are measured before and after zstd; malformed
-protobuf or JSON is a 400 naming the field; random bodies on every Tinker route never get a
-5xx or an answer without the error body."""
+another tenant's models are 404; bodies are measured before and after zstd; a request's
+future answers once the request is done; malformed protobuf or JSON is a 400 naming the
+field; random bodies on every Tinker route never get a 5xx or an answer without the error
+body."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import numpy as np
@@ -17,9 +20,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from tinker import types
 from tinker.proto import tinker_public_pb2 as pb
+from tinker.proto.request_conv import forward_backward_request_to_proto
+from tinker.proto.response_conv import deserialize_forward_backward_output
 
-from tests.local.served import ServedWhitney
-from tests.tinker.steps import MAX_BODY_BYTES, sdk_key
+from tests.local.served import ServedWhitney, served
+from tests.tinker.steps import KEYS, MAX_BODY_BYTES, sdk_key
 
 TOKENS = [5, 9, 12, 40]
 JSON_ROUTES = (
@@ -169,6 +174,96 @@ def test_a_small_zstd_body_that_inflates_past_the_limit_is_413_without_inflating
     )
     answer = api.post("/api/v1/forward_backward", content=body, headers=corrupt)
     assert answer.status_code == 200, answer.text
+
+
+def test_the_sdks_own_forward_backward_body_zstd_compressed_answers_as_sent_plain(
+    api: httpx.Client,
+) -> None:
+    """The server asks the SDK for plain bodies (`proto_compress_fwdbwd` off, Tinker's default);
+    a body the SDK's own serializer wrote and zstd compressed, as the SDK sends it with the flag
+    on, is served: the same forward answer, bit for bit, as the plain one."""
+    flags = api.post("/api/v1/client/config", json={}).json()
+    assert flags["proto_compress_fwdbwd"] is False
+    model = _raw_model(api)
+    fwd = types.ForwardBackwardInput(data=[_datum()], loss_fn="cross_entropy")
+    answers = []
+    for seq_id, compress in ((1, False), (2, True)):
+        request = types.ForwardBackwardRequest(fwd, model_id=model, seq_id=seq_id)
+        message = forward_backward_request_to_proto(request)
+        message.forward_only = True
+        body, headers = message.SerializeToString(), dict(PROTO)
+        if compress:
+            body, headers["Content-Encoding"] = zstandard.ZstdCompressor().compress(body), "zstd"
+        future = api.post("/api/v1/forward_backward", content=body, headers=headers)
+        assert future.status_code == 200, future.text
+        answer = api.post(
+            "/api/v1/retrieve_future", json={"request_id": future.json()["request_id"]}
+        )
+        assert answer.headers["content-type"] == PROTO["Content-Type"], answer.text
+        answers.append(answer.content)
+    assert answers[0] == answers[1]
+    output = deserialize_forward_backward_output(answers[1])
+    assert np.isfinite(output.metrics["loss:sum"]) and output.metrics["loss:sum"] > 0
+
+
+def test_a_requests_future_is_answered_once_the_request_is_done(
+    server: ServedWhitney, api: httpx.Client
+) -> None:
+    """The POST of a training request answers when the request is done (at most
+    `post_wait_s`), as Whitney's POST of an operation does: by then its operation is terminal
+    in the journal, and `retrieve_future` answers it at once."""
+    model = _raw_model(api)
+    body = _fwdbwd(model, np.asarray(TOKENS[1:], np.int64).tobytes())
+    futures = [api.post("/api/v1/forward_backward", content=body, headers=PROTO).json()]
+    step = {"model_id": model, "seq_id": 2, "optim_params": {"learning_rate": 0.01}}
+    futures.append(api.post("/api/v1/optim_step", json=step).json())
+    with server.client(0) as whitney:
+        journal = whitney.get(f"/v1/training/runs/{model}/operations").json()["operations"]
+    assert [(op["kind"], op["status"]) for op in journal] == [
+        ("forward_backward", "succeeded"),
+        ("optim_step", "succeeded"),
+    ]
+    for future in futures:
+        answer = api.post("/api/v1/retrieve_future", json={"request_id": future["request_id"]})
+        assert answer.status_code == 200 and "try_again" not in answer.text
+
+
+def test_with_the_keys_long_polls_all_taken_a_future_is_answered_at_once(
+    tmp_path: Path,
+) -> None:
+    """The wait for a request is one of the key's long-polls: with none left, its future is
+    answered at once, before the request is done, and `retrieve_future` gives the result."""
+    with (
+        served(tmp_path, "--max-long-polls-per-tenant", "1", keys=KEYS) as server,
+        httpx.Client(base_url=server.url, headers={"X-API-Key": sdk_key(0)}, timeout=60) as api,
+        server.client(0) as whitney,
+        ThreadPoolExecutor(1) as pool,
+    ):
+        model = _raw_model(api)
+        tokens = [int(t) for t in np.arange(255) % 90 + 5]
+        datum = types.Datum(
+            model_input=types.ModelInput.from_ints(tokens[:-1]),
+            loss_fn_inputs={"target_tokens": tokens[1:]},
+        )
+        fwd = types.ForwardBackwardInput(data=[datum] * 64, loss_fn="cross_entropy")
+        request = types.ForwardBackwardRequest(fwd, model_id=model, seq_id=1)
+        body = forward_backward_request_to_proto(request).SerializeToString()
+        with httpx.Client(
+            base_url=server.url, headers={"X-API-Key": sdk_key(0)}, timeout=60
+        ) as other:
+            held = pool.submit(other.post, "/api/v1/forward_backward", content=body, headers=PROTO)
+            operations = f"/v1/training/runs/{model}/operations"
+            while not whitney.get(operations).json()["operations"]:
+                time.sleep(0.01)  # journaled: its answer now holds the one long-poll
+            time.sleep(0.05)
+            step = {"model_id": model, "seq_id": 2, "optim_params": {"learning_rate": 0.01}}
+            future = api.post("/api/v1/optim_step", json=step).json()
+            journal = whitney.get(operations).json()["operations"]
+            assert [op["kind"] for op in journal] == ["forward_backward", "optim_step"]
+            assert journal[1]["status"] == "pending"
+            assert held.result().status_code == 200
+        answer = api.post("/api/v1/retrieve_future", json={"request_id": future["request_id"]})
+        assert answer.status_code == 200 and "grad_norm" in answer.json()["metrics"]
 
 
 def test_malformed_protobuf_and_json_are_400_naming_the_field(

@@ -1,22 +1,37 @@
 """A Tinker request body: measured as sent and, zstd-compressed, again as it inflates.
 
-The wire bytes are capped by `read_body` (413 past `max_body_bytes`); a `Content-Encoding:
-zstd` body is then decompressed as a stream that stops at `max_body_bytes` + 1 bytes, so a
-small body that would inflate past the limit is refused without inflating it whole.
+The wire bytes are capped by `read_body` (413 past `max_body_bytes`) on the event loop; a
+`Content-Encoding: zstd` body is then decompressed, in the worker thread that parses it and
+runs the call, as a stream that stops at `max_body_bytes` + 1 bytes, so a small body that
+would inflate past the limit is refused without inflating it whole.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import zstandard
 from fastapi import Request
-from starlette.concurrency import run_in_threadpool
 
-from whitney.errors import PayloadTooLarge
+from whitney.errors import InvalidRequest, PayloadTooLarge
 from whitney.local.request_body import invalid, parse_json, read_body
+from whitney.local.tinker.proto import ForwardBackwardIn, ProtoError, decode_forward_backward
 
 _READ_SIZE = 1 << 16
+
+
+@dataclass(frozen=True)
+class Sent:
+    """A body as it came off the wire, its encoding checked, not yet inflated or parsed."""
+
+    raw: bytes
+    zstd: bool
+    max_bytes: int
+
+    def content(self) -> bytes:
+        """The body after any zstd, at most `max_bytes` of it."""
+        return inflate(self.raw, self.max_bytes) if self.zstd else self.raw
 
 
 def inflate(raw: bytes, max_bytes: int) -> bytes:
@@ -37,23 +52,31 @@ def inflate(raw: bytes, max_bytes: int) -> bytes:
     return bytes(out)
 
 
-async def read_raw(request: Request, max_bytes: int) -> bytes:
-    """The body's bytes after any `Content-Encoding: zstd`, both sizes capped."""
+async def read_sent(request: Request, max_bytes: int) -> Sent:
+    """The body's wire bytes (capped) and whether they are zstd (no other encoding served)."""
     raw = await read_body(request, max_bytes)
     encoding = request.headers.get("content-encoding", "").strip().lower()
-    if encoding in ("", "identity"):
-        return raw
-    if encoding != "zstd":
+    if encoding not in ("", "identity", "zstd"):
         raise invalid("Content-Encoding", f"{encoding[:32]!r} is not served (zstd or none)")
-    return await run_in_threadpool(inflate, raw, max_bytes)
+    return Sent(raw, encoding == "zstd", max_bytes)
 
 
-async def read_json_body(request: Request, max_bytes: int) -> dict[str, Any]:
-    """The body as a JSON object (`{}` when empty)."""
-    raw = await read_raw(request, max_bytes)
-    if not raw.strip():
+def json_body(sent: Sent) -> dict[str, Any]:
+    """The body as a JSON object (`{}` when empty); called in a worker thread."""
+    content = sent.content()
+    if not content.strip():
         return {}
-    value = await run_in_threadpool(parse_json, raw)
+    value = parse_json(content)
     if not isinstance(value, dict):
         raise invalid("body", "expected a JSON object")
     return value
+
+
+def forward_backward_body(sent: Sent) -> ForwardBackwardIn:
+    """The body as a protobuf `ForwardBackwardRequest`; called in a worker thread."""
+    try:
+        return decode_forward_backward(sent.content())
+    except ProtoError as exc:
+        raise InvalidRequest(
+            f"body (protobuf ForwardBackwardRequest): {exc}", details={"field": exc.field}
+        ) from None

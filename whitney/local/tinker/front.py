@@ -22,7 +22,7 @@ from whitney import wire
 from whitney.errors import InvalidRequest, NotFound, Unauthorized, WhitneyError
 from whitney.local.api_errors import from_validation_error, not_found
 from whitney.local.journal import canonical_json
-from whitney.local.operations import Waiting
+from whitney.local.operations import RawJson, Waiting
 from whitney.local.service import WhitneyService
 from whitney.local.tinker import SDK_VERSION, proto, translate
 from whitney.local.tinker.proto import ForwardBackwardIn
@@ -40,6 +40,17 @@ class Done:
 
     json: dict[str, Any] | None = None
     proto: bytes | None = None
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A request's future (the SDK's `UntypedAPIFuture`) and, while its last operation is not
+    done, the `Waiting` on it: the route holds the answer on it up to the server's
+    `post_wait_s`, as Whitney's POST of an operation does, so that the SDK's
+    `retrieve_future` finds it done."""
+
+    future: dict[str, Any]
+    pending: Waiting | None = None
 
 
 def _hash(value: Any) -> str:
@@ -158,34 +169,34 @@ class TinkerFront:
 
     # training requests
 
-    def forward_backward(self, tenant: str, request: ForwardBackwardIn) -> dict[str, Any]:
+    def forward_backward(self, tenant: str, request: ForwardBackwardIn) -> Submitted:
         kind, payload = translate.forward_payload(request)
         run_id = self.store.resolve(tenant, request.model_id)
         return self._submit(tenant, run_id, request.seq_id, [(kind, None, payload)])
 
-    def optim_step(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
+    def optim_step(self, tenant: str, body: dict[str, Any]) -> Submitted:
         operation = ("optim_step", None, translate.optimizer(body))
         return self._submit(tenant, self._run_id(tenant, body), _seq_id(body), [operation])
 
-    def save_weights(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
+    def save_weights(self, tenant: str, body: dict[str, Any]) -> Submitted:
         operation = ("save_state", None, {"name": _text(body, "path")})
         return self._submit(tenant, self._run_id(tenant, body), _seq_id(body), [operation])
 
-    def save_weights_for_sampler(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
+    def save_weights_for_sampler(self, tenant: str, body: dict[str, Any]) -> Submitted:
         name = body.get("path")
         if body.get("kind", "snapshot") != "snapshot":
             raise translate.refused("kind", f"{body['kind']!r} sampling clients (snapshot only)")
         operation = ("save_weights_for_sampler", None, {} if name is None else {"name": name})
         return self._submit(tenant, self._run_id(tenant, body), _seq_id(body), [operation])
 
-    def save_weights_external(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
+    def save_weights_external(self, tenant: str, body: dict[str, Any]) -> Submitted:
         """The PEFT adapter exported (`export_lora`); its path names the artifact."""
         if body.get("age_encryption_recipients"):
             raise translate.refused("age_encryption_recipients", "encrypted exports")
         operation = ("export_lora", None, {})
         return self._submit(tenant, self._run_id(tenant, body), _seq_id(body), [operation])
 
-    def load_weights(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
+    def load_weights(self, tenant: str, body: dict[str, Any]) -> Submitted:
         """A checkpoint into a model; with `session_id`, into a new model (create-via-load)."""
         run_id, name = translate.parse_path(body.get("path"), "path", sampler=False)
         source = self.service.runs.own(tenant, run_id)
@@ -209,8 +220,8 @@ class TinkerFront:
         new_run = self.service.runs.create(tenant, run, key)["run_id"]
         alias = f"{session_id}:train:{model_seq_id}"
         self.store.alias(alias, tenant, new_run)
-        future = self._submit(tenant, new_run, 0, [operation])
-        return {**future, "model_id": alias}
+        submitted = self._submit(tenant, new_run, 0, [operation])
+        return Submitted({**submitted.future, "model_id": alias}, submitted.pending)
 
     # sampling
 
@@ -254,7 +265,7 @@ class TinkerFront:
             "model_path": path,
         }
 
-    def asample(self, tenant: str, body: dict[str, Any]) -> dict[str, Any]:
+    def asample(self, tenant: str, body: dict[str, Any]) -> Submitted:
         session = body.get("sampling_session_id")
         if session is None:
             raise translate.bad("sampling_session_id", "required (create a sampling session)")
@@ -263,10 +274,10 @@ class TinkerFront:
         operations = [("sample", sampler_id, sample)]
         if logprobs is not None:
             operations.append(("logprobs", sampler_id, logprobs))
-        future = self._submit(tenant, run_id, _seq_id(body), operations, session)
-        count = sample["num_samples"]
-        future["sample_sequence_ids"] = [f"{future['request_id']}/{i}" for i in range(count)]
-        return future
+        submitted = self._submit(tenant, run_id, _seq_id(body), operations, session)
+        request_id, count = submitted.future["request_id"], sample["num_samples"]
+        submitted.future["sample_sequence_ids"] = [f"{request_id}/{i}" for i in range(count)]
+        return submitted
 
     # the request store
 
@@ -277,7 +288,7 @@ class TinkerFront:
         tinker_seq: int,
         operations: list[tuple[str, str | None, dict[str, Any]]],
         stream: str | None = None,
-    ) -> dict[str, Any]:
+    ) -> Submitted:
         """The future of a Tinker request: its operations journaled once, in order."""
         run = self.service.runs.own(tenant, run_id, live=True)
         stream = run_id if stream is None else stream
@@ -305,7 +316,7 @@ class TinkerFront:
                 )
                 self.store.insert(found)
                 try:
-                    self._journal(tenant, found, operations)
+                    last = self._journal(tenant, found, operations)
                 except WhitneyError:
                     self.store.forget(found)
                     raise
@@ -315,8 +326,9 @@ class TinkerFront:
                     details={"field": "seq_id", "seq_id": tinker_seq},
                 )
             else:
-                self._journal(tenant, found, operations)
-        return {"request_id": found.request_id, "model_id": run_id}
+                last = self._journal(tenant, found, operations)
+        future = {"request_id": found.request_id, "model_id": run_id}
+        return Submitted(future, last if isinstance(last, Waiting) else None)
 
     def _check_order(self, stream: str, tinker_seq: int) -> None:
         """A training client's `seq_id`s only grow (a refused request leaves a gap)."""
@@ -333,10 +345,18 @@ class TinkerFront:
         tenant: str,
         request: TinkerRequest,
         operations: list[tuple[str, str | None, dict[str, Any]]],
-    ) -> None:
-        for seq_id, (kind, sampler_id, payload) in zip(request.seq_ids, operations, strict=True):
-            body = {"seq_id": seq_id, "kind": kind, "payload": payload}
-            self.service.operations.submit(tenant, request.run_id, sampler_id, body)
+    ) -> RawJson | Waiting:
+        """Submit (or resubmit) the request's operations, in order; the last one's answer."""
+        answers = [
+            self.service.operations.submit(
+                tenant,
+                request.run_id,
+                sampler_id,
+                {"seq_id": seq, "kind": kind, "payload": payload},
+            )
+            for seq, (kind, sampler_id, payload) in zip(request.seq_ids, operations, strict=True)
+        ]
+        return answers[-1]
 
     # futures
 

@@ -1,8 +1,12 @@
 """Tinker's REST routes (`/api/v1/...`) on the embedded server's app, beside Whitney's.
 
 Each handler authenticates the `X-API-Key`, admits the call under the tenant's caps, reads
-the body (JSON, or the protobuf of `forward_backward`, zstd or not, measured both ways), and
-runs `TinkerFront` in one of the tenant's worker threads. A refusal is Whitney's error body
+the body's bytes (measured as sent), and in one of the tenant's worker threads inflates zstd
+(measured again), parses the JSON or the protobuf of `forward_backward` and runs `TinkerFront`:
+one hop off the event loop per call. The answer of a training or sampling request (its
+future) is held until the request is done, at most `post_wait_s`, as Whitney's POST of an
+operation is: the SDK's `retrieve_future` then finds it done, and the SDK sends its next
+request after it instead of while the engine computes. A refusal is Whitney's error body
 with its status, except that a 409 is answered 400: the SDK retries a 409 for minutes, and a
 conflict never resolves by waiting. An unexpected exception is a 500 with a short message.
 """
@@ -19,16 +23,15 @@ import anyio.to_thread
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from whitney.errors import InternalError, InvalidRequest, WhitneyError
+from whitney.errors import InternalError, InvalidRequest, RateLimited, WhitneyError
 from whitney.local.api_errors import error_object
 from whitney.local.fairness import TenantGate
 from whitney.local.operations import Waiting
 from whitney.local.service import WhitneyService
 from whitney.local.tinker import translate
-from whitney.local.tinker.body import read_json_body, read_raw
+from whitney.local.tinker.body import Sent, forward_backward_body, json_body, read_sent
 from whitney.local.tinker.checkpoints import Checkpoints
-from whitney.local.tinker.front import LONG_POLL_S, Done, TinkerFront
-from whitney.local.tinker.proto import ProtoError, decode_forward_backward
+from whitney.local.tinker.front import LONG_POLL_S, Done, Submitted, TinkerFront
 
 log = logging.getLogger("whitney.local.tinker")
 
@@ -38,15 +41,17 @@ CLIENT_CONFIG = {
     "pjwt_auth_enabled": False,
     "credential_default_source": "api_key",
     "parallel_fwdbwd_chunks": False,
-    "proto_compress_fwdbwd": True,
+    "proto_compress_fwdbwd": False,
     "use_pyqwest_transport": True,
     "sample_use_retrieve_futures": False,
     "custom_loss_server_side": False,
     "sample_join_sampling_session": False,
 }
 """The SDK's flags: chunks of a `forward_backward` are sent one after another, in `seq_id`
-order; custom losses run client-side (a `cross_entropy` with the loss's gradient as weights);
-the SDK's HTTP clients use its pyqwest transport, which builds in a fraction of the time of an
+order; its protobuf body is sent plain, as Tinker's default asks (on loopback zstd would cost
+a thread hop and a compressor on each side; a zstd body is still served, measured both ways);
+custom losses run client-side (a `cross_entropy` with the loss's gradient as weights); the
+SDK's HTTP clients use its pyqwest transport, which builds in a fraction of the time of an
 httpx client and its SSL context (the SDK builds one per connection pool, two of them at the
 first train and sample requests)."""
 
@@ -73,25 +78,33 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
     checkpoints = Checkpoints(service)
     max_bytes = service.config.limits.max_body_bytes
 
+    async def hold(tenant: str, pending: Waiting | None) -> None:
+        """Until a request's last operation is done (at most `post_wait_s`), counted as one of
+        the tenant's long-polls; at once when it is done or they are all taken."""
+        if pending is None:
+            return
+        try:
+            with gate.admit(tenant, long_poll=True):
+                await service.operations.wait(pending)
+        except RateLimited:
+            pass  # the SDK's retrieve_future waits instead
+
     async def call(
         request: Request, fn: Callable[..., Any], *args: Any, body: str | None = "json"
     ) -> Response:
         try:
             tenant = front.authenticate(request.headers.get("x-api-key"))
             with gate.admit(tenant):
-                call_args: list[Any] = [tenant, *args]
-                if body == "json":
-                    call_args.append(await read_json_body(request, max_bytes))
-                elif body == "proto":
-                    raw = await read_raw(request, max_bytes)
-                    try:
-                        call_args.append(decode_forward_backward(raw))
-                    except ProtoError as exc:
-                        raise InvalidRequest(
-                            f"body (protobuf ForwardBackwardRequest): {exc}",
-                            details={"field": exc.field},
-                        ) from None
-                result = await gate.run_sync(tenant, fn, *call_args)
+                if body is None:
+                    result = await gate.run_sync(tenant, fn, tenant, *args)
+                else:
+                    sent = await read_sent(request, max_bytes)
+                    parse = json_body if body == "json" else forward_backward_body
+                    # parsed in the thread that runs the call: one hop off the event loop
+                    result = await gate.run_sync(tenant, lambda: fn(tenant, *args, parse(sent)))
+            if isinstance(result, Submitted):
+                await hold(tenant, result.pending)
+                result = result.future
         except WhitneyError as exc:
             return _refusal(exc)
         except Exception:
@@ -206,24 +219,25 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
             return _refusal(exc)
         return Response(data, media_type="application/octet-stream")
 
+    def first_poll(tenant: str, sent: Sent) -> tuple[str, Done | Waiting | None]:
+        """The future's id and its first answer, held up to `LONG_POLL_S`."""
+        request_id = json_body(sent).get("request_id")
+        if not isinstance(request_id, str):
+            raise InvalidRequest("request_id: expected a string", details={"field": "request_id"})
+        return request_id, front.poll(tenant, request_id, LONG_POLL_S)
+
     @app.post(f"{PREFIX}/retrieve_future", include_in_schema=False)
     async def retrieve_future(request: Request) -> Response:
         try:
             tenant = front.authenticate(request.headers.get("x-api-key"))
             with gate.admit(tenant, long_poll=True):
-                body = await read_json_body(request, max_bytes)
-                request_id = body.get("request_id")
-                if not isinstance(request_id, str):
-                    raise InvalidRequest(
-                        "request_id: expected a string", details={"field": "request_id"}
-                    )
+                sent = await read_sent(request, max_bytes)
                 deadline = time.monotonic() + LONG_POLL_S
-                while True:
+                request_id, answer = await gate.run_sync(tenant, first_poll, tenant, sent)
+                while isinstance(answer, Waiting):
+                    await service.operations.wait(answer)
                     wait_s = max(0.0, deadline - time.monotonic())
                     answer = await gate.run_sync(tenant, front.poll, tenant, request_id, wait_s)
-                    if not isinstance(answer, Waiting):
-                        break
-                    await service.operations.wait(answer)
         except WhitneyError as exc:
             return _refusal(exc)
         except Exception:
