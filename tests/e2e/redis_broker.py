@@ -8,14 +8,12 @@ The Prefect server gets `REDIS_BROKER_SETTINGS` and the connection in its enviro
 
 from __future__ import annotations
 
-import contextlib
 import secrets
 import shutil
-import socket
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from flows.core.orchestration.prefect_env import REDIS_BROKER_SETTINGS
@@ -29,7 +27,7 @@ class Redis:
 
     process: ManagedProcess
     port: int
-    password: str
+    password: str = field(repr=False)
 
     @property
     def server_env(self) -> dict[str, str]:
@@ -43,15 +41,15 @@ class Redis:
 
     def ping(self) -> bool:
         """Whether it answers an authenticated PING."""
-        with socket.create_connection(("127.0.0.1", self.port), timeout=2) as sock:
-            sock.sendall(f"AUTH {self.password}\r\nPING\r\n".encode())
-            answer = b""
-            while answer.count(b"\r\n") < 2:
-                chunk = sock.recv(256)
-                if not chunk:
-                    break
-                answer += chunk
-        return answer == b"+OK\r\n+PONG\r\n"
+        import redis
+
+        client = redis.Redis(port=self.port, password=self.password, socket_timeout=2)
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
 
 
 def installed() -> bool:
@@ -85,9 +83,7 @@ def running_redis(log_dir: Path) -> Iterator[Redis]:
 
         def answers() -> bool:
             process.check_running()
-            with contextlib.suppress(OSError):
-                return redis.ping()
-            return False
+            return redis.ping()
 
         wait_for("Redis to answer", answers, 60, evidence=process.tail)
         yield redis
