@@ -1,8 +1,9 @@
 """Many training runs at once on the stack of docs/prefect-server.md, its Prefect server on
-SQLite and on PostgreSQL side by side: `--runs` runs of rl-on-demand (`local/tiny`, `--cycles`
-cycles, seeds seed..seed+`--seeds`-1 in turn) created at once as deployment runs, taken by
-`--workers` workers, the resume trigger on (its sweep paused, as on the e2e stack); then the
-same with the Prefect server SIGKILLed and started again once, when half the cycles are done.
+SQLite, on PostgreSQL, and on PostgreSQL with its events through Redis (`postgresql+redis`),
+side by side: `--runs` runs of rl-on-demand (`local/tiny`, `--cycles` cycles, seeds
+seed..seed+`--seeds`-1 in turn) created at once as deployment runs, taken by `--workers`
+workers, the resume trigger on (its sweep paused, as on the e2e stack); then the same with the
+Prefect server SIGKILLed and started again once, when half the cycles are done.
 
 For each database and each of the two cases it reports: each run (followed through the runs
 that continue it) ending with the adapter sha256 of its seed's run alone (run first, one at a
@@ -15,7 +16,8 @@ again); how long the stack took to start. Progress lines go to stdout and to `--
 Each seed's run alone is kept in test-artifacts/many-runs/references.json (by its config).
 
     python benchmarks/many_runs.py [--runs 16] [--cycles 10] [--workers 2] [--seeds 4]
-        [--databases sqlite postgresql] [--cases undisturbed server-killed]
+        [--databases sqlite postgresql postgresql+redis] [--cases undisturbed server-killed]
+        [--server-setting PREFECT_SERVER_DATABASE_SQLALCHEMY_POOL_SIZE=20 ...]
 
 Logs and results.json in test-artifacts/many-runs/.
 """
@@ -48,12 +50,16 @@ from tests.e2e.conftest import (  # noqa: E402
     running_stack,
 )
 from tests.e2e.harness import ARTIFACTS_DIR, HarnessError  # noqa: E402
+from tests.e2e.state_events import states_and_events  # noqa: E402
 from tests.e2e.test_deployments import SMALL, adapter_sha256, finished_run  # noqa: E402
 from tests.e2e.test_resume import start  # noqa: E402
 
 OUT_DIR = ARTIFACTS_DIR / "many-runs"
 SERVER_ERRORS = re.compile(r"\| ERROR|database is locked|Max flush retries|Traceback")
 """Lines of the Prefect server's log that are errors."""
+SETTLE_S = 90.0
+"""How long the count waits for state events still on their way to the event store (a
+restarted server's persister claims what its predecessor held after 30 s)."""
 
 
 class Progress:
@@ -148,37 +154,6 @@ def cycles_done(stack: Stack, since: str) -> int:
     )
 
 
-def states_and_events(stack: Stack, flow_runs: list[dict[str, Any]], since: str) -> dict[str, Any]:
-    """Every state of these flow runs the API holds, how many of them have their
-    `prefect.flow-run.<state name>` event in the event store, and the first ten that have not."""
-    events: Counter[tuple[str, str]] = Counter()
-    page = stack.api.post(
-        "/events/filter",
-        json={
-            "filter": {"occurred": {"since": since}, "event": {"prefix": ["prefect.flow-run."]}},
-            "limit": 50,
-        },
-    )
-    while True:
-        for event in page["events"]:
-            events[(event["resource"]["prefect.resource.id"], event["event"])] += 1
-        if not page.get("next_page"):
-            break
-        page = stack.api.http.get(page["next_page"]).json()
-    states = delivered = 0
-    missing: list[str] = []
-    for run in flow_runs:
-        history = stack.api.get("/flow_run_states/", params={"flow_run_id": run["id"]})
-        wanted: Counter[tuple[str, str]] = Counter(
-            (f"prefect.flow-run.{run['id']}", f"prefect.flow-run.{state['name']}")
-            for state in history
-        )
-        states += sum(wanted.values())
-        delivered += sum(min(n, events[key]) for key, n in wanted.items())
-        missing += [f"{run['name']}: {key[1]}" for key, n in wanted.items() if events[key] < n]
-    return {"states": states, "events": delivered, "missing": missing[:10]}
-
-
 def cycle_overheads(stack: Stack, flow_runs: list[dict[str, Any]]) -> list[float]:
     """Per cycle: the time from its start to the next cycle's start in the same flow run, less
     its own wall_seconds (from its artifact)."""
@@ -263,7 +238,11 @@ def scenario(
         run_walls.append((datetime.fromisoformat(last["end_time"]) - first).total_seconds())
     flow_runs = flow_runs_since(stack, since)
     ours = [run for run in flow_runs if not run.get("auto_scheduled")]
-    counted = states_and_events(stack, ours, since)
+    counted = states_and_events(stack.api, ours, since)
+    settle = time.monotonic() + SETTLE_S
+    while counted["missing"] and time.monotonic() < settle:
+        time.sleep(5)
+        counted = states_and_events(stack.api, ours, since)
     overheads = cycle_overheads(stack, [run for runs in chains for run in runs])
     completed = sum(runs[-1]["state_type"] == "COMPLETED" for runs in chains)
     return {
@@ -297,9 +276,21 @@ def main() -> int:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--seed", type=int, default=11)
     parser.add_argument("--seeds", type=int, default=4, help="distinct configs, in turn")
-    parser.add_argument("--databases", nargs="+", default=["sqlite", "postgresql"])
+    parser.add_argument(
+        "--databases",
+        nargs="+",
+        default=["sqlite", "postgresql", "postgresql+redis"],
+        help="sqlite, postgresql; +redis: the server's events through Redis",
+    )
     parser.add_argument("--cases", nargs="+", default=["undisturbed", "server-killed"])
     parser.add_argument("--timeout", type=float, default=3600.0, help="per case, s")
+    parser.add_argument(
+        "--server-setting",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a Prefect server setting on top of the project's (repeatable)",
+    )
     parser.add_argument("--progress", type=Path, default=OUT_DIR / "progress.log")
     args = parser.parse_args()
     logging.getLogger("whitney.client").setLevel(logging.ERROR)
@@ -323,8 +314,10 @@ def main() -> int:
                 running_stack(
                     Path(root),
                     OUT_DIR / f"logs-{database}-{case}",
-                    database=database,
+                    database=database.removesuffix("+redis"),
                     workers=args.workers,
+                    redis=database.endswith("+redis"),
+                    server_settings=dict(item.split("=", 1) for item in args.server_setting),
                 ) as stack,
             ):
                 stack_start_s = time.monotonic() - stack_began

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The production stack on one machine, for trying it (docs/prefect-server.md, "The stack on
-# PostgreSQL"): a PostgreSQL cluster of its own, `prefect server start` on it, the Whitney
-# server, the work pool, the credentials block, the deployments and automations, two workers.
+# PostgreSQL"): a PostgreSQL cluster of its own, a Redis for the Prefect server's events,
+# `prefect server start` on both, the Whitney server, the work pool, the credentials block, the
+# deployments and automations, two workers.
 #
 #   deployments/stack.sh up       start what is not running (set up the pool, block and
 #                                 deployments the first time)
@@ -9,10 +10,13 @@
 #   deployments/stack.sh down     stop what this script started, by PID (its pid files)
 #
 # Everything lives in WHITNEY_STACK_DIR (default ~/.local/state/whitney-stack): the cluster,
-# the Prefect home, the Whitney data, the logs, the pid files, and `secrets` (mode 0600: the
-# database password and the Whitney key; they reach the processes in their environment,
-# never on a command line). Ports: WHITNEY_STACK_PG_PORT (5433), WHITNEY_STACK_PREFECT_PORT
-# (4200), WHITNEY_STACK_WHITNEY_PORT (8765); WHITNEY_STACK_WORKERS (2). Run it from the
+# the Redis append-only file, the Prefect home, the Whitney data, the logs, the pid files, and
+# `secrets` (mode 0600: the database and Redis passwords and the Whitney key; they reach the
+# processes in their environment or Redis's 0600 config file, never on a command line).
+# Ports: WHITNEY_STACK_PG_PORT (5433), WHITNEY_STACK_REDIS_PORT (6380),
+# WHITNEY_STACK_PREFECT_PORT (4200), WHITNEY_STACK_WHITNEY_PORT (8765); WHITNEY_STACK_WORKERS
+# (2); WHITNEY_STACK_REDIS=0 leaves Redis out (the server's events then wait in its memory,
+# and a SIGKILL of it loses those not yet written). Run it from the
 # repository root's virtualenv (prefect, whitney-flows and python on PATH). As root,
 # PostgreSQL runs as the `postgres` user, which must be able to reach WHITNEY_STACK_DIR.
 set -euo pipefail
@@ -20,6 +24,8 @@ cd "$(dirname "$0")/.."
 repo=$(pwd)
 state=${WHITNEY_STACK_DIR:-${XDG_STATE_HOME:-$HOME/.local/state}/whitney-stack}
 pg_port=${WHITNEY_STACK_PG_PORT:-5433}
+redis_port=${WHITNEY_STACK_REDIS_PORT:-6380}
+with_redis=${WHITNEY_STACK_REDIS:-1}
 prefect_port=${WHITNEY_STACK_PREFECT_PORT:-4200}
 whitney_port=${WHITNEY_STACK_WHITNEY_PORT:-8765}
 workers=${WHITNEY_STACK_WORKERS:-2}
@@ -74,17 +80,21 @@ wait_until() {  # wait_until WHAT SECONDS COMMAND...
   done
 }
 
-secrets() {  # the database password and the Whitney key, made once
+secrets() {  # the database and Redis passwords and the Whitney key, made once each
   if [ ! -f "$state/secrets" ]; then
     (umask 077; python -c "import secrets
 print('PG_PASSWORD=' + secrets.token_hex(24))
 print('WHITNEY_KEY=' + secrets.token_urlsafe(24))" > "$state/secrets")
+  fi
+  if ! grep -q '^REDIS_PASSWORD=' "$state/secrets"; then  # a state directory made before Redis
+    python -c "import secrets; print('REDIS_PASSWORD=' + secrets.token_hex(24))" >> "$state/secrets"
   fi
   # shellcheck disable=SC1091
   . "$state/secrets"
 }
 
 pg_marker() { echo "-D $pgdata"; }
+redis_marker() { echo "redis-server 127.0.0.1:$redis_port"; }  # Redis's own process title
 prefect_marker() { echo "server start --host 127.0.0.1 --port $prefect_port"; }
 whitney_marker() { echo "serve --host 127.0.0.1 --port $whitney_port"; }
 worker_marker() { echo "worker start --pool $pool --name stack-worker-$1"; }
@@ -119,11 +129,35 @@ up_postgres() {
   say "postgres started (pid $(pid_of postgres), 127.0.0.1:$pg_port, database prefect)"
 }
 
+redis_answers() {  # the password in the environment, not on the command line
+  REDIS_PASSWORD=$REDIS_PASSWORD python -c "import os, redis, sys
+sys.exit(not redis.Redis(port=$redis_port, password=os.environ['REDIS_PASSWORD'], socket_timeout=2).ping())"
+}
+
+up_redis() {
+  if alive redis "$(redis_marker)"; then say "redis already running (pid $(pid_of redis))"; return; fi
+  command -v redis-server >/dev/null 2>&1 || die "Redis is not installed (no redis-server): apt-get install redis-server, or WHITNEY_STACK_REDIS=0"
+  python -c "import prefect_redis" 2>/dev/null || die "prefect-redis is not installed: pip install -e '.[redis]', or WHITNEY_STACK_REDIS=0"
+  mkdir -p "$state/redis"
+  (umask 077; printf '%s\n' "bind 127.0.0.1" "port $redis_port" "requirepass $REDIS_PASSWORD" \
+    "dir $state/redis" "appendonly yes" "appendfsync everysec" 'save ""' "daemonize no" \
+    > "$state/redis/redis.conf")
+  launch redis redis-server "$state/redis/redis.conf"
+  wait_until "redis" 60 redis_answers
+  say "redis started (pid $(pid_of redis), 127.0.0.1:$redis_port)"
+}
+
 up_prefect() {
   if alive prefect-server "$(prefect_marker)"; then say "prefect server already running (pid $(pid_of prefect-server))"; return; fi
   # the project's server settings (flows/core/orchestration/prefect_env.py), then the database URL
   eval "$(python -c 'from flows.core.orchestration.prefect_env import SERVER_SETTINGS as s
 print("\n".join(f"export {k}={v}" for k, v in s.items()))')"
+  if [ "$with_redis" = 1 ]; then  # its events in Redis streams (and the password in its environment)
+    eval "$(python -c 'from flows.core.orchestration.prefect_env import REDIS_BROKER_SETTINGS as s
+print("\n".join(f"export {k}={v}" for k, v in s.items()))')"
+    export PREFECT_REDIS_MESSAGING_HOST=127.0.0.1 PREFECT_REDIS_MESSAGING_PORT=$redis_port
+    export PREFECT_REDIS_MESSAGING_PASSWORD=$REDIS_PASSWORD
+  fi
   PREFECT_API_DATABASE_CONNECTION_URL="postgresql+asyncpg://whitney:$PG_PASSWORD@127.0.0.1:$pg_port/prefect" \
     launch prefect-server prefect server start --host 127.0.0.1 --port "$prefect_port"
   wait_until "the Prefect server" 180 python -c "import httpx, sys; sys.exit(httpx.get('$PREFECT_API_URL/health', timeout=2).status_code != 200)"
@@ -178,18 +212,17 @@ stop_part() {  # stop_part NAME MARKER SIGNAL: the signal to its group, then SIG
   say "$name stopped (pid $pid, $((SECONDS - began)) s)"
 }
 
+show() {  # show NAME MARKER WHERE: one line of `status`
+  if alive "$1" "$2"; then echo "$1: running (pid $(pid_of "$1"), $3)"; else echo "$1: not running"; fi
+}
+
 status() {
-  local i part
-  for part in "postgres:$(pg_marker):127.0.0.1:$pg_port" \
-              "prefect-server:$(prefect_marker):http://127.0.0.1:$prefect_port" \
-              "whitney:$(whitney_marker):http://127.0.0.1:$whitney_port"; do
-    local name=${part%%:*} rest=${part#*:}
-    local marker=${rest%%:*} where=${rest#*:}
-    if alive "$name" "$marker"; then echo "$name: running (pid $(pid_of "$name"), $where)"; else echo "$name: not running"; fi
-  done
-  for i in $(seq 1 "$workers"); do
-    if alive "worker-$i" "$(worker_marker "$i")"; then echo "worker-$i: running (pid $(pid_of "worker-$i"), pool $pool)"; else echo "worker-$i: not running"; fi
-  done
+  local i
+  show postgres "$(pg_marker)" "127.0.0.1:$pg_port"
+  if [ "$with_redis" = 1 ]; then show redis "$(redis_marker)" "127.0.0.1:$redis_port"; fi
+  show prefect-server "$(prefect_marker)" "http://127.0.0.1:$prefect_port"
+  show whitney "$(whitney_marker)" "http://127.0.0.1:$whitney_port"
+  for i in $(seq 1 "$workers"); do show "worker-$i" "$(worker_marker "$i")" "pool $pool"; done
 }
 
 case "${1:-}" in
@@ -198,6 +231,7 @@ case "${1:-}" in
     chmod 755 "$state"
     secrets
     up_postgres
+    if [ "$with_redis" = 1 ]; then up_redis; fi
     up_prefect
     up_whitney
     set_up_once
@@ -208,6 +242,7 @@ case "${1:-}" in
     for i in $(seq "$workers" -1 1); do stop_part "worker-$i" "$(worker_marker "$i")" INT; done
     stop_part whitney "$(whitney_marker)" TERM
     stop_part prefect-server "$(prefect_marker)" TERM
+    stop_part redis "$(redis_marker)" TERM
     stop_part postgres "$(pg_marker)" INT  # fast shutdown
     ;;
   status)

@@ -44,7 +44,7 @@ import pytest
 
 from flows.core.orchestration.prefect_env import SERVER_SETTINGS
 
-from . import postgres
+from . import postgres, redis_broker
 from .harness import (
     ARTIFACTS_DIR,
     REPO_ROOT,
@@ -228,19 +228,29 @@ def _exit_on_sigterm(signum: int, frame: object) -> None:
 
 @contextmanager
 def running_stack(
-    root: Path, log_dir: Path = LOG_DIR, database: str = "sqlite", workers: int = 1
+    root: Path,
+    log_dir: Path = LOG_DIR,
+    database: str = "sqlite",
+    workers: int = 1,
+    redis: bool = False,
+    server_settings: dict[str, str] | None = None,
 ) -> Iterator[Stack]:
     """The stack under `root` (its data) with its logs in `log_dir`, its Prefect server on
-    `database` ("sqlite" or "postgresql") and `workers` workers, stopped on exit."""
+    `database` ("sqlite" or "postgresql"), its events through a Redis of its own if `redis`,
+    with `server_settings` on top of the project's, and `workers` workers, stopped on exit."""
     shutil.rmtree(log_dir, ignore_errors=True)
     log_dir.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as resources:
-        server_env: dict[str, str] = {}
+        server_env: dict[str, str] = dict(server_settings or {})
         if database == "postgresql":
             cluster = resources.enter_context(postgres.running_postgres(log_dir))
             server_env["PREFECT_API_DATABASE_CONNECTION_URL"] = cluster.url
         elif database != "sqlite":
             raise HarnessError(f"database: {database!r} is neither 'sqlite' nor 'postgresql'")
+        if redis:
+            server_env.update(
+                resources.enter_context(redis_broker.running_redis(log_dir)).server_env
+            )
         yield resources.enter_context(_running_stack(root, log_dir, database, server_env, workers))
 
 

@@ -19,7 +19,7 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from .harness import HarnessError, ManagedProcess, free_port, run_command, wait_for
@@ -53,7 +53,7 @@ class Postgres:
 
     process: ManagedProcess
     port: int
-    password: str
+    password: str = field(repr=False)
 
     @property
     def url(self) -> str:

@@ -31,6 +31,19 @@ event whose
 leader the server received before it was started again (Prefect's would hold it 15 minutes:
 a run crashed across a restart would be resumed that late)."""
 
+REDIS_BROKER_SETTINGS: dict[str, str] = {
+    "PREFECT_MESSAGING_BROKER": "flows.core.orchestration.prefect_redis_broker",
+    "PREFECT_MESSAGING_CACHE": "flows.core.orchestration.prefect_redis_broker",
+    "PREFECT_REDIS_MESSAGING_PUBLISHER_BATCH_SIZE": "1",
+    "PREFECT_REDIS_MESSAGING_CONSUMER_MIN_IDLE_TIME": "30",
+}
+"""A Prefect server's events through Redis streams (prefect-redis, with the acknowledgements
+of `flows.core.orchestration.prefect_redis_broker`), beside `SERVER_SETTINGS`, its
+connection in PREFECT_REDIS_MESSAGING_HOST, _PORT and _PASSWORD: an event the server accepted
+survives its SIGKILL and is written after its restart. Each event goes to its stream as it
+comes (prefect-redis would hold up to 5 for 10 s); a message handed to a consumer that died
+is claimed by another after 30 s (5 s would hand the persister's held ones round again)."""
+
 PREFECT_ENV_DEFAULTS: dict[str, str] = {
     "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": "WARNING",
     "PREFECT_SERVER_ANALYTICS_ENABLED": "false",

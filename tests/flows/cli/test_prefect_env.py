@@ -5,6 +5,7 @@ docs/prefect-server.md's `prefect server start` step exports the same."""
 
 from __future__ import annotations
 
+import importlib
 import re
 from pathlib import Path
 
@@ -12,7 +13,11 @@ import pytest
 from prefect.settings import Settings
 
 from flows.cli.main import main
-from flows.core.orchestration.prefect_env import PREFECT_ENV_DEFAULTS, SERVER_SETTINGS
+from flows.core.orchestration.prefect_env import (
+    PREFECT_ENV_DEFAULTS,
+    REDIS_BROKER_SETTINGS,
+    SERVER_SETTINGS,
+)
 
 GUIDE = Path(__file__).resolve().parents[3] / "docs" / "prefect-server.md"
 RECORDER_BATCH_SIZE = "PREFECT_SERVER_SERVICES_TASK_RUN_RECORDER_BATCH_SIZE"
@@ -52,3 +57,26 @@ def test_the_guide_exports_the_server_settings_before_prefect_server_start() -> 
     step = GUIDE.read_text().split("# 1. The Prefect server.", 1)[1].split("prefect server")[0]
     exported = dict(re.findall(r"^export (PREFECT_SERVER_\w+)=(\S+)$", step, re.M))
     assert exported == SERVER_SETTINGS
+
+
+def test_the_redis_broker_settings_are_prefects_and_prefect_redis(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from prefect.server.utilities.messaging import BrokerModule, CacheModule
+    from prefect_redis.messaging import (
+        RedisMessagingConsumerSettings,
+        RedisMessagingPublisherSettings,
+    )
+
+    from flows.core.orchestration.prefect_redis_broker import ACK_AFTER_S
+
+    for name, value in {**SERVER_SETTINGS, **REDIS_BROKER_SETTINGS}.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    assert isinstance(
+        importlib.import_module(settings.server.events.messaging_broker), BrokerModule
+    )
+    assert isinstance(importlib.import_module(settings.server.events.messaging_cache), CacheModule)
+    assert settings.server.services.event_persister.batch_size == 200
+    assert RedisMessagingPublisherSettings().batch_size == 1
+    assert RedisMessagingConsumerSettings().min_idle_time.total_seconds() > ACK_AFTER_S
