@@ -66,9 +66,8 @@ from flows.distill.plan import (
     chunked,
     reverse_kl_advantages,
 )
-from tasks.calls import WhitneyCalls
 from tasks.names import cycle_name
-from tasks.sequenced_client import Call, SequencedClient
+from tasks.operations import Call, SequencedClient, WhitneyCalls
 from tasks.teacher import find_trained_teacher, read_teacher_sft_journal
 from whitney import wire
 from whitney.datums import rl_datum

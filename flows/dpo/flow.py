@@ -60,7 +60,7 @@ from flows.dpo.plan import (
 )
 from flows.dpo.reference import check_reference
 from tasks.names import cycle_name
-from tasks.sequenced_client import SequencedClient
+from tasks.operations import SequencedClient
 from whitney import wire
 from whitney.payloads import adamw_optimizer, forward_backward_payload
 

@@ -58,7 +58,7 @@ from flows.rl.multi_turn_rollout import (
 )
 from flows.rl.multi_turn_transcripts import Turn, transcript_sequences
 from flows.rl.plan import RLPlan
-from tasks.sequenced_client import SequencedClient
+from tasks.operations import SequencedClient
 from whitney.payloads import sample_request
 
 

@@ -41,7 +41,7 @@ from flows.core.environments.multiturn import Episode, MultiTurnEnvironment, Ste
 from flows.core.loop.plans import derive_seed
 from flows.rl.multi_turn_transcripts import Turn, first_prompt, next_prompt
 from flows.rl.plan import RLPlan
-from tasks.sequenced_client import Call, SequencedClient
+from tasks.operations import Call, SequencedClient
 from whitney.payloads import sample_request
 from whitney.renderers import Prompt, Transcript, check_messages
 

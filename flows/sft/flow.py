@@ -48,7 +48,7 @@ from flows.sft.config import SFTConfig
 from flows.sft.metrics import EvalPoint, SFTCycleMetrics, SFTResult, learning_curves
 from flows.sft.plan import LOSS_FUNCTION, SFTPlan, check_sft_config
 from tasks.names import cycle_name
-from tasks.sequenced_client import SequencedClient
+from tasks.operations import SequencedClient
 from whitney import wire
 from whitney.datums import Datum
 from whitney.payloads import adamw_optimizer, forward_backward_payload
