@@ -7,7 +7,7 @@ PARENT is the parent's manifest (flows.core.records.manifest): a file, a directo
 beside its adapter (`--adapter-dir`/RUN-manifest.json). The fork's config is the parent's
 with the `--set` fields on top (flows.cli.settings: VALUE is JSON when it parses as JSON,
 else a string; a dotted FIELD sets a nested one) and `resume_from` the parent's checkpoint
-after cycle K; it runs as `whitney-flows run FLOW --config` would (flows.cli.launch), and
+after cycle K; it runs as `whitney-flows run FLOW --config` would (flows.cli.run), and
 records its lineage (flows.core.records.lineage). Refused, exit 2 with one line naming the field: a
 cycle the parent has no checkpoint of, a field its flow's config does not have (with the
 nearest valid name), one a fork cannot change.

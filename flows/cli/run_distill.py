@@ -3,7 +3,7 @@
 With no teacher given, it first trains a teacher by SFT on the built-in corpus (an SFT subflow
 of the distillation flow run; its final checkpoint is the teacher), then distills a fresh
 student from it: `teacher_kl` falls over the cycles, and the student's eval loss on the
-corpus's held-out split approaches the teacher's. Validate the config, then (flows.cli.launch)
+corpus's held-out split approaches the teacher's. Validate the config, then (flows.cli.run)
 reach Whitney (or start the embedded server), run `distillation_flow` with progress bars,
 download the student's adapter and print a summary.
 """
@@ -17,8 +17,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
+from flows.cli.run import launch_flow
 from flows.cli.settings import apply_settings
 from flows.cli.terminal import CycleProgress, add_weights_rows, result_table
 from flows.core.config import settings_with_overrides, validated

@@ -1,5 +1,5 @@
 """`whitney-flows run dpo`: validate the config, the pairs and the reference, then
-(flows.cli.launch) reach Whitney (or start the embedded server), run `dpo_flow` with a progress
+(flows.cli.run) reach Whitney (or start the embedded server), run `dpo_flow` with a progress
 bar, download the exported adapter and print a summary with the held-out preference accuracy
 before and after."""
 
@@ -11,8 +11,8 @@ from typing import Any
 
 from rich.table import Table
 
-from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
+from flows.cli.run import launch_flow
 from flows.cli.settings import apply_settings
 from flows.cli.terminal import CycleProgress, add_weights_rows, result_table
 from flows.core.config import settings_with_overrides, validated

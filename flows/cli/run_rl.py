@@ -1,4 +1,4 @@
-"""`whitney-flows run rl`: validate the config, then (flows.cli.launch) reach Whitney (or start the
+"""`whitney-flows run rl`: validate the config, then (flows.cli.run) reach Whitney (or start the
 embedded server), run `rl_flow` with a progress bar, download the exported adapter and print a
 summary."""
 
@@ -9,8 +9,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
+from flows.cli.run import launch_flow
 from flows.cli.settings import apply_settings
 from flows.cli.terminal import CycleProgress, add_weights_rows, describe_rl_cycle, result_table
 from flows.core.config import settings_with_overrides, validated

@@ -1,4 +1,4 @@
-"""`whitney-flows run sft`: validate the config and the data, then (flows.cli.launch) reach Whitney
+"""`whitney-flows run sft`: validate the config and the data, then (flows.cli.run) reach Whitney
 (or start the embedded server), run `sft_flow` with a progress bar, download the exported
 adapter and print a summary with the first and last eval loss."""
 
@@ -10,8 +10,8 @@ from typing import Any
 
 from rich.table import Table
 
-from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
+from flows.cli.run import launch_flow
 from flows.cli.settings import apply_settings
 from flows.cli.terminal import CycleProgress, add_weights_rows, result_table
 from flows.core.config import settings_with_overrides, validated
