@@ -39,6 +39,7 @@ from blocks.endpoint import (
 )
 from flows.catalogue import by_command
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_FLOW_FAILED, EXIT_OK
+from flows.cli.terminal import CycleProgress
 from flows.cli.watchdog import watch
 from flows.core.config import ConfigError, FlowConfig
 from flows.core.records.manifest import archive_path, manifest_path, with_archive, write_manifest
@@ -57,14 +58,29 @@ Summarize = Callable[[Any, Path, float], Table]
 """(flow result, downloaded adapter path, wall seconds) -> the summary table."""
 
 
-def run_flow(options: argparse.Namespace) -> int:
-    """`whitney-flows run FLOW` (a flow of flows.catalogue): its exit code; 2 with one line if
-    its config is refused."""
+def run_flow(options: argparse.Namespace, prog: str | None = None) -> int:
+    """`whitney-flows run FLOW` (a flow of flows.catalogue, what is its own in its
+    `cli_module`): its exit code; 2 with one line (`prog: ...`) if its config is refused."""
+    flow = by_command(options.flow)
+    prog = prog or f"whitney-flows run {flow.command}"
+    own = importlib.import_module(flow.cli_module)
+    describe = getattr(own, flow.progress)
+    check = flow.load_check()
     try:
-        module = importlib.import_module(by_command(options.flow).cli_module)  # imports Prefect
-        return module.run(options)
+        config = own.checked_config(options)
+        return launch_flow(
+            prog,
+            config,
+            flow.load_flow(),
+            lambda metrics_path, console: CycleProgress(
+                own.progress_bars(config, metrics_path), console, describe
+            ),
+            getattr(own, flow.summary_table),
+            options.adapter_dir,
+            None if check is None else lambda connection: check(config, connection),
+        )
     except ConfigError as error:
-        print(f"whitney-flows run {options.flow}: {error}", file=sys.stderr)
+        print(f"{prog}: {error}", file=sys.stderr)
         return EXIT_BAD_CONFIG
 
 
