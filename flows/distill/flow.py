@@ -87,20 +87,19 @@ class Rollout:
 
 
 def teacher_logprobs(
-    client: SequencedClient,
+    ctx: CycleContext,
     config: DistillationConfig,
     teacher_run_id: str,
-    cycle: int,
     rollouts: Sequence[Rollout],
 ) -> list[list[float]]:
     """The teacher's logprobs of each rollout's completion tokens: one `logprobs` task per
-    chunk of sequences, on the teacher's sampler `cycle-{n}`."""
+    chunk of sequences, on the teacher's sampler `cycle-{n}` of the context's cycle."""
     sequences = [{"token_ids": rollout.prompt + rollout.tokens} for rollout in rollouts]
     payloads = [{"sequences": chunk} for chunk in chunked(sequences, config.teacher_chunk_size)]
     results = sampler_calls(
-        client,
+        ctx.client,
         teacher_run_id,
-        cycle_name(cycle),
+        cycle_name(ctx.cycle),
         "logprobs",
         payloads,
         together=config.teacher_fan_out,
@@ -153,7 +152,7 @@ def run_distill_cycle(
         for sequence in sample["sequences"]
     ]
     teacher_started = time.perf_counter()
-    teacher = teacher_logprobs(client, config, teacher_run_id, cycle, rollouts)
+    teacher = teacher_logprobs(ctx, config, teacher_run_id, rollouts)
     teacher_seconds = time.perf_counter() - teacher_started
     data, gaps, advantages = [], [], []
     for rollout, teacher_lp in zip(rollouts, teacher, strict=True):
