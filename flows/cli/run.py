@@ -61,12 +61,12 @@ Summarize = Callable[[Any, Path, float], Table]
 def run_flow(options: argparse.Namespace, prog: str | None = None) -> int:
     """`whitney-flows run FLOW` (a flow of flows.catalogue, what is its own in its
     `cli_module`): its exit code; 2 with one line (`prog: ...`) if its config is refused."""
-    flow = by_command(options.flow)
-    prog = prog or f"whitney-flows run {flow.command}"
-    own = importlib.import_module(flow.cli_module)
-    describe = getattr(own, flow.progress)
-    check = flow.load_check()
+    prog = prog or f"whitney-flows run {options.flow}"
     try:
+        flow = by_command(options.flow)
+        own = importlib.import_module(flow.cli_module)
+        describe = getattr(own, flow.progress)
+        check = flow.load_check()
         config = own.checked_config(options)
         return launch_flow(
             prog,
