@@ -1,8 +1,8 @@
 """How far a reader walks in the layout (issue 41's measures), by tracing, not reading:
 
-- the project files and lines one default RL cycle runs: `whitney-flows run rl --cycles 1`
-  in process, traced (every thread) while the `rl-cycle` subflow runs, on a Whitney server in
-  its own process (benchmarks/served.py: not traced);
+- the project files and lines one default RL cycle runs (each file with its lines run):
+  `whitney-flows run rl --cycles 1` in process, traced (every thread) while the `rl-cycle`
+  subflow runs, on a Whitney server in its own process (benchmarks/served.py: not traced);
 - the walk of `learning_rate` from the command line to its HTTP request: the project files on
   the stack that submits the `optim_step` task, then on the stack that sends its request, in
   order (files visited, and returns to a file already visited);
@@ -182,7 +182,7 @@ def trace_cycle() -> dict[str, Any]:
         "cycle_files": len(client),
         "cycle_lines_run": sum(len(lines) for lines in client.values()),
         "cycle_file_lines": sum(line_count(ROOT / path) for path in client),
-        "cycle_files_list": sorted(client),
+        "cycle_files_list": {path: len(client[path]) for path in sorted(client)},
         "learning_rate_walk": walk(stack),
     }
 

@@ -62,7 +62,7 @@ from flows.rl.cycle import run_cycle
 from flows.rl.flow import rl_flow
 from flows.rl.metrics import CycleMetrics
 from flows.rl.plan import check_rl_config
-from tasks.sequenced_client import OperationLog, SequencedClient
+from tasks.operations import OperationLog, SequencedClient
 from whitney import wire
 
 HEARTBEAT_S = 30

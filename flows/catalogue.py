@@ -2,12 +2,15 @@
 `fork`, the sweep's kinds (flows.sweep.kinds), the automatic resume (flows.resume), the check of
 deployments/prefect.yaml (tests/flows/test_catalogue.py) and docs/config.md all read this list,
 so none of them can leave a flow out. No Prefect: the flow functions are named by their
-entrypoints, the progress line and summary table by their functions in `cli_module`.
+entrypoints (as is a check on Whitney), the progress line and the summary table by their
+functions in `cli_module`.
 
 Adding a flow is one entry here, plus what it names: its config model, its flow (and its
-deployment in deployments/prefect.yaml), and `flows/cli/run_COMMAND.py` with `run(options)`
-(a progress line and a summary table); every field of its config is then on the command line
-(`--set`) and in docs/config.md.
+deployment in deployments/prefect.yaml), and `flows/cli/run_COMMAND.py` with what is the
+flow's own on the command line: `checked_config(options)`, `progress_bars(config,
+metrics_path)`, the progress line and `summary_table` (flows.cli.run does the rest, the same for
+every flow); every field of its config is then on the command line (`--set`) and in
+docs/config.md.
 
     by_command("dpo").config                    # DPOConfig
     by_name("distillation").command             # "distill" (a manifest's `flow`)
@@ -15,7 +18,10 @@ deployment in deployments/prefect.yaml), and `flows/cli/run_COMMAND.py` with `ru
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from flows.core.config import ConfigError, FlowConfig
 from flows.distill.config import DistillationConfig
@@ -41,16 +47,27 @@ class TrainingFlow:
     """One line: what the flow does (`run --help`, docs/config.md)."""
     progress: str
     """The function of `cli_module` that turns a metrics line into the progress line."""
+    check: str | None = None
+    """The function (path:function) that refuses, before the flow runs, what only the Whitney
+    it reaches can tell: `check(config, connection)` raises ConfigError."""
 
     @property
     def cli_module(self) -> str:
-        """The module of `whitney-flows run COMMAND` (its `run(options)`; imports Prefect)."""
+        """The module of what is the flow's own in `whitney-flows run COMMAND`."""
         return f"flows.cli.run_{self.command}"
 
     @property
     def summary_table(self) -> str:
         """The function of `cli_module` that makes the end-of-run summary table."""
         return "summary_table"
+
+    def load_flow(self) -> Any:
+        """The flow function `entrypoint` names (imports Prefect)."""
+        return loaded(self.entrypoint)
+
+    def load_check(self) -> Callable[[Any, Any], None] | None:
+        """The function `check` names, if any."""
+        return None if self.check is None else loaded(self.check)
 
     @property
     def deployment_path(self) -> str:
@@ -94,6 +111,7 @@ TRAINING_FLOWS: tuple[TrainingFlow, ...] = (
         "dpo-on-demand",
         "DPO: preference pairs, a frozen reference, the importance-sampling gradient",
         "describe_dpo_cycle",
+        "flows/dpo/reference.py:check_reference",
     ),
 )
 COMMANDS: tuple[str, ...] = tuple(flow.command for flow in TRAINING_FLOWS)
@@ -112,3 +130,9 @@ def by_command(command: str, field: str = "FLOW") -> TrainingFlow:
 def by_name(name: str | None) -> TrainingFlow | None:
     """The flow whose Prefect name is `name` (a manifest's `flow`), if any."""
     return next((flow for flow in TRAINING_FLOWS if flow.name == name), None)
+
+
+def loaded(entrypoint: str) -> Any:
+    """The function a `path/to/module.py:function` entrypoint names."""
+    path, name = entrypoint.split(":")
+    return getattr(importlib.import_module(path.removesuffix(".py").replace("/", ".")), name)

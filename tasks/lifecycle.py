@@ -66,12 +66,6 @@ def finish_run(connection: WhitneyConnection, run_id: str) -> wire.Run:
     return client_for(connection).finish(run_id)
 
 
-@task(name="cancel_run", **TASK_DEFAULTS)
-def cancel_run(connection: WhitneyConnection, run_id: str) -> wire.Run:
-    """Cancel the run; its pending operations become cancelled."""
-    return client_for(connection).cancel(run_id)
-
-
 @task(name="close_session", **TASK_DEFAULTS)
 def close_session(connection: WhitneyConnection, session_id: str) -> wire.Session:
     """Close the session (the server cancels any run still open in it)."""

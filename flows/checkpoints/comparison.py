@@ -35,11 +35,11 @@ from flows.core.evaluation.plan import EvalMetrics, EvalPlan, HeldOutPair, load_
 from flows.core.evaluation.sampler import evaluate_weights
 from flows.core.orchestration.cleanup import session_labels
 from flows.core.records.run_records import artifact_key
-from tasks.calls import TaskRetrySettings, WhitneyCalls
 from tasks.checkpoints import read_run
 from tasks.lifecycle import close_session, create_run, finish_run, open_session
 from tasks.names import CYCLE_CHECKPOINT
-from tasks.sequenced_client import SequencedClient
+from tasks.operations import SequencedClient, WhitneyCalls
+from tasks.retry import TaskRetrySettings
 from whitney import wire
 from whitney.uris import checkpoint_run_id
 

@@ -14,7 +14,7 @@ from typing import Annotated, Literal, Self
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flows.core.evaluation.config import EvalSettings
-from tasks.calls import TaskRetrySettings
+from tasks.retry import TaskRetrySettings
 from whitney.uris import CHECKPOINT_PATTERN
 
 CheckpointURI = Annotated[

@@ -50,8 +50,8 @@ from flows.core.config import ConfigError
 from flows.core.orchestration.cleanup import CLEANUP_HOOKS
 from flows.core.records.events import promotion_decided
 from flows.core.records.manifest import add_promotion
-from tasks.calls import WhitneyCalls
 from tasks.checkpoints import list_checkpoints, read_run
+from tasks.operations import WhitneyCalls
 from whitney import wire
 from whitney.client import API_KEY_ENV
 from whitney.uris import checkpoint_run_id

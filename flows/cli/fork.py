@@ -7,7 +7,7 @@ PARENT is the parent's manifest (flows.core.records.manifest): a file, a directo
 beside its adapter (`--adapter-dir`/RUN-manifest.json). The fork's config is the parent's
 with the `--set` fields on top (flows.cli.settings: VALUE is JSON when it parses as JSON,
 else a string; a dotted FIELD sets a nested one) and `resume_from` the parent's checkpoint
-after cycle K; it runs as `whitney-flows run FLOW --config` would (flows.cli.launch), and
+after cycle K; it runs as `whitney-flows run FLOW --config` would (flows.cli.run), and
 records its lineage (flows.core.records.lineage). Refused, exit 2 with one line naming the field: a
 cycle the parent has no checkpoint of, a field its flow's config does not have (with the
 nearest valid name), one a fork cannot change.
@@ -16,7 +16,6 @@ nearest valid name), one a fork cannot change.
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
 import tempfile
@@ -52,7 +51,6 @@ def run_fork(options: argparse.Namespace) -> int:
     except ConfigError as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return EXIT_BAD_CONFIG
-    module = importlib.import_module(flow.cli_module)  # imports Prefect
     with tempfile.TemporaryDirectory(prefix="whitney-fork-") as scratch:
         path = Path(scratch) / "config.json"
         path.write_text(json.dumps(config), encoding="utf-8")
@@ -63,12 +61,9 @@ def run_fork(options: argparse.Namespace) -> int:
         if options.metrics_out:
             arguments += ["--metrics-out", str(options.metrics_out)]
         from flows.cli.parsers import build_parser
+        from flows.cli.run import run_flow  # imports Prefect
 
-        try:
-            return module.run(build_parser().parse_args(arguments))
-        except ConfigError as error:
-            print(f"{PROG}: {error}", file=sys.stderr)
-            return EXIT_BAD_CONFIG
+        return run_flow(build_parser().parse_args(arguments), PROG)
 
 
 def parent_manifest(parent: str, adapter_dir: Path) -> dict[str, Any]:

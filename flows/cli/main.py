@@ -27,8 +27,6 @@ Exit codes: 0 success, 1 the flow failed (or stdout was closed early, never with
 
 from __future__ import annotations
 
-import argparse
-import importlib
 import os
 import sys
 import warnings
@@ -105,20 +103,9 @@ def run_command(arguments: list[str]) -> int:
         return run_reap(options)
     if options.command == "fork":
         return run_fork(options)
+    from flows.cli.run import run_flow  # imports Prefect
+
     return run_flow(options)
-
-
-def run_flow(options: argparse.Namespace) -> int:
-    """`whitney-flows run FLOW` (a flow of flows.catalogue): its exit code; 2 with one line if
-    its config is refused."""
-    from flows.catalogue import by_command
-
-    try:
-        module = importlib.import_module(by_command(options.flow).cli_module)  # imports Prefect
-        return module.run(options)
-    except ConfigError as error:
-        print(f"whitney-flows run {options.flow}: {error}", file=sys.stderr)
-        return EXIT_BAD_CONFIG
 
 
 if __name__ == "__main__":

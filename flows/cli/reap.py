@@ -34,7 +34,7 @@ def run_reap(options: argparse.Namespace) -> int:
     from rich.console import Console
 
     from blocks.endpoint import check_whitney, resolve_endpoint
-    from flows.cli.launch import prefect_start_failure, start_ephemeral_prefect
+    from flows.cli.run import prefect_start_failure, start_ephemeral_prefect
     from flows.core.config import ConfigError
     from flows.core.orchestration.reaping import reap, survey
     from whitney.client import API_URL_ENV

@@ -3,9 +3,9 @@
 With no teacher given, it first trains a teacher by SFT on the built-in corpus (an SFT subflow
 of the distillation flow run; its final checkpoint is the teacher), then distills a fresh
 student from it: `teacher_kl` falls over the cycles, and the student's eval loss on the
-corpus's held-out split approaches the teacher's. Validate the config, then (flows.cli.launch)
-reach Whitney (or start the embedded server), run `distillation_flow` with progress bars,
-download the student's adapter and print a summary.
+corpus's held-out split approaches the teacher's. What is distillation's own (flows.cli.run
+does the rest, as for every flow of flows.catalogue): the config from the options, its
+progress bars (the teacher's SFT, then the distillation) and line, its summary table.
 """
 
 from __future__ import annotations
@@ -14,24 +14,19 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console
 from rich.table import Table
 
-from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
 from flows.cli.settings import apply_settings
-from flows.cli.terminal import CycleProgress, add_weights_rows, result_table
+from flows.cli.terminal import add_weights_rows, result_table
 from flows.core.config import settings_with_overrides, validated
 from flows.core.loop.budget import check_budget
 from flows.core.loop.cost import cost_model, format_cost, format_usage
 from flows.core.records.summary_parts import first_and_last
 from flows.distill.config import DistillationConfig, teacher_metrics_path
-from flows.distill.flow import distillation_flow
 from flows.distill.metrics import DistillationResult
 from flows.distill.plan import check_distill_config
 from flows.sft.config import SFTConfig
-
-PROG = "whitney-flows run distill"
 
 
 def distill_config_from(options: argparse.Namespace) -> DistillationConfig:
@@ -81,6 +76,17 @@ def checked_config(options: argparse.Namespace) -> DistillationConfig:
     return config
 
 
+def progress_bars(config: DistillationConfig, metrics_path: Path) -> list[tuple[str, Path, int]]:
+    """A bar over the distillation cycles, after one over the teacher's SFT cycles if it
+    trains one."""
+    bars = [("distillation cycles", metrics_path, config.cycles)]
+    sft_config = config.teacher_sft_config()
+    if sft_config is not None:
+        sft_path = Path(teacher_metrics_path(str(metrics_path)))
+        bars.insert(0, ("teacher SFT cycles", sft_path, sft_cycles(sft_config)))
+    return bars
+
+
 def sft_cycles(config: SFTConfig) -> int:
     from flows.sft.plan import load_sft_plan
 
@@ -125,21 +131,3 @@ def summary_table(result: DistillationResult, adapter_path: Path, wall_seconds: 
     runs = [("student run", result.run_id), ("teacher run", result.teacher_run_id)]
     add_weights_rows(table, result, adapter_path, runs)
     return table
-
-
-def run(options: argparse.Namespace) -> int:
-    """Run the distillation flow; the exit code (ConfigError: the config is refused)."""
-    config = checked_config(options)
-    sft_config = config.teacher_sft_config()
-    teacher_cycles = sft_cycles(sft_config) if sft_config is not None else 0
-
-    def progress(metrics_path: Path, console: Console) -> CycleProgress:
-        bars = [("distillation cycles", metrics_path, config.cycles)]
-        if sft_config is not None:
-            sft_path = teacher_metrics_path(str(metrics_path))
-            bars.insert(0, ("teacher SFT cycles", Path(sft_path), teacher_cycles))
-        return CycleProgress(bars, console, describe, waiting="waiting")
-
-    return launch_flow(
-        PROG, config, distillation_flow, progress, summary_table, options.adapter_dir
-    )

@@ -1,7 +1,6 @@
-"""`whitney-flows run dpo`: validate the config, the pairs and the reference, then
-(flows.cli.launch) reach Whitney (or start the embedded server), run `dpo_flow` with a progress
-bar, download the exported adapter and print a summary with the held-out preference accuracy
-before and after."""
+"""`whitney-flows run dpo`, what is DPO's own (flows.cli.run does the rest, as for every flow of
+flows.catalogue): the config from the options (its pairs checked), its progress line and its
+summary table with the held-out preference accuracy before and after."""
 
 from __future__ import annotations
 
@@ -11,18 +10,13 @@ from typing import Any
 
 from rich.table import Table
 
-from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
 from flows.cli.settings import apply_settings
-from flows.cli.terminal import CycleProgress, add_weights_rows, result_table
+from flows.cli.terminal import add_weights_rows, result_table
 from flows.core.config import settings_with_overrides, validated
 from flows.dpo.config import DPOConfig
-from flows.dpo.flow import dpo_flow
 from flows.dpo.metrics import DPOResult
 from flows.dpo.plan import check_dpo_config
-from flows.dpo.reference import check_reference
-
-PROG = "whitney-flows run dpo"
 
 
 def dpo_config_from(options: argparse.Namespace) -> DPOConfig:
@@ -38,6 +32,18 @@ def dpo_config_from(options: argparse.Namespace) -> DPOConfig:
     }
     data = settings_with_overrides(options.config, overrides)
     return validated(DPOConfig, apply_settings(DPOConfig, data, options.set))
+
+
+def checked_config(options: argparse.Namespace) -> DPOConfig:
+    """The validated config, its pairs checked, before anything is allocated."""
+    config = dpo_config_from(options)
+    check_dpo_config(config)
+    return config
+
+
+def progress_bars(config: DPOConfig, metrics_path: Path) -> list[tuple[str, Path, int]]:
+    """One bar over the cycles."""
+    return [("DPO cycles", metrics_path, config.cycles)]
 
 
 def describe_dpo_cycle(line: dict[str, Any]) -> str:
@@ -65,20 +71,3 @@ def summary_table(result: DPOResult, adapter_path: Path, wall_seconds: float) ->
     runs = [("Whitney run", result.run_id), ("reference run", result.reference_run_id)]
     add_weights_rows(table, result, adapter_path, runs)
     return table
-
-
-def run(options: argparse.Namespace) -> int:
-    """Run the DPO flow; the exit code (ConfigError: the config is refused)."""
-    config = dpo_config_from(options)
-    check_dpo_config(config)
-    return launch_flow(
-        PROG,
-        config,
-        dpo_flow,
-        lambda metrics_path, console: CycleProgress(
-            [("DPO cycles", metrics_path, config.cycles)], console, describe_dpo_cycle
-        ),
-        summary_table,
-        options.adapter_dir,
-        check=lambda connection: check_reference(config, connection),
-    )

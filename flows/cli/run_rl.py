@@ -1,26 +1,22 @@
-"""`whitney-flows run rl`: validate the config, then (flows.cli.launch) reach Whitney (or start the
-embedded server), run `rl_flow` with a progress bar, download the exported adapter and print a
-summary."""
+"""`whitney-flows run rl`, what is RL's own (flows.cli.run does the rest, as for every flow of
+flows.catalogue): the config from the options, its progress line and its summary table."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 from rich.table import Table
 
-from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
 from flows.cli.settings import apply_settings
-from flows.cli.terminal import CycleProgress, add_weights_rows, describe_rl_cycle, result_table
+from flows.cli.terminal import add_weights_rows, result_table
 from flows.core.config import settings_with_overrides, validated
 from flows.core.records.summary_parts import first_and_last
 from flows.rl.config import RLConfig
-from flows.rl.flow import rl_flow
-from flows.rl.metrics import RLResult
+from flows.rl.metrics import CycleMetrics, RLResult
 from flows.rl.plan import check_rl_config
-
-PROG = "whitney-flows run rl"
 
 
 def rl_config_from(options: argparse.Namespace) -> RLConfig:
@@ -44,6 +40,25 @@ def checked_config(options: argparse.Namespace) -> RLConfig:
     return config
 
 
+def progress_bars(config: RLConfig, metrics_path: Path) -> list[tuple[str, Path, int]]:
+    """One bar over the cycles."""
+    return [("RL cycles", metrics_path, config.cycles)]
+
+
+def describe_rl_cycle(line: dict[str, Any]) -> str:
+    """The progress text after an RL cycle's metrics line."""
+    metrics = CycleMetrics.model_validate(line)
+    text = (
+        f"reward {metrics.reward_mean:.3f}  loss {metrics.loss:+.3f}  "
+        f"grad_norm {metrics.grad_norm:.3f}"
+    )
+    if metrics.episodes is not None:  # a multi-turn environment
+        text += f"  turns {metrics.episodes.turns_per_episode:.2f}"
+        if metrics.episodes.failed:
+            text += f"  failed {metrics.episodes.failed}"
+    return text
+
+
 def summary_table(result: RLResult, adapter_path: Path, wall_seconds: float) -> Table:
     """The end-of-run table: cycles, time, reward first and last, and where the weights are."""
     table = result_table("RL flow finished", ("cycles", str(len(result.cycles))), wall_seconds)
@@ -52,18 +67,3 @@ def summary_table(result: RLResult, adapter_path: Path, wall_seconds: float) -> 
     table.add_row("final loss", f"{result.cycles[-1].loss:+.4f}")
     add_weights_rows(table, result, adapter_path, [("Whitney run", result.run_id)])
     return table
-
-
-def run(options: argparse.Namespace) -> int:
-    """Run the RL flow; the exit code (ConfigError: the config is refused)."""
-    config = checked_config(options)
-    return launch_flow(
-        PROG,
-        config,
-        rl_flow,
-        lambda metrics_path, console: CycleProgress(
-            [("RL cycles", metrics_path, config.cycles)], console, describe_rl_cycle
-        ),
-        summary_table,
-        options.adapter_dir,
-    )

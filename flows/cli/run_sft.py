@@ -1,6 +1,6 @@
-"""`whitney-flows run sft`: validate the config and the data, then (flows.cli.launch) reach Whitney
-(or start the embedded server), run `sft_flow` with a progress bar, download the exported
-adapter and print a summary with the first and last eval loss."""
+"""`whitney-flows run sft`, what is SFT's own (flows.cli.run does the rest, as for every flow of
+flows.catalogue): the config from the options (its data read and checked), its progress line
+and its summary table with the first and last eval loss."""
 
 from __future__ import annotations
 
@@ -10,17 +10,13 @@ from typing import Any
 
 from rich.table import Table
 
-from flows.cli.launch import launch_flow
 from flows.cli.parsers import shared_overrides
 from flows.cli.settings import apply_settings
-from flows.cli.terminal import CycleProgress, add_weights_rows, result_table
+from flows.cli.terminal import add_weights_rows, result_table
 from flows.core.config import settings_with_overrides, validated
 from flows.sft.config import SFTConfig
-from flows.sft.flow import sft_flow
 from flows.sft.metrics import SFTResult
-from flows.sft.plan import SFTPlan, check_sft_config
-
-PROG = "whitney-flows run sft"
+from flows.sft.plan import check_sft_config
 
 
 def sft_config_from(options: argparse.Namespace) -> SFTConfig:
@@ -41,12 +37,16 @@ def sft_config_from(options: argparse.Namespace) -> SFTConfig:
     return validated(SFTConfig, apply_settings(SFTConfig, data, options.set))
 
 
-def checked_config(options: argparse.Namespace) -> tuple[SFTConfig, SFTPlan]:
-    """The validated config and its plan (the data read and checked), before anything is
-    allocated."""
+def checked_config(options: argparse.Namespace) -> SFTConfig:
+    """The validated config, its data read and checked, before anything is allocated."""
     config = sft_config_from(options)
-    plan = check_sft_config(config)
-    return config, plan
+    check_sft_config(config)
+    return config
+
+
+def progress_bars(config: SFTConfig, metrics_path: Path) -> list[tuple[str, Path, int]]:
+    """One bar over the cycles of the config's plan."""
+    return [("SFT cycles", metrics_path, check_sft_config(config).cycles)]
 
 
 def describe_sft_cycle(line: dict[str, Any]) -> str:
@@ -73,18 +73,3 @@ def summary_table(result: SFTResult, adapter_path: Path, wall_seconds: float) ->
         table.add_row("resumed from", result.resumed_from)
     add_weights_rows(table, result, adapter_path, [("Whitney run", result.run_id)])
     return table
-
-
-def run(options: argparse.Namespace) -> int:
-    """Run the SFT flow; the exit code (ConfigError: the config is refused)."""
-    config, plan = checked_config(options)
-    return launch_flow(
-        PROG,
-        config,
-        sft_flow,
-        lambda metrics_path, console: CycleProgress(
-            [("SFT cycles", metrics_path, plan.cycles)], console, describe_sft_cycle
-        ),
-        summary_table,
-        options.adapter_dir,
-    )

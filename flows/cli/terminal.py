@@ -6,8 +6,10 @@ log file, CI), one plain line per cycle as it happens, with the same metrics and
 
 from __future__ import annotations
 
+import contextvars
 import json
-from collections.abc import Callable, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,27 +29,13 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from flows.cli.polling import PollingThread
 from flows.core.loop.training import TrainingResult
-from flows.rl.metrics import CycleMetrics
 
 POLL_INTERVAL_S = 0.2
 SPEED_WINDOW_S = 3600.0
 """The ETA comes from the pace of the cycles that ended in the last hour."""
-
-
-def describe_rl_cycle(line: dict[str, Any]) -> str:
-    """The progress text after an RL cycle's metrics line."""
-    metrics = CycleMetrics.model_validate(line)
-    text = (
-        f"reward {metrics.reward_mean:.3f}  loss {metrics.loss:+.3f}  "
-        f"grad_norm {metrics.grad_norm:.3f}"
-    )
-    if metrics.episodes is not None:  # a multi-turn environment
-        text += f"  turns {metrics.episodes.turns_per_episode:.2f}"
-        if metrics.episodes.failed:
-            text += f"  failed {metrics.episodes.failed}"
-    return text
+STARTING = "starting Prefect and the first cycle"
+WAITING = "waiting"
 
 
 @dataclass
@@ -85,18 +73,59 @@ def plain_line(task: Task) -> str:
     return line
 
 
+class PollingThread:
+    """While entered, runs `poll_until_stopped` in a daemon thread named `name`, in a copy of
+    the entering context (the flow's Prefect settings); exiting stops it, then calls
+    `stopped`."""
+
+    def __init__(self, name: str, interval_s: float) -> None:
+        self.interval_s = interval_s
+        self._name = name
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> Self:
+        context = contextvars.copy_context()
+        self._thread = threading.Thread(
+            target=context.run, args=(self.poll_until_stopped,), name=self._name, daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stopped.set()
+        self.stopped()
+
+    def ticks(self) -> Iterator[None]:
+        """One tick every `interval_s` seconds until the block exits."""
+        while not self._stopped.wait(self.interval_s):
+            yield
+
+    def join(self) -> None:
+        """Wait for the thread to end (after the block exits)."""
+        if self._thread is not None:
+            self._thread.join()
+
+    def poll_until_stopped(self) -> None:
+        """The thread's body: typically a loop over `ticks()`."""
+        raise NotImplementedError
+
+    def stopped(self) -> None:
+        """Called on exit, after the thread was told to stop (it may still be running)."""
+
+
 class CycleProgress(PollingThread):
     """Progress of one or more flows, one bar per (label, metrics file, total cycles) in
     `bars`, each advanced by the metrics lines a flow appends to its file; its text from
-    `describe(line)` (an RL cycle's by default), `waiting` until the first line. Rich bars on
-    a terminal console, else one printed line per metrics line (and one per bar at start)."""
+    `describe(line)` (the catalogue's `progress` of the flow), until the first line: the first
+    bar `STARTING`, any later bar `WAITING`. Rich bars on a terminal console, else one printed
+    line per metrics line (and one per bar at start)."""
 
     def __init__(
         self,
         bars: Sequence[tuple[str, Path, int]],
         console: Console,
-        describe: Callable[[dict[str, Any]], str] = describe_rl_cycle,
-        waiting: str = "starting Prefect and the first cycle",
+        describe: Callable[[dict[str, Any]], str],
     ) -> None:
         super().__init__("cycle-progress", POLL_INTERVAL_S)
         self._describe = describe
@@ -113,9 +142,10 @@ class CycleProgress(PollingThread):
             speed_estimate_period=SPEED_WINDOW_S,
         )
         self._files: list[FollowedFile] = []
-        for label, path, total in bars:
+        for index, (label, path, total) in enumerate(bars):
             offset = path.stat().st_size if path.exists() else 0
-            task = self._progress.add_task(label, total=total, latest=waiting)
+            latest = WAITING if index else STARTING
+            task = self._progress.add_task(label, total=total, latest=latest)
             self._files.append(FollowedFile(path, task, offset))
 
     def __enter__(self) -> Self:

@@ -20,8 +20,8 @@ from flows.core.loop.cost import Budget, PriceTable
 from flows.core.loop.stall_windows import StallSettings
 from flows.core.records.tracking.config import TrackingSettings
 from flows.core.renames import RenamedFields
-from tasks.calls import TaskRetrySettings
 from tasks.names import CYCLE_CHECKPOINT_PATTERN, checkpoint_cycle
+from tasks.retry import TaskRetrySettings
 from whitney.renderers import RendererName
 from whitney.wire import Provider
 

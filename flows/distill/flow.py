@@ -66,9 +66,8 @@ from flows.distill.plan import (
     chunked,
     reverse_kl_advantages,
 )
-from tasks.calls import WhitneyCalls
 from tasks.names import cycle_name
-from tasks.sequenced_client import Call, SequencedClient
+from tasks.operations import Call, SequencedClient, WhitneyCalls
 from tasks.teacher import find_trained_teacher, read_teacher_sft_journal
 from whitney import wire
 from whitney.datums import rl_datum
@@ -88,20 +87,19 @@ class Rollout:
 
 
 def teacher_logprobs(
-    client: SequencedClient,
+    ctx: CycleContext,
     config: DistillationConfig,
     teacher_run_id: str,
-    cycle: int,
     rollouts: Sequence[Rollout],
 ) -> list[list[float]]:
     """The teacher's logprobs of each rollout's completion tokens: one `logprobs` task per
-    chunk of sequences, on the teacher's sampler `cycle-{n}`."""
+    chunk of sequences, on the teacher's sampler `cycle-{n}` of the context's cycle."""
     sequences = [{"token_ids": rollout.prompt + rollout.tokens} for rollout in rollouts]
     payloads = [{"sequences": chunk} for chunk in chunked(sequences, config.teacher_chunk_size)]
     results = sampler_calls(
-        client,
+        ctx.client,
         teacher_run_id,
-        cycle_name(cycle),
+        cycle_name(ctx.cycle),
         "logprobs",
         payloads,
         together=config.teacher_fan_out,
@@ -154,7 +152,7 @@ def run_distill_cycle(
         for sequence in sample["sequences"]
     ]
     teacher_started = time.perf_counter()
-    teacher = teacher_logprobs(client, config, teacher_run_id, cycle, rollouts)
+    teacher = teacher_logprobs(ctx, config, teacher_run_id, rollouts)
     teacher_seconds = time.perf_counter() - teacher_started
     data, gaps, advantages = [], [], []
     for rollout, teacher_lp in zip(rollouts, teacher, strict=True):

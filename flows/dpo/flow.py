@@ -60,7 +60,7 @@ from flows.dpo.plan import (
 )
 from flows.dpo.reference import check_reference
 from tasks.names import cycle_name
-from tasks.sequenced_client import SequencedClient
+from tasks.operations import SequencedClient
 from whitney import wire
 from whitney.payloads import adamw_optimizer, forward_backward_payload
 
@@ -103,16 +103,16 @@ def reference_logprobs(client: SequencedClient, run_id: str, plan: DPOPlan) -> R
 
 
 def policy_logprobs(
-    client: SequencedClient, run_id: str, pairs: Sequence[PairTokens], chunk_size: int
+    ctx: CycleContext, pairs: Sequence[PairTokens], chunk_size: int
 ) -> list[list[float]]:
     """The policy's logprobs of each pair's chosen then rejected answer tokens: `forward`
-    (no gradient) per chunk of `chunk_size` pairs."""
+    (no gradient) on the context's policy run per chunk of `chunk_size` pairs."""
     rows: list[list[float]] = []
     for start in range(0, len(pairs), chunk_size):
         data = forward_datums(pairs[start : start + chunk_size])
         payload = forward_backward_payload(data, FORWARD_LOSS)
-        result = client.execute(run_id, "forward", payload).result_as(wire.ForwardResult)
-        rows += answer_logprobs(result.outputs, data)
+        operation = ctx.client.execute(ctx.run_id, "forward", payload)
+        rows += answer_logprobs(operation.result_as(wire.ForwardResult).outputs, data)
     return rows
 
 
@@ -124,11 +124,9 @@ def pair_logprobs(rows: Sequence[list[float]], reference: Sequence[Sums]) -> lis
     ]
 
 
-def evaluate(
-    client: SequencedClient, run_id: str, plan: DPOPlan, reference: ReferenceLogprobs
-) -> PreferenceEval:
+def evaluate(ctx: CycleContext, plan: DPOPlan, reference: ReferenceLogprobs) -> PreferenceEval:
     """The held-out pairs' DPO numbers under the policy's current weights."""
-    rows = policy_logprobs(client, run_id, plan.eval, plan.config.chunk_size)
+    rows = policy_logprobs(ctx, plan.eval, plan.config.chunk_size)
     config = plan.config
     stats = preference_stats(
         pair_logprobs(rows, reference.eval), config.beta, config.label_smoothing
@@ -147,10 +145,10 @@ def run_dpo_cycle(
     seq_start = client.ledger.position(run_id)
     eval_before = None
     if cycle == first_cycle and plan.eval_due(cycle):
-        eval_before = evaluate(client, run_id, plan, reference)
+        eval_before = evaluate(ctx, plan, reference)
     indices = plan.batch(cycle)
     pairs = [plan.train[i] for i in indices]
-    rows = policy_logprobs(client, run_id, pairs, config.chunk_size)
+    rows = policy_logprobs(ctx, pairs, config.chunk_size)
     logprobs = pair_logprobs(rows, [reference.train[i] for i in indices])
     stats = preference_stats(logprobs, config.beta, config.label_smoothing)
     margins = [margin(pair, config.beta) for pair in logprobs]
@@ -160,7 +158,7 @@ def run_dpo_cycle(
     tail = ctx.run_tail(payload, optimizer, checkpoint=checkpoint)
     evaluation = None
     if plan.eval_due(cycle + 1):
-        evaluation = evaluate(client, run_id, plan, reference)
+        evaluation = evaluate(ctx, plan, reference)
     log = client.log
     return DPOCycleMetrics(
         cycle=cycle,

@@ -20,7 +20,7 @@ from pydantic import BaseModel
 from flows.core.loop.training import TrainingRun
 from flows.rl.recipes import Recipe
 from tasks.names import AUXILIARY_LABEL, cycle_name
-from tasks.sequenced_client import SeqLedger, SequencedClient
+from tasks.operations import SeqLedger, SequencedClient
 from whitney import wire
 
 

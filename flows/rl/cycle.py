@@ -28,7 +28,7 @@ from flows.rl.multi_turn_batch import build_episode_batch
 from flows.rl.off_policy import decouple, decouples, logprobs_requests
 from flows.rl.plan import RLPlan, check_rl_config
 from tasks.names import cycle_name
-from tasks.sequenced_client import Call, OperationLog, SequencedClient
+from tasks.operations import Call, OperationLog, SequencedClient
 from whitney.payloads import adamw_optimizer
 
 

@@ -38,8 +38,7 @@ from pydantic import BaseModel
 from flows.core.environments import Completion
 from flows.core.loop.training import TrainingRun
 from flows.rl.judge_rubric import Question, Rubric
-from tasks.operations import SAMPLER_OPERATION_TASKS
-from tasks.sequenced_client import SequencedClient, task_payload
+from tasks.operations import SAMPLER_OPERATION_TASKS, SequencedClient, task_payload
 from whitney import wire
 from whitney.renderers import Prompt
 

@@ -58,7 +58,6 @@ from flows.rl.multi_turn_rollout import (
 )
 from flows.rl.multi_turn_transcripts import Turn, transcript_sequences
 from flows.rl.plan import RLPlan
-from tasks.sequenced_client import SequencedClient
 from whitney.payloads import sample_request
 
 
@@ -74,9 +73,7 @@ class Episodes:
     """The cycle's rollouts in order, each a new draw, and every episode they played."""
 
     plan: RLPlan
-    client: SequencedClient
-    cycle: int
-    run_id: str
+    ctx: CycleContext
     sampler_id: str
     played: list[EpisodeResult] = field(default_factory=list, init=False)
     draws: itertools.count[int] = field(default_factory=itertools.count, init=False)
@@ -88,9 +85,7 @@ class Episodes:
         fail_fast = self.plan.config.rollout.failure_policy == "fail_fast"
         results = rollout(
             self.plan,
-            self.client,
-            self.cycle,
-            self.run_id,
+            self.ctx,
             self.sampler_id,
             specs,
             next(self.draws),
@@ -104,7 +99,7 @@ class Episodes:
         them but under min_viable_group; EpisodeFailed if one is still failing."""
         config = self.plan.config
         specs = [
-            EpisodeSpec(group, member, task=derive_seed(config.seed, self.cycle, group))
+            EpisodeSpec(group, member, task=derive_seed(config.seed, self.ctx.cycle, group))
             for group in groups
             for member in range(config.group_size)
         ]
@@ -196,7 +191,7 @@ def build_episode_batch(
     payload (every weight 0 if resampling dropped every group)."""
     config = plan.config
     cycle = ctx.cycle
-    episodes = Episodes(plan, ctx.client, cycle, ctx.run_id, sampler_id)
+    episodes = Episodes(plan, ctx, sampler_id)
     indices = list(range(config.prompts_per_cycle))
     drawn = episodes.groups(indices)
     first = [group for group in drawn if group is not None]

@@ -38,10 +38,11 @@ from typing import Any
 from flows.core.environments import Completion
 from flows.core.environments.calls import EnvironmentCalls, NamedCall
 from flows.core.environments.multiturn import Episode, MultiTurnEnvironment, StepResult
+from flows.core.loop.context import CycleContext
 from flows.core.loop.plans import derive_seed
 from flows.rl.multi_turn_transcripts import Turn, first_prompt, next_prompt
 from flows.rl.plan import RLPlan
-from tasks.sequenced_client import Call, SequencedClient
+from tasks.operations import Call
 from whitney.payloads import sample_request
 from whitney.renderers import Prompt, Transcript, check_messages
 
@@ -119,17 +120,17 @@ class EpisodeResult:
 
 def rollout(
     plan: RLPlan,
-    client: SequencedClient,
-    cycle: int,
-    run_id: str,
+    ctx: CycleContext,
     sampler_id: str,
     specs: Sequence[EpisodeSpec],
     draw: int,
     *,
     stop_on_failure: bool = False,
 ) -> list[EpisodeResult]:
-    """Play the episodes of `specs` to their end, every turn of them together; their results
-    in the order of `specs`."""
+    """Play the episodes of `specs` to their end in the cycle of `ctx`, every turn of them
+    together, sampled from `sampler_id` of its policy run; their results in the order of
+    `specs`."""
+    client, cycle = ctx.client, ctx.cycle
     environment = plan.environment
     assert isinstance(environment, MultiTurnEnvironment)
     calls = EnvironmentCalls(plan.io)
@@ -161,7 +162,7 @@ def rollout(
     while running := [episode for episode in episodes if episode.stop is None]:
         running = [episode for episode in running if within_limits(plan, episode)]
         if running:
-            sample_turn(plan, client, cycle, run_id, sampler_id, running, draw, turn)
+            sample_turn(plan, ctx, sampler_id, running, draw, turn)
             with client.log.timing("environment"):
                 step_turn(plan, calls, running, turn)
             raise_failures(running, stop_on_failure)
@@ -216,18 +217,16 @@ def turn_requests(
 
 def sample_turn(
     plan: RLPlan,
-    client: SequencedClient,
-    cycle: int,
-    run_id: str,
+    ctx: CycleContext,
     sampler_id: str,
     episodes: Sequence[EpisodeResult],
     draw: int,
     turn: int,
 ) -> None:
-    """Sample every running episode's action of this turn, on the next seq ids."""
-    requests = turn_requests(plan, cycle, episodes, draw, turn)
+    """Sample every running episode's action of this turn, on the policy run's next seq ids."""
+    requests = turn_requests(plan, ctx.cycle, episodes, draw, turn)
     calls = [Call("sample", request, sampler_id) for request, _ in requests]
-    operations = client.run_calls(run_id, calls, together=plan.config.concurrent_sampling)
+    operations = ctx.client.run_calls(ctx.run_id, calls, together=plan.config.concurrent_sampling)
     for (_, members), operation in zip(requests, operations, strict=True):
         sequences = (operation.result or {})["sequences"]
         for episode, sequence in zip(members, sequences, strict=True):

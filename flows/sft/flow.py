@@ -48,21 +48,19 @@ from flows.sft.config import SFTConfig
 from flows.sft.metrics import EvalPoint, SFTCycleMetrics, SFTResult, learning_curves
 from flows.sft.plan import LOSS_FUNCTION, SFTPlan, check_sft_config
 from tasks.names import cycle_name
-from tasks.sequenced_client import SequencedClient
 from whitney import wire
 from whitney.datums import Datum
 from whitney.payloads import adamw_optimizer, forward_backward_payload
 
 
-def evaluate(
-    client: SequencedClient, run_id: str, chunks: Sequence[Sequence[Datum]], step: int
-) -> EvalPoint:
-    """The eval loss per token of the run's current weights: `forward` (no gradient) on each
-    chunk of cross_entropy datums, sum of losses over sum of `tokens:sum`."""
+def evaluate(ctx: CycleContext, chunks: Sequence[Sequence[Datum]], step: int) -> EvalPoint:
+    """The eval loss per token of the policy run's current weights: `forward` (no gradient)
+    on each chunk of cross_entropy datums, sum of losses over sum of `tokens:sum`."""
     loss = tokens = 0.0
     for chunk in chunks:
         payload = forward_backward_payload(list(chunk), LOSS_FUNCTION)
-        result = client.execute(run_id, "forward", payload).result_as(wire.ForwardResult)
+        operation = ctx.client.execute(ctx.run_id, "forward", payload)
+        result = operation.result_as(wire.ForwardResult)
         loss += result.loss
         tokens += result.metrics["tokens:sum"]
     if tokens <= 0:
@@ -81,7 +79,7 @@ def run_sft_cycle(plan: SFTPlan, ctx: CycleContext) -> SFTCycleMetrics:
     steps = plan.cycle_steps(cycle)
     evals: list[EvalPoint] = []
     if steps.start == 0 and plan.eval_due(0):
-        evals.append(evaluate(client, run_id, plan.eval_chunks(), 0))
+        evals.append(evaluate(ctx, plan.eval_chunks(), 0))
     loss_sum = token_sum = 0.0
     grad_norms: list[float] = []
     rate = config.learning_rate
@@ -94,7 +92,7 @@ def run_sft_cycle(plan: SFTPlan, ctx: CycleContext) -> SFTCycleMetrics:
         token_sum += tail.backward.metrics["tokens:sum"]
         grad_norms.append(tail.optimized.metrics.get("grad_norm", 0.0))
         if plan.eval_due(step + 1):
-            evals.append(evaluate(client, run_id, plan.eval_chunks(), step + 1))
+            evals.append(evaluate(ctx, plan.eval_chunks(), step + 1))
     checkpoint = None
     if checkpoint_due(cycle, config.checkpoint_every, plan.cycles):
         checkpoint = ctx.save_checkpoint()

@@ -12,7 +12,7 @@ from flows.distill.config import DistillationConfig
 from flows.sft.config import SFTConfig
 from flows.sft.corpus import builtin_examples
 from flows.sft.plan import example_tokens, held_out
-from tasks.calls import TaskRetrySettings
+from tasks.retry import TaskRetrySettings
 from whitney import wire
 from whitney.client import WhitneyClient
 from whitney.datums import sft_datum

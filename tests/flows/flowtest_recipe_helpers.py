@@ -19,7 +19,7 @@ from flows.rl.metrics import RLResult
 from flows.rl.recipes import CRITIC_PROVIDERS, RECIPES, AuxiliaryRun, Recipe, load_recipe
 from flows.rl.recipes.ppo import RECIPE as PPO
 from tasks import operations
-from tasks.sequenced_client import SequencedClient
+from tasks.operations import SequencedClient
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 from whitney.losses import PROVIDER_LOSS_SUPPORT

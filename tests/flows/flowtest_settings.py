@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.calls import TaskRetrySettings
+from tasks.retry import TaskRetrySettings
 
 QUICK_RECOVERY: dict[str, Any] = {
     "task_retry": TaskRetrySettings(retries=3, delay_s=0.05, max_delay_s=0.5, jitter=0.2),

@@ -41,10 +41,12 @@ def test_run_has_one_subcommand_per_flow_and_each_runs_its_module() -> None:
     assert tuple(flows.choices) == COMMANDS
     for flow in TRAINING_FLOWS:
         module = importlib.import_module(flow.cli_module)
-        assert callable(module.run)
+        assert callable(module.checked_config) and callable(module.progress_bars)
         assert flows._choices_actions[COMMANDS.index(flow.command)].help == flow.summary
         line = getattr(module, flow.progress)  # the progress line and the summary it names
         assert callable(line) and callable(getattr(module, flow.summary_table))
+        assert flow.check is None or callable(flow.load_check())
+        assert flow.load_flow().name == flow.name  # the entrypoint's flow
     with pytest.raises(ConfigError, match="FLOW: unknown training flow 'reap': one of rl, sft"):
         by_command("reap")
 

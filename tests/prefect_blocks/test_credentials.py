@@ -24,7 +24,7 @@ from rich.console import Console
 import whitney.clock
 from blocks import BlockNotFound, WhitneyCredentials, load_credentials
 from blocks.endpoint import resolve_connection, resolve_endpoint
-from flows.cli.launch import start_embedded_server
+from flows.cli.run import start_embedded_server
 from flows.core.config import ConfigError
 from flows.core.loop.budget import flow_cost_model
 from whitney.errors import Unauthorized

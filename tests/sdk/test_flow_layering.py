@@ -59,7 +59,7 @@ PURE_PACKAGES = (
     "flows.rl.recipes",
     "blocks.connection",
     "tasks.names",
-    "tasks.calls",
+    "tasks.retry",
     "tasks.release",
 )
 

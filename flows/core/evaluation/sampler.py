@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from flows.core.evaluation.plan import EvalMetrics, EvalPlan, eval_due
 from flows.core.loop.cost import usage_of
 from tasks.names import START_EVAL_SAMPLER, eval_sampler_name
-from tasks.sequenced_client import Call, SequencedClient
+from tasks.operations import Call, SequencedClient
 
 if TYPE_CHECKING:
     from flows.core.loop.context import CycleContext

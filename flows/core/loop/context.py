@@ -29,7 +29,7 @@ from flows.core.loop.cycles import CycleResult, CycleStart
 from flows.core.loop.off_policy_schedule import SampleBlock
 from flows.core.records.run_records import by_run, record_cycle
 from tasks.names import cycle_name
-from tasks.sequenced_client import Call, SequencedClient
+from tasks.operations import Call, SequencedClient
 from whitney import wire
 
 M = TypeVar("M", bound=CycleResult)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, Field
 
 from flows.core.config import checkpoint_due
-from tasks.sequenced_client import Call, SequencedClient, Submitted
+from tasks.operations import Call, SequencedClient, Submitted
 
 if TYPE_CHECKING:
     from flows.core.loop.context import CycleContext

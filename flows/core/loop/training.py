@@ -34,10 +34,9 @@ from flows.core.records.lineage import Lineage, find_lineage, lineage_artifact
 from flows.core.records.manifest import flow_manifest
 from flows.core.records.run_records import artifact_key
 from flows.core.records.summary_parts import flow_run_export_command
-from tasks.calls import WhitneyCalls
 from tasks.lifecycle import capabilities, close_session, create_run, finish_run, open_session
+from tasks.operations import SequencedClient, WhitneyCalls
 from tasks.resume import ResumePoint, find_resume_point
-from tasks.sequenced_client import SequencedClient
 from whitney import wire
 
 

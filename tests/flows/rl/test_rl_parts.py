@@ -28,8 +28,8 @@ from flows.rl.batch import score_group
 from flows.rl.config import RLConfig
 from flows.rl.plan import check_rl_config, probe
 from flows.rl.recipes import join_payloads, load_recipe
-from tasks.calls import TaskRetrySettings, retry_if_retryable
-from tasks.sequenced_client import SeqLedger
+from tasks.operations import SeqLedger
+from tasks.retry import TaskRetrySettings, retry_if_retryable
 from whitney.errors import InvalidDatum, RateLimited, TransportError
 from whitney.renderers import get_renderer
 from whitney.tokenizers import get_tokenizer
@@ -195,7 +195,7 @@ def test_subflows_run_without_their_heartbeat_thread() -> None:
 
 
 def test_metrics_usage_fallback() -> None:
-    from tasks.sequenced_client import OperationLog
+    from tasks.operations import OperationLog
 
     log = OperationLog()
     log.record(SimpleNamespace(kind="sample", usage={"tokens": 9, "sampled_tokens": 7}))

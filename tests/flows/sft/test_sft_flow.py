@@ -27,7 +27,7 @@ from flows.core.config import ConfigError
 from flows.sft.config import SFTConfig
 from flows.sft.flow import sft_flow
 from flows.sft.schedules import scheduled_rate
-from tasks.sequenced_client import SequencedClient
+from tasks.operations import SequencedClient
 from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 

@@ -1,15 +1,17 @@
-"""What every `whitney-flows run FLOW` does once its config is checked: check its trackers (a URI a
-tracker refuses, a tracking server that does not answer or refuses the credentials, exits 2
-before anything starts), reach Whitney (a URL that does not answer, or refuses the key, exits 2
-before any flow run starts) or start the embedded server, run the flow with progress fed by its
-metrics JSON lines, download the exported adapter and write its manifest beside it
-(`RUN-manifest.json`, flows.core.records.manifest), print a summary table, then where the learning
-curves are (the summary artifact's picture, as a PNG beside the metrics file: `--metrics-out`'s,
-else in the adapter directory) and the command that exports the adapter. Exit codes as in
-`flows.cli.main`."""
+"""`whitney-flows run FLOW`, for every flow of flows.catalogue: once its config is checked,
+check its trackers (a URI a tracker refuses, a tracking server that does not answer or
+refuses the credentials, exits 2 before anything starts), reach Whitney (a URL that does not
+answer, or refuses the key, exits 2 before any flow run starts) or start the embedded server,
+run the flow with progress fed by its metrics JSON lines, download the exported adapter and
+write its manifest beside it (`RUN-manifest.json`, flows.core.records.manifest), print a
+summary table, then where the learning curves are (the summary artifact's picture, as a PNG
+beside the metrics file: `--metrics-out`'s, else in the adapter directory) and the command
+that exports the adapter. Exit codes as in `flows.cli.main`."""
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import os
 import shutil
 import sys
@@ -35,7 +37,9 @@ from blocks.endpoint import (
     check_whitney,
     resolve_endpoint,
 )
+from flows.catalogue import by_command
 from flows.cli.exit_codes import EXIT_BAD_CONFIG, EXIT_FLOW_FAILED, EXIT_OK
+from flows.cli.terminal import CycleProgress
 from flows.cli.watchdog import watch
 from flows.core.config import ConfigError, FlowConfig
 from flows.core.records.manifest import archive_path, manifest_path, with_archive, write_manifest
@@ -52,6 +56,32 @@ ProgressFactory = Callable[[Path, Console], AbstractContextManager[Any]]
 """(metrics path, console) -> the progress display, entered around the flow run."""
 Summarize = Callable[[Any, Path, float], Table]
 """(flow result, downloaded adapter path, wall seconds) -> the summary table."""
+
+
+def run_flow(options: argparse.Namespace, prog: str | None = None) -> int:
+    """`whitney-flows run FLOW` (a flow of flows.catalogue, what is its own in its
+    `cli_module`): its exit code; 2 with one line (`prog: ...`) if its config is refused."""
+    prog = prog or f"whitney-flows run {options.flow}"
+    try:
+        flow = by_command(options.flow)
+        own = importlib.import_module(flow.cli_module)
+        describe = getattr(own, flow.progress)
+        check = flow.load_check()
+        config = own.checked_config(options)
+        return launch_flow(
+            prog,
+            config,
+            flow.load_flow(),
+            lambda metrics_path, console: CycleProgress(
+                own.progress_bars(config, metrics_path), console, describe
+            ),
+            getattr(own, flow.summary_table),
+            options.adapter_dir,
+            None if check is None else lambda connection: check(config, connection),
+        )
+    except ConfigError as error:
+        print(f"{prog}: {error}", file=sys.stderr)
+        return EXIT_BAD_CONFIG
 
 
 def launch_flow(

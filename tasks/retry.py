@@ -1,15 +1,6 @@
-"""The one way a flow reaches Whitney: a task (`tasks.operations`, `tasks.lifecycle`, ...) run
-on the flow's connection with the flow's retry policy (`TaskRetrySettings`, below).
-
-    whitney = WhitneyCalls(connection, config.task_retry)
-    session = whitney.run(open_session, labels, idempotency_key)
-    future = whitney.submit(sample, run_id, sampler_id, seq_id, payload)
-
-Ordered operations go through `tasks.sequenced_client.SequencedClient`, which picks
-their seq ids and makes its calls through a `WhitneyCalls` too.
-
-The retry policy of every Whitney task: only retryable WhitneyErrors, exponential backoff
-with jitter, counts and delays from `TaskRetrySettings`.
+"""The retry policy of every Whitney task: only retryable WhitneyErrors, exponential backoff
+with jitter, counts and delays from `TaskRetrySettings` (a config's `task_retry`). No Prefect:
+the configs hold it; the tasks take it (tasks.operations.WhitneyCalls).
 
 A retried task resends the same seq_id, so the server answers with the stored operation
 instead of running it again: retrying is always safe, never double-applies.
@@ -17,19 +8,15 @@ instead of running it again: retrying is always safe, never double-applies.
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from blocks.connection import WhitneyConnection
 from whitney.errors import WhitneyError
 
 if TYPE_CHECKING:
     from prefect import Task
     from prefect.client.schemas.objects import TaskRun
-    from prefect.futures import PrefectFuture
     from prefect.states import State
 
 
@@ -71,29 +58,3 @@ def retry_if_retryable(task: Task[..., Any], task_run: TaskRun, state: State[Any
     except Exception:
         return False
     return False
-
-
-@functools.cache
-def with_retry(task: Task[..., Any], settings: TaskRetrySettings) -> Task[..., Any]:
-    """`task` with this retry policy (one copy per task and policy, made on first use)."""
-    return task.with_options(**settings.task_options())
-
-
-@dataclass(frozen=True)
-class WhitneyCalls:
-    """Whitney tasks on one connection, each with one retry policy."""
-
-    connection: WhitneyConnection
-    retry: TaskRetrySettings
-
-    def task(self, task: Task[..., Any]) -> Task[..., Any]:
-        """`task` with this retry policy."""
-        return with_retry(task, self.retry)
-
-    def run(self, task: Task[..., Any], *args: Any, **kwargs: Any) -> Any:
-        """Run `task` on the connection in this thread; its result."""
-        return self.task(task)(self.connection, *args, **kwargs)
-
-    def submit(self, task: Task[..., Any], *args: Any, **kwargs: Any) -> PrefectFuture[Any]:
-        """Submit `task` on the connection to the task runner; its future."""
-        return self.task(task).submit(self.connection, *args, **kwargs)
