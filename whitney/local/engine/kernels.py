@@ -37,7 +37,8 @@ log = logging.getLogger("whitney.local.engine")
 
 COMPILE_ENV = "WHITNEY_ENGINE_COMPILE"
 Examples = Callable[[], list[tuple]]
-Shape = tuple[torch.dtype, tuple[int | None, ...]]
+Shape = tuple[torch.dtype, int, tuple[tuple[int, int], ...]]
+"""An argument a compiled kernel takes: its dtype, rank and fixed sizes (dim, size)."""
 
 
 @dataclass
@@ -45,8 +46,8 @@ class Kernel:
     """One fused kernel: the eager function, example arguments to compile and check it on,
     the elements of the first argument from which the eager function is the faster (None:
     never; `benchmarks/engine_kernels.py` measures it), and once loaded the compiled kernel
-    (`run`: a list of tensors in, a list out) with the dtype and sizes of each argument it was
-    compiled for (None where any size runs)."""
+    (`run`: a list of tensors in, a list out) with the dtype, rank and fixed sizes of each
+    argument it was compiled for."""
 
     eager: Callable[..., object]
     examples: Examples
@@ -72,11 +73,12 @@ class Kernel:
 
 def fits(args: tuple, shapes: tuple[Shape, ...]) -> bool:
     """Whether `args` are contiguous tensors of the dtypes, ranks and fixed sizes compiled for."""
-    for arg, (dtype, sizes) in zip(args, shapes, strict=True):
-        if arg.dtype != dtype or arg.dim() != len(sizes) or not arg.is_contiguous():
+    for arg, (dtype, rank, fixed) in zip(args, shapes, strict=True):
+        if arg.dtype != dtype or arg.dim() != rank or not arg.is_contiguous():
             return False
-        if any(size is not None and size != n for size, n in zip(sizes, arg.shape, strict=True)):
-            return False
+        for dim, size in fixed:
+            if arg.shape[dim] != size:
+                return False
     return True
 
 
@@ -327,7 +329,14 @@ def load(
                 got = run(list(made))
                 if not same_bits(tuple(got) if isinstance(want, tuple) else got[0], want):
                     return None
-        shape = tuple((getattr(torch, dtype), tuple(sizes)) for dtype, sizes in shapes)
+        shape = tuple(
+            (
+                getattr(torch, dtype),
+                len(sizes),
+                tuple((d, n) for d, n in enumerate(sizes) if n is not None),
+            )
+            for dtype, sizes in shapes
+        )
         loaded.append((run, shape))
     return loaded
 
