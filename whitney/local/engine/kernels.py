@@ -130,9 +130,10 @@ class State:
             self.thread.start()
 
     def compile_all(self) -> None:
-        """The child compiles into the cache, then this process loads the kernels from it."""
+        """The child compiles into the cache, then this process loads the kernels from it (at this
+        process's priority: loading compiles and runs Inductor's small CPU check, which at the
+        lowest priority waited for minutes on a busy machine)."""
         t0 = time.perf_counter()
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread, its child
         directory = compiled_directory()
         directory.mkdir(parents=True, exist_ok=True)
         with open(directory / "lock", "w") as lock:  # one compiling child per cache at a time
@@ -262,6 +263,7 @@ def main() -> int:
 
 CHILD = """
 import ctypes, os, signal, sys
+os.setpriority(os.PRIO_PROCESS, 0, 19)  # the lowest: loading, in the parent, keeps its own
 ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: killed if its parent ends first
 if os.getppid() != int(sys.argv[1]):  # it ended before that
     sys.exit(1)
