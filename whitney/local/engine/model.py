@@ -391,17 +391,18 @@ class Attention(torch.autograd.Function):
         ctx.probs = [] if keep else None  # small: the probabilities are kept, not recomputed
         out, sums = attend(q, stored, chunks, prob_bits, check, ctx.probs)
         if ctx.needs_input_grad[0]:
-            ctx.save_for_backward(q, k, v, stored.keys, sums, out)
+            ctx.save_for_backward(q, k, v, sums, out)  # not `stored`: its values are freed
             ctx.chunks = chunks
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, keys, sums, out = ctx.saved_tensors
+        q, k, v, sums, out = ctx.saved_tensors
         heads, scale = q.shape[1], 1.0 / math.sqrt(q.shape[-1])
         groups = heads // k.shape[1]
-        if ctx.probs is None:
+        if ctx.probs is None:  # the keys' bits again, as `KeyValues.of` rounded them
             fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
+            keys = exact.fixed_point(k, exact.bits_for(k.shape[-1]))
         k, v = repeat_heads(k, heads), repeat_heads(v, heads)
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for n, (rows, visible) in enumerate(ctx.chunks):
