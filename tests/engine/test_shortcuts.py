@@ -259,11 +259,9 @@ def test_attention_over_chunks_of_queries_is_softmax_attention(monkeypatch, chun
 
     def attend() -> tuple[torch.Tensor, ...]:
         inputs = [t.clone().requires_grad_() for t in (q, k, v)]
-        keys = exact.fixed_point(k, exact.bits_for(16))
         out = model.Attention.apply(
             *inputs,
-            keys,
-            model.Values.of(v, grid),
+            model.KeyValues.of(k, v, grid),
             list(model.query_chunks(positions, positions, 4)),
             cfg.prob_bits,
             model.no_check,

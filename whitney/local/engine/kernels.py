@@ -37,7 +37,8 @@ log = logging.getLogger("whitney.local.engine")
 
 COMPILE_ENV = "WHITNEY_ENGINE_COMPILE"
 Examples = Callable[[], list[tuple]]
-Shape = tuple[torch.dtype, tuple[int | None, ...]]
+Shape = tuple[torch.dtype, int, tuple[tuple[int, int], ...]]
+"""An argument a compiled kernel takes: its dtype, rank and fixed sizes (dim, size)."""
 
 
 @dataclass
@@ -45,8 +46,8 @@ class Kernel:
     """One fused kernel: the eager function, example arguments to compile and check it on,
     the elements of the first argument from which the eager function is the faster (None:
     never; `benchmarks/engine_kernels.py` measures it), and once loaded the compiled kernel
-    (`run`: a list of tensors in, a list out) with the dtype and sizes of each argument it was
-    compiled for (None where any size runs)."""
+    (`run`: a list of tensors in, a list out) with the dtype, rank and fixed sizes of each
+    argument it was compiled for."""
 
     eager: Callable[..., object]
     examples: Examples
@@ -72,11 +73,12 @@ class Kernel:
 
 def fits(args: tuple, shapes: tuple[Shape, ...]) -> bool:
     """Whether `args` are contiguous tensors of the dtypes, ranks and fixed sizes compiled for."""
-    for arg, (dtype, sizes) in zip(args, shapes, strict=True):
-        if arg.dtype != dtype or arg.dim() != len(sizes) or not arg.is_contiguous():
+    for arg, (dtype, rank, fixed) in zip(args, shapes, strict=True):
+        if arg.dtype != dtype or arg.dim() != rank or not arg.is_contiguous():
             return False
-        if any(size is not None and size != n for size, n in zip(sizes, arg.shape, strict=True)):
-            return False
+        for dim, size in fixed:
+            if arg.shape[dim] != size:
+                return False
     return True
 
 
@@ -128,9 +130,10 @@ class State:
             self.thread.start()
 
     def compile_all(self) -> None:
-        """The child compiles into the cache, then this process loads the kernels from it."""
+        """The child compiles into the cache, then this process loads the kernels from it (at this
+        process's priority: loading compiles and runs Inductor's small CPU check, which at the
+        lowest priority waited for minutes on a busy machine)."""
         t0 = time.perf_counter()
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)  # this thread, its child
         directory = compiled_directory()
         directory.mkdir(parents=True, exist_ok=True)
         with open(directory / "lock", "w") as lock:  # one compiling child per cache at a time
@@ -260,6 +263,7 @@ def main() -> int:
 
 CHILD = """
 import ctypes, os, signal, sys
+os.setpriority(os.PRIO_PROCESS, 0, 19)  # the lowest: loading, in the parent, keeps its own
 ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: killed if its parent ends first
 if os.getppid() != int(sys.argv[1]):  # it ended before that
     sys.exit(1)
@@ -327,7 +331,14 @@ def load(
                 got = run(list(made))
                 if not same_bits(tuple(got) if isinstance(want, tuple) else got[0], want):
                     return None
-        shape = tuple((getattr(torch, dtype), tuple(sizes)) for dtype, sizes in shapes)
+        shape = tuple(
+            (
+                getattr(torch, dtype),
+                len(sizes),
+                tuple((d, n) for d, n in enumerate(sizes) if n is not None),
+            )
+            for dtype, sizes in shapes
+        )
         loaded.append((run, shape))
     return loaded
 

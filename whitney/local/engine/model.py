@@ -208,40 +208,55 @@ def value_grid(
 
 
 @dataclass(frozen=True)
-class Values:
-    """Attention values [B, kv_heads, T, d] as hi + lo, hi on the static grid and lo on the grid
-    2**-VALUE_BITS finer (float64)."""
+class KeyValues:
+    """A layer's keys and values side by side in one tensor [B, kv_heads, T, 3 d] (float64), so
+    a cache takes them in one write and the value's two parts meet a weight in one product: the
+    keys on their fixed-point rows, then each value as hi + lo, hi on the static grid and lo on
+    the grid 2**-VALUE_BITS finer."""
 
-    hi: Tensor
-    lo: Tensor
+    data: Tensor
 
     @classmethod
-    def of(cls, v: Tensor, grid: Tensor) -> Values:
-        return cls(*VALUE_PARTS(v.detach().float().contiguous(), grid))
+    def of(cls, k: Tensor, v: Tensor, grid: Tensor) -> KeyValues:
+        """Of float32 keys and values [B, kv_heads, T, d], the values' grid [kv_heads, 1, d]."""
+        unit = exact.power(exact.bits_for(k.shape[-1]))
+        key, value = (t.detach().float().contiguous() for t in (k, v))
+        return cls(KEY_VALUES(key, value, unit, grid))
 
-    def rows(self, index: Tensor) -> Values:
-        return Values(self.hi[index], self.lo[index])
+    @property
+    def keys(self) -> Tensor:
+        return self.data[..., : self.data.shape[-1] // 3]
 
-    def upto(self, length: int) -> Values:
+    @property
+    def values(self) -> Tensor:
+        """hi and lo side by side [B, kv_heads, T, 2 d]."""
+        return self.data[..., self.data.shape[-1] // 3 :]
+
+    @property
+    def hi(self) -> Tensor:
+        d = self.data.shape[-1] // 3
+        return self.data[..., d : 2 * d]
+
+    def upto(self, length: int) -> KeyValues:
         """The first `length` positions."""
-        return Values(self.hi[:, :, :length], self.lo[:, :, :length])
+        return KeyValues(self.data[:, :, :length])
 
 
 def attention_weights_times_values(
-    p: Tensor, values: Values, prob_bits: int, check: Check = no_check
+    p: Tensor, stored: KeyValues, prob_bits: int, check: Check = no_check
 ) -> tuple[Tensor, Tensor]:
     """sum_j p_j v_j / sum_j p_j for p in [0, 1] (float32) [B, H, Tq, Tk], from exact sums (p
     split in hi + lo parts of prob_bits each, on grids common to all keys) combined in a fixed
     order; and sum_j p_j itself (exact, float64)."""
     p_hi, p_lo, z = PROB_PARTS(p.reshape(-1, p.shape[-1]), exact.power(prob_bits, torch.float64))
     check()
-    hi, lo, kv = values.hi, values.lo, values.hi.shape[1]
+    kv, d = stored.data.shape[1], stored.data.shape[-1] // 3
     p_hi, p_lo = grouped(p_hi.view(p.shape), kv), grouped(p_lo.view(p.shape), kv)
-    fine = torch.matmul(p_hi, lo) + torch.matmul(p_lo, hi)
-    out = torch.matmul(p_hi, hi)
-    return WEIGHTED_MEAN(out.view(-1, out.shape[-1]), fine.view(-1, out.shape[-1]), z).view(
-        *p.shape[:-1], hi.shape[-1]
-    ), z.view(*p.shape[:-1], 1) * 2.0**-prob_bits
+    both = torch.matmul(p_hi, stored.values)  # p_hi hi | p_hi lo
+    cross = torch.matmul(p_lo, stored.hi)
+    return WEIGHTED_MEAN(both.view(-1, 2, d), cross.view(-1, d), z).view(*p.shape[:-1], d), z.view(
+        *p.shape[:-1], 1
+    ) * 2.0**-prob_bits
 
 
 def prob_parts(p: Tensor, unit: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -253,17 +268,20 @@ def prob_parts(p: Tensor, unit: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return p_hi, p_lo, p_hi.sum(-1, keepdim=True) + p_lo.sum(-1, keepdim=True)
 
 
-def weighted_mean(coarse: Tensor, fine: Tensor, z: Tensor) -> Tensor:
-    """(coarse + fine) / z rounded to float32, row by row (rows [N, d], sums [N, 1])."""
-    return ((coarse + fine) / z).float()
+def weighted_mean(both: Tensor, cross: Tensor, z: Tensor) -> Tensor:
+    """(coarse + (fine + cross)) / z rounded to float32, row by row, for the products of the
+    weights' hi part with the values' hi and lo parts (`both` [N, 2, d]), the weights' lo part's
+    with the values' hi (`cross` [N, d]) and the weights' sums `z` [N, 1]."""
+    return ((both[:, 0] + (both[:, 1] + cross)) / z).float()
 
 
-def value_parts(v: Tensor, grid: Tensor) -> tuple[Tensor, Tensor]:
-    """`Values` of float32 values [B, kv_heads, T, d] on their grid [kv_heads, 1, d]."""
+def key_values(k: Tensor, v: Tensor, unit: Tensor, grid: Tensor) -> Tensor:
+    """`KeyValues` of float32 keys and values [B, kv_heads, T, d]: the keys on fixed-point rows
+    of unit = 2**bits, the values on their grid [kv_heads, 1, d]."""
     scaled = v.double() / grid
     hi = scaled.round()
     lo = ((scaled - hi) * 2.0**VALUE_BITS).round() * 2.0**-VALUE_BITS
-    return hi * grid, lo * grid
+    return torch.cat((exact.fixed_grid(k, unit), hi * grid, lo * grid), -1)
 
 
 def shifted_scores(raw: Tensor, visible: Tensor, scale: Tensor) -> Tensor:
@@ -304,7 +322,7 @@ def query_chunks(
         rows = slice(start, start + size)
         visible = key_positions[:, None, None, :] <= positions[:, None, rows, None]
         seen = int((visible.flatten(0, 2).any(0) * torch.arange(1, keys + 1)).max())
-        yield rows, visible[..., :seen]
+        yield rows, visible[..., :seen].contiguous()  # once per pass, not per layer
 
 
 def attention_probabilities(fq: Tensor, keys: Tensor, visible: Tensor) -> Tensor:
@@ -312,7 +330,7 @@ def attention_probabilities(fq: Tensor, keys: Tensor, visible: Tensor) -> Tensor
     keys; each element's bits depend on its row alone (exact scores, `vectorized` exp)."""
     raw = torch.matmul(grouped(fq, keys.shape[1]), keys.transpose(-1, -2))
     scale = score_scale(fq.shape[-1])
-    exponent = SHIFTED_SCORES(raw.view(*fq.shape[:-1], keys.shape[2]), visible.contiguous(), scale)
+    exponent = SHIFTED_SCORES(raw.view(*fq.shape[:-1], keys.shape[2]), visible, scale)
     return exact.vectorized(torch.exp, exponent)
 
 
@@ -323,13 +341,40 @@ def score_scale(head_dim: int) -> Tensor:
         return torch.tensor(1.0 / math.sqrt(head_dim), dtype=torch.float32)
 
 
+def attend(
+    q: Tensor,
+    stored: KeyValues,
+    chunks: list[tuple[slice, Tensor]],
+    prob_bits: int,
+    check: Check,
+    kept: list[Tensor] | None = None,
+) -> tuple[Tensor, Tensor]:
+    """Causal attention's value [B, H, Tq, d] of queries over `stored` keys and values, exact,
+    chunk by chunk (`query_chunks`), and the exact sums of its weights [B, H, Tq, 1]; `kept`
+    collects each chunk's normalised probabilities. `check` runs between the stages."""
+    fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
+    outs, sums = [], []
+    for rows, visible in chunks:
+        check()
+        seen = stored.upto(visible.shape[-1])
+        p = attention_probabilities(fq[:, :, rows], seen.keys, visible)
+        check()
+        out, total = attention_weights_times_values(p, seen, prob_bits, check)
+        outs.append(out)
+        sums.append(total)
+        if kept is not None:
+            kept.append((p.double() / total).float())
+    if len(outs) == 1:
+        return outs[0], sums[0]
+    return torch.cat(outs, 2), torch.cat(sums, 2)
+
+
 class Attention(torch.autograd.Function):
-    """Causal attention of queries over fixed-point keys and values, exact in value; the
-    gradient is softmax attention's own. Queries run in chunks (`query_chunks`); the backward
-    recomputes each chunk's probabilities (the same bits) from the exact sums the forward kept,
-    unless all of them fit in ATTENTION_CHUNK scores (then they are kept), so neither pass holds
-    more than that. `chunks` are `query_chunks`'s, shared by every layer of a pass. `check`
-    runs between the stages of the forward (long ones, for long sequences)."""
+    """`attend` (exact in value) with softmax attention's own gradient. The backward recomputes
+    each chunk's probabilities (the same bits) from the exact sums the forward kept, unless all
+    of them fit in ATTENTION_CHUNK scores (then they are kept), so neither pass holds more than
+    that. `chunks` are `query_chunks`'s, shared by every layer of a pass. Without gradients the
+    model calls `attend` itself."""
 
     @staticmethod
     def forward(
@@ -337,39 +382,27 @@ class Attention(torch.autograd.Function):
         q,
         k,
         v,
-        keys: Tensor,
-        values: Values,
+        stored: KeyValues,
         chunks: list[tuple[slice, Tensor]],
         prob_bits: int,
         check: Check,
     ):
-        fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
-        out = torch.empty(q.shape)
-        sums = torch.empty(*q.shape[:-1], 1, dtype=torch.float64)
         keep = ctx.needs_input_grad[0] and q.numel() // q.shape[-1] * k.shape[2] <= ATTENTION_CHUNK
         ctx.probs = [] if keep else None  # small: the probabilities are kept, not recomputed
-        for rows, visible in chunks:
-            check()
-            seen = visible.shape[-1]
-            p = attention_probabilities(fq[:, :, rows], keys[:, :, :seen], visible)
-            check()
-            out[:, :, rows], sums[:, :, rows] = attention_weights_times_values(
-                p, values.upto(seen), prob_bits, check
-            )
-            if keep:
-                ctx.probs.append((p.double() / sums[:, :, rows]).float())
+        out, sums = attend(q, stored, chunks, prob_bits, check, ctx.probs)
         if ctx.needs_input_grad[0]:
-            ctx.save_for_backward(q, k, v, keys, sums, out)
+            ctx.save_for_backward(q, k, v, sums, out)  # not `stored`: its values are freed
             ctx.chunks = chunks
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        q, k, v, keys, sums, out = ctx.saved_tensors
+        q, k, v, sums, out = ctx.saved_tensors
         heads, scale = q.shape[1], 1.0 / math.sqrt(q.shape[-1])
         groups = heads // k.shape[1]
-        if ctx.probs is None:
+        if ctx.probs is None:  # the keys' bits again, as `KeyValues.of` rounded them
             fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
+            keys = exact.fixed_point(k, exact.bits_for(k.shape[-1]))
         k, v = repeat_heads(k, heads), repeat_heads(v, heads)
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         for n, (rows, visible) in enumerate(ctx.chunks):
@@ -389,7 +422,7 @@ class Attention(torch.autograd.Function):
         if groups > 1:
             grad_k = grad_k.unflatten(1, (-1, groups)).sum(2)
             grad_v = grad_v.unflatten(1, (-1, groups)).sum(2)
-        return grad_q, grad_k, grad_v, None, None, None, None, None
+        return grad_q, grad_k, grad_v, None, None, None, None
 
 
 class Checkpoint(torch.autograd.Function):
@@ -534,14 +567,16 @@ class LayerWeights:
 class Pass:
     """What every layer of one pass over token positions [B, T] shares, computed once per pass
     (for a decode step, once per step): RoPE's cos and sin at the positions [B, T, 1, d], how
-    many keys the pass sees (with a cache, up to the furthest position written), and the
-    attention's query chunks with their causal masks (`query_chunks`)."""
+    many keys the pass sees (with a cache, up to the furthest position written), the
+    attention's query chunks with their causal masks (`query_chunks`), and the batch's row
+    numbers [B, 1] (where a cache writes)."""
 
     positions: Tensor
     cos: Tensor
     sin: Tensor
     keys: int
     chunks: list[tuple[slice, Tensor]]
+    rows: Tensor
 
     @classmethod
     def of(cls, model: Llama, positions: Tensor, cached: bool) -> Pass:
@@ -550,49 +585,33 @@ class Pass:
         key_positions = torch.arange(keys).expand(batch, -1) if cached else positions
         chunks = list(query_chunks(positions, key_positions, model.cfg.num_heads))
         cos, sin = model.cos[positions][:, :, None], model.sin[positions][:, :, None]
-        return cls(positions, cos, sin, keys, chunks)
+        return cls(positions, cos, sin, keys, chunks, torch.arange(batch)[:, None])
 
 
 class KVCache:
-    """Keys (fixed point) and values (on their grid) of every layer for `batch` rows of up to
-    `length` positions; `positions[r]` is the next position of row r."""
+    """Keys (fixed point) and values (on their grid) of every layer (`KeyValues`) for `batch`
+    rows of up to `length` positions; `positions[r]` is the next position of row r."""
 
     def __init__(self, cfg: ModelConfig, batch: int, length: int) -> None:
-        self.shape = (batch, cfg.kv_heads, length, cfg.dim_head)
-        self.keys = [torch.zeros(self.shape, dtype=torch.float64) for _ in range(cfg.num_layers)]
-        self.values = [
-            Values(
-                torch.zeros(self.shape, dtype=torch.float64),
-                torch.zeros(self.shape, dtype=torch.float64),
-            )
-            for _ in range(cfg.num_layers)
-        ]
+        self.shape = (batch, cfg.kv_heads, length, 3 * cfg.dim_head)
+        self.stored = [torch.zeros(self.shape, dtype=torch.float64) for _ in range(cfg.num_layers)]
         self.positions = torch.zeros(batch, dtype=torch.long)
 
     def rows(self, index: Tensor) -> KVCache:
         """A cache of the given rows (copies), e.g. a prompt's cache for each of its samples."""
         out = KVCache.__new__(KVCache)
         out.shape = (len(index), *self.shape[1:])
-        out.keys = [k[index] for k in self.keys]
-        out.values = [v.rows(index) for v in self.values]
+        out.stored = [s[index] for s in self.stored]
         out.positions = self.positions[index].clone()
         return out
 
-    def write(
-        self, n: int, k: Tensor, v: Tensor, grid: Tensor, step: Pass
-    ) -> tuple[Tensor, Values]:
+    def write(self, n: int, k: Tensor, v: Tensor, grid: Tensor, step: Pass) -> KeyValues:
         """Store keys/values [B, kv_heads, T, d] at each row's positions (`step`'s); return the
         keys and values of layer n up to the furthest position written (the rest are
         invisible)."""
-        rows, cols, filled = torch.arange(k.shape[0])[:, None], step.positions, step.keys
-        fv = Values.of(v, grid)
-        for store, new in (
-            (self.keys[n], exact.fixed_point(k, exact.bits_for(k.shape[-1]))),
-            (self.values[n].hi, fv.hi),
-            (self.values[n].lo, fv.lo),
-        ):
-            store.permute(0, 2, 1, 3)[rows, cols] = new.permute(0, 2, 1, 3)
-        return self.keys[n][:, :, :filled], self.values[n].upto(filled)
+        new = KeyValues.of(k, v, grid).data
+        self.stored[n].permute(0, 2, 1, 3)[step.rows, step.positions] = new.permute(0, 2, 1, 3)
+        return KeyValues(self.stored[n][:, :, : step.keys])
 
 
 class Llama:
@@ -694,11 +713,13 @@ class Llama:
         qk = rope(qkv[:, :, : h + kv], step.cos, step.sin)
         q, k, v = (t.transpose(1, 2) for t in (qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]))
         if cache is None:
-            keys = exact.fixed_point(k, exact.bits_for(d))
-            values = Values.of(v, layer.value_grid)
+            stored = KeyValues.of(k, v, layer.value_grid)
         else:
-            keys, values = cache.write(n, k, v, layer.value_grid, step)
-        y = Attention.apply(q, k, v, keys, values, step.chunks, cfg.prob_bits, check)
+            stored = cache.write(n, k, v, layer.value_grid, step)
+        if torch.is_grad_enabled() and q.requires_grad:
+            y = Attention.apply(q, k, v, stored, step.chunks, cfg.prob_bits, check)
+        else:
+            y, _ = attend(q, stored, step.chunks, cfg.prob_bits, check)
         return self.linear(y.transpose(1, 2).reshape(B, T, h * d), layer, "o")
 
     def mlp(self, x: Tensor, layer: LayerWeights) -> Tensor:
@@ -803,19 +824,19 @@ def attention_examples() -> list[tuple]:
 
 def mean_examples() -> list[tuple]:
     gen = torch.Generator().manual_seed(0)
-    coarse, fine = (
-        torch.randn(6, 8, dtype=torch.float64, generator=gen),
-        torch.rand(6, 8, dtype=torch.float64),
-    )
-    z = torch.rand(6, 1, dtype=torch.float64) + 1
-    return [(coarse, fine, z), (coarse[:1].clone(), fine[:1].clone(), z[:1].clone())]
+    both = torch.randn(6, 2, 8, dtype=torch.float64, generator=gen)
+    cross = torch.rand(6, 8, dtype=torch.float64, generator=gen)
+    z = torch.rand(6, 1, dtype=torch.float64, generator=gen) + 1
+    return [(both, cross, z), (both[:1].clone(), cross[:1].clone(), z[:1].clone())]
 
 
-def value_examples() -> list[tuple]:
+def key_value_examples() -> list[tuple]:
     gen = torch.Generator().manual_seed(0)
     grid = exact.pow2(torch.randint(-12, -8, (3, 1, 8), generator=gen))
-    v = torch.randn(2, 3, 5, 8, generator=gen)
-    return [(v, grid), (v[:1, :, :1].clone(), grid)]
+    k, v = torch.randn(2, 3, 5, 8, generator=gen) * 3, torch.randn(2, 3, 5, 8, generator=gen)
+    unit = exact.power(21)
+    first = (k[:1, :, :1].clone(), v[:1, :, :1].clone(), unit, grid)
+    return [(k, v, unit, grid), first]
 
 
 def score_examples() -> list[tuple]:
@@ -831,5 +852,5 @@ def score_examples() -> list[tuple]:
 
 PROB_PARTS = kernels.kernel(attention_examples)(prob_parts)
 WEIGHTED_MEAN = kernels.kernel(mean_examples)(weighted_mean)
-VALUE_PARTS = kernels.kernel(value_examples)(value_parts)
+KEY_VALUES = kernels.kernel(key_value_examples)(key_values)
 SHIFTED_SCORES = kernels.kernel(score_examples, eager_from=1 << 12)(shifted_scores)
