@@ -237,10 +237,16 @@ def inductor_cache() -> str:
 
 
 def compiled_directory() -> Path:
-    """Where the kernels of this source, torch, Python, compiler and CPU are compiled to."""
+    """Where the kernels of this source, torch, Python, compiler and CPU are compiled to: the
+    source is every module a kernel's code comes from, its helpers in `exact` included."""
     import whitney.local.engine.model  # noqa: F401 - registers the model's kernels
+    from whitney.local.engine import exact
 
-    source = [inspect.getsource(k.eager) for k in STATE.kernels] + [inspect.getsource(export)]
+    modules = {sys.modules[k.eager.__module__] for k in STATE.kernels} | {
+        exact,
+        sys.modules[__name__],
+    }
+    source = sorted(inspect.getsource(module) for module in modules)
     machine = [torch.__version__, sys.version, os.environ.get("CXX", "g++")]
     key = json.dumps([machine, torch.backends.cpu.get_cpu_capability(), source])
     return (
