@@ -63,8 +63,6 @@ def summary_table(result: DPOResult, adapter_path: Path, wall_seconds: float) ->
             )
     if result.cycles:
         table.add_row("DPO loss, last cycle", f"{result.cycles[-1].loss:.4f}")
-    if result.resumed_from:
-        table.add_row("resumed from", result.resumed_from)
     runs = [("Whitney run", result.run_id), ("reference run", result.reference_run_id)]
     add_weights_rows(table, result, adapter_path, runs)
     return table

@@ -65,7 +65,5 @@ def summary_table(result: SFTResult, adapter_path: Path, wall_seconds: float) ->
         )
     if result.cycles:
         table.add_row("train loss, last cycle", f"{result.cycles[-1].train_loss:.4f}")
-    if result.resumed_from:
-        table.add_row("resumed from", result.resumed_from)
     add_weights_rows(table, result, adapter_path, [("Whitney run", result.run_id)])
     return table
