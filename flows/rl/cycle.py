@@ -181,7 +181,9 @@ def single_turn_batch(
     the same sampler; the judge's rewards when there is one."""
     prompts, requests = plan.sample_requests(ctx.cycle)
     sample = functools.partial(  # on the next seq ids, together or one by one: the same ids
-        ctx.sampler_calls,
+        sampler_calls,
+        ctx.client,
+        ctx.run_id,
         sampling.sampler_id,
         "sample",
         together=plan.config.concurrent_sampling,
