@@ -70,18 +70,19 @@ PollWaitS = Annotated[
 ]
 
 
-class ClientFactory:
+class ClientFactory(BaseModel):
     """`client_settings()` and `get_client()` for a model with `base_url`, `api_key` (a
-    `SecretStr`) and the client settings above: the connection and the block."""
+    `SecretStr`) and the client settings above, declared here once: the connection and the
+    block."""
 
     base_url: str
     api_key: SecretStr
-    timeout_s: float
-    max_attempts: int
-    max_retry_seconds: float
-    backoff_base_s: float
-    backoff_max_s: float
-    poll_wait_s: float
+    timeout_s: TimeoutS
+    max_attempts: MaxAttempts
+    max_retry_seconds: MaxRetrySeconds
+    backoff_base_s: BackoffBaseS
+    backoff_max_s: BackoffMaxS
+    poll_wait_s: PollWaitS
 
     def client_settings(self) -> dict[str, float | int]:
         """The `WhitneyClient` keyword arguments these settings stand for (no URL, no key)."""
@@ -102,19 +103,13 @@ class ClientFactory:
         )
 
 
-class WhitneyConnection(ClientFactory, BaseModel):
+class WhitneyConnection(ClientFactory):
     """Where Whitney is, the key to it, and how patient the client is."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     base_url: str = Field(description="Whitney base URL, e.g. http://127.0.0.1:8765")
     api_key: SecretStr = Field(description="Whitney API key (never shown)")
-    timeout_s: TimeoutS
-    max_attempts: MaxAttempts
-    max_retry_seconds: MaxRetrySeconds
-    backoff_base_s: BackoffBaseS
-    backoff_max_s: BackoffMaxS
-    poll_wait_s: PollWaitS
 
 
 _clients: dict[WhitneyConnection, WhitneyClient] = {}

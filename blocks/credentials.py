@@ -12,15 +12,7 @@ from collections.abc import Mapping
 from prefect.blocks.core import Block
 from pydantic import Field, SecretStr, field_validator, model_validator
 
-from blocks.connection import (
-    BackoffBaseS,
-    BackoffMaxS,
-    ClientFactory,
-    MaxAttempts,
-    MaxRetrySeconds,
-    PollWaitS,
-    TimeoutS,
-)
+from blocks.connection import ClientFactory
 from whitney import wire
 from whitney.client import API_KEY_ENV
 
@@ -61,12 +53,6 @@ with credentials.get_client() as client:
         title="API key",
         description="Whitney API key; stored encrypted, shown as ********** everywhere",
     )
-    timeout_s: TimeoutS
-    max_attempts: MaxAttempts
-    max_retry_seconds: MaxRetrySeconds
-    backoff_base_s: BackoffBaseS
-    backoff_max_s: BackoffMaxS
-    poll_wait_s: PollWaitS
     price_table: dict[str, float] | None = Field(
         default=None,
         title="Price table",

@@ -13,8 +13,8 @@ from typing import Annotated, Literal, Self
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from flows.core.config import ApiUrlField, CleanupTimeoutField, TaskRetryField
 from flows.core.evaluation.config import EvalSettings
-from tasks.retry import TaskRetrySettings
 from whitney.uris import CHECKPOINT_PATTERN
 
 CheckpointURI = Annotated[
@@ -35,23 +35,14 @@ class EvaluateConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    api_url: str | None = Field(
-        default=None,
-        description="Whitney base URL; empty: the WHITNEY_API_URL environment variable. "
-        "The API key always comes from WHITNEY_API_KEY (or the block), never a parameter.",
-    )
+    api_url: ApiUrlField
     evaluation: EvalSettings = Field(
         default_factory=EvalSettings,
         description="The eval set and its sampling: a training flow's checkpoint events carry "
         "its own (the automation passes them), so the numbers match its inline evaluation",
     )
-    task_retry: TaskRetrySettings = Field(
-        default_factory=TaskRetrySettings,
-        description="Retries of each Whitney task (only retryable errors)",
-    )
-    cleanup_timeout_s: float = Field(
-        default=60.0, gt=0, le=3600, description="How long cleanup waits for a run to end"
-    )
+    task_retry: TaskRetryField
+    cleanup_timeout_s: CleanupTimeoutField
 
 
 class PromoteConfig(EvaluateConfig):

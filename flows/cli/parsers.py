@@ -16,6 +16,8 @@ from pydantic_core import PydanticUndefined
 
 from flows.catalogue import TRAINING_FLOWS
 from flows.cli.chat import add_chat_parser
+from flows.cli.settings import apply_settings
+from flows.core.config import settings_with_overrides
 from flows.core.environments import ENVIRONMENTS
 from whitney.losses import LOSS_FUNCTIONS
 from whitney.renderers import RendererName
@@ -218,6 +220,20 @@ def shared_overrides(options: argparse.Namespace) -> dict[str, Any]:
         "api_url": options.api_url,
         "metrics_path": str(options.metrics_out) if options.metrics_out else None,
     }
+
+
+def config_settings(
+    model: type[BaseModel],
+    options: argparse.Namespace,
+    overrides: dict[str, Any],
+    cleared: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """A `run FLOW`'s settings: the config file's (if any), `shared_overrides` and the flow's
+    `overrides` on top, the `cleared` settings dropped, then each `--set`; ConfigError if bad."""
+    data = settings_with_overrides(options.config, {**shared_overrides(options), **overrides})
+    for name in cleared:
+        data.pop(name, None)
+    return apply_settings(model, data, options.set)
 
 
 def add_staleness_option(command: argparse.ArgumentParser) -> None:

@@ -16,10 +16,9 @@ from typing import Any
 
 from rich.table import Table
 
-from flows.cli.parsers import shared_overrides
-from flows.cli.settings import apply_settings
+from flows.cli.parsers import config_settings
 from flows.cli.terminal import add_weights_rows, result_table
-from flows.core.config import settings_with_overrides, validated
+from flows.core.config import validated
 from flows.core.loop.budget import check_budget
 from flows.core.loop.cost import cost_model, format_cost, format_usage
 from flows.core.records.summary_parts import first_and_last
@@ -38,16 +37,13 @@ def distill_config_from(options: argparse.Namespace) -> DistillationConfig:
     `--teacher base`.
     """
     overrides = {
-        **shared_overrides(options),
         "cycles": options.cycles,
         "teacher_checkpoint": options.teacher_checkpoint,
         "teacher_chunk_size": options.chunk_size,
         "task_runner": options.task_runner,
         "max_staleness": options.max_staleness,
     }
-    data = apply_settings(
-        DistillationConfig, settings_with_overrides(options.config, overrides), options.set
-    )
+    data = config_settings(DistillationConfig, options, overrides)
     if options.sequential_teacher:
         data["teacher_fan_out"] = False
     budget = dict(data.get("budget") or {})

@@ -10,10 +10,9 @@ from typing import Any
 
 from rich.table import Table
 
-from flows.cli.parsers import shared_overrides
-from flows.cli.settings import apply_settings
+from flows.cli.parsers import config_settings
 from flows.cli.terminal import add_weights_rows, result_table
-from flows.core.config import settings_with_overrides, validated
+from flows.core.config import validated
 from flows.dpo.config import DPOConfig
 from flows.dpo.metrics import DPOResult
 from flows.dpo.plan import check_dpo_config
@@ -23,15 +22,13 @@ def dpo_config_from(options: argparse.Namespace) -> DPOConfig:
     """The config file (if any), the command-line options on top, then each `--set`;
     ConfigError if bad."""
     overrides = {
-        **shared_overrides(options),
         "cycles": options.cycles,
         "data_path": str(options.data) if options.data else None,
         "reference": options.reference,
         "beta": options.beta,
         "learning_rate": options.lr,
     }
-    data = settings_with_overrides(options.config, overrides)
-    return validated(DPOConfig, apply_settings(DPOConfig, data, options.set))
+    return validated(DPOConfig, config_settings(DPOConfig, options, overrides))
 
 
 def checked_config(options: argparse.Namespace) -> DPOConfig:
@@ -66,8 +63,6 @@ def summary_table(result: DPOResult, adapter_path: Path, wall_seconds: float) ->
             )
     if result.cycles:
         table.add_row("DPO loss, last cycle", f"{result.cycles[-1].loss:.4f}")
-    if result.resumed_from:
-        table.add_row("resumed from", result.resumed_from)
     runs = [("Whitney run", result.run_id), ("reference run", result.reference_run_id)]
     add_weights_rows(table, result, adapter_path, runs)
     return table

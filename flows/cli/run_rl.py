@@ -9,10 +9,9 @@ from typing import Any
 
 from rich.table import Table
 
-from flows.cli.parsers import shared_overrides
-from flows.cli.settings import apply_settings
+from flows.cli.parsers import config_settings
 from flows.cli.terminal import add_weights_rows, result_table
-from flows.core.config import settings_with_overrides, validated
+from flows.core.config import validated
 from flows.core.records.summary_parts import first_and_last
 from flows.rl.config import RLConfig
 from flows.rl.metrics import CycleMetrics, RLResult
@@ -23,14 +22,12 @@ def rl_config_from(options: argparse.Namespace) -> RLConfig:
     """The config file (if any), the command-line options on top, then each `--set`;
     ConfigError if bad."""
     overrides = {
-        **shared_overrides(options),
         "cycles": options.cycles,
         "env": options.env,
         "loss": options.loss,
         "max_staleness": options.max_staleness,
     }
-    data = settings_with_overrides(options.config, overrides)
-    return validated(RLConfig, apply_settings(RLConfig, data, options.set))
+    return validated(RLConfig, config_settings(RLConfig, options, overrides))
 
 
 def checked_config(options: argparse.Namespace) -> RLConfig:

@@ -10,10 +10,9 @@ from typing import Any
 
 from rich.table import Table
 
-from flows.cli.parsers import shared_overrides
-from flows.cli.settings import apply_settings
+from flows.cli.parsers import config_settings
 from flows.cli.terminal import add_weights_rows, result_table
-from flows.core.config import settings_with_overrides, validated
+from flows.core.config import validated
 from flows.sft.config import SFTConfig
 from flows.sft.metrics import SFTResult
 from flows.sft.plan import check_sft_config
@@ -24,17 +23,14 @@ def sft_config_from(options: argparse.Namespace) -> SFTConfig:
     ConfigError if bad.
     `--steps` clears an `epochs` of the file; `--epochs` takes precedence over its steps."""
     overrides = {
-        **shared_overrides(options),
         "steps": options.steps,
         "epochs": options.epochs,
         "data_path": str(options.data) if options.data else None,
         "learning_rate": options.lr,
         "schedule": options.schedule,
     }
-    data = settings_with_overrides(options.config, overrides)
-    if options.steps is not None:
-        data.pop("epochs", None)
-    return validated(SFTConfig, apply_settings(SFTConfig, data, options.set))
+    cleared = ("epochs",) if options.steps is not None else ()
+    return validated(SFTConfig, config_settings(SFTConfig, options, overrides, cleared))
 
 
 def checked_config(options: argparse.Namespace) -> SFTConfig:
@@ -69,7 +65,5 @@ def summary_table(result: SFTResult, adapter_path: Path, wall_seconds: float) ->
         )
     if result.cycles:
         table.add_row("train loss, last cycle", f"{result.cycles[-1].train_loss:.4f}")
-    if result.resumed_from:
-        table.add_row("resumed from", result.resumed_from)
     add_weights_rows(table, result, adapter_path, [("Whitney run", result.run_id)])
     return table

@@ -195,7 +195,10 @@ def result_table(title: str, first: tuple[str, str], wall_seconds: float) -> Tab
 def add_weights_rows(
     table: Table, result: TrainingResult, adapter_path: Path, runs: list[tuple[str, str]]
 ) -> None:
-    """The rows every end-of-run table ends with: the runs, the checkpoint, the adapter."""
+    """The rows every end-of-run table ends with: the checkpoint it resumed from (if any),
+    the runs, the checkpoint, the adapter."""
+    if result.resumed_from:
+        table.add_row("resumed from", result.resumed_from)
     for label, run_id in runs:
         table.add_row(label, run_id)
     table.add_row("checkpoint", result.checkpoint)

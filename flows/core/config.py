@@ -46,6 +46,30 @@ PricesField = Annotated[
 """A flow's `prices` field, beside its `budget`."""
 
 
+ApiUrlField = Annotated[
+    str | None,
+    Field(
+        default=None,
+        description="Whitney base URL; empty: the WHITNEY_API_URL environment variable. "
+        "The API key always comes from WHITNEY_API_KEY (or the block), never a parameter.",
+    ),
+]
+"""The `api_url` field of every flow that calls Whitney (the training and checkpoint flows)."""
+TaskRetryField = Annotated[
+    TaskRetrySettings,
+    Field(
+        default_factory=TaskRetrySettings,
+        description="Retries of each Whitney task (only retryable errors)",
+    ),
+]
+"""The `task_retry` field, beside `api_url`."""
+CleanupTimeoutField = Annotated[
+    float,
+    Field(default=60.0, gt=0, le=3600, description="How long cleanup waits for a run to end"),
+]
+"""The `cleanup_timeout_s` field, beside `api_url`."""
+
+
 MaxStalenessField = Annotated[
     int,
     Field(
@@ -97,11 +121,7 @@ class FlowConfig(RenamedFields):
 
     model_config = ConfigDict(extra="forbid")
 
-    api_url: str | None = Field(
-        default=None,
-        description="Whitney base URL; empty: the WHITNEY_API_URL environment variable. "
-        "The API key always comes from WHITNEY_API_KEY, never from a parameter.",
-    )
+    api_url: ApiUrlField
     provider: Provider = Field(default="local", description="Whitney provider that trains the run")
     base_model: str = Field(
         default="local/tiny",
@@ -134,19 +154,14 @@ class FlowConfig(RenamedFields):
     metrics_path: str | None = Field(
         default=None, description="Append one JSON line of metrics per cycle to this file"
     )
-    task_retry: TaskRetrySettings = Field(
-        default_factory=TaskRetrySettings,
-        description="Retries of each Whitney task (only retryable errors)",
-    )
+    task_retry: TaskRetryField
     cycle_retries: int = Field(
         default=2, ge=0, le=20, description="Retries of a failed cycle subflow (it replays)"
     )
     cycle_retry_delay_s: float = Field(
         default=0.0, ge=0, le=3600, description="Delay before a cycle subflow retry"
     )
-    cleanup_timeout_s: float = Field(
-        default=60.0, gt=0, le=3600, description="How long cleanup waits for a run to end"
-    )
+    cleanup_timeout_s: CleanupTimeoutField
     checkpoint_every: int = checkpoint_every_field(10)
     resume_from: str | None = Field(
         default=None,

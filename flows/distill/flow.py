@@ -122,8 +122,14 @@ def student_samples(plan: DistillPlan, ctx: CycleContext) -> CycleSamples:
     name = cycle_name(ctx.cycle)
     if config.max_staleness == 0:
         requests = plan.sample_requests(ctx.cycle)
-        samples = ctx.sampler_calls(
-            name, "sample", requests, config.concurrent_sampling, publish=True
+        samples = sampler_calls(
+            ctx.client,
+            ctx.run_id,
+            name,
+            "sample",
+            requests,
+            config.concurrent_sampling,
+            publish=True,
         )
         return CycleSamples(name, samples, [])
     schedule = Schedule(

@@ -9,7 +9,11 @@ from pydantic import BaseModel, Field
 from flows.core.evaluation.plan import EvalMetrics
 from flows.core.loop.cost import Usage
 from flows.core.loop.cycles import CycleResult
-from flows.core.loop.off_policy_schedule import SampleBlock
+from flows.core.loop.off_policy_schedule import (
+    KlSampleTrainField,
+    PresampledField,
+    StalenessField,
+)
 from flows.core.loop.training import TrainingResult
 from flows.core.records.plots import Line, Panel
 from flows.sft.metrics import SFTResult
@@ -39,18 +43,11 @@ class DistillCycleMetrics(CycleResult):
     )
     advantage_mean: float
     sampler_id: str = Field(default="", description="The student sampler the cycle sampled from")
-    staleness: int = Field(
-        default=0, description="Optimizer steps between that sampler and the trained weights"
-    )
-    presampled: list[SampleBlock] = Field(
-        default_factory=list,
-        description="Later cycles' sample requests already submitted (max_staleness > 0)",
-    )
+    staleness: StalenessField
+    presampled: PresampledField
     loss: float
     grad_norm: float
-    kl_sample_train: float | None = Field(
-        description="Mean of sampler minus learner logprob over trained tokens"
-    )
+    kl_sample_train: KlSampleTrainField
     sequences: int
     teacher_chunks: int = Field(description="Teacher logprobs calls (tasks) in the cycle")
     tokens_sampled: int

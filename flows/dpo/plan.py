@@ -17,7 +17,7 @@ from flows.core.loop.plans import once_per_process
 from flows.dpo.config import DPOConfig
 from flows.dpo.objective import pair_advantages
 from flows.dpo.pairs import SPLIT_SALT, PairTokens, read_pairs, render_pair
-from flows.sft.plan import epoch_order, held_out
+from flows.sft.plan import epoch_order, split_held_out
 from whitney.datums import Datum, rl_datum, sft_datum
 from whitney.losses import PROVIDER_LOSS_SUPPORT, require_advertised_loss
 
@@ -116,15 +116,7 @@ def load_dpo_plan(config: DPOConfig) -> DPOPlan:
         render_pair(renderer, pair, f"{source} line {pair.line}", config.max_pair_tokens)
         for pair in pairs
     ]
-    evaluated = held_out(pairs, config.eval_fraction, SPLIT_SALT)
-    if len(evaluated) >= len(pairs):
-        raise ConfigError(
-            "eval_fraction",
-            f"{source} holds {len(pairs)} pair(s): holding out {len(evaluated)} leaves none to "
-            "train on",
-        )
-    train = tuple(t for i, t in enumerate(tokens) if i not in evaluated)
-    held = tuple(t for i, t in enumerate(tokens) if i in evaluated)
+    train, held = split_held_out(pairs, tokens, config.eval_fraction, source, "pair", SPLIT_SALT)
     return DPOPlan(config, train, held, source)
 
 

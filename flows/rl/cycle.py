@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 
 from flows.core.config import checkpoint_due
 from flows.core.evaluation.sampler import evaluate_after_cycle, evaluate_at_start
-from flows.core.loop.context import CycleContext, CycleTail
+from flows.core.loop.context import CycleContext, CycleTail, sampler_calls
 from flows.core.loop.cycles import CycleStart, cycle_subflow
 from flows.core.loop.off_policy_schedule import CycleSamples, Schedule, sample_ahead
 from flows.rl.auxiliary import (
@@ -71,7 +71,9 @@ def sample_cycle(
     config = plan.config
     if config.max_staleness == 0:
         requests = plan.sample_requests(ctx.cycle)[1]
-        samples = ctx.sampler_calls(sampler_id, "sample", requests, config.concurrent_sampling)
+        samples = sampler_calls(
+            ctx.client, ctx.run_id, sampler_id, "sample", requests, config.concurrent_sampling
+        )
         return CycleSamples(sampler_id, samples, [])
     return sample_ahead(ctx, sampler_id, schedule, lambda later: plan.sample_requests(later)[1])
 
@@ -179,7 +181,9 @@ def single_turn_batch(
     the same sampler; the judge's rewards when there is one."""
     prompts, requests = plan.sample_requests(ctx.cycle)
     sample = functools.partial(  # on the next seq ids, together or one by one: the same ids
-        ctx.sampler_calls,
+        sampler_calls,
+        ctx.client,
+        ctx.run_id,
         sampling.sampler_id,
         "sample",
         together=plan.config.concurrent_sampling,

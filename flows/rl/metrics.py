@@ -8,7 +8,11 @@ from pydantic import BaseModel, Field
 
 from flows.core.evaluation.plan import EvalMetrics
 from flows.core.loop.cycles import CycleResult
-from flows.core.loop.off_policy_schedule import SampleBlock
+from flows.core.loop.off_policy_schedule import (
+    KlSampleTrainField,
+    PresampledField,
+    StalenessField,
+)
 from flows.core.loop.training import TrainingResult
 from flows.core.records.plots import Line, Panel
 
@@ -101,18 +105,11 @@ class CycleMetrics(CycleResult):
         description="Seq id the next cycle starts at on each auxiliary run (critic, reference)",
     )
     sampler_id: str = Field(default="", description="The sampler the cycle's groups came from")
-    staleness: int = Field(
-        default=0, description="Optimizer steps between that sampler and the trained weights"
-    )
-    presampled: list[SampleBlock] = Field(
-        default_factory=list,
-        description="Later cycles' sample requests already submitted (max_staleness > 0)",
-    )
+    staleness: StalenessField
+    presampled: PresampledField
     loss: float
     grad_norm: float
-    kl_sample_train: float | None = Field(
-        description="Mean of sampler minus learner logprob over trained tokens"
-    )
+    kl_sample_train: KlSampleTrainField
     tokens_sampled: int
     tokens_trained: int
     usage: dict[str, dict[str, int]] = Field(

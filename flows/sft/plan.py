@@ -23,7 +23,7 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from flows.core.config import ConfigError, check_resume_from
 from flows.core.environments.rendering import config_renderer
@@ -40,6 +40,7 @@ LOSS_FUNCTION = "cross_entropy"
 EVAL_CHUNK = 64
 """Eval datums per `forward` call."""
 SPLIT_SALT = b"whitney-flows eval split\x00"
+T = TypeVar("T")
 
 
 def example_tokens(renderer: Renderer, example: Example) -> tuple[list[int], list[int]]:
@@ -67,6 +68,28 @@ def held_out(examples: Sequence[Texted], fraction: float, salt: bytes = SPLIT_SA
         return hashlib.sha256(salt + examples[index].text().encode()).digest(), index
 
     return set(sorted(range(len(examples)), key=rank)[:count])
+
+
+def split_held_out(
+    texts: Sequence[Texted],
+    items: Sequence[T],
+    fraction: float,
+    source: str,
+    noun: str,
+    salt: bytes = SPLIT_SALT,
+) -> tuple[tuple[T, ...], tuple[T, ...]]:
+    """(train, eval) of `items`, one per text, split by `held_out` (each in file order);
+    ConfigError naming eval_fraction if the split leaves nothing to train on."""
+    evaluated = held_out(texts, fraction, salt)
+    if len(evaluated) >= len(texts):
+        raise ConfigError(
+            "eval_fraction",
+            f"{source} holds {len(texts)} {noun}(s): holding out {len(evaluated)} for eval "
+            "leaves none to train on",
+        )
+    train = tuple(item for index, item in enumerate(items) if index not in evaluated)
+    held = tuple(item for index, item in enumerate(items) if index in evaluated)
+    return train, held
 
 
 @dataclass(frozen=True)
@@ -104,15 +127,7 @@ def tokenize(
                 f"than max_example_tokens={max_example_tokens}",
             )
         datums.append(rendered.datum())
-    evaluated = held_out(examples, eval_fraction)
-    if len(evaluated) >= len(examples):
-        raise ConfigError(
-            "eval_fraction",
-            f"{source} holds {len(examples)} example(s): holding out {len(evaluated)} for eval "
-            "leaves none to train on",
-        )
-    train = tuple(datum for index, datum in enumerate(datums) if index not in evaluated)
-    held = tuple(datum for index, datum in enumerate(datums) if index in evaluated)
+    train, held = split_held_out(examples, datums, eval_fraction, source, "example")
     return SFTData(train=train, eval=held, source=source)
 
 

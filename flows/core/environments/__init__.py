@@ -21,7 +21,7 @@ import random
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Protocol, runtime_checkable
 
-from flows.core.imports import import_object
+from flows.core.imports import import_registered
 from whitney.renderers import Prompt
 
 if TYPE_CHECKING:
@@ -114,13 +114,7 @@ ENVIRONMENTS: dict[str, str] = {
 def load_environment(name: str) -> Environment | MultiTurnEnvironment:
     """The environment named `name` (built-in) or at import path `name`, single-turn or
     multi-turn (it has `episode()`); ValueError if none."""
-    path = ENVIRONMENTS.get(name, name)
-    if ":" not in path:
-        raise ValueError(
-            f"unknown environment {name!r} (built-in: {', '.join(ENVIRONMENTS)}; "
-            "or an import path module:attr)"
-        )
-    found = import_object(path)
+    path, found = import_registered(ENVIRONMENTS, name, f"unknown environment {name!r}")
     environment = found() if isinstance(found, type) else found
     if callable(getattr(environment, "episode", None)):
         return environment  # type: ignore[return-value]

@@ -141,20 +141,6 @@ class CycleContext:
         operation = self.client.execute(self.run_id, "save_weights_for_sampler", payload)
         return operation.result_as(wire.SamplerResult).sampler_id
 
-    def sampler_calls(
-        self,
-        sampler_id: str,
-        kind: str,
-        payloads: Sequence[dict[str, Any]],
-        together: bool,
-        *,
-        publish: bool = False,
-    ) -> list[dict[str, Any]]:
-        """`sampler_calls` on the policy run."""
-        return sampler_calls(
-            self.client, self.run_id, sampler_id, kind, payloads, together, publish=publish
-        )
-
     def run_tail(
         self,
         payload: dict[str, Any],

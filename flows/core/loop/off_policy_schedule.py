@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 from pydantic import BaseModel, Field
 
@@ -39,6 +39,26 @@ class SampleBlock(BaseModel):
     cycle: int = Field(description="The cycle that trains on these samples")
     sampler_id: str
     seq_start: int = Field(description="Seq id of its first request")
+
+
+StalenessField = Annotated[
+    int,
+    Field(default=0, description="Optimizer steps between that sampler and the trained weights"),
+]
+"""A sampling cycle's `staleness` metric (RL, distillation), after its `sampler_id`."""
+PresampledField = Annotated[
+    list[SampleBlock],
+    Field(
+        default_factory=list,
+        description="Later cycles' sample requests already submitted (max_staleness > 0)",
+    ),
+]
+"""A sampling cycle's `presampled` record: what it hands on to later cycles."""
+KlSampleTrainField = Annotated[
+    float | None,
+    Field(description="Mean of sampler minus learner logprob over trained tokens"),
+]
+"""A sampling cycle's `kl_sample_train` metric."""
 
 
 @dataclass(frozen=True)

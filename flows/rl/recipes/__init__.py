@@ -37,7 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
-from flows.core.imports import import_object
+from flows.core.imports import import_registered
 from flows.rl.recipes.context import LossContext
 from whitney.datums import Datum, rl_datum, tensor
 from whitney.payloads import forward_backward_payload
@@ -139,13 +139,7 @@ RECIPES: dict[str, str] = {
 def load_recipe(name: str) -> Recipe:
     """The built-in recipe for loss `name`, or the recipe at import path `name` (`module:attr`);
     ValueError naming the available ones if there is none."""
-    path = RECIPES.get(name, name)
-    if ":" not in path:
-        raise ValueError(
-            f"no build_loss recipe for loss {name!r} yet (available: {', '.join(RECIPES)}; "
-            "or an import path module:attr)"
-        )
-    recipe = import_object(path)
+    path, recipe = import_registered(RECIPES, name, f"no build_loss recipe for loss {name!r} yet")
     if not isinstance(recipe, Recipe):
         raise ValueError(f"{path} is not a Recipe")
     return recipe
