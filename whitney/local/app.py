@@ -38,6 +38,7 @@ from whitney.local.api_errors import error_object
 from whitney.local.config import MAX_WAIT_S
 from whitney.local.fairness import TenantGate
 from whitney.local.operations import RawJson, Waiting
+from whitney.local.path_routes import add_path_route
 from whitney.local.request_body import read_json
 from whitney.local.service import WhitneyService
 from whitney.local.tinker import routes as tinker_routes
@@ -225,34 +226,21 @@ def create_app(service: WhitneyService) -> FastAPI:
         labels = request.query_params.getlist("label")
         return await call(request, service.sessions.find, labels)
 
-    @app.get("/v1/sessions/{session_id}")
-    async def get_session(request: Request, session_id: str) -> Response:
-        return await call(request, service.sessions.get, session_id)
+    def by_path(method: str, path: str, name: str, fn: Callable[..., Any]) -> None:
+        add_path_route(app, method, path, name, lambda request, *ids: call(request, fn, *ids))
 
-    @app.post("/v1/sessions/{session_id}/close")
-    async def close_session(request: Request, session_id: str) -> Response:
-        return await call(request, service.sessions.close, session_id)
-
-    @app.post("/v1/sessions/{session_id}/heartbeat")
-    async def heartbeat(request: Request, session_id: str) -> Response:
-        return await call(request, service.sessions.heartbeat, session_id)
+    by_path("GET", "/v1/sessions/{session_id}", "get_session", service.sessions.get)
+    by_path("POST", "/v1/sessions/{session_id}/close", "close_session", service.sessions.close)
+    by_path("POST", "/v1/sessions/{session_id}/heartbeat", "heartbeat", service.sessions.heartbeat)
 
     @app.post("/v1/training/runs")
     async def create_run(request: Request) -> Response:
         key = request.headers.get("idempotency-key")
         return await call(request, lambda t, b: service.runs.create(t, b, key), body=True)
 
-    @app.get("/v1/training/runs/{run_id}")
-    async def get_run(request: Request, run_id: str) -> Response:
-        return await call(request, service.runs.get, run_id)
-
-    @app.post("/v1/training/runs/{run_id}/finish")
-    async def finish_run(request: Request, run_id: str) -> Response:
-        return await call(request, service.runs.finish, run_id)
-
-    @app.post("/v1/training/runs/{run_id}/cancel")
-    async def cancel_run(request: Request, run_id: str) -> Response:
-        return await call(request, service.runs.cancel, run_id)
+    by_path("GET", "/v1/training/runs/{run_id}", "get_run", service.runs.get)
+    by_path("POST", "/v1/training/runs/{run_id}/finish", "finish_run", service.runs.finish)
+    by_path("POST", "/v1/training/runs/{run_id}/cancel", "cancel_run", service.runs.cancel)
 
     def submit_operation(tenant: str, run_id: str, sampler_id: str | None, body: Any) -> Any:
         if faults.fail_before():
