@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio.to_thread
@@ -27,6 +27,7 @@ from whitney.errors import InternalError, InvalidRequest, RateLimited, WhitneyEr
 from whitney.local.api_errors import error_object
 from whitney.local.fairness import TenantGate
 from whitney.local.operations import Waiting
+from whitney.local.path_routes import add_path_route
 from whitney.local.service import WhitneyService
 from whitney.local.tinker import translate
 from whitney.local.tinker.body import Sent, forward_backward_body, json_body, read_sent
@@ -148,14 +149,18 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
         "asample": front.asample,
     }
 
-    def json_route(name: str, fn: Callable[..., Any]) -> None:
-        async def handler(request: Request) -> Response:
-            return await call(request, fn)
+    def by_path(
+        method: str, path: str, name: str, fn: Callable[..., Any], body: str | None
+    ) -> None:
+        """`method path` answering `call(request, fn, *its path parameters, body=body)`."""
 
-        app.post(f"{PREFIX}/{name}", name=f"tinker_{name}", include_in_schema=False)(handler)
+        def answer(request: Request, *ids: str) -> Awaitable[Response]:
+            return call(request, fn, *ids, body=body)
+
+        add_path_route(app, method, path, name, answer, include_in_schema=False)
 
     for name, fn in routes.items():
-        json_route(name, fn)
+        by_path("POST", f"{PREFIX}/{name}", f"tinker_{name}", fn, "json")
 
     @app.post(f"{PREFIX}/forward_backward", include_in_schema=False)
     async def forward_backward(request: Request) -> Response:
@@ -170,13 +175,16 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
             )
         return await call(request, front.forward_backward, body="proto")
 
-    @app.post(f"{PREFIX}/sessions/{{session_id}}/finish", include_in_schema=False)
-    async def finish_session(request: Request, session_id: str) -> Response:
-        return await call(request, front.finish_session, session_id, body=None)
-
-    @app.get(f"{PREFIX}/samplers/{{sampling_session_id}}", include_in_schema=False)
-    async def get_sampler(request: Request, sampling_session_id: str) -> Response:
-        return await call(request, front.get_sampler, sampling_session_id, body=None)
+    by_path(
+        "POST",
+        f"{PREFIX}/sessions/{{session_id}}/finish",
+        "finish_session",
+        front.finish_session,
+        None,
+    )
+    by_path(
+        "GET", f"{PREFIX}/samplers/{{sampling_session_id}}", "get_sampler", front.get_sampler, None
+    )
 
     runs = f"{PREFIX}/training_runs"
     checkpoint = f"{runs}/{{run_id}}/checkpoints/{{kind}}/{{name}}"
@@ -187,13 +195,10 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
             return _refusal(translate.bad("limit", "limit within 1..1000, offset >= 0"))
         return await call(request, checkpoints.training_runs, limit, offset, body=None)
 
-    @app.get(f"{runs}/{{run_id}}", include_in_schema=False)
-    async def training_run(request: Request, run_id: str) -> Response:
-        return await call(request, checkpoints.training_run, run_id, body=None)
-
-    @app.get(f"{runs}/{{run_id}}/checkpoints", include_in_schema=False)
-    async def list_checkpoints(request: Request, run_id: str) -> Response:
-        return await call(request, checkpoints.checkpoints, run_id, body=None)
+    by_path("GET", f"{runs}/{{run_id}}", "training_run", checkpoints.training_run, None)
+    by_path(
+        "GET", f"{runs}/{{run_id}}/checkpoints", "list_checkpoints", checkpoints.checkpoints, None
+    )
 
     @app.get(f"{checkpoint}/external_weights_urls", include_in_schema=False)
     async def external_urls(request: Request, run_id: str, kind: str, name: str) -> Response:
