@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -136,6 +136,35 @@ def _field_from_loc(loc: tuple[Any, ...]) -> str:
     return out or "request"
 
 
+async def _validation(_: Request, exc: RequestValidationError) -> Response:
+    """FastAPI's validation error as the wire's refusal naming the field (and the datum)."""
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    loc = tuple(first.get("loc", ()))
+    field = _field_from_loc(loc)
+    message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    details: dict[str, Any] = {"field": field}
+    if "data" in loc:
+        index = loc.index("data")
+        if index + 1 < len(loc) and isinstance(loc[index + 1], int):
+            details["datum"] = loc[index + 1]
+            if "loss_inputs" in loc and loc.index("loss_inputs") + 1 < len(loc):
+                details["tensor"] = loc[loc.index("loss_inputs") + 1]
+            return error_response(InvalidDatum(f"{field}: {message}", details=details))
+    return error_response(InvalidRequest(f"{field}: {message}", details=details))
+
+
+async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+    """An unknown route or method: in OpenAI's shape under its paths, else the wire's."""
+    if openai_routes.is_openai_path(request.url.path):
+        return openai_routes.route_error(request.method, request.url.path, exc.status_code)
+    if exc.status_code == 404:
+        return error_response(NotFound("no such route"))
+    if exc.status_code == 405:
+        return error_response(InvalidRequest("method not allowed on this route", status=405))
+    return error_response(InvalidRequest(str(exc.detail), status=exc.status_code))
+
+
 def create_app(service: WhitneyService) -> FastAPI:
     """The FastAPI app serving `service`."""
 
@@ -153,35 +182,27 @@ def create_app(service: WhitneyService) -> FastAPI:
         openapi_url="/openapi.json",
     )
     openapi.install(app)
-    faults = service.faults
+    app.add_exception_handler(RequestValidationError, _validation)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http)  # type: ignore[arg-type]
     gate = TenantGate(service.config.limits)
+    call = _caller(service, gate)
+    _install_resources(app, service, call)
+    _install_operations(app, service, call)
+    openai_routes.install(app, service, gate)
+    tinker_routes.install(app, service, gate)
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> Response:
-        errors = exc.errors()
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        loc = tuple(first.get("loc", ()))
-        field = _field_from_loc(loc)
-        message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
-        details: dict[str, Any] = {"field": field}
-        if "data" in loc:
-            index = loc.index("data")
-            if index + 1 < len(loc) and isinstance(loc[index + 1], int):
-                details["datum"] = loc[index + 1]
-                if "loss_inputs" in loc and loc.index("loss_inputs") + 1 < len(loc):
-                    details["tensor"] = loc[loc.index("loss_inputs") + 1]
-                return error_response(InvalidDatum(f"{field}: {message}", details=details))
-        return error_response(InvalidRequest(f"{field}: {message}", details=details))
+    if service.faults.latency_s > 0:
+        app.add_middleware(LatencyMiddleware, delay_s=service.faults.latency_s)
+    install_log_filter()
+    return app
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        if openai_routes.is_openai_path(request.url.path):
-            return openai_routes.route_error(request.method, request.url.path, exc.status_code)
-        if exc.status_code == 404:
-            return error_response(NotFound("no such route"))
-        if exc.status_code == 405:
-            return error_response(InvalidRequest("method not allowed on this route", status=405))
-        return error_response(InvalidRequest(str(exc.detail), status=exc.status_code))
+
+Call = Callable[..., Awaitable[Response]]
+"""`call(request, fn, *args, body=False, wrap=None, long_poll=False)`: see `_caller`."""
+
+
+def _caller(service: WhitneyService, gate: TenantGate) -> Call:
+    """The one way a training-API handler runs its service call."""
 
     async def call(
         request: Request,
@@ -211,6 +232,12 @@ def create_app(service: WhitneyService) -> FastAPI:
             log.exception("%s %s failed", request.method, request.url.path)
             return _internal()
         return _json(result) if wrap is None else wrap(result)
+
+    return call
+
+
+def _install_resources(app: FastAPI, service: WhitneyService, call: Call) -> None:
+    """The capabilities, sessions and runs routes."""
 
     @app.get("/v1/training/capabilities")
     async def capabilities(request: Request) -> Response:
@@ -242,6 +269,11 @@ def create_app(service: WhitneyService) -> FastAPI:
     by_path("POST", "/v1/training/runs/{run_id}/finish", "finish_run", service.runs.finish)
     by_path("POST", "/v1/training/runs/{run_id}/cancel", "cancel_run", service.runs.cancel)
 
+
+def _install_operations(app: FastAPI, service: WhitneyService, call: Call) -> None:
+    """The operations routes (with the injected faults around a submit) and the artifacts'."""
+    faults = service.faults
+
     def submit_operation(tenant: str, run_id: str, sampler_id: str | None, body: Any) -> Any:
         if faults.fail_before():
             raise Unavailable(
@@ -270,13 +302,13 @@ def create_app(service: WhitneyService) -> FastAPI:
             request, submit_operation, run_id, sampler_id, body=True, wrap=answer_operation
         )
 
-    @app.post("/v1/training/runs/{run_id}/operations")
-    async def run_operation(request: Request, run_id: str) -> Response:
-        return await submit(request, run_id, None)
-
-    @app.post("/v1/training/runs/{run_id}/samplers/{sampler_id}/operations")
-    async def sampler_operation(request: Request, run_id: str, sampler_id: str) -> Response:
-        return await submit(request, run_id, sampler_id)
+    runs = "/v1/training/runs/{run_id}"
+    add_path_route(
+        app, "POST", f"{runs}/operations", "run_operation", lambda r, run: submit(r, run, None)
+    )
+    add_path_route(
+        app, "POST", f"{runs}/samplers/{{sampler_id}}/operations", "sampler_operation", submit
+    )
 
     @app.get("/v1/training/runs/{run_id}/operations/{seq_id}")
     async def get_operation(
@@ -315,11 +347,3 @@ def create_app(service: WhitneyService) -> FastAPI:
             )
 
         return await call(request, service.files.artifact_path, artifact_id, wrap=file)
-
-    openai_routes.install(app, service, gate)
-    tinker_routes.install(app, service, gate)
-
-    if faults.latency_s > 0:
-        app.add_middleware(LatencyMiddleware, delay_s=faults.latency_s)
-    install_log_filter()
-    return app
