@@ -13,6 +13,7 @@ conflict never resolves by waiting. An unexpected exception is a 500 with a shor
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -73,10 +74,23 @@ def _refuse_delete(tenant: str) -> None:
     raise translate.refused("checkpoint_id", "deleting checkpoints (the server keeps them)")
 
 
+Call = Callable[..., Awaitable[Response]]
+"""`call(request, fn, *args, body="json")`: see `_caller`."""
+
+
 def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
     """Mount the Tinker routes on `app`."""
     front = TinkerFront(service)
-    checkpoints = Checkpoints(service)
+    call = _caller(service, gate, front)
+    _install_sessions(app, front, call)
+    _install_checkpoints(app, Checkpoints(service), call)
+    _install_futures(app, service, gate, front)
+
+
+def _caller(service: WhitneyService, gate: TenantGate, front: TinkerFront) -> Call:
+    """The one way a Tinker handler runs its call: authenticate the `X-API-Key`, admit, read
+    the body (`body`: "json", "proto" or None), run `fn(tenant, *args[, body])` in a thread,
+    and hold a submitted request until its last operation is done."""
     max_bytes = service.config.limits.max_body_bytes
 
     async def hold(tenant: str, pending: Waiting | None) -> None:
@@ -112,6 +126,31 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
             log.exception("%s %s failed", request.method, request.url.path)
             return _refusal(InternalError("internal server error"))
         return _json(result)
+
+    return call
+
+
+def _by_path(
+    app: FastAPI,
+    call: Call,
+    method: str,
+    path: str,
+    name: str,
+    fn: Callable[..., Any],
+    body: str | None = None,
+) -> None:
+    """`method path` answering `call(request, fn, *its path parameters, body=body)`."""
+
+    def answer(request: Request, *ids: str) -> Awaitable[Response]:
+        return call(request, fn, *ids, body=body)
+
+    add_path_route(app, method, path, name, answer, include_in_schema=False)
+
+
+def _install_sessions(app: FastAPI, front: TinkerFront, call: Call) -> None:
+    """The client's configuration, the capabilities, and the sessions', models' and samplers'
+    calls."""
+    by_path = functools.partial(_by_path, app, call)
 
     @app.get(f"{PREFIX}/healthz", include_in_schema=False)
     async def healthz() -> Response:
@@ -149,16 +188,6 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
         "asample": front.asample,
     }
 
-    def by_path(
-        method: str, path: str, name: str, fn: Callable[..., Any], body: str | None
-    ) -> None:
-        """`method path` answering `call(request, fn, *its path parameters, body=body)`."""
-
-        def answer(request: Request, *ids: str) -> Awaitable[Response]:
-            return call(request, fn, *ids, body=body)
-
-        add_path_route(app, method, path, name, answer, include_in_schema=False)
-
     for name, fn in routes.items():
         by_path("POST", f"{PREFIX}/{name}", f"tinker_{name}", fn, "json")
 
@@ -176,16 +205,14 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
         return await call(request, front.forward_backward, body="proto")
 
     by_path(
-        "POST",
-        f"{PREFIX}/sessions/{{session_id}}/finish",
-        "finish_session",
-        front.finish_session,
-        None,
+        "POST", f"{PREFIX}/sessions/{{session_id}}/finish", "finish_session", front.finish_session
     )
-    by_path(
-        "GET", f"{PREFIX}/samplers/{{sampling_session_id}}", "get_sampler", front.get_sampler, None
-    )
+    by_path("GET", f"{PREFIX}/samplers/{{sampling_session_id}}", "get_sampler", front.get_sampler)
 
+
+def _install_checkpoints(app: FastAPI, checkpoints: Checkpoints, call: Call) -> None:
+    """The training runs, their checkpoints and the signed downloads."""
+    by_path = functools.partial(_by_path, app, call)
     runs = f"{PREFIX}/training_runs"
     checkpoint = f"{runs}/{{run_id}}/checkpoints/{{kind}}/{{name}}"
 
@@ -195,10 +222,8 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
             return _refusal(translate.bad("limit", "limit within 1..1000, offset >= 0"))
         return await call(request, checkpoints.training_runs, limit, offset, body=None)
 
-    by_path("GET", f"{runs}/{{run_id}}", "training_run", checkpoints.training_run, None)
-    by_path(
-        "GET", f"{runs}/{{run_id}}/checkpoints", "list_checkpoints", checkpoints.checkpoints, None
-    )
+    by_path("GET", f"{runs}/{{run_id}}", "training_run", checkpoints.training_run)
+    by_path("GET", f"{runs}/{{run_id}}/checkpoints", "list_checkpoints", checkpoints.checkpoints)
 
     @app.get(f"{checkpoint}/external_weights_urls", include_in_schema=False)
     async def external_urls(request: Request, run_id: str, kind: str, name: str) -> Response:
@@ -223,6 +248,13 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
         except WhitneyError as exc:
             return _refusal(exc)
         return Response(data, media_type="application/octet-stream")
+
+
+def _install_futures(
+    app: FastAPI, service: WhitneyService, gate: TenantGate, front: TinkerFront
+) -> None:
+    """`retrieve_future`: a request's answer, held up to `LONG_POLL_S` as a long-poll."""
+    max_bytes = service.config.limits.max_body_bytes
 
     def first_poll(tenant: str, sent: Sent) -> tuple[str, Done | Waiting | None]:
         """The future's id and its first answer, held up to `LONG_POLL_S`."""
