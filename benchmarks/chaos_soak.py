@@ -30,17 +30,9 @@ from typing import Any
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tests.e2e.chaos import (  # noqa: E402
-    Soak,
-    check,
-    live_flow_processes,
-    open_flow_runs,
-    recoveries,
-    recovery_rows,
-    table,
-)
+from tests.e2e.chaos import Soak, check, recovery_rows, settled, table  # noqa: E402
 from tests.e2e.conftest import RESUME_SWEEP, RESUME_TRIGGER, running_stack  # noqa: E402
-from tests.e2e.harness import ARTIFACTS_DIR, wait_for  # noqa: E402
+from tests.e2e.harness import ARTIFACTS_DIR  # noqa: E402
 from tests.e2e.test_deployments import SMALL, adapter_sha256, finished_run  # noqa: E402
 from tests.e2e.test_resume import start  # noqa: E402
 
@@ -93,14 +85,7 @@ def main() -> int:
         chains = soak.finish(timeout_s=3600)
         disturbed_s = time.monotonic() - soak.started
         rows = check(soak, chains, shas)
-        wait_for("every flow run to end", lambda: open_flow_runs(stack, since) == [], 120)
-        seen = soak.flow_pids | stack.orphans
-        wait_for(
-            "every flow process to exit",
-            lambda: live_flow_processes(stack, since, seen) == [],
-            120,
-        )
-        paths = recovery_rows(recoveries(stack, chains, since))  # every resume-run ended
+        paths = recovery_rows(settled(soak, chains, since, 120))  # every resume-run ended
     print(f"\nchaos soak, seed {args.seed}: {len(soak.kills)} kills")
     print(table(soak.kills))
     print("\n".join(rows))

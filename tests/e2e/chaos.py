@@ -341,6 +341,28 @@ def recoveries(stack: Stack, chains: list[list[dict[str, Any]]], since: str) -> 
     return found
 
 
+def settled(
+    soak: Soak, chains: list[list[dict[str, Any]]], since: str, timeout_s: float
+) -> list[Recovery]:
+    """The soak's end: every flow run since `since` ended and every flow process it saw
+    exited (each within `timeout_s`); then the `recoveries` of `chains`."""
+    stack = soak.stack
+    wait_for(
+        "every flow run to end",
+        lambda: open_flow_runs(stack, since) == [],
+        timeout_s,
+        evidence=lambda: "\n".join(open_flow_runs(stack, since)),
+    )
+    seen = soak.flow_pids | stack.orphans
+    wait_for(
+        "every flow process to exit",
+        lambda: live_flow_processes(stack, since, seen) == [],
+        timeout_s,
+        evidence=lambda: str(live_flow_processes(stack, since, seen)),
+    )
+    return recoveries(stack, chains, since)
+
+
 def recovery_rows(found: list[Recovery]) -> list[str]:
     """The paths counted, then one row per continued flow run."""
     counts = (

@@ -18,18 +18,8 @@ from typing import Any
 
 import pytest
 
-from .chaos import (
-    PARTS,
-    Soak,
-    check,
-    live_flow_processes,
-    open_flow_runs,
-    recoveries,
-    recovery_rows,
-    table,
-)
+from .chaos import PARTS, Soak, check, recovery_rows, settled, table
 from .conftest import RESUME_TRIGGER, Stack
-from .harness import wait_for
 from .test_deployments import SMALL, adapter_sha256, finished_run
 from .test_resume import start
 
@@ -73,21 +63,7 @@ def test_three_runs_survive_every_part_of_the_stack_killed_at_random(healing: St
     print(f"\nchaos soak, seed {SEED}\n{table(soak.kills)}\n" + "\n".join(rows))
 
     assert {kill.part for kill in soak.kills} == set(PARTS)
-    wait_for(
-        "every flow run to end",
-        lambda: open_flow_runs(healing, since) == [],
-        60,
-        evidence=lambda: "\n".join(open_flow_runs(healing, since)),
-    )
-    seen = soak.flow_pids | healing.orphans
-    wait_for(
-        "every flow process to exit",
-        lambda: live_flow_processes(healing, since, seen) == [],
-        60,
-        evidence=lambda: str(live_flow_processes(healing, since, seen)),
-    )
-
-    paths = recoveries(healing, chains, since)  # every resume-run has ended
+    paths = settled(soak, chains, since, 60)  # every resume-run has ended
     print("\n".join(recovery_rows(paths)))
     assert paths, "the killed flow run was not resumed"
     assert all(path.trigger or path.sweep for path in paths), paths

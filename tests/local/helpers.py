@@ -9,8 +9,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from fastapi.routing import APIRoute
 
 from whitney.local import EmbeddedWhitney
+from whitney.local.app import create_app
+from whitney.local.config import ServerConfig
+from whitney.local.service import WhitneyService
 
 
 def http(server: EmbeddedWhitney, key: str | None = None, **kwargs: Any) -> httpx.Client:
@@ -154,3 +158,17 @@ def journal_rows(server: EmbeddedWhitney, run_id: str) -> list[dict]:
         return [dict(row) for row in rows]
     finally:
         conn.close()
+
+
+def declared_routes(data_dir: Path) -> dict[tuple[str, str], bool]:
+    """`(method, path)` of every route `create_app` declares (method in lower case) -> whether
+    the OpenAPI document names it, read off the app itself."""
+    service = WhitneyService(ServerConfig(data_dir=data_dir, api_keys=["k"]))
+    app = create_app(service)
+    service.shutdown()
+    return {
+        (method.lower(), route.path): route.include_in_schema
+        for route in app.routes
+        if isinstance(route, APIRoute)
+        for method in route.methods
+    }

@@ -17,16 +17,12 @@ import jsonschema
 import pytest
 import requests
 import schemathesis
-from fastapi.routing import APIRoute
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import Case, GenerationMode
 
 from whitney.local import openapi
-from whitney.local.app import create_app
-from whitney.local.config import ServerConfig
-from whitney.local.service import WhitneyService
 
-from .helpers import assert_error, new_run
+from .helpers import assert_error, declared_routes, new_run
 from .served import ServedWhitney, served
 
 EXAMPLES = int(os.environ.get("WHITNEY_FUZZ_EXAMPLES", "20"))
@@ -90,27 +86,15 @@ def document(server: ServedWhitney) -> dict[str, Any]:
 # --------------------------------------------------------------------------- the document
 
 
-def app_routes(data_dir: Path) -> set[tuple[str, str]]:
-    """`(method, path)` of every route `create_app` declares, the document's own excepted, and
-    the OpenAI-compatible routes (docs/openai.md: OpenAI's shapes, not this document's)."""
-    service = WhitneyService(ServerConfig(data_dir=data_dir, api_keys=["k"]))
-    app = create_app(service)
-    service.shutdown()
-    return {
-        (method.lower(), route.path)
-        for route in app.routes
-        if isinstance(route, APIRoute) and route.include_in_schema
-        for method in route.methods
-    }
-
-
 def test_the_openapi_document_is_valid_and_names_every_route(
     document: dict[str, Any], tmp_path: Path
 ) -> None:
     assert document["openapi"].startswith("3.")
     schemathesis.openapi.from_dict(document).validate()
     named = {(m, path) for path, item in document["paths"].items() for m in item}
-    assert named == app_routes(tmp_path)
+    assert named == {
+        route for route, in_document in declared_routes(tmp_path).items() if in_document
+    }
     for schema in document["components"]["schemas"].values():
         jsonschema.Draft202012Validator.check_schema(schema)
     assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"

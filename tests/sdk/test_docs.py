@@ -8,13 +8,16 @@ from __future__ import annotations
 
 import ast
 import re
+import tempfile
 from functools import cache
 from pathlib import Path
 
 import pytest
 
+from tests.local.helpers import declared_routes
 from tests.sdk.markdown import table
 from whitney import errors, losses, wire
+from whitney.local.openai_routes import is_openai_path
 
 ROOT = Path(__file__).resolve().parents[2]
 API = (ROOT / "docs" / "api.md").read_text()
@@ -209,25 +212,18 @@ def test_the_per_token_clip_table_is_the_sdks():
 # --------------------------------------------------------------------------- api.md
 
 
-def app_routes(source: str = "app.py") -> set[str]:
-    """`METHOD /path` of every route the FastAPI app declares in `source` (of whitney/local)."""
-    routes = set()
-    for node in ast.walk(module(LOCAL / source)):
-        if not isinstance(node, ast.AsyncFunctionDef | ast.FunctionDef):
-            continue
-        for decorator in node.decorator_list:
-            if (
-                isinstance(decorator, ast.Call)
-                and isinstance(decorator.func, ast.Attribute)
-                and called_name(decorator.func.value) == "app"
-                and decorator.func.attr in ("get", "post", "put", "patch", "delete")
-            ):
-                routes.add(f"{decorator.func.attr.upper()} {decorator.args[0].value}")
-    return routes
+@cache
+def app_routes() -> dict[str, bool]:
+    """`METHOD /path` of every route of the embedded server's app -> whether it is in the
+    OpenAPI document (the training API's routes) or not (the OpenAI-compatible ones, Tinker's,
+    the document's own)."""
+    with tempfile.TemporaryDirectory() as scratch:
+        declared = declared_routes(Path(scratch))
+    return {f"{method.upper()} {path}": named for (method, path), named in declared.items()}
 
 
 def test_every_route_of_the_app_has_a_section_and_a_row():
-    routes = app_routes()
+    routes = {route for route, in_document in app_routes().items() if in_document}
     assert len(routes) == 15
     headings = set(re.findall(r"^### `((?:GET|POST|PUT|PATCH|DELETE) /\S*)`$", API, re.M))
     assert headings == routes
@@ -236,7 +232,11 @@ def test_every_route_of_the_app_has_a_section_and_a_row():
 
 
 def test_the_openai_compatible_routes_have_their_rows_and_no_section():
-    routes = app_routes("openai_routes.py")
+    routes = {
+        route
+        for route, in_document in app_routes().items()
+        if not in_document and is_openai_path(route.split()[1])
+    }
     assert routes == {"GET /v1/models", "POST /v1/chat/completions", "POST /v1/completions"}
     rows = table(section(API, "## OpenAI-compatible routes"), "| method and path | what |")
     assert {row[0].strip("`") for row in rows} == routes

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
@@ -38,6 +38,7 @@ from whitney.local.api_errors import error_object
 from whitney.local.config import MAX_WAIT_S
 from whitney.local.fairness import TenantGate
 from whitney.local.operations import RawJson, Waiting
+from whitney.local.path_routes import add_path_route
 from whitney.local.request_body import read_json
 from whitney.local.service import WhitneyService
 from whitney.local.tinker import routes as tinker_routes
@@ -135,6 +136,35 @@ def _field_from_loc(loc: tuple[Any, ...]) -> str:
     return out or "request"
 
 
+async def _validation(_: Request, exc: RequestValidationError) -> Response:
+    """FastAPI's validation error as the wire's refusal naming the field (and the datum)."""
+    errors = exc.errors()
+    first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
+    loc = tuple(first.get("loc", ()))
+    field = _field_from_loc(loc)
+    message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
+    details: dict[str, Any] = {"field": field}
+    if "data" in loc:
+        index = loc.index("data")
+        if index + 1 < len(loc) and isinstance(loc[index + 1], int):
+            details["datum"] = loc[index + 1]
+            if "loss_inputs" in loc and loc.index("loss_inputs") + 1 < len(loc):
+                details["tensor"] = loc[loc.index("loss_inputs") + 1]
+            return error_response(InvalidDatum(f"{field}: {message}", details=details))
+    return error_response(InvalidRequest(f"{field}: {message}", details=details))
+
+
+async def _http(request: Request, exc: StarletteHTTPException) -> Response:
+    """An unknown route or method: in OpenAI's shape under its paths, else the wire's."""
+    if openai_routes.is_openai_path(request.url.path):
+        return openai_routes.route_error(request.method, request.url.path, exc.status_code)
+    if exc.status_code == 404:
+        return error_response(NotFound("no such route"))
+    if exc.status_code == 405:
+        return error_response(InvalidRequest("method not allowed on this route", status=405))
+    return error_response(InvalidRequest(str(exc.detail), status=exc.status_code))
+
+
 def create_app(service: WhitneyService) -> FastAPI:
     """The FastAPI app serving `service`."""
 
@@ -152,35 +182,27 @@ def create_app(service: WhitneyService) -> FastAPI:
         openapi_url="/openapi.json",
     )
     openapi.install(app)
-    faults = service.faults
+    app.add_exception_handler(RequestValidationError, _validation)  # type: ignore[arg-type]
+    app.add_exception_handler(StarletteHTTPException, _http)  # type: ignore[arg-type]
     gate = TenantGate(service.config.limits)
+    call = _caller(service, gate)
+    _install_resources(app, service, call)
+    _install_operations(app, service, call)
+    openai_routes.install(app, service, gate)
+    tinker_routes.install(app, service, gate)
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation(_: Request, exc: RequestValidationError) -> Response:
-        errors = exc.errors()
-        first = errors[0] if errors else {"loc": (), "msg": "invalid request"}
-        loc = tuple(first.get("loc", ()))
-        field = _field_from_loc(loc)
-        message = str(first.get("msg", "invalid")).removeprefix("Value error, ")
-        details: dict[str, Any] = {"field": field}
-        if "data" in loc:
-            index = loc.index("data")
-            if index + 1 < len(loc) and isinstance(loc[index + 1], int):
-                details["datum"] = loc[index + 1]
-                if "loss_inputs" in loc and loc.index("loss_inputs") + 1 < len(loc):
-                    details["tensor"] = loc[loc.index("loss_inputs") + 1]
-                return error_response(InvalidDatum(f"{field}: {message}", details=details))
-        return error_response(InvalidRequest(f"{field}: {message}", details=details))
+    if service.faults.latency_s > 0:
+        app.add_middleware(LatencyMiddleware, delay_s=service.faults.latency_s)
+    install_log_filter()
+    return app
 
-    @app.exception_handler(StarletteHTTPException)
-    async def _http(request: Request, exc: StarletteHTTPException) -> Response:
-        if openai_routes.is_openai_path(request.url.path):
-            return openai_routes.route_error(request.method, request.url.path, exc.status_code)
-        if exc.status_code == 404:
-            return error_response(NotFound("no such route"))
-        if exc.status_code == 405:
-            return error_response(InvalidRequest("method not allowed on this route", status=405))
-        return error_response(InvalidRequest(str(exc.detail), status=exc.status_code))
+
+Call = Callable[..., Awaitable[Response]]
+"""`call(request, fn, *args, body=False, wrap=None, long_poll=False)`: see `_caller`."""
+
+
+def _caller(service: WhitneyService, gate: TenantGate) -> Call:
+    """The one way a training-API handler runs its service call."""
 
     async def call(
         request: Request,
@@ -211,6 +233,12 @@ def create_app(service: WhitneyService) -> FastAPI:
             return _internal()
         return _json(result) if wrap is None else wrap(result)
 
+    return call
+
+
+def _install_resources(app: FastAPI, service: WhitneyService, call: Call) -> None:
+    """The capabilities, sessions and runs routes."""
+
     @app.get("/v1/training/capabilities")
     async def capabilities(request: Request) -> Response:
         return await call(request, lambda tenant: service.capabilities())
@@ -225,34 +253,26 @@ def create_app(service: WhitneyService) -> FastAPI:
         labels = request.query_params.getlist("label")
         return await call(request, service.sessions.find, labels)
 
-    @app.get("/v1/sessions/{session_id}")
-    async def get_session(request: Request, session_id: str) -> Response:
-        return await call(request, service.sessions.get, session_id)
+    def by_path(method: str, path: str, name: str, fn: Callable[..., Any]) -> None:
+        add_path_route(app, method, path, name, lambda request, *ids: call(request, fn, *ids))
 
-    @app.post("/v1/sessions/{session_id}/close")
-    async def close_session(request: Request, session_id: str) -> Response:
-        return await call(request, service.sessions.close, session_id)
-
-    @app.post("/v1/sessions/{session_id}/heartbeat")
-    async def heartbeat(request: Request, session_id: str) -> Response:
-        return await call(request, service.sessions.heartbeat, session_id)
+    by_path("GET", "/v1/sessions/{session_id}", "get_session", service.sessions.get)
+    by_path("POST", "/v1/sessions/{session_id}/close", "close_session", service.sessions.close)
+    by_path("POST", "/v1/sessions/{session_id}/heartbeat", "heartbeat", service.sessions.heartbeat)
 
     @app.post("/v1/training/runs")
     async def create_run(request: Request) -> Response:
         key = request.headers.get("idempotency-key")
         return await call(request, lambda t, b: service.runs.create(t, b, key), body=True)
 
-    @app.get("/v1/training/runs/{run_id}")
-    async def get_run(request: Request, run_id: str) -> Response:
-        return await call(request, service.runs.get, run_id)
+    by_path("GET", "/v1/training/runs/{run_id}", "get_run", service.runs.get)
+    by_path("POST", "/v1/training/runs/{run_id}/finish", "finish_run", service.runs.finish)
+    by_path("POST", "/v1/training/runs/{run_id}/cancel", "cancel_run", service.runs.cancel)
 
-    @app.post("/v1/training/runs/{run_id}/finish")
-    async def finish_run(request: Request, run_id: str) -> Response:
-        return await call(request, service.runs.finish, run_id)
 
-    @app.post("/v1/training/runs/{run_id}/cancel")
-    async def cancel_run(request: Request, run_id: str) -> Response:
-        return await call(request, service.runs.cancel, run_id)
+def _install_operations(app: FastAPI, service: WhitneyService, call: Call) -> None:
+    """The operations routes (with the injected faults around a submit) and the artifacts'."""
+    faults = service.faults
 
     def submit_operation(tenant: str, run_id: str, sampler_id: str | None, body: Any) -> Any:
         if faults.fail_before():
@@ -282,13 +302,13 @@ def create_app(service: WhitneyService) -> FastAPI:
             request, submit_operation, run_id, sampler_id, body=True, wrap=answer_operation
         )
 
-    @app.post("/v1/training/runs/{run_id}/operations")
-    async def run_operation(request: Request, run_id: str) -> Response:
-        return await submit(request, run_id, None)
-
-    @app.post("/v1/training/runs/{run_id}/samplers/{sampler_id}/operations")
-    async def sampler_operation(request: Request, run_id: str, sampler_id: str) -> Response:
-        return await submit(request, run_id, sampler_id)
+    runs = "/v1/training/runs/{run_id}"
+    add_path_route(
+        app, "POST", f"{runs}/operations", "run_operation", lambda r, run: submit(r, run, None)
+    )
+    add_path_route(
+        app, "POST", f"{runs}/samplers/{{sampler_id}}/operations", "sampler_operation", submit
+    )
 
     @app.get("/v1/training/runs/{run_id}/operations/{seq_id}")
     async def get_operation(
@@ -327,11 +347,3 @@ def create_app(service: WhitneyService) -> FastAPI:
             )
 
         return await call(request, service.files.artifact_path, artifact_id, wrap=file)
-
-    openai_routes.install(app, service, gate)
-    tinker_routes.install(app, service, gate)
-
-    if faults.latency_s > 0:
-        app.add_middleware(LatencyMiddleware, delay_s=faults.latency_s)
-    install_log_filter()
-    return app

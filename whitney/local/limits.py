@@ -5,7 +5,7 @@ body size is 413 and the per-tenant caps 429 with Retry-After, in `app`)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from whitney.errors import LimitExceeded, RateLimited
@@ -14,24 +14,46 @@ PENDING_RETRY_AFTER_S = 1.0
 """Retry-After of a refusal for too many pending operations: they drain as the run works."""
 
 
+def _limit(default: int, help_line: str) -> Any:
+    """A limit's field: its default and what it bounds (its `serve --help` line)."""
+    return field(default=default, metadata={"help": help_line})
+
+
 @dataclass(frozen=True)
 class Limits:
-    """Every limit, with its default; `LIMIT_HELP` says what each bounds."""
+    """Every limit, with its default and what it bounds (`LIMIT_HELP`)."""
 
-    max_body_bytes: int = 8 * 1024 * 1024
-    max_datums: int = 1024
-    max_sequences: int = 1024
-    max_num_samples: int = 256
-    max_tokens: int = 1024
-    max_tokens_per_datum: int = 1024
-    max_tokens_per_request: int = 16384
-    max_tokens_per_sample_batch: int = 2048
-    max_labels: int = 32
-    max_label_chars: int = 256
-    max_pending_operations: int = 1024
-    seq_window: int = 4096
-    max_requests_per_tenant: int = 64
-    max_long_polls_per_tenant: int = 256
+    max_body_bytes: int = _limit(8 * 1024 * 1024, "bytes in a request body (413 past it)")
+    max_datums: int = _limit(1024, "datums in a forward / forward_backward payload")
+    max_sequences: int = _limit(1024, "sequences in a logprobs payload")
+    max_num_samples: int = _limit(256, "num_samples of a sample payload")
+    max_tokens: int = _limit(1024, "sampling_params.max_tokens of a sample payload")
+    max_tokens_per_datum: int = _limit(1024, "tokens in one datum or logprobs sequence")
+    max_tokens_per_request: int = _limit(
+        16384,
+        "tokens in one operation: the datums' tokens, the logprobs sequences' tokens, or "
+        "num_samples x (prompt + max_tokens)",
+    )
+    max_tokens_per_sample_batch: int = _limit(
+        2048,
+        "tokens one batched engine call of ready samples on a sampler decodes, each sample "
+        "num_samples x (prompt + max_tokens); more run in several calls, with the same results "
+        "(a sample larger than it runs alone)",
+    )
+    max_labels: int = _limit(32, "labels on a session or a run")
+    max_label_chars: int = _limit(256, "characters in a label's key or value")
+    max_pending_operations: int = _limit(
+        1024,
+        "operations a run holds not yet run (ahead of a seq gap, or queued); past it, 429 "
+        "with Retry-After",
+    )
+    seq_window: int = _limit(4096, "how far a seq_id may be ahead of the run's next_seq_id")
+    max_requests_per_tenant: int = _limit(
+        64, "concurrent requests of one API key (429 with Retry-After past it)"
+    )
+    max_long_polls_per_tenant: int = _limit(
+        256, "concurrent long-polls (wait_s > 0) of one API key (429 with Retry-After past it)"
+    )
 
     def __post_init__(self) -> None:
         for item in fields(self):
@@ -44,27 +66,7 @@ class Limits:
         return asdict(self)
 
 
-LIMIT_HELP: dict[str, str] = {
-    "max_body_bytes": "bytes in a request body (413 past it)",
-    "max_datums": "datums in a forward / forward_backward payload",
-    "max_sequences": "sequences in a logprobs payload",
-    "max_num_samples": "num_samples of a sample payload",
-    "max_tokens": "sampling_params.max_tokens of a sample payload",
-    "max_tokens_per_datum": "tokens in one datum or logprobs sequence",
-    "max_tokens_per_request": "tokens in one operation: the datums' tokens, the logprobs "
-    "sequences' tokens, or num_samples x (prompt + max_tokens)",
-    "max_tokens_per_sample_batch": "tokens one batched engine call of ready samples on a "
-    "sampler decodes, each sample num_samples x (prompt + max_tokens); more run in several "
-    "calls, with the same results (a sample larger than it runs alone)",
-    "max_labels": "labels on a session or a run",
-    "max_label_chars": "characters in a label's key or value",
-    "max_pending_operations": "operations a run holds not yet run (ahead of a seq gap, or "
-    "queued); past it, 429 with Retry-After",
-    "seq_window": "how far a seq_id may be ahead of the run's next_seq_id",
-    "max_requests_per_tenant": "concurrent requests of one API key (429 with Retry-After past it)",
-    "max_long_polls_per_tenant": "concurrent long-polls (wait_s > 0) of one API key (429 with "
-    "Retry-After past it)",
-}
+LIMIT_HELP: dict[str, str] = {item.name: item.metadata["help"] for item in fields(Limits)}
 """The `serve --help` line of each limit (docs/api.md and docs/limits.md list the same)."""
 
 

@@ -21,6 +21,7 @@ from whitney.errors import InternalError, InvalidRequest, NotFound, OperationCan
 from whitney.local import openai_api
 from whitney.local.fairness import TenantGate
 from whitney.local.openai_decode import Piece
+from whitney.local.path_routes import add_path_route
 from whitney.local.request_body import read_json
 from whitney.local.service import WhitneyService
 
@@ -28,6 +29,14 @@ log = logging.getLogger("whitney.local.openai")
 
 DISCONNECT_POLL_S = 0.1
 WHITNEY_SECTIONS = ("training", "sessions", "artifacts")  # the training API's parts of /v1/
+# each sampling route's request model, plan, whole answer and stream
+CHAT = (openai_api.ChatRequest, openai_api.plan_chat, openai_api.chat_answer, openai_api.ChatStream)
+COMPLETION = (
+    openai_api.CompletionRequest,
+    openai_api.plan_completion,
+    openai_api.completion_answer,
+    openai_api.CompletionStream,
+)
 
 
 def _json(content: Any, status: int = 200) -> Response:
@@ -104,11 +113,11 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
             await gate.run_sync(tenant, service.capture.record, exchange, texts)
 
     async def answer(
-        request: Request,
         kind: type[openai_api.SamplingRequest],
         plan: Callable[..., openai_api.Plan],
         whole: Callable[..., dict[str, Any]],
         stream: type[openai_api.ChatStream],
+        request: Request,
     ) -> Response:
         admission = contextlib.ExitStack()
         try:
@@ -155,25 +164,12 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
             return error_response(exc)
         return _json({"object": "list", "data": data})
 
-    @app.post("/v1/chat/completions", include_in_schema=False)
-    async def chat_completions(request: Request) -> Response:
-        return await answer(
-            request,
-            openai_api.ChatRequest,
-            openai_api.plan_chat,
-            openai_api.chat_answer,
-            openai_api.ChatStream,
-        )
-
-    @app.post("/v1/completions", include_in_schema=False)
-    async def completions(request: Request) -> Response:
-        return await answer(
-            request,
-            openai_api.CompletionRequest,
-            openai_api.plan_completion,
-            openai_api.completion_answer,
-            openai_api.CompletionStream,
-        )
+    for path, name, parts in (
+        ("/v1/chat/completions", "chat_completions", CHAT),
+        ("/v1/completions", "completions", COMPLETION),
+    ):
+        answer_one = functools.partial(answer, *parts)
+        add_path_route(app, "POST", path, name, answer_one, include_in_schema=False)
 
 
 class EventStream(StreamingResponse):

@@ -238,7 +238,6 @@ def tool_config(quiz_config: RLConfig, policy: str, **rollout: Any) -> RLConfig:
     return quiz_config.model_copy(
         update={
             "env": "flowtest_multiturn:FlakyTool",
-            "cycles": 2,
             "prompts_per_cycle": 3,
             "group_size": 4,
             "rollout": RolloutSettings(failure_policy=policy, **rollout),

@@ -13,10 +13,11 @@ conflict never resolves by waiting. An unexpected exception is a 500 with a shor
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import anyio.to_thread
@@ -27,6 +28,7 @@ from whitney.errors import InternalError, InvalidRequest, RateLimited, WhitneyEr
 from whitney.local.api_errors import error_object
 from whitney.local.fairness import TenantGate
 from whitney.local.operations import Waiting
+from whitney.local.path_routes import add_path_route
 from whitney.local.service import WhitneyService
 from whitney.local.tinker import translate
 from whitney.local.tinker.body import Sent, forward_backward_body, json_body, read_sent
@@ -72,10 +74,23 @@ def _refuse_delete(tenant: str) -> None:
     raise translate.refused("checkpoint_id", "deleting checkpoints (the server keeps them)")
 
 
+Call = Callable[..., Awaitable[Response]]
+"""`call(request, fn, *args, body="json")`: see `_caller`."""
+
+
 def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
     """Mount the Tinker routes on `app`."""
     front = TinkerFront(service)
-    checkpoints = Checkpoints(service)
+    call = _caller(service, gate, front)
+    _install_sessions(app, front, call)
+    _install_checkpoints(app, Checkpoints(service), call)
+    _install_futures(app, service, gate, front)
+
+
+def _caller(service: WhitneyService, gate: TenantGate, front: TinkerFront) -> Call:
+    """The one way a Tinker handler runs its call: authenticate the `X-API-Key`, admit, read
+    the body (`body`: "json", "proto" or None), run `fn(tenant, *args[, body])` in a thread,
+    and hold a submitted request until its last operation is done."""
     max_bytes = service.config.limits.max_body_bytes
 
     async def hold(tenant: str, pending: Waiting | None) -> None:
@@ -111,6 +126,31 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
             log.exception("%s %s failed", request.method, request.url.path)
             return _refusal(InternalError("internal server error"))
         return _json(result)
+
+    return call
+
+
+def _by_path(
+    app: FastAPI,
+    call: Call,
+    method: str,
+    path: str,
+    name: str,
+    fn: Callable[..., Any],
+    body: str | None = None,
+) -> None:
+    """`method path` answering `call(request, fn, *its path parameters, body=body)`."""
+
+    def answer(request: Request, *ids: str) -> Awaitable[Response]:
+        return call(request, fn, *ids, body=body)
+
+    add_path_route(app, method, path, name, answer, include_in_schema=False)
+
+
+def _install_sessions(app: FastAPI, front: TinkerFront, call: Call) -> None:
+    """The client's configuration, the capabilities, and the sessions', models' and samplers'
+    calls."""
+    by_path = functools.partial(_by_path, app, call)
 
     @app.get(f"{PREFIX}/healthz", include_in_schema=False)
     async def healthz() -> Response:
@@ -148,14 +188,8 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
         "asample": front.asample,
     }
 
-    def json_route(name: str, fn: Callable[..., Any]) -> None:
-        async def handler(request: Request) -> Response:
-            return await call(request, fn)
-
-        app.post(f"{PREFIX}/{name}", name=f"tinker_{name}", include_in_schema=False)(handler)
-
     for name, fn in routes.items():
-        json_route(name, fn)
+        by_path("POST", f"{PREFIX}/{name}", f"tinker_{name}", fn, "json")
 
     @app.post(f"{PREFIX}/forward_backward", include_in_schema=False)
     async def forward_backward(request: Request) -> Response:
@@ -170,14 +204,15 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
             )
         return await call(request, front.forward_backward, body="proto")
 
-    @app.post(f"{PREFIX}/sessions/{{session_id}}/finish", include_in_schema=False)
-    async def finish_session(request: Request, session_id: str) -> Response:
-        return await call(request, front.finish_session, session_id, body=None)
+    by_path(
+        "POST", f"{PREFIX}/sessions/{{session_id}}/finish", "finish_session", front.finish_session
+    )
+    by_path("GET", f"{PREFIX}/samplers/{{sampling_session_id}}", "get_sampler", front.get_sampler)
 
-    @app.get(f"{PREFIX}/samplers/{{sampling_session_id}}", include_in_schema=False)
-    async def get_sampler(request: Request, sampling_session_id: str) -> Response:
-        return await call(request, front.get_sampler, sampling_session_id, body=None)
 
+def _install_checkpoints(app: FastAPI, checkpoints: Checkpoints, call: Call) -> None:
+    """The training runs, their checkpoints and the signed downloads."""
+    by_path = functools.partial(_by_path, app, call)
     runs = f"{PREFIX}/training_runs"
     checkpoint = f"{runs}/{{run_id}}/checkpoints/{{kind}}/{{name}}"
 
@@ -187,13 +222,8 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
             return _refusal(translate.bad("limit", "limit within 1..1000, offset >= 0"))
         return await call(request, checkpoints.training_runs, limit, offset, body=None)
 
-    @app.get(f"{runs}/{{run_id}}", include_in_schema=False)
-    async def training_run(request: Request, run_id: str) -> Response:
-        return await call(request, checkpoints.training_run, run_id, body=None)
-
-    @app.get(f"{runs}/{{run_id}}/checkpoints", include_in_schema=False)
-    async def list_checkpoints(request: Request, run_id: str) -> Response:
-        return await call(request, checkpoints.checkpoints, run_id, body=None)
+    by_path("GET", f"{runs}/{{run_id}}", "training_run", checkpoints.training_run)
+    by_path("GET", f"{runs}/{{run_id}}/checkpoints", "list_checkpoints", checkpoints.checkpoints)
 
     @app.get(f"{checkpoint}/external_weights_urls", include_in_schema=False)
     async def external_urls(request: Request, run_id: str, kind: str, name: str) -> Response:
@@ -218,6 +248,13 @@ def install(app: FastAPI, service: WhitneyService, gate: TenantGate) -> None:
         except WhitneyError as exc:
             return _refusal(exc)
         return Response(data, media_type="application/octet-stream")
+
+
+def _install_futures(
+    app: FastAPI, service: WhitneyService, gate: TenantGate, front: TinkerFront
+) -> None:
+    """`retrieve_future`: a request's answer, held up to `LONG_POLL_S` as a long-poll."""
+    max_bytes = service.config.limits.max_body_bytes
 
     def first_poll(tenant: str, sent: Sent) -> tuple[str, Done | Waiting | None]:
         """The future's id and its first answer, held up to `LONG_POLL_S`."""
