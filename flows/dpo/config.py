@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from flows.core.config import BudgetField, FlowConfig, PricesField, checkpoint_every_field
+from flows.core.config import BudgetField, CheckpointEvery, FlowConfig, PricesField
+from flows.core.fields import EveryCycles, LearningRate, NonEmpty
 from whitney.uris import CHECKPOINT_PATTERN
 
 BASE_REFERENCE = "base"
@@ -18,8 +19,7 @@ class DPOConfig(FlowConfig):
     `forward` logprobs of a batch, the DPO weights, and one `forward_backward` with
     `importance_sampling` datums (ratio 1: the DPO gradient) and `optim_step`."""
 
-    data_path: str = Field(
-        min_length=1,
+    data_path: NonEmpty = Field(
         description='JSONL file, one pair per line: {"prompt": str, "chosen": str, "rejected": '
         'str}, or {"messages": [...], "chosen": str, "rejected": str} (the conversation '
         "before the two candidate assistant turns)",
@@ -54,7 +54,7 @@ class DPOConfig(FlowConfig):
     pairs_per_cycle: int = Field(
         default=8, ge=1, le=1024, description="Pairs per optimizer step (one step a cycle)"
     )
-    learning_rate: float = Field(default=1e-3, gt=0, le=1, description="AdamW learning rate")
+    learning_rate: LearningRate = 1e-3
     eval_fraction: float = Field(
         default=0.2,
         ge=0,
@@ -62,10 +62,8 @@ class DPOConfig(FlowConfig):
         description="Share of the pairs held out for the preference accuracy (0: no eval); "
         "the split depends on the pairs' text only, not on the seed",
     )
-    eval_every: int = Field(
+    eval_every: EveryCycles = Field(
         default=1,
-        ge=0,
-        le=100_000,
         description="Evaluate the held-out pairs (preference accuracy: the share whose margin "
         "is positive, and the DPO loss) before the first cycle, after every this many cycles "
         "and after the last; 0: never",
@@ -82,6 +80,6 @@ class DPOConfig(FlowConfig):
         le=1024,
         description="Pairs per reference logprobs call and per evaluation forward call",
     )
-    checkpoint_every: int = checkpoint_every_field(10)
+    checkpoint_every: CheckpointEvery = 10
     budget: BudgetField
     prices: PricesField

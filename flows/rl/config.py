@@ -5,10 +5,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from flows.core.config import BudgetField, FlowConfig, MaxStalenessField, PricesField
 from flows.core.evaluation.config import EvalSettings
+from flows.core.fields import Settings
 from flows.rl.judge_config import JudgeSettings
 from whitney.losses import LOSS_FUNCTIONS
 
@@ -16,10 +17,8 @@ LossName = Literal[LOSS_FUNCTIONS]  # type: ignore[valid-type]
 """Whitney's eight loss functions (whitney.losses.LOSS_FUNCTIONS), as a UI dropdown."""
 
 
-class CriticSettings(BaseModel):
+class CriticSettings(Settings):
     """The critic of PPO with a critic (`loss = "ppo_critic"`); unused by other losses."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     gamma: float = Field(default=1.0, ge=0, le=1, description="GAE discount per token")
     gae_lambda: float = Field(default=0.95, ge=0, le=1, description="GAE lambda")
@@ -35,10 +34,8 @@ class CriticSettings(BaseModel):
     )
 
 
-class ReferenceKLSettings(BaseModel):
+class ReferenceKLSettings(Settings):
     """REINFORCE++'s KL penalty against a frozen reference run."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(
         default=False,
@@ -50,10 +47,8 @@ class ReferenceKLSettings(BaseModel):
     )
 
 
-class RolloutSettings(BaseModel):
+class RolloutSettings(Settings):
     """Episodes of a multi-turn environment: their limits, and what a failed one does."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_turns: int = Field(
         default=8,

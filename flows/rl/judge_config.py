@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
+from flows.core.fields import Settings
 from whitney.renderers import RendererName
 
 JudgeMode = Literal["logprobs", "verdict", "group"]
@@ -21,11 +22,9 @@ GROUP_TEMPLATE = (
 """The judge's question about a group of completions of one prompt (mode group)."""
 
 
-class JudgeSettings(BaseModel):
+class JudgeSettings(Settings):
     """A judge model on a frozen run of the same Whitney, asked a rubric question about each
     completion (or each group): its answer is the reward instead of the environment's."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     model: str | None = Field(
         default=None,

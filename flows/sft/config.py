@@ -14,8 +14,9 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from flows.core.config import FlowConfig, checkpoint_every_field
+from flows.core.config import CheckpointEvery, FlowConfig
 from flows.core.evaluation.config import CORPUS, EvalSettings
+from flows.core.fields import LearningRate
 from flows.sft.schedules import ScheduleName
 
 EvalFraction = Annotated[
@@ -68,8 +69,8 @@ class SFTConfig(FlowConfig):
         description="Submit each step's forward_backward and optim_step back to back, without "
         "waiting in between; the same seq ids and the same training as one call after another",
     )
-    learning_rate: float = Field(
-        default=3e-3, gt=0, le=1, description="AdamW peak learning rate (after warmup)"
+    learning_rate: LearningRate = Field(
+        default=3e-3, description="AdamW peak learning rate (after warmup)"
     )
     schedule: ScheduleName = Field(
         default="cosine",
@@ -92,7 +93,7 @@ class SFTConfig(FlowConfig):
         le=1_000_000,
         description="Refuse (before allocation) an example longer than this many tokens",
     )
-    checkpoint_every: int = checkpoint_every_field(3)
+    checkpoint_every: CheckpointEvery = 3
     cycles: SkipJsonSchema[int | None] = Field(
         default=None,
         exclude=True,

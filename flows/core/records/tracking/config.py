@@ -8,8 +8,10 @@ from __future__ import annotations
 import importlib.util
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
+
+from flows.core.fields import Settings
 
 Backend = Literal["mlflow", "tensorboard", "wandb"]
 BACKENDS: tuple[Backend, ...] = ("mlflow", "tensorboard", "wandb")
@@ -29,11 +31,9 @@ def missing_extra(backend: Backend) -> str:
     return f"{backend} is not installed: pip install 'whitney-flows[{backend}]'"
 
 
-class TrackingSettings(BaseModel):
+class TrackingSettings(Settings):
     """Where a flow run's params, per-cycle metrics, evaluations, learning curves and exported
     adapter go, besides Prefect's artifacts and the metrics file."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     backends: list[Backend] = Field(
         default_factory=list,
