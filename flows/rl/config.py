@@ -9,7 +9,14 @@ from pydantic import Field
 
 from flows.core.config import BudgetField, FlowConfig, MaxStalenessField, PricesField
 from flows.core.evaluation.config import EvalSettings
-from flows.core.fields import Settings
+from flows.core.fields import (
+    EveryCycles,
+    LearningRate,
+    MaxTokens,
+    NonEmpty,
+    Settings,
+    Temperature,
+)
 from flows.rl.judge_config import JudgeSettings
 from whitney.losses import LOSS_FUNCTIONS
 
@@ -22,8 +29,8 @@ class CriticSettings(Settings):
 
     gamma: float = Field(default=1.0, ge=0, le=1, description="GAE discount per token")
     gae_lambda: float = Field(default=0.95, ge=0, le=1, description="GAE lambda")
-    learning_rate: float = Field(
-        default=3e-4, gt=0, le=1, description="AdamW learning rate of the critic run"
+    learning_rate: LearningRate = Field(
+        default=3e-4, description="AdamW learning rate of the critic run"
     )
     grad_clip_norm: float = Field(
         default=1.0, ge=0, description="Clip the critic's gradient norm to this (0: off)"
@@ -104,9 +111,8 @@ class RLConfig(FlowConfig):
     """The RL flow: group sampling, rewards from an environment, group-relative advantages,
     a build_loss recipe, forward_backward and optim_step, once per cycle."""
 
-    env: str = Field(
+    env: NonEmpty = Field(
         default="digits",
-        min_length=1,
         description="Environment: a built-in name (arithmetic, digits, lowercase; quiz: "
         "multi-turn) or an import path module:attr",
     )
@@ -150,13 +156,11 @@ class RLConfig(FlowConfig):
     )
     prompts_per_cycle: int = Field(default=8, ge=1, le=1024, description="Groups per cycle")
     group_size: int = Field(default=8, ge=2, le=256, description="Samples per prompt")
-    max_tokens: int = Field(
+    max_tokens: MaxTokens = Field(
         default=12,
-        ge=1,
-        le=8192,
         description="Most tokens per completion (per turn, in a multi-turn environment)",
     )
-    temperature: float = Field(default=1.0, gt=0, le=10, description="Sampling temperature")
+    temperature: Temperature = Field(default=1.0, description="Sampling temperature")
     concurrent_sampling: bool = Field(
         default=True,
         description="Submit a cycle's sample requests together (a reserved block of seq ids)",
@@ -174,10 +178,8 @@ class RLConfig(FlowConfig):
         "around the current weights and weighs each token by its truncated importance weight "
         "(decoupled PPO); false: around the sampler's weights",
     )
-    eval_every: int = Field(
+    eval_every: EveryCycles = Field(
         default=0,
-        ge=0,
-        le=100_000,
         description="Evaluate the weights after every this many cycles and after the last, on "
         "a sampler of their own: the environment's held-out prompts, greedily and group_size "
         "times at the temperature (eval.reward_mean, eval.pass_at_k); 0: never. Training is "
