@@ -31,3 +31,10 @@ Temperature = Annotated[float, Field(gt=0, le=10)]
 """A sampling temperature of training's samples (RL's, an evaluation's k samples)."""
 EveryCycles = Annotated[int, Field(ge=0, le=100_000)]
 """Something done after every this many cycles (an evaluation, a checkpoint); 0: never."""
+MaxSequenceTokens = Annotated[int, Field(ge=2, le=1_000_000)]
+"""Most tokens of one sequence a flow trains on or plays (an SFT example, a DPO pair's prompt
+and answer, an episode's transcript)."""
+HeldOutShare = Annotated[float, Field(ge=0, le=0.5)]
+"""The share of a data set held out for evaluation (0: none)."""
+PromptsPerCycle = Annotated[int, Field(ge=1, le=1024)]
+"""Prompts a cycle trains on (RL's groups, distillation's prompts, DPO's pairs)."""

@@ -10,7 +10,15 @@ from pydantic import Field, field_validator
 from flows.core.config import BudgetField, FlowConfig, MaxStalenessField, PricesField
 from flows.core.evaluation.config import CORPUS as EVAL_CORPUS
 from flows.core.evaluation.config import EvalSettings
-from flows.core.fields import EveryCycles, GroupSize, LearningRate, LoraRank, MaxTokens, NonEmpty
+from flows.core.fields import (
+    EveryCycles,
+    GroupSize,
+    LearningRate,
+    LoraRank,
+    MaxTokens,
+    NonEmpty,
+    PromptsPerCycle,
+)
 from flows.core.orchestration.task_runner_settings import TaskRunnerSettings
 from flows.sft.config import EvalFraction, SFTConfig
 from whitney.renderers import RendererName
@@ -68,7 +76,7 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
         "built-in corpus (312 Q/A pairs about 24 animals)",
     )
     eval_fraction: EvalFraction = 0.1  # with prompts=corpus
-    prompts_per_cycle: int = Field(default=8, ge=1, le=1024, description="Prompts per cycle")
+    prompts_per_cycle: PromptsPerCycle = Field(default=8, description="Prompts per cycle")
     group_size: GroupSize = Field(
         default=4,
         description="Completions the student samples per prompt (a group; formerly "

@@ -6,7 +6,14 @@ from __future__ import annotations
 from pydantic import Field
 
 from flows.core.config import BudgetField, CheckpointEvery, FlowConfig, PricesField
-from flows.core.fields import EveryCycles, LearningRate, NonEmpty
+from flows.core.fields import (
+    EveryCycles,
+    HeldOutShare,
+    LearningRate,
+    MaxSequenceTokens,
+    NonEmpty,
+    PromptsPerCycle,
+)
 from whitney.uris import CHECKPOINT_PATTERN
 
 BASE_REFERENCE = "base"
@@ -51,14 +58,12 @@ class DPOConfig(FlowConfig):
         description="Weight of an SFT term on the chosen answers (their mean NLL per token) "
         "added to the DPO loss; 0: none",
     )
-    pairs_per_cycle: int = Field(
-        default=8, ge=1, le=1024, description="Pairs per optimizer step (one step a cycle)"
+    pairs_per_cycle: PromptsPerCycle = Field(
+        default=8, description="Pairs per optimizer step (one step a cycle)"
     )
     learning_rate: LearningRate = 1e-3
-    eval_fraction: float = Field(
+    eval_fraction: HeldOutShare = Field(
         default=0.2,
-        ge=0,
-        le=0.5,
         description="Share of the pairs held out for the preference accuracy (0: no eval); "
         "the split depends on the pairs' text only, not on the seed",
     )
@@ -68,10 +73,8 @@ class DPOConfig(FlowConfig):
         "is positive, and the DPO loss) before the first cycle, after every this many cycles "
         "and after the last; 0: never",
     )
-    max_pair_tokens: int = Field(
+    max_pair_tokens: MaxSequenceTokens = Field(
         default=1024,
-        ge=2,
-        le=1_000_000,
         description="Refuse (before allocation) a prompt plus answer longer than this many tokens",
     )
     chunk_size: int = Field(

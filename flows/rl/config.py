@@ -12,8 +12,10 @@ from flows.core.evaluation.config import EvalSettings
 from flows.core.fields import (
     EveryCycles,
     LearningRate,
+    MaxSequenceTokens,
     MaxTokens,
     NonEmpty,
+    PromptsPerCycle,
     Settings,
     Temperature,
 )
@@ -64,10 +66,8 @@ class RolloutSettings(Settings):
         description="Most turns of an episode: one still going after them is cut (stop reason "
         "max_turns)",
     )
-    max_episode_tokens: int = Field(
+    max_episode_tokens: MaxSequenceTokens = Field(
         default=1024,
-        ge=2,
-        le=1_000_000,
         description="Most tokens of an episode's transcript (observations and actions): a "
         "turn samples at most the room left (and at most max_tokens), an episode with no room "
         "left is cut (episode_tokens)",
@@ -154,7 +154,7 @@ class RLConfig(FlowConfig):
         description="grpo: reward minus group mean, over group std; grpo_no_std: without the "
         "std; rloo: leave-one-out baseline",
     )
-    prompts_per_cycle: int = Field(default=8, ge=1, le=1024, description="Groups per cycle")
+    prompts_per_cycle: PromptsPerCycle = Field(default=8, description="Groups per cycle")
     group_size: int = Field(default=8, ge=2, le=256, description="Samples per prompt")
     max_tokens: MaxTokens = Field(
         default=12,

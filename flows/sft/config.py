@@ -16,14 +16,12 @@ from pydantic.json_schema import SkipJsonSchema
 
 from flows.core.config import CheckpointEvery, FlowConfig
 from flows.core.evaluation.config import CORPUS, EvalSettings
-from flows.core.fields import LearningRate
+from flows.core.fields import HeldOutShare, LearningRate, MaxSequenceTokens
 from flows.sft.schedules import ScheduleName
 
 EvalFraction = Annotated[
-    float,
+    HeldOutShare,
     Field(
-        ge=0,
-        le=0.5,
         description="Share of the examples held out for the eval loss (0: no eval); the split "
         "depends on the examples' text only, not on the seed, so SFT and a distillation on the "
         "same data hold out the same examples",
@@ -87,10 +85,8 @@ class SFTConfig(FlowConfig):
         description="Eval loss (forward on the held-out split) every this many steps, "
         "before the first step and after the last",
     )
-    max_example_tokens: int = Field(
+    max_example_tokens: MaxSequenceTokens = Field(
         default=1024,
-        ge=2,
-        le=1_000_000,
         description="Refuse (before allocation) an example longer than this many tokens",
     )
     checkpoint_every: CheckpointEvery = 3
