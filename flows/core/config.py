@@ -183,6 +183,13 @@ class FlowConfig(RenamedFields):
         every `whitney.checkpoint.saved` event carries it."""
         return None
 
+    def evaluation(self, **sampling: Any) -> EvalSettings:
+        """The eval settings `sampling` (which prompts, how many samples, how long) with
+        training's seed, tokenizer and renderer: what `eval_settings` returns."""
+        return EvalSettings(
+            **sampling, seed=self.seed, tokenizer=self.tokenizer, renderer=self.renderer
+        )
+
     def served_models(self) -> dict[str, str]:
         """The base models the flow trains or scores, by the field that names them (checked
         against the provider's capabilities before a session opens)."""

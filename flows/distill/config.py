@@ -165,15 +165,12 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
             source = {"env": None, "data": self.data_path or EVAL_CORPUS}
         else:
             source = {"env": self.prompts, "data": None}
-        return EvalSettings(
+        return self.evaluation(
             **source,
             eval_fraction=self.eval_fraction or EvalSettings().eval_fraction,
             group_size=self.group_size,
             max_tokens=self.max_tokens,
             temperature=1.0,
-            seed=self.seed,
-            tokenizer=self.tokenizer,
-            renderer=self.renderer,
         )
 
     def teacher_sft_config(self) -> SFTConfig | None:

@@ -213,12 +213,9 @@ class RLConfig(FlowConfig):
 
     def eval_settings(self) -> EvalSettings:
         """The environment's held-out prompts, k = group_size samples at the temperature."""
-        return EvalSettings(
+        return self.evaluation(
             env=self.env,
             group_size=self.group_size,
             max_tokens=self.max_tokens,
             temperature=self.temperature,
-            seed=self.seed,
-            tokenizer=self.tokenizer,
-            renderer=self.renderer,
         )

@@ -101,15 +101,12 @@ class SFTConfig(FlowConfig):
         prompts sampled 4 times each, rewarded by similarity to their reference completion."""
         if self.eval_fraction == 0:
             return None
-        return EvalSettings(
+        return self.evaluation(
             env=None,
             data=self.data_path or CORPUS,
             eval_fraction=self.eval_fraction,
             group_size=4,
             max_tokens=EVAL_MAX_TOKENS,
-            seed=self.seed,
-            tokenizer=self.tokenizer,
-            renderer=self.renderer,
         )
 
     @field_validator("cycles")
