@@ -133,17 +133,23 @@ def validate_loss_config(
         if provider not in PER_TOKEN_CLIP_PROVIDERS:
             for name in PER_TOKEN_CLIP_TENSORS:
                 if name in loss_inputs:
-                    raise InvalidDatum(
-                        f"data[{index}].loss_inputs.{name}: per-token clip tensors are a "
-                        f"Tinker-only mechanism; on {provider} use the scalar loss_config key",
-                        status=422,
-                        details={"datum": index, "tensor": name},
+                    raise _invalid_tensor(
+                        index,
+                        name,
+                        ": per-token clip tensors are a Tinker-only mechanism; "
+                        f"on {provider} use the scalar loss_config key",
                     )
         for name in REQUIRED_LOSS_INPUTS[loss_function]:
             if name not in loss_inputs:
-                raise InvalidDatum(
-                    f"data[{index}].loss_inputs.{name} is required by "
-                    f"loss_function={loss_function!r}",
-                    status=422,
-                    details={"datum": index, "tensor": name},
+                raise _invalid_tensor(
+                    index, name, f" is required by loss_function={loss_function!r}"
                 )
+
+
+def _invalid_tensor(index: int, name: str, problem: str) -> InvalidDatum:
+    """The 422 about loss_inputs tensor `name` of datum `index`: its place, then `problem`."""
+    return InvalidDatum(
+        f"data[{index}].loss_inputs.{name}{problem}",
+        status=422,
+        details={"datum": index, "tensor": name},
+    )

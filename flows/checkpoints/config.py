@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flows.core.config import ApiUrlField, CleanupTimeoutField, TaskRetryField
 from flows.core.evaluation.config import EvalSettings
+from flows.core.fields import NonEmpty
 from whitney.uris import CHECKPOINT_PATTERN
 
 CheckpointURI = Annotated[
@@ -62,9 +63,8 @@ class PromoteConfig(EvaluateConfig):
         description="What `best` means with run_id: the most reward_mean (greedy), "
         "sampled_reward_mean or pass_at_k, or the least loss (needs evaluation.data)",
     )
-    target_dir: str = Field(
+    target_dir: NonEmpty = Field(
         default="promoted",
-        min_length=1,
         description="Where an approved checkpoint goes, on the worker: target_dir/merged (one "
         "model, the LoRA merged in) and target_dir/adapter (PEFT, its base model inside); "
         "both must be new or empty",

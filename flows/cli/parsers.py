@@ -140,9 +140,7 @@ def add_rl_options(rl: argparse.ArgumentParser) -> None:
     rl.add_argument("--cycles", type=int, metavar="N", help="number of cycles")
     rl.add_argument("--env", metavar="E", help=ENV_HELP)
     rl.add_argument("--loss", metavar="L", help=LOSS_HELP)
-    rl.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
-    add_model_options(rl)
-    rl.add_argument("--seed", type=int, metavar="S", help="seed of run, prompts and sampling")
+    add_model_options(rl, seed="seed of run, prompts and sampling")
     add_staleness_option(rl)
 
 
@@ -160,18 +158,19 @@ def add_sft_options(sft: argparse.ArgumentParser) -> None:
         help='one {"prompt": ..., "completion": ...} or {"messages": [...]} per line '
         "(default: the built-in corpus)",
     )
-    sft.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
-    add_model_options(sft)
+    add_model_options(sft, seed="seed of the run and the data order")
     sft.add_argument("--lr", type=float, metavar="X", help="peak learning rate")
     sft.add_argument("--schedule", metavar="S", help="constant, linear or cosine (with warmup)")
-    sft.add_argument("--seed", type=int, metavar="S", help="seed of the run and the data order")
 
 
-def add_model_options(command: argparse.ArgumentParser) -> None:
-    """--base-model, --tokenizer and --renderer: the same for every `run FLOW`."""
+def add_model_options(command: argparse.ArgumentParser, seed: str) -> None:
+    """--provider, --base-model, --tokenizer, --renderer and --seed (its help `seed`): every
+    `run FLOW` has them (`shared_overrides`)."""
+    command.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
     command.add_argument("--base-model", metavar="M", help=BASE_MODEL_HELP)
     command.add_argument("--tokenizer", metavar="T", help=TOKENIZER_HELP)
     command.add_argument("--renderer", metavar="R", help=RENDERER_HELP)
+    command.add_argument("--seed", type=int, metavar="S", help=seed)
 
 
 def add_output_options(command: argparse.ArgumentParser) -> None:
@@ -260,9 +259,7 @@ def add_distill_options(command: argparse.ArgumentParser) -> None:
         "--teacher-checkpoint", metavar="URI", help="distill from this checkpoint (whitney://...)"
     )
     command.add_argument("--sft-steps", type=int, metavar="N", help="the SFT teacher's steps")
-    command.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
-    add_model_options(command)
-    command.add_argument("--seed", type=int, metavar="S", help="seed of runs and sampling")
+    add_model_options(command, seed="seed of runs and sampling")
     add_staleness_option(command)
     command.add_argument(
         "--chunk-size", type=int, metavar="N", help="sequences per teacher logprobs task (0: all)"
@@ -305,9 +302,7 @@ def add_dpo_options(command: argparse.ArgumentParser) -> None:
     )
     command.add_argument("--beta", type=float, metavar="X", help="DPO temperature")
     command.add_argument("--lr", type=float, metavar="X", help="learning rate")
-    command.add_argument("--provider", metavar="P", help=PROVIDER_HELP)
-    add_model_options(command)
-    command.add_argument("--seed", type=int, metavar="S", help="seed of the run and the pairs")
+    add_model_options(command, seed="seed of the run and the pairs")
 
 
 SHORTHANDS: dict[str, Callable[[argparse.ArgumentParser], None]] = {

@@ -15,7 +15,7 @@ import json
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from pydantic.fields import FieldInfo
@@ -143,6 +143,8 @@ def apply_settings(
 
 def type_text(annotation: Any) -> str:
     """A field's type as `--help` and docs/config.md show it."""
+    if get_origin(annotation) is Annotated:
+        return type_text(get_args(annotation)[0])
     if get_origin(annotation) is Literal:
         return " | ".join(str(arg) for arg in get_args(annotation))
     if get_origin(annotation) in (Union, types.UnionType):

@@ -16,6 +16,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from flows.core.evaluation.config import EvalSettings
+from flows.core.fields import EveryCycles, LearningRate, LoraRank, NonEmpty, Seed
 from flows.core.loop.cost import Budget, PriceTable
 from flows.core.loop.stall_windows import StallSettings
 from flows.core.records.tracking.config import TrackingSettings
@@ -96,15 +97,14 @@ def check_max_staleness(max_staleness: int, **needed: bool) -> None:
             )
 
 
-def checkpoint_every_field(default: int) -> Any:
-    """A flow config's `checkpoint_every` field, with the flow's default."""
-    return Field(
-        default=default,
-        ge=0,
-        le=100_000,
+CheckpointEvery = Annotated[
+    EveryCycles,
+    Field(
         description="save_state named cycle-{n} after every this many cycles: where a retried "
-        "flow run resumes (0: only the final checkpoint)",
-    )
+        "flow run resumes (0: only the final checkpoint)"
+    ),
+]
+"""A flow config's `checkpoint_every` field; the flow gives its default."""
 
 
 class ConfigError(ValueError):
@@ -123,16 +123,14 @@ class FlowConfig(RenamedFields):
 
     api_url: ApiUrlField
     provider: Provider = Field(default="local", description="Whitney provider that trains the run")
-    base_model: str = Field(
+    base_model: NonEmpty = Field(
         default="local/tiny",
-        min_length=1,
         description="Base model: any name the provider's capabilities list (local/nano, "
         "local/tiny, local/small on the embedded server, or a Hugging Face repo id such as "
         "Qwen/Qwen2.5-0.5B-Instruct)",
     )
-    tokenizer: str | None = Field(
+    tokenizer: NonEmpty | None = Field(
         default=None,
-        min_length=1,
         description="The tokenizer: a Hugging Face repo id or a local directory; empty: the "
         "base model's own (bytes for local/*, else its Hugging Face tokenizer)",
     )
@@ -142,12 +140,10 @@ class FlowConfig(RenamedFields):
         "tokenizer's own), llama3, qwen; auto: raw for local/*, else the chat template if the "
         "tokenizer has one, else raw",
     )
-    lora_rank: int = Field(default=8, ge=1, le=256, description="LoRA rank of the trained adapter")
-    seed: int = Field(
-        default=0, ge=0, le=2**31 - 1, description="Seed of the run, prompts and sampling"
-    )
+    lora_rank: LoraRank = Field(default=8, description="LoRA rank of the trained adapter")
+    seed: Seed = Field(default=0, description="Seed of the run, prompts and sampling")
     cycles: int = Field(default=30, ge=1, le=100_000, description="Number of training cycles")
-    learning_rate: float = Field(default=2e-3, gt=0, le=1, description="AdamW learning rate")
+    learning_rate: LearningRate = 2e-3
     grad_clip_norm: float = Field(
         default=1.0, ge=0, description="Clip the global gradient norm to this (0: off)"
     )
@@ -162,7 +158,7 @@ class FlowConfig(RenamedFields):
         default=0.0, ge=0, le=3600, description="Delay before a cycle subflow retry"
     )
     cleanup_timeout_s: CleanupTimeoutField
-    checkpoint_every: int = checkpoint_every_field(10)
+    checkpoint_every: CheckpointEvery = 10
     resume_from: str | None = Field(
         default=None,
         pattern=CYCLE_CHECKPOINT_PATTERN,
@@ -186,6 +182,13 @@ class FlowConfig(RenamedFields):
         """What an evaluation of this flow's checkpoints samples (None: nothing to evaluate);
         every `whitney.checkpoint.saved` event carries it."""
         return None
+
+    def evaluation(self, **sampling: Any) -> EvalSettings:
+        """The eval settings `sampling` (which prompts, how many samples, how long) with
+        training's seed, tokenizer and renderer: what `eval_settings` returns."""
+        return EvalSettings(
+            **sampling, seed=self.seed, tokenizer=self.tokenizer, renderer=self.renderer
+        )
 
     def served_models(self) -> dict[str, str]:
         """The base models the flow trains or scores, by the field that names them (checked

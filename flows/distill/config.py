@@ -10,6 +10,15 @@ from pydantic import Field, field_validator
 from flows.core.config import BudgetField, FlowConfig, MaxStalenessField, PricesField
 from flows.core.evaluation.config import CORPUS as EVAL_CORPUS
 from flows.core.evaluation.config import EvalSettings
+from flows.core.fields import (
+    EveryCycles,
+    GroupSize,
+    LearningRate,
+    LoraRank,
+    MaxTokens,
+    NonEmpty,
+    PromptsPerCycle,
+)
 from flows.core.orchestration.task_runner_settings import TaskRunnerSettings
 from flows.sft.config import EvalFraction, SFTConfig
 from whitney.renderers import RendererName
@@ -25,7 +34,7 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
 
     RENAMED: ClassVar[dict[str, str]] = {"samples_per_prompt": "group_size"}
 
-    learning_rate: float = Field(default=3e-3, gt=0, le=1, description="AdamW learning rate")
+    learning_rate: LearningRate = 3e-3
     teacher_checkpoint: str | None = Field(
         default=None,
         pattern=CHECKPOINT_PATTERN,
@@ -39,9 +48,8 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
         "with this config (its api_url, provider, base model, tokenizer, renderer and LoRA "
         "rank are the teacher's), and distill from its final checkpoint",
     )
-    teacher_base_model: str | None = Field(
+    teacher_base_model: NonEmpty | None = Field(
         default=None,
-        min_length=1,
         description="The teacher's base model; empty: base_model. It must share the "
         "student's tokenizer",
     )
@@ -51,15 +59,12 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
         "whose renderer differs from the student's (it would score the student's tokens in a "
         "format it does not use)",
     )
-    teacher_lora_rank: int | None = Field(
+    teacher_lora_rank: LoraRank | None = Field(
         default=None,
-        ge=1,
-        le=256,
         description="The teacher run's LoRA rank (a checkpoint's rank); empty: lora_rank",
     )
-    prompts: str = Field(
+    prompts: NonEmpty = Field(
         default=CORPUS,
-        min_length=1,
         description="Where prompts come from: corpus (the training split of data_path, or of "
         "the built-in corpus; its held-out split is the eval set), an RL environment "
         "(arithmetic, digits, lowercase) or an import path module:attr with "
@@ -71,15 +76,13 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
         "built-in corpus (312 Q/A pairs about 24 animals)",
     )
     eval_fraction: EvalFraction = 0.1  # with prompts=corpus
-    prompts_per_cycle: int = Field(default=8, ge=1, le=1024, description="Prompts per cycle")
-    group_size: int = Field(
+    prompts_per_cycle: PromptsPerCycle = Field(default=8, description="Prompts per cycle")
+    group_size: GroupSize = Field(
         default=4,
-        ge=1,
-        le=256,
         description="Completions the student samples per prompt (a group; formerly "
         "samples_per_prompt)",
     )
-    max_tokens: int = Field(default=40, ge=1, le=8192, description="Most tokens per completion")
+    max_tokens: MaxTokens = 40
     kl_coef: float = Field(
         default=1.0, gt=0, le=100, description="Advantage = -kl_coef * (student - teacher lp)"
     )
@@ -108,10 +111,8 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
         description="Submit the student's save_weights_for_sampler and sample requests "
         "together (a reserved block of seq ids)",
     )
-    eval_every: int = Field(
+    eval_every: EveryCycles = Field(
         default=0,
-        ge=0,
-        le=100_000,
         description="Evaluate the student after every this many cycles and after the last, on "
         "a sampler of its own: the held-out prompts sampled greedily and group_size "
         "times (eval.reward_mean, eval.pass_at_k) and, with prompts=corpus, its eval loss "
@@ -164,15 +165,12 @@ class DistillationConfig(FlowConfig, TaskRunnerSettings):
             source = {"env": None, "data": self.data_path or EVAL_CORPUS}
         else:
             source = {"env": self.prompts, "data": None}
-        return EvalSettings(
+        return self.evaluation(
             **source,
             eval_fraction=self.eval_fraction or EvalSettings().eval_fraction,
             group_size=self.group_size,
             max_tokens=self.max_tokens,
             temperature=1.0,
-            seed=self.seed,
-            tokenizer=self.tokenizer,
-            renderer=self.renderer,
         )
 
     def teacher_sft_config(self) -> SFTConfig | None:

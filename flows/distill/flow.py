@@ -36,7 +36,6 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
 
 from prefect import flow, get_run_logger
 from prefect.context import FlowRunContext
@@ -144,11 +143,9 @@ def run_distill_cycle(
     """One distillation cycle, every call through the context's client (the cycle's ledger
     of both runs); the context's `presampled`: sample requests earlier cycles made for this
     one and later ones (max_staleness > 0)."""
-    started_at = datetime.now(UTC)
-    started = time.perf_counter()
+    clock = ctx.clock()
     config = plan.config
-    client, cycle, run_id, first_cycle = ctx.client, ctx.cycle, ctx.run_id, ctx.first_cycle
-    seq_start = client.ledger.position(run_id)
+    client, cycle, first_cycle = ctx.client, ctx.cycle, ctx.first_cycle
     teacher_seq_start = client.ledger.position(teacher_run_id)
     requests = plan.sample_requests(cycle)
     sampling = student_samples(plan, ctx)
@@ -178,10 +175,7 @@ def run_distill_cycle(
     schedule = Schedule(config.max_staleness, first_cycle, config.checkpoint_every, config.cycles)
     log = client.log
     metrics = DistillCycleMetrics(
-        cycle=cycle,
-        started_at=started_at,
-        seq_start=seq_start,
-        seq_end=client.ledger.position(run_id),
+        **clock.fields(ctx),
         teacher_seq_start=teacher_seq_start,
         teacher_seq_end=client.ledger.position(teacher_run_id),
         teacher_kl=statistics.fmean(gaps),
@@ -201,8 +195,6 @@ def run_distill_cycle(
         checkpoint=tail.checkpoint,
         usage=usage_of(log.operations),
         teacher_usage=usage_of(op for op in log.operations if op.run_id == teacher_run_id),
-        op_seconds=dict(log.seconds),
-        wall_seconds=time.perf_counter() - started,
     )
     evaluation = evaluate_after_cycle(  # {} unless due; after the numbers above are taken
         ctx, config.eval_every, config.cycles, plan.evaluation

@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from pydantic import Field
 
-from flows.core.config import BudgetField, FlowConfig, PricesField, checkpoint_every_field
+from flows.core.config import BudgetField, CheckpointEvery, FlowConfig, PricesField
+from flows.core.fields import (
+    EveryCycles,
+    HeldOutShare,
+    LearningRate,
+    MaxSequenceTokens,
+    NonEmpty,
+    PromptsPerCycle,
+)
 from whitney.uris import CHECKPOINT_PATTERN
 
 BASE_REFERENCE = "base"
@@ -18,8 +26,7 @@ class DPOConfig(FlowConfig):
     `forward` logprobs of a batch, the DPO weights, and one `forward_backward` with
     `importance_sampling` datums (ratio 1: the DPO gradient) and `optim_step`."""
 
-    data_path: str = Field(
-        min_length=1,
+    data_path: NonEmpty = Field(
         description='JSONL file, one pair per line: {"prompt": str, "chosen": str, "rejected": '
         'str}, or {"messages": [...], "chosen": str, "rejected": str} (the conversation '
         "before the two candidate assistant turns)",
@@ -51,29 +58,23 @@ class DPOConfig(FlowConfig):
         description="Weight of an SFT term on the chosen answers (their mean NLL per token) "
         "added to the DPO loss; 0: none",
     )
-    pairs_per_cycle: int = Field(
-        default=8, ge=1, le=1024, description="Pairs per optimizer step (one step a cycle)"
+    pairs_per_cycle: PromptsPerCycle = Field(
+        default=8, description="Pairs per optimizer step (one step a cycle)"
     )
-    learning_rate: float = Field(default=1e-3, gt=0, le=1, description="AdamW learning rate")
-    eval_fraction: float = Field(
+    learning_rate: LearningRate = 1e-3
+    eval_fraction: HeldOutShare = Field(
         default=0.2,
-        ge=0,
-        le=0.5,
         description="Share of the pairs held out for the preference accuracy (0: no eval); "
         "the split depends on the pairs' text only, not on the seed",
     )
-    eval_every: int = Field(
+    eval_every: EveryCycles = Field(
         default=1,
-        ge=0,
-        le=100_000,
         description="Evaluate the held-out pairs (preference accuracy: the share whose margin "
         "is positive, and the DPO loss) before the first cycle, after every this many cycles "
         "and after the last; 0: never",
     )
-    max_pair_tokens: int = Field(
+    max_pair_tokens: MaxSequenceTokens = Field(
         default=1024,
-        ge=2,
-        le=1_000_000,
         description="Refuse (before allocation) a prompt plus answer longer than this many tokens",
     )
     chunk_size: int = Field(
@@ -82,6 +83,6 @@ class DPOConfig(FlowConfig):
         le=1024,
         description="Pairs per reference logprobs call and per evaluation forward call",
     )
-    checkpoint_every: int = checkpoint_every_field(10)
+    checkpoint_every: CheckpointEvery = 10
     budget: BudgetField
     prices: PricesField

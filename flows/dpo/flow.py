@@ -28,9 +28,7 @@ a retried or resumed flow run continues from a `cycle-{n}` checkpoint.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
 from prefect import flow, get_run_logger
 from pydantic import BaseModel
@@ -138,11 +136,9 @@ def run_dpo_cycle(
     plan: DPOPlan, ctx: CycleContext, reference: ReferenceLogprobs
 ) -> DPOCycleMetrics:
     """One DPO cycle, every call through the context's client (the cycle's ledger)."""
-    started_at = datetime.now(UTC)
-    started = time.perf_counter()
+    clock = ctx.clock()
     config = plan.config
-    client, cycle, run_id, first_cycle = ctx.client, ctx.cycle, ctx.run_id, ctx.first_cycle
-    seq_start = client.ledger.position(run_id)
+    client, cycle, first_cycle = ctx.client, ctx.cycle, ctx.first_cycle
     eval_before = None
     if cycle == first_cycle and plan.eval_due(cycle):
         eval_before = evaluate(ctx, plan, reference)
@@ -161,10 +157,7 @@ def run_dpo_cycle(
         evaluation = evaluate(ctx, plan, reference)
     log = client.log
     return DPOCycleMetrics(
-        cycle=cycle,
-        started_at=started_at,
-        seq_start=seq_start,
-        seq_end=client.ledger.position(run_id),
+        **clock.fields(ctx),
         loss=stats.loss,
         reward_accuracy=stats.accuracy,
         margin=stats.margin,
@@ -180,8 +173,6 @@ def run_dpo_cycle(
         usage=usage_of(log.operations),
         eval_before=eval_before,
         eval=evaluation,
-        op_seconds=dict(log.seconds),
-        wall_seconds=time.perf_counter() - started,
     )
 
 

@@ -30,15 +30,8 @@ class PreferenceEval(BaseModel):
 
     @classmethod
     def of(cls, stats: PreferenceStats) -> PreferenceEval:
-        return cls(
-            accuracy=stats.accuracy,
-            chosen_preferred=stats.chosen_preferred,
-            loss=stats.loss,
-            margin=stats.margin,
-            chosen_drift=stats.chosen_drift,
-            rejected_drift=stats.rejected_drift,
-            pairs=stats.pairs,
-        )
+        """The held-out numbers: the fields of `stats` of the same names."""
+        return cls.model_validate(stats, from_attributes=True)
 
 
 class DPOCycleMetrics(CycleResult):

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 PARENT_TAG = "whitney.parent-flow-run:"
 AFTER_CYCLE_TAG = "whitney.after-cycle:"
@@ -74,12 +74,7 @@ class Continuation:
     """How many times in a row a run was continued after this same cycle."""
 
     def as_dict(self) -> dict[str, str | int]:
-        return {
-            "parent_flow_run": self.parent_flow_run,
-            "after_cycle": self.after_cycle,
-            "reason": self.reason,
-            "attempt": self.attempt,
-        }
+        return asdict(self)
 
     def tags(self) -> list[str]:
         return [

@@ -5,10 +5,20 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from flows.core.config import BudgetField, FlowConfig, MaxStalenessField, PricesField
 from flows.core.evaluation.config import EvalSettings
+from flows.core.fields import (
+    EveryCycles,
+    LearningRate,
+    MaxSequenceTokens,
+    MaxTokens,
+    NonEmpty,
+    PromptsPerCycle,
+    Settings,
+    Temperature,
+)
 from flows.rl.judge_config import JudgeSettings
 from whitney.losses import LOSS_FUNCTIONS
 
@@ -16,15 +26,13 @@ LossName = Literal[LOSS_FUNCTIONS]  # type: ignore[valid-type]
 """Whitney's eight loss functions (whitney.losses.LOSS_FUNCTIONS), as a UI dropdown."""
 
 
-class CriticSettings(BaseModel):
+class CriticSettings(Settings):
     """The critic of PPO with a critic (`loss = "ppo_critic"`); unused by other losses."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     gamma: float = Field(default=1.0, ge=0, le=1, description="GAE discount per token")
     gae_lambda: float = Field(default=0.95, ge=0, le=1, description="GAE lambda")
-    learning_rate: float = Field(
-        default=3e-4, gt=0, le=1, description="AdamW learning rate of the critic run"
+    learning_rate: LearningRate = Field(
+        default=3e-4, description="AdamW learning rate of the critic run"
     )
     grad_clip_norm: float = Field(
         default=1.0, ge=0, description="Clip the critic's gradient norm to this (0: off)"
@@ -35,10 +43,8 @@ class CriticSettings(BaseModel):
     )
 
 
-class ReferenceKLSettings(BaseModel):
+class ReferenceKLSettings(Settings):
     """REINFORCE++'s KL penalty against a frozen reference run."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     enabled: bool = Field(
         default=False,
@@ -50,10 +56,8 @@ class ReferenceKLSettings(BaseModel):
     )
 
 
-class RolloutSettings(BaseModel):
+class RolloutSettings(Settings):
     """Episodes of a multi-turn environment: their limits, and what a failed one does."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_turns: int = Field(
         default=8,
@@ -62,10 +66,8 @@ class RolloutSettings(BaseModel):
         description="Most turns of an episode: one still going after them is cut (stop reason "
         "max_turns)",
     )
-    max_episode_tokens: int = Field(
+    max_episode_tokens: MaxSequenceTokens = Field(
         default=1024,
-        ge=2,
-        le=1_000_000,
         description="Most tokens of an episode's transcript (observations and actions): a "
         "turn samples at most the room left (and at most max_tokens), an episode with no room "
         "left is cut (episode_tokens)",
@@ -109,9 +111,8 @@ class RLConfig(FlowConfig):
     """The RL flow: group sampling, rewards from an environment, group-relative advantages,
     a build_loss recipe, forward_backward and optim_step, once per cycle."""
 
-    env: str = Field(
+    env: NonEmpty = Field(
         default="digits",
-        min_length=1,
         description="Environment: a built-in name (arithmetic, digits, lowercase; quiz: "
         "multi-turn) or an import path module:attr",
     )
@@ -153,15 +154,13 @@ class RLConfig(FlowConfig):
         description="grpo: reward minus group mean, over group std; grpo_no_std: without the "
         "std; rloo: leave-one-out baseline",
     )
-    prompts_per_cycle: int = Field(default=8, ge=1, le=1024, description="Groups per cycle")
+    prompts_per_cycle: PromptsPerCycle = Field(default=8, description="Groups per cycle")
     group_size: int = Field(default=8, ge=2, le=256, description="Samples per prompt")
-    max_tokens: int = Field(
+    max_tokens: MaxTokens = Field(
         default=12,
-        ge=1,
-        le=8192,
         description="Most tokens per completion (per turn, in a multi-turn environment)",
     )
-    temperature: float = Field(default=1.0, gt=0, le=10, description="Sampling temperature")
+    temperature: Temperature = Field(default=1.0, description="Sampling temperature")
     concurrent_sampling: bool = Field(
         default=True,
         description="Submit a cycle's sample requests together (a reserved block of seq ids)",
@@ -179,10 +178,8 @@ class RLConfig(FlowConfig):
         "around the current weights and weighs each token by its truncated importance weight "
         "(decoupled PPO); false: around the sampler's weights",
     )
-    eval_every: int = Field(
+    eval_every: EveryCycles = Field(
         default=0,
-        ge=0,
-        le=100_000,
         description="Evaluate the weights after every this many cycles and after the last, on "
         "a sampler of their own: the environment's held-out prompts, greedily and group_size "
         "times at the temperature (eval.reward_mean, eval.pass_at_k); 0: never. Training is "
@@ -216,12 +213,9 @@ class RLConfig(FlowConfig):
 
     def eval_settings(self) -> EvalSettings:
         """The environment's held-out prompts, k = group_size samples at the temperature."""
-        return EvalSettings(
+        return self.evaluation(
             env=self.env,
             group_size=self.group_size,
             max_tokens=self.max_tokens,
             temperature=self.temperature,
-            seed=self.seed,
-            tokenizer=self.tokenizer,
-            renderer=self.renderer,
         )

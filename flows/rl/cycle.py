@@ -8,7 +8,8 @@ import functools
 import statistics
 import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from dataclasses import replace
+from typing import Any
 
 from flows.core.config import checkpoint_due
 from flows.core.evaluation.sampler import evaluate_after_cycle, evaluate_at_start
@@ -33,22 +34,13 @@ from whitney.payloads import adamw_optimizer
 
 
 def cycle_metrics(
-    cycle: int,
-    started_at: datetime,
-    seq_start: int,
-    seq_end: int,
-    scores: list[GroupScore],
-    tail: CycleTail,
-    log: OperationLog,
-    wall_seconds: float,
+    shared: dict[str, Any], scores: list[GroupScore], tail: CycleTail, log: OperationLog
 ) -> CycleMetrics:
-    """The cycle's record from its scores, its training tail and its operation log."""
+    """The cycle's record from the fields every cycle has (`CycleClock.fields`), its scores,
+    its training tail and its operation log."""
     rewards = [reward for score in scores for reward in score.rewards]
     return CycleMetrics(
-        cycle=cycle,
-        started_at=started_at,
-        seq_start=seq_start,
-        seq_end=seq_end,
+        **shared,
         reward_mean=statistics.fmean(rewards),
         reward_std=statistics.pstdev(rewards),
         all_zero_group_share=sum(score.uniform for score in scores) / len(scores),
@@ -58,8 +50,6 @@ def cycle_metrics(
         tokens_sampled=log.tokens("sample", "sampled_tokens"),
         tokens_trained=log.tokens("forward_backward", "trained_tokens"),
         usage={kind: dict(counters) for kind, counters in log.usage.items()},
-        op_seconds=dict(log.seconds),
-        wall_seconds=wall_seconds,
     )
 
 
@@ -98,15 +88,14 @@ def run_cycle(
     plays the episodes turn by turn instead. `judge`: the judge run that rewards the
     completions (flows.rl.judge), if any.
     """
-    started_at = datetime.now(UTC)
+    clock = ctx.clock()
     config = plan.config
     client, cycle, run_id, first_cycle = ctx.client, ctx.cycle, ctx.run_id, ctx.first_cycle
-    seq_start = client.ledger.position(run_id)
     eval_before = None
     if config.eval_at_start and cycle == 0 and plan.evaluation is not None:
         eval_before = evaluate_at_start(ctx, plan.evaluation)
     eval_tokens = client.log.tokens("sample", "sampled_tokens")  # not the cycle's own
-    started = time.perf_counter()
+    clock = replace(clock, started=time.perf_counter())  # the wall time: the cycle's own work
     if config.pipelined and cycle > first_cycle:
         sampler_id = cycle_name(cycle)
     else:
@@ -136,16 +125,7 @@ def run_cycle(
         together=config.pipelined,
     )
     sampling.wait_ahead(client)  # the later cycles' samples ran beside this training
-    metrics = cycle_metrics(
-        cycle,
-        started_at,
-        seq_start,
-        client.ledger.position(run_id),
-        batch.scores,
-        tail,
-        client.log,
-        time.perf_counter() - started,
-    )
+    metrics = cycle_metrics(clock.fields(ctx), batch.scores, tail, client.log)
     metrics = metrics.model_copy(
         update={"tokens_sampled": metrics.tokens_sampled - eval_tokens, "eval_before": eval_before}
     )

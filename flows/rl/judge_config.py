@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import Field, ValidationInfo, field_validator
 
+from flows.core.fields import NonEmpty, Settings
 from whitney.renderers import RendererName
 
 JudgeMode = Literal["logprobs", "verdict", "group"]
@@ -21,20 +22,17 @@ GROUP_TEMPLATE = (
 """The judge's question about a group of completions of one prompt (mode group)."""
 
 
-class JudgeSettings(BaseModel):
+class JudgeSettings(Settings):
     """A judge model on a frozen run of the same Whitney, asked a rubric question about each
     completion (or each group): its answer is the reward instead of the environment's."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    model: str | None = Field(
+    model: NonEmpty | None = Field(
         default=None,
-        min_length=1,
         description="The judge's base model: any name the provider's capabilities list (it "
         "may differ from base_model); empty: no judge, the environment rewards",
     )
-    tokenizer: str | None = Field(
-        default=None, min_length=1, description="The judge's tokenizer; empty: its model's own"
+    tokenizer: NonEmpty | None = Field(
+        default=None, description="The judge's tokenizer; empty: its model's own"
     )
     renderer: RendererName = Field(
         default="auto", description="How the judge's question becomes tokens (as `renderer`)"
@@ -47,15 +45,13 @@ class JudgeSettings(BaseModel):
         "the reward; group: RULER-style, the judge scores a prompt's whole group in one "
         "sampled answer (reward = score / scale)",
     )
-    rubric: str = Field(
+    rubric: NonEmpty = Field(
         default="Is the reply a good answer to the request?",
-        min_length=1,
         max_length=4000,
         description="The rubric question the judge is asked",
     )
-    template: str | None = Field(
+    template: NonEmpty | None = Field(
         default=None,
-        min_length=1,
         max_length=8000,
         description="The judge's prompt, with {rubric}, {prompt}, {completion} and {choices} "
         "(group: {rubric}, {prompt}, {completions}, {scale}); empty: the built-in one",
@@ -92,9 +88,8 @@ class JudgeSettings(BaseModel):
         description="Most judge calls of a cycle in flight at once (the flow's own limit; "
         "their task runs are tagged whitney-judge for a Prefect tag concurrency limit too)",
     )
-    cache_dir: str | None = Field(
+    cache_dir: NonEmpty | None = Field(
         default=None,
-        min_length=1,
         description="Where the judge's answers are kept, one file per judge run, so a "
         "retried cycle asks nothing twice; empty: ~/.cache/whitney-flows/judge",
     )

@@ -14,15 +14,14 @@ from typing import Annotated
 from pydantic import Field, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from flows.core.config import FlowConfig, checkpoint_every_field
+from flows.core.config import CheckpointEvery, FlowConfig
 from flows.core.evaluation.config import CORPUS, EvalSettings
+from flows.core.fields import HeldOutShare, LearningRate, MaxSequenceTokens
 from flows.sft.schedules import ScheduleName
 
 EvalFraction = Annotated[
-    float,
+    HeldOutShare,
     Field(
-        ge=0,
-        le=0.5,
         description="Share of the examples held out for the eval loss (0: no eval); the split "
         "depends on the examples' text only, not on the seed, so SFT and a distillation on the "
         "same data hold out the same examples",
@@ -68,8 +67,8 @@ class SFTConfig(FlowConfig):
         description="Submit each step's forward_backward and optim_step back to back, without "
         "waiting in between; the same seq ids and the same training as one call after another",
     )
-    learning_rate: float = Field(
-        default=3e-3, gt=0, le=1, description="AdamW peak learning rate (after warmup)"
+    learning_rate: LearningRate = Field(
+        default=3e-3, description="AdamW peak learning rate (after warmup)"
     )
     schedule: ScheduleName = Field(
         default="cosine",
@@ -86,13 +85,11 @@ class SFTConfig(FlowConfig):
         description="Eval loss (forward on the held-out split) every this many steps, "
         "before the first step and after the last",
     )
-    max_example_tokens: int = Field(
+    max_example_tokens: MaxSequenceTokens = Field(
         default=1024,
-        ge=2,
-        le=1_000_000,
         description="Refuse (before allocation) an example longer than this many tokens",
     )
-    checkpoint_every: int = checkpoint_every_field(3)
+    checkpoint_every: CheckpointEvery = 3
     cycles: SkipJsonSchema[int | None] = Field(
         default=None,
         exclude=True,
@@ -104,15 +101,12 @@ class SFTConfig(FlowConfig):
         prompts sampled 4 times each, rewarded by similarity to their reference completion."""
         if self.eval_fraction == 0:
             return None
-        return EvalSettings(
+        return self.evaluation(
             env=None,
             data=self.data_path or CORPUS,
             eval_fraction=self.eval_fraction,
             group_size=4,
             max_tokens=EVAL_MAX_TOKENS,
-            seed=self.seed,
-            tokenizer=self.tokenizer,
-            renderer=self.renderer,
         )
 
     @field_validator("cycles")

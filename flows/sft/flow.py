@@ -31,9 +31,7 @@ datums.
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Sequence
-from datetime import UTC, datetime
 
 from prefect import flow
 
@@ -71,11 +69,9 @@ def evaluate(ctx: CycleContext, chunks: Sequence[Sequence[Datum]], step: int) ->
 def run_sft_cycle(plan: SFTPlan, ctx: CycleContext) -> SFTCycleMetrics:
     """One cycle's steps (and evals, and checkpoint), every call through the context's client
     (the cycle's ledger)."""
-    started_at = datetime.now(UTC)
-    started = time.perf_counter()
+    clock = ctx.clock()
     config = plan.config
-    client, cycle, run_id = ctx.client, ctx.cycle, ctx.run_id
-    seq_start = client.ledger.position(run_id)
+    client, cycle = ctx.client, ctx.cycle
     steps = plan.cycle_steps(cycle)
     evals: list[EvalPoint] = []
     if steps.start == 0 and plan.eval_due(0):
@@ -97,10 +93,7 @@ def run_sft_cycle(plan: SFTPlan, ctx: CycleContext) -> SFTCycleMetrics:
     if checkpoint_due(cycle, config.checkpoint_every, plan.cycles):
         checkpoint = ctx.save_checkpoint()
     return SFTCycleMetrics(
-        cycle=cycle,
-        started_at=started_at,
-        seq_start=seq_start,
-        seq_end=client.ledger.position(run_id),
+        **clock.fields(ctx),
         step_start=steps.start,
         step_end=steps.stop,
         epoch=steps.stop / plan.batches_per_epoch,
@@ -111,8 +104,6 @@ def run_sft_cycle(plan: SFTPlan, ctx: CycleContext) -> SFTCycleMetrics:
         grad_norm=statistics.fmean(grad_norms),
         tokens_trained=client.log.tokens("forward_backward", "trained_tokens"),
         checkpoint=checkpoint,
-        op_seconds=dict(client.log.seconds),
-        wall_seconds=time.perf_counter() - started,
     )
 
 

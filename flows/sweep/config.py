@@ -15,6 +15,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from flows.catalogue import COMMANDS
+from flows.core.fields import NonEmpty, Seed
 from flows.core.loop.cost import PriceTable
 
 
@@ -78,10 +79,9 @@ class SweepConfig(BaseModel):
         description="Dotted field path -> how to draw it (search = random)",
     )
     samples: int = Field(default=6, ge=1, le=1000, description="Trials of a random search")
-    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of a random search's draws")
-    metric: str = Field(
+    seed: Seed = Field(default=0, description="Seed of a random search's draws")
+    metric: NonEmpty = Field(
         default="reward_mean",
-        min_length=1,
         description="The cycle metric the rungs rank on (a column of the cycle table: "
         "reward_mean, eval.reward_mean, eval_loss, ...): its last value in the rung",
     )
@@ -104,9 +104,8 @@ class SweepConfig(BaseModel):
     max_concurrent: int = Field(
         default=2, ge=1, le=1000, description="Most trials running at once (over every worker)"
     )
-    concurrency_limit: str = Field(
+    concurrency_limit: NonEmpty = Field(
         default="whitney-sweep",
-        min_length=1,
         description="The Prefect global concurrency limit the trials hold a slot of, set to "
         "max_concurrent when the sweep starts (sweeps sharing its name share the slots)",
     )
@@ -131,8 +130,7 @@ class SweepConfig(BaseModel):
         description="Hand the best trial's checkpoint to the promote-checkpoint deployment "
         "(it pauses for a person's approval)",
     )
-    promote_target_dir: str = Field(
+    promote_target_dir: NonEmpty = Field(
         default="promoted",
-        min_length=1,
         description="promote-checkpoint's target_dir on its worker, with promote",
     )

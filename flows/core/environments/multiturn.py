@@ -34,9 +34,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from flows.core.environments import Completion
+from flows.core.fields import Settings
 from whitney.renderers import Prompt
 
 
@@ -77,12 +78,10 @@ class MultiTurnEnvironment(Protocol):
         ...
 
 
-class EnvironmentIO(BaseModel):
+class EnvironmentIO(Settings):
     """How the calls of an environment that does I/O run: each `initial_observation` and
     `step` is a Prefect task, retried on any exception, cut after `timeout_s`, and at most
     `concurrency` of them run at once in a cycle."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     retries: int = Field(default=2, ge=0, le=20, description="Retries of a failed call")
     retry_delay_s: float = Field(default=1.0, ge=0, le=600, description="Delay before a retry")

@@ -15,6 +15,7 @@ from typing import ClassVar, Self
 
 from pydantic import ConfigDict, Field, model_validator
 
+from flows.core.fields import GroupSize, MaxTokens, NonEmpty, Seed, Temperature
 from flows.core.renames import RenamedFields
 from whitney.renderers import RendererName
 
@@ -28,16 +29,14 @@ class EvalSettings(RenamedFields):
     model_config = ConfigDict(extra="forbid", frozen=True)
     RENAMED: ClassVar[dict[str, str]] = {"samples": "group_size"}
 
-    env: str | None = Field(
+    env: NonEmpty | None = Field(
         default="digits",
-        min_length=1,
         description="Environment whose held-out prompts are sampled and rewarded: a built-in "
         "name (arithmetic, digits, lowercase) or an import path module:attr; empty: the "
         "held-out pairs of `data`, rewarded by their similarity to the reference completion",
     )
-    data: str | None = Field(
+    data: NonEmpty | None = Field(
         default=None,
-        min_length=1,
         description="SFT data whose held-out split gives the eval loss per token: corpus "
         "(the built-in corpus) or a JSONL file of {prompt, completion}; empty: no eval loss",
     )
@@ -47,9 +46,8 @@ class EvalSettings(RenamedFields):
         le=0.5,
         description="Share of `data` held out (the SFT flow's split of the same data)",
     )
-    tokenizer: str | None = Field(
+    tokenizer: NonEmpty | None = Field(
         default=None,
-        min_length=1,
         description="The tokenizer training used: a Hugging Face repo id or a local directory; "
         "empty: the base model's own",
     )
@@ -66,18 +64,16 @@ class EvalSettings(RenamedFields):
         description="Held-out prompts drawn from an environment that has no eval_prompts() "
         "of its own (the built-ins have)",
     )
-    group_size: int = Field(
+    group_size: GroupSize = Field(
         default=8,
-        ge=1,
-        le=256,
         description="k: samples per prompt at `temperature` (a group), for the sampled reward "
         "and pass@k (formerly samples)",
     )
-    max_tokens: int = Field(default=12, ge=1, le=8192, description="Most tokens per completion")
-    temperature: float = Field(
-        default=1.0, gt=0, le=10, description="Temperature of the k samples (training's)"
+    max_tokens: MaxTokens = 12
+    temperature: Temperature = Field(
+        default=1.0, description="Temperature of the k samples (training's)"
     )
-    seed: int = Field(default=0, ge=0, le=2**31 - 1, description="Seed of the eval requests")
+    seed: Seed = Field(default=0, description="Seed of the eval requests")
     pass_reward: float = Field(
         default=1.0,
         description="A sample passes (pass@k) when its reward is at least this (1.0: an "

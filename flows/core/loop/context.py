@@ -19,8 +19,10 @@ A cycle subflow retried replays: the same calls with the same seq ids, answered 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from blocks.endpoint import resolve_connection
@@ -92,6 +94,27 @@ def tail_calls(
 
 
 @dataclass(frozen=True)
+class CycleClock:
+    """When a cycle's own work began (UTC, and the wall clock) and its policy run's first seq
+    id: `fields` gives the `CycleResult` fields every flow's metrics share."""
+
+    started_at: datetime
+    started: float
+    seq_start: int
+
+    def fields(self, ctx: CycleContext) -> dict[str, Any]:
+        """cycle, started_at, seq_start, seq_end, op_seconds and wall_seconds, as of now."""
+        return {
+            "cycle": ctx.cycle,
+            "started_at": self.started_at,
+            "seq_start": self.seq_start,
+            "seq_end": ctx.client.ledger.position(ctx.run_id),
+            "op_seconds": dict(ctx.client.log.seconds),
+            "wall_seconds": time.perf_counter() - self.started,
+        }
+
+
+@dataclass(frozen=True)
 class CycleContext:
     """One cycle of a flow's run: its ordered calls (`client`, every run from its seq id in
     `start`), the policy run `run_id`, the cycle's number, and where it started."""
@@ -115,6 +138,11 @@ class CycleContext:
         return cls(
             SequencedClient(connection, start.seq_ids, config.task_retry), run_id, cycle, start
         )
+
+    def clock(self) -> CycleClock:
+        """The cycle's work begins now, at the policy run's next seq id."""
+        position = self.client.ledger.position(self.run_id)
+        return CycleClock(datetime.now(UTC), time.perf_counter(), position)
 
     @property
     def first_cycle(self) -> int:

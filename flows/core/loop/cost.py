@@ -22,6 +22,8 @@ from typing import Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flows.core.fields import Settings
+
 Usage = dict[str, dict[str, int]]
 """Billed counters per operation kind: `{"sample": {"tokens": 120, "sampled_tokens": 96, ...}}`."""
 
@@ -72,10 +74,8 @@ class CostModel(Protocol):
     def cost(self, usage: Mapping[str, Mapping[str, int]]) -> float: ...
 
 
-class PriceTable(BaseModel):
+class PriceTable(Settings):
     """USD per million tokens, by what the tokens were used for."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     sampled_per_million: float = Field(
         default=0.0, ge=0, description="USD per million sampled (generated) tokens"
@@ -113,10 +113,8 @@ class KindPriceTable(BaseModel):
         )
 
 
-class Budget(BaseModel):
+class Budget(Settings):
     """Limits a flow stops at, cleanly, before the cycle that would cross them."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     max_tokens: int | None = Field(
         default=None,

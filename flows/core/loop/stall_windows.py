@@ -14,16 +14,16 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from flows.core.fields import Settings
 
 STALL_WINDOWS_S: tuple[int, ...] = tuple(15 * 2**step for step in range(13))
 """15 s, 30 s, 60 s, ... 61440 s (17 h 4 min): one automation each in automations.yaml."""
 
 
-class StallSettings(BaseModel):
+class StallSettings(Settings):
     """The stall window of each cycle, which the stall automations enforce."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     multiple: float = Field(
         default=5.0,

@@ -86,43 +86,47 @@ def root_flow_run_id() -> str:
     return current_flow_run.root_flow_run_id
 
 
+def run_event(
+    name: str, payload: dict[str, Any], runs: tuple[str | None, ...], **labels: str
+) -> Event | None:
+    """Event `name` of the top-level flow run (with `labels`), related to the Whitney runs
+    `runs` (an empty one left out)."""
+    return emit_event(
+        name,
+        resource=flow_run_resource(root_flow_run_id(), **labels),
+        related=[whitney_run(run_id) for run_id in runs if run_id],
+        payload=payload,
+    )
+
+
 def checkpoint_saved(checkpoint: str, evaluation: EvalSettings | None) -> Event | None:
     """`whitney.checkpoint.saved` for a `save_state` checkpoint URI of the current flow run."""
     match = CYCLE_CHECKPOINT.match(checkpoint)
     run_id = checkpoint_run_id(checkpoint)
-    return emit_event(
-        CHECKPOINT_SAVED,
-        resource=flow_run_resource(
-            root_flow_run_id(), **{EVALUABLE_LABEL: str(evaluation is not None).lower()}
-        ),
-        related=[whitney_run(run_id)],
-        payload={
-            "checkpoint": checkpoint,
-            "run_id": run_id,
-            "cycle": int(match["cycle"]) if match else None,
-            "flow_run_id": str(current_flow_run.id),
-            "evaluation": evaluation.model_dump() if evaluation is not None else None,
-        },
-    )
+    payload = {
+        "checkpoint": checkpoint,
+        "run_id": run_id,
+        "cycle": int(match["cycle"]) if match else None,
+        "flow_run_id": str(current_flow_run.id),
+        "evaluation": evaluation.model_dump() if evaluation is not None else None,
+    }
+    evaluable = str(evaluation is not None).lower()
+    return run_event(CHECKPOINT_SAVED, payload, (run_id,), **{EVALUABLE_LABEL: evaluable})
 
 
 def run_finished(
     run_id: str, checkpoint: str, sha256: str, artifact_id: str, export: str
 ) -> Event | None:
     """`whitney.run.finished`: the trained run ended normally with an exported adapter."""
-    return emit_event(
-        RUN_FINISHED,
-        resource=flow_run_resource(root_flow_run_id()),
-        related=[whitney_run(run_id)],
-        payload={
-            "run_id": run_id,
-            "checkpoint": checkpoint,
-            "adapter_sha256": sha256,
-            "adapter_artifact_id": artifact_id,
-            "export_command": export,
-            "flow_run_id": str(current_flow_run.id),
-        },
-    )
+    payload = {
+        "run_id": run_id,
+        "checkpoint": checkpoint,
+        "adapter_sha256": sha256,
+        "adapter_artifact_id": artifact_id,
+        "export_command": export,
+        "flow_run_id": str(current_flow_run.id),
+    }
+    return run_event(RUN_FINISHED, payload, (run_id,))
 
 
 def run_forked(run_id: str, lineage: Mapping[str, Any]) -> Event | None:
@@ -157,34 +161,26 @@ def checkpoint_evaluated(
 ) -> Event | None:
     """`whitney.checkpoint.evaluated`: a checkpoint's numbers (evaluate-checkpoint)."""
     run_id = checkpoint_run_id(checkpoint)
-    return emit_event(
-        CHECKPOINT_EVALUATED,
-        resource=flow_run_resource(root_flow_run_id()),
-        related=[whitney_run(run_id)],
-        payload={
-            "checkpoint": checkpoint,
-            "run_id": run_id,
-            "cycle": cycle,
-            "evaluation": dict(evaluation),
-        },
-    )
+    payload = {
+        "checkpoint": checkpoint,
+        "run_id": run_id,
+        "cycle": cycle,
+        "evaluation": dict(evaluation),
+    }
+    return run_event(CHECKPOINT_EVALUATED, payload, (run_id,))
 
 
 def promotion_decided(
     checkpoint: str, approved: bool, note: str, target_dir: str | None
 ) -> Event | None:
     """`whitney.promotion.decided`: a person's decision on promoting a checkpoint."""
-    return emit_event(
-        PROMOTION_DECIDED,
-        resource=flow_run_resource(root_flow_run_id()),
-        related=[whitney_run(checkpoint_run_id(checkpoint))],
-        payload={
-            "checkpoint": checkpoint,
-            "approved": approved,
-            "note": note,
-            "target_dir": target_dir,
-        },
-    )
+    payload = {
+        "checkpoint": checkpoint,
+        "approved": approved,
+        "note": note,
+        "target_dir": target_dir,
+    }
+    return run_event(PROMOTION_DECIDED, payload, (checkpoint_run_id(checkpoint),))
 
 
 def sweep_best(
@@ -197,20 +193,16 @@ def sweep_best(
 ) -> Event | None:
     """`whitney.sweep.best`: the sweep's best trial, its last flow run and checkpoint."""
     run_id = checkpoint_run_id(checkpoint) if checkpoint else None
-    return emit_event(
-        SWEEP_BEST,
-        resource=flow_run_resource(root_flow_run_id()),
-        related=[whitney_run(run_id)] if run_id else [],
-        payload={
-            "trial": trial,
-            "params": dict(params),
-            "metric": metric,
-            "value": value,
-            "checkpoint": checkpoint,
-            "run_id": run_id,
-            "flow_run_id": flow_run_id,
-        },
-    )
+    payload = {
+        "trial": trial,
+        "params": dict(params),
+        "metric": metric,
+        "value": value,
+        "checkpoint": checkpoint,
+        "run_id": run_id,
+        "flow_run_id": flow_run_id,
+    }
+    return run_event(SWEEP_BEST, payload, (run_id,))
 
 
 class CycleEvents:

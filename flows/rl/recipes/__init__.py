@@ -35,8 +35,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ValidationError, model_validator
 
+from flows.core.fields import Settings
 from flows.core.imports import import_registered
 from flows.rl.recipes.context import LossContext
 from whitney.datums import Datum, rl_datum, tensor
@@ -101,10 +102,8 @@ class Recipe:
         )
 
 
-class LossSettings(BaseModel):
+class LossSettings(Settings):
     """A recipe's loss_config keys: unknown keys refused, defaults from docs/losses.md."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 class ClipRange(LossSettings):

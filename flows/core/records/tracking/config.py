@@ -8,8 +8,10 @@ from __future__ import annotations
 import importlib.util
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
 from pydantic_core import PydanticCustomError
+
+from flows.core.fields import NonEmpty, Settings
 
 Backend = Literal["mlflow", "tensorboard", "wandb"]
 BACKENDS: tuple[Backend, ...] = ("mlflow", "tensorboard", "wandb")
@@ -29,34 +31,29 @@ def missing_extra(backend: Backend) -> str:
     return f"{backend} is not installed: pip install 'whitney-flows[{backend}]'"
 
 
-class TrackingSettings(BaseModel):
+class TrackingSettings(Settings):
     """Where a flow run's params, per-cycle metrics, evaluations, learning curves and exported
     adapter go, besides Prefect's artifacts and the metrics file."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     backends: list[Backend] = Field(
         default_factory=list,
         description="The experiment trackers to send the run to: mlflow, tensorboard, wandb "
         "(each the extra of its name); empty: none",
     )
-    dir: str = Field(
+    dir: NonEmpty = Field(
         default="tracking",
-        min_length=1,
         description="Where the local tracker files go (relative to the flow's working "
         "directory): MLflow's local store (mlflow.db, mlartifacts/) unless a tracking URI is "
         "set, TensorBoard's event files (tensorboard/), Weights & Biases' run directories "
         "(wandb/, unless WANDB_DIR says otherwise)",
     )
-    tracking_uri: str | None = Field(
+    tracking_uri: NonEmpty | None = Field(
         default=None,
-        min_length=1,
         description="MLflow tracking URI (a server's http://host:port, a database); empty: "
         "MLFLOW_TRACKING_URI, else the local store under `dir`",
     )
-    experiment: str | None = Field(
+    experiment: NonEmpty | None = Field(
         default=None,
-        min_length=1,
         description="The MLflow experiment and the W&B project; empty: MLFLOW_EXPERIMENT_NAME "
         "and WANDB_PROJECT, else whitney-flows",
     )
