@@ -46,6 +46,7 @@ VALUE_BITS = 21  # per part of a value on its static grid; see `value_grid`
 ATTENTION_CHUNK = 1 << 22  # scores per chunk of queries in `Attention` (elements, at least a row)
 CAUSAL_ROWS = 64  # queries per chunk of `Attention` below which it does not split for causality
 LOGITS_CHUNK = 1 << 22  # logits per chunk of rows in `TargetLogprobs` (elements, at least a row)
+BLAS_ROWS = 8  # the head's product runs faster on a multiple of 8 rows (MKL: 85 rows ~10% slower)
 SAVED_LOGITS = 1 << 26  # up to this many logits are kept for the backward; more are recomputed
 Check = Callable[[], None]  # called between stages of the work; raises to stop it
 
@@ -545,8 +546,11 @@ def logits_gradient(logits: Tensor, targets: Tensor, grad: Tensor) -> Tensor:
 
 
 def row_chunks(vocab: int, *tensors: Tensor) -> list[tuple[Tensor, ...]]:
-    """The tensors split alike along their first dim, into chunks of at most LOGITS_CHUNK logits."""
+    """The tensors split alike along their first dim, into chunks of at most LOGITS_CHUNK logits,
+    a multiple of BLAS_ROWS rows where that is at least BLAS_ROWS."""
     size = max(1, LOGITS_CHUNK // vocab)
+    if size > BLAS_ROWS:
+        size -= size % BLAS_ROWS
     return list(zip(*(t.split(size) for t in tensors), strict=True))
 
 
