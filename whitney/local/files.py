@@ -3,6 +3,8 @@ artifacts) and which directory a checkpoint URI names; every worker's `RunHooks`
 
 from __future__ import annotations
 
+import io
+import tarfile
 from pathlib import Path
 from typing import Any
 
@@ -67,3 +69,15 @@ class RunFiles:
         if artifact is None or artifact["tenant"] != tenant or not Path(artifact["path"]).exists():
             raise not_found("artifact", artifact_id)
         return Path(artifact["path"]), artifact
+
+
+def archive(files: dict[str, bytes]) -> bytes:
+    """`files` as one tar, the form of every `export_lora` artifact: USTAR, sorted, mtime 0,
+    mode 0644 (the same files give the same bytes)."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
+        for name in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(files[name]), 0, 0o644
+            tar.addfile(info, io.BytesIO(files[name]))
+    return buffer.getvalue()

@@ -4,9 +4,7 @@ the endpoint, never the key), and Whitney's payloads in the SDK's shapes."""
 
 from __future__ import annotations
 
-import io
 import socket
-import tarfile
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -110,14 +108,3 @@ def tokens(model_input: dict[str, Any]) -> list[int]:
     if not isinstance(tokens, list):
         raise InvalidRequest("input: the tinker provider takes token_ids only")
     return [int(token) for token in tokens]
-
-
-def archive(files: dict[str, bytes]) -> bytes:
-    """`files` as the engine's `export_lora` tar (USTAR, sorted, mtime 0, mode 0644)."""
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for name in sorted(files):
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = len(files[name]), 0, 0o644
-            tar.addfile(info, io.BytesIO(files[name]))
-    return buffer.getvalue()

@@ -26,8 +26,8 @@ from whitney.errors import (
     WhitneyError,
 )
 from whitney.local import tinker_sdk
+from whitney.local.files import archive
 from whitney.local.tinker_endpoint import (
-    archive,
     clip_config,
     endpoint_of,
     provider_error,

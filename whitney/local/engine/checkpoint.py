@@ -4,10 +4,8 @@
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import os
-import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +15,7 @@ from torch import Tensor
 
 from whitney.local.engine.lora import Lora
 from whitney.local.engine.model import PROJECTIONS, ModelConfig
+from whitney.local.files import archive
 
 FORMAT_VERSION = 1
 BASE_FILE, ADAPTER_FILE, OPTIMIZER_FILE, STATE_FILE = (
@@ -171,13 +170,7 @@ def export_lora(
     }
     if extra:
         files["value_head.safetensors"] = save(extra, metadata={"format": "pt"})
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.USTAR_FORMAT) as tar:
-        for name in sorted(files):
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = len(files[name]), 0, 0o644
-            tar.addfile(info, io.BytesIO(files[name]))
-    data = buffer.getvalue()
+    data = archive(files)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_bytes(data)
