@@ -158,11 +158,14 @@ def test_long_polls_of_one_tenant_do_not_slow_another(tmp_path):
 
 async def saturate_requests(server: ServedWhitney, run_id: str, n: int) -> list[httpx.Response]:
     """`n` concurrent operation POSTs ahead of a gap (each holds its request `post_wait_s`),
-    while A's long-poll and B's control call go through."""
+    while A's long-poll of an operation already pending (seq_id 2, posted first, alone: which
+    of the `n` the cap admits depends on their arrival) and B's control call go through."""
     async with async_client(server, 0, n + 4) as a, async_client(server, 1, 2) as b:
+        first = await a.post(f"/v1/training/runs/{run_id}/operations", json=op_body(2))
+        assert first.json()["status"] == "pending", first.text
         posts = [
             asyncio.create_task(a.post(f"/v1/training/runs/{run_id}/operations", json=op_body(s)))
-            for s in range(2, n + 2)
+            for s in range(3, n + 3)
         ]
         await until_refused(posts, 1)
         assert (await b.get("/v1/sessions")).status_code == 200  # B is never refused for A
