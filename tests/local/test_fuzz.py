@@ -17,6 +17,11 @@ import jsonschema
 import pytest
 import requests
 import schemathesis
+
+# Loaded at collection, not lazily inside a test: pytest rewrites a plugin's modules as they load,
+# and Python 3.11 can fail building their AST while other threads of the worker run (SystemError
+# "AST constructor recursion depth mismatch", CPython gh-106905).
+import schemathesis.specs.openapi.schemas  # noqa: F401
 from hypothesis import HealthCheck, Phase, given, settings
 from schemathesis import Case, GenerationMode
 
