@@ -1,6 +1,6 @@
-"""The recipes of the policy losses with settings (ppo, cispo, gspo, dro, dppo): one `rl_datum`
-per sampled sequence, the loss_config validated by the loss's settings model and placed where
-the provider wants it (a clip range per token on tinker, as scalar keys elsewhere)."""
+"""The recipes of the policy losses (importance_sampling, ppo, cispo, gspo, dro, dppo): one
+`rl_datum` per sampled sequence, the loss_config validated by the loss's settings model and
+placed where the provider wants it (a clip range per token on tinker, as scalar keys elsewhere)."""
 
 from __future__ import annotations
 
