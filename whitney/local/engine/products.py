@@ -7,7 +7,7 @@ an integer below 2**53 in units of its output's step (the bound in `activation_r
 float64 sum is exact in any order, with or without fused multiply-adds: the compiled kernel,
 its eager stand-in and a float64 BLAS product over the same operands give the same sum, which
 is then rounded once to float32. The compiled kernel (C++ built by the kernels' child into the
-user's cache, `kernels.py`) reads each weight row once for up to `ROWS` rows at a time, widens
+user's cache, `kernels.py`) reads each weight row once for up to 8 rows at a time, widens
 it to float64 in registers and spreads its blocks of rows over torch's threads; without it, the
 weight is widened to float64 in blocks of `BLOCK` rows (small enough to stay in the CPU's cache)
 for BLAS."""
@@ -16,15 +16,12 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-ROWS = 8
-"""Rows the compiled kernel keeps in registers per pass over the weight."""
 SMALL = 8
 """Rows up to which the compiled kernel is used (`benchmarks/engine_small_products.py`)."""
 BLOCK = 1024
@@ -142,7 +139,7 @@ def build(directory: Path) -> None:
 
 def examples() -> list[tuple[Tensor, Tensor]]:
     """Rows and weights to check the kernel on: random, and at the bound (every element at
-    the top of its grid, many terms, mixed signs), odd sizes, one row to more than ROWS."""
+    the top of its grid, many terms, mixed signs), odd sizes, one row to more than 8."""
     gen = torch.Generator().manual_seed(0)
     found = []
     for m, n, k in ((1, 5, 7), (8, 49, 576), (11, 7, 1541)):
@@ -176,7 +173,6 @@ def load(directory: Path) -> str | None:
         return f"no compiled product at {path}"
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    sys.modules.setdefault(NAME, module)
     for x, w in examples():
         want = torch.matmul(x, w.double().t()).float()
         if not torch.equal(module.product(x, w).view(torch.int32), want.view(torch.int32)):
