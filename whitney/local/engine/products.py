@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -104,13 +105,23 @@ FLAGS = {"AVX512": ["-mavx512f", "-mavx2", "-mfma"], "AVX2": ["-mavx2", "-mfma"]
 cache is keyed by it); any of them gives the same bits."""
 
 compiled: Callable[[Tensor, Tensor], Tensor] | None = None
+SCRATCH = threading.local()
+
+
+def widened(w: Tensor) -> Tensor:
+    """w as float64 in this thread's scratch buffer: no allocation (and page faults) a block."""
+    buffer = getattr(SCRATCH, "buffer", None)
+    if buffer is None or buffer.numel() < w.numel():
+        with torch.inference_mode(False):
+            buffer = SCRATCH.buffer = torch.empty(w.numel(), dtype=torch.float64)
+    return buffer[: w.numel()].view(w.shape).copy_(w)
 
 
 def eager(x: Tensor, w: Tensor) -> Tensor:
     """x [M, K] float64 @ w [N, K] float32 .T as float32: BLAS over blocks of widened rows."""
     out = torch.empty(x.shape[0], w.shape[0], dtype=torch.float64)
     for start in range(0, w.shape[0], BLOCK):
-        part = w[start : start + BLOCK].double()
+        part = widened(w[start : start + BLOCK])
         torch.matmul(x, part.t(), out=out[:, start : start + len(part)])
     return out.float()
 
