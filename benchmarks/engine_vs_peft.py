@@ -303,23 +303,33 @@ def flops(cfg: dict, kind: str, batch: int, length: int) -> float:
     return forward * (1 if kind in ("forward", "logprobs") else 2)
 
 
-def weight_products(cfg: dict, rows: int, threads: int) -> float:
+def weight_products(cfg: dict, rows: int, threads: int, stored: str = "float64") -> float:
     """Seconds of one pass's weight products for `rows` rows in float64, every layer's
     projections and the head at the shapes the engine multiplies (best of 3): what a forward of
     `rows` tokens, or a decode step of `rows` samples, costs the exact engine before any other
-    work, at this machine's float64 rate for those shapes."""
+    work, at this machine's float64 rate for those shapes. `stored="float32"`: the weights
+    stored as float32 and multiplied as the engine does (`products.product`, its compiled kernel
+    for a decode step's few rows once loaded)."""
     import torch
+
+    from whitney.local.engine import kernels, products
 
     torch.set_num_threads(threads)
     h, inter, vocab = cfg["hidden"], cfg["inter"], cfg["vocab"]
     q, kv = cfg["heads"] * cfg["head_dim"], cfg["kv"] * cfg["head_dim"]
     shapes = [(q + 2 * kv, h), (h, q), (2 * inter, h), (h, inter)] * cfg["layers"]
-    weights = [torch.randn(n, k, dtype=torch.float64) for n, k in [*shapes, (vocab, h)]]
+    dtype = getattr(torch, stored)
+    weights = [torch.randn(n, k, dtype=dtype) for n, k in [*shapes, (vocab, h)]]
     inputs = {k: torch.randn(rows, k, dtype=torch.float64) for _, k in shapes}
+    if stored == "float32":
+        kernels.STATE.wait()
 
     def one_pass() -> None:
         for w in weights:
-            inputs[w.shape[1]] @ w.T
+            if stored == "float32":
+                products.product(inputs[w.shape[1]], w)
+            else:
+                inputs[w.shape[1]] @ w.T
 
     one_pass()
     return min(timed(one_pass) for _ in range(3))
@@ -367,6 +377,7 @@ def report(args: argparse.Namespace, found: dict, rates: dict, cfg: dict) -> Non
         + "   engine / PEFT (floor: exact float64 arithmetic's least ratio on this machine)"
     )
     products: dict[str, float] = {}  # a shape's forward products, timed once
+    floors_f32: list[str] = []  # a group's floor with the engine's float32-stored weights
     for key, new in medians[engines(args)[0]].items():
         old = medians["peft"][key]
         slow = medians["eager"][key] if eager else 0.0
@@ -380,6 +391,8 @@ def report(args: argparse.Namespace, found: dict, rates: dict, cfg: dict) -> Non
             if kind == "sample group":
                 rows = int(shape.split("x")[1])
                 floor = f"{weight_products(cfg, rows, args.threads) / rows / per_old:5.2f}x"
+                narrow = weight_products(cfg, rows, args.threads, "float32") / rows / per_old
+                floors_f32.append(f"{key}: {narrow:.2f}x")
             beside = ""
             if eager:
                 per_slow = slow / (found["eager"]["sampled"][key] / n)
@@ -404,6 +417,8 @@ def report(args: argparse.Namespace, found: dict, rates: dict, cfg: dict) -> Non
             f"   {b * t / new:.0f} / {b * t / old:.0f} tokens/s, {gf_new:.0f} / {gf_old:.0f} "
             f"GFLOPS ({gf_new / rates['float32']:.0%} / {gf_old / rates['float32']:.0%} of float32)"
         )
+    for line in floors_f32:
+        print(f"  floor with float32-stored weights (the engine's small product), {line}")
     rss_new = max(engine["rss_gib"])
     rss_old = max(peft["rss_gib"])
     print(f"  peak resident memory of a worker: engine {rss_new:.2f} GiB, PEFT {rss_old:.2f} GiB")

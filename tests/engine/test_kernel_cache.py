@@ -9,7 +9,7 @@ from types import ModuleType
 
 import pytest
 
-from whitney.local.engine import exact, kernels
+from whitney.local.engine import exact, kernels, products
 
 
 def directory_with_changed(module: ModuleType, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -33,4 +33,5 @@ def test_a_change_to_a_kernel_helper_moves_the_cache(
     assert unchanged.parent == tmp_path / "whitney-flows" / "inductor"
     assert directory_with_changed(exact, monkeypatch) != unchanged
     assert directory_with_changed(kernels, monkeypatch) != unchanged
+    assert directory_with_changed(products, monkeypatch) != unchanged
     assert directory_with_changed(pytest, monkeypatch) == unchanged

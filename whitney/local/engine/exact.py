@@ -33,7 +33,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from whitney.local.engine import kernels
+from whitney.local.engine import kernels, products
 
 MANTISSA_BITS = 53  # float64: every integer below 2**53 is exact, and so is every partial sum
 EXPONENT_BITS = 0x7F800000  # of a float32
@@ -145,7 +145,10 @@ def fixed_point(x: Tensor, bits: int) -> Tensor:
 
 
 def matmul(x: Tensor, w: Tensor) -> Tensor:
-    """x @ w.T as float32 for operands on fixed-point rows: exact, then rounded once."""
+    """x @ w.T as float32 for operands on fixed-point rows: exact, then rounded once (a weight
+    stored as float32 by `weight` through `products`)."""
+    if w.dtype == torch.float32:
+        return products.product(x, w)
     return torch.matmul(x, w.transpose(-1, -2)).float()
 
 
@@ -155,8 +158,10 @@ def linear(x: Tensor, w: Tensor) -> Tensor:
 
 
 def weight(w: Tensor) -> Tensor:
-    """A weight matrix [N, K] on fixed-point rows, ready for `linear`."""
-    return fixed_point(w, weight_bits(w.shape[-1]))
+    """A weight matrix [N, K] on fixed-point rows, ready for `linear`, stored as float32 (half
+    the bytes a product reads): exact, as each row's <= 24-bit integers times its step, a power
+    of two of at least 2**-123 (`row_steps`), are float32 numbers."""
+    return fixed_point(w, weight_bits(w.shape[-1])).float()
 
 
 def mean_square_rows(x: Tensor, unit: Tensor) -> Tensor:

@@ -152,9 +152,22 @@ class State:
             return
         for kernel, (run, shapes) in zip(self.kernels, loaded, strict=True):
             kernel.shapes, kernel.run = shapes, run
+        self.load_product(directory)
         self.seconds = time.perf_counter() - t0
         log.info("engine: %d kernels ready in %.1f s", len(loaded), self.seconds)
         self.done.set()
+
+    def load_product(self, directory: Path) -> None:
+        """Load the compiled small product (`products`); if it cannot be, say why (once): the
+        eager product gives the same bits."""
+        from whitney.local.engine import products
+
+        try:
+            reason = products.load(directory)
+        except Exception as error:  # noqa: BLE001 - the eager product, the same bits
+            reason = f"loading the small product failed ({type(error).__name__}: {error})"
+        if reason is not None:
+            self.say(reason)
 
     def compile_in_child(self) -> bool:
         """Run the child that fills the cache; False (having said why, or stopping) if none."""
@@ -240,10 +253,11 @@ def compiled_directory() -> Path:
     """Where the kernels of this source, torch, Python, compiler and CPU are compiled to: the
     source is every module a kernel's code comes from, its helpers in `exact` included."""
     import whitney.local.engine.model  # noqa: F401 - registers the model's kernels
-    from whitney.local.engine import exact
+    from whitney.local.engine import exact, products
 
     modules = {sys.modules[k.eager.__module__] for k in STATE.kernels} | {
         exact,
+        products,
         sys.modules[__name__],
     }
     source = sorted(inspect.getsource(module) for module in modules)
@@ -255,12 +269,15 @@ def compiled_directory() -> Path:
 
 
 def main() -> int:
-    """The child's work: compile every kernel into the cache, its shapes written last."""
+    """The child's work: compile every kernel and the small product (`products`) into the
+    cache, the kernels' shapes written last."""
     import whitney.local.engine.model  # noqa: F401 - registers the model's kernels
+    from whitney.local.engine import products
 
     directory = compiled_directory()
     directory.mkdir(parents=True, exist_ok=True)
     shapes = [export(kernel, directory / package(n)) for n, kernel in enumerate(STATE.kernels)]
+    products.build(directory)
     written = directory / f"{SHAPES}.{os.getpid()}"
     written.write_text(json.dumps(shapes))
     written.replace(directory / SHAPES)
