@@ -500,10 +500,10 @@ class TargetLogprobs(torch.autograd.Function):
         rows, flat = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1)
         keep = ctx.needs_input_grad[0] and rows.shape[0] * fixed.shape[0] <= SAVED_LOGITS
         kept = torch.empty(rows.shape[0], fixed.shape[0]) if keep else None
-        values, start = [], 0
+        values, start, head = [], 0, fixed.double()  # widened once, not once a chunk
         for part, target in row_chunks(fixed.shape[0], rows, flat):
             check()
-            logits = exact.linear(part, fixed)
+            logits = exact.linear(part, head)
             values.append(exact.log_softmax_at(logits, target).squeeze(-1))
             if kept is not None:
                 kept[start : start + len(part)] = logits
@@ -520,10 +520,11 @@ class TargetLogprobs(torch.autograd.Function):
         upstream = grad.reshape(-1, 1)
         live = (upstream[:, 0] != 0).nonzero().squeeze(-1)
         kept, grad_hidden, done = ctx.kept, torch.zeros_like(rows), 0
+        head = fixed.double() if kept is None else fixed  # widened once, not once a chunk
         for (index,) in row_chunks(fixed.shape[0], live):
             ctx.check()
             if kept is None:
-                logits = exact.linear(rows[index], fixed)
+                logits = exact.linear(rows[index], head)
                 part = logits_gradient(logits, flat[index], upstream[index])
                 grad_hidden[index] = part @ weight
             else:  # over the kept logits' first rows (live row i >= i is read before i is written)
