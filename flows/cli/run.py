@@ -23,6 +23,8 @@ from tempfile import TemporaryDirectory
 from typing import Any
 
 from prefect import Flow
+from prefect.events.worker import EventsWorker
+from prefect.logging.handlers import APILogWorker
 from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
 from pydantic import SecretStr
@@ -56,6 +58,8 @@ ProgressFactory = Callable[[Path, Console], AbstractContextManager[Any]]
 """(metrics path, console) -> the progress display, entered around the flow run."""
 Summarize = Callable[[Any, Path, float], Table]
 """(flow result, downloaded adapter path, wall seconds) -> the summary table."""
+BACKLOG_S = 30.0
+"""How long the run's end waits for Prefect's services to send what they hold."""
 
 
 def run_flow(options: argparse.Namespace, prog: str | None = None) -> int:
@@ -141,6 +145,7 @@ def launch_flow(
             print(f"{prog}: interrupted; the Whitney run was cancelled", file=sys.stderr)
             return EXIT_FLOW_FAILED
         wall_seconds = time.monotonic() - started
+        send_prefect_backlog()
         if not state.is_completed():
             print(f"{prog}: the flow run ended {state.name}: {state.message}", file=sys.stderr)
             return EXIT_FLOW_FAILED
@@ -210,6 +215,13 @@ def start_ephemeral_prefect(console: Console) -> None:
     server.start()
     if server.server_process is not None:
         watch(server.server_process.pid)
+
+
+def send_prefect_backlog() -> None:
+    """Let Prefect's background services send the events and logs they still hold (waiting up
+    to BACKLOG_S), so that their notices come before the run's last line, not after it."""
+    EventsWorker.drain_all(timeout=BACKLOG_S, at_exit=False)
+    APILogWorker.drain_all(timeout=BACKLOG_S, at_exit=False)
 
 
 def prefect_start_failure(error: RuntimeError) -> str:
