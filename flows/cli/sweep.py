@@ -55,10 +55,12 @@ def run_sweep(options: argparse.Namespace) -> int:
         f"{config.max_concurrent} at once, on {api_url}",
         flush=True,
     )
+    from flows.cli.run import send_prefect_backlog
     from flows.sweep.comparison import comparison_markdown
     from flows.sweep.flow import sweep_flow
 
     state = sweep_flow(config, options.block, return_state=True)
+    send_prefect_backlog()
     if not state.is_completed():
         print(f"{PROG}: the sweep ended {state.type.value}: {state.message}", file=sys.stderr)
         return EXIT_FLOW_FAILED
