@@ -5,13 +5,17 @@ exactly where it can."""
 
 from __future__ import annotations
 
+import logging
+import os
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
+from torch.utils import cpp_extension
+from torch.utils._cpp_extension_versioner import ExtensionVersioner
 
-from whitney.local.engine import exact, products
+from whitney.local.engine import exact, kernels, products
 
 from .test_exact import random_rows
 
@@ -86,3 +90,31 @@ def test_exact_linear_with_a_float32_weight_is_the_float64_product() -> None:
     for m in (1, 8, 9, 64):
         x = random_rows(m, (m, 576))
         assert torch.equal(bits(exact.linear(x, stored)), bits(exact.linear(x, fixed)))
+
+
+def test_without_ninja_the_product_runs_eager_and_says_why_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The kernels' child's build of the small product with a failing `ninja` first on PATH and
+    an empty cache: it writes why instead of failing (the nine kernels stand alone), the
+    loading process says that once, and the product stays eager with float64 BLAS's bits."""
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    (tools / "ninja").write_text("#!/bin/sh\nexit 1\n")
+    (tools / "ninja").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tools}:{os.environ['PATH']}")
+    # a fresh record of built extensions: an earlier build in this process renames the next one
+    monkeypatch.setattr(cpp_extension, "JIT_EXTENSION_VERSIONER", ExtensionVersioner())
+    monkeypatch.setattr(products, "compiled", None)
+    directory = tmp_path / "cache"
+    products.build(directory)
+    assert not list(directory.rglob("*.so"))
+    state = kernels.State()
+    with caplog.at_level(logging.WARNING, logger="whitney.local.engine"):
+        state.load_product(directory)
+        state.load_product(directory)
+    said = [r.getMessage() for r in caplog.records if "small product" in r.getMessage()]
+    assert len(said) == 1 and "Ninja is required" in said[0], said
+    assert products.compiled is None
+    x, w = operands(3, 8, 200, 576)
+    assert torch.equal(bits(products.product(x, w)), bits(blas(x, w)))

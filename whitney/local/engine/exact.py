@@ -86,8 +86,13 @@ def integer(value: int) -> Tensor:
 
 
 def rows(x: Tensor) -> Tensor:
-    """x [..., K] as float32 rows [N, K] (a view where x is float32 and contiguous)."""
-    return x.detach().float().reshape(-1, x.shape[-1])
+    """x [..., K] as float32 rows [N, K] (a view where x is float32 and contiguous), without
+    dispatching a detach or conversion where none is needed (several calls a layer)."""
+    if x.requires_grad:
+        x = x.detach()
+    if x.dtype != torch.float32:
+        x = x.float()
+    return x.view(-1, x.shape[-1]) if x.is_contiguous() else x.reshape(-1, x.shape[-1])
 
 
 def examples() -> list[tuple[Tensor]]:

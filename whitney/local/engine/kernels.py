@@ -277,10 +277,7 @@ def main() -> int:
     directory = compiled_directory()
     directory.mkdir(parents=True, exist_ok=True)
     shapes = [export(kernel, directory / package(n)) for n, kernel in enumerate(STATE.kernels)]
-    try:
-        products.build(directory)
-    except Exception as error:  # noqa: BLE001 - no ninja or headers: the kernels stand alone
-        log.warning("engine: the small product was not built (%s): its eager product runs", error)
+    products.build(directory)  # if it cannot be, it writes why: the kernels stand alone
     written = directory / f"{SHAPES}.{os.getpid()}"
     written.write_text(json.dumps(shapes))
     written.replace(directory / SHAPES)

@@ -28,6 +28,8 @@ SMALL = 8
 BLOCK = 1024
 """Weight rows widened to float64 at a time by the eager product."""
 NAME = "whitney_small_products"
+UNBUILT = "unbuilt.txt"
+"""Written by `build` in place of the kernel where it could not be built: why."""
 SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
@@ -118,12 +120,13 @@ def widened(w: Tensor) -> Tensor:
 
 
 def eager(x: Tensor, w: Tensor) -> Tensor:
-    """x [M, K] float64 @ w [N, K] float32 .T as float32: BLAS over blocks of widened rows."""
-    out = torch.empty(x.shape[0], w.shape[0], dtype=torch.float64)
-    for start in range(0, w.shape[0], BLOCK):
-        part = widened(w[start : start + BLOCK])
-        torch.matmul(x, part.t(), out=out[:, start : start + len(part)])
-    return out.float()
+    """x [M, K] float64 @ w [N, K] float32 .T as float32: BLAS over blocks of widened rows, each
+    block's exact sums rounded as they come (a weight of one block: no float64 output to fill)."""
+    parts = [
+        torch.mm(x, widened(w[start : start + BLOCK]).t()).float()
+        for start in range(0, w.shape[0], BLOCK)
+    ]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
 
 
 def product(x: Tensor, w: Tensor) -> Tensor:
@@ -139,13 +142,18 @@ def product(x: Tensor, w: Tensor) -> Tensor:
 
 
 def build(directory: Path) -> None:
-    """Compile the kernel into `directory` (the kernels' child does, once per cache)."""
+    """Compile the kernel into `directory` (the kernels' child does, once per cache); where it
+    cannot be (no ninja, no headers), write why there instead, for `load` to say."""
     from torch.utils.cpp_extension import load_inline
 
     build = directory / NAME
     build.mkdir(parents=True, exist_ok=True)
     flags = ["-O3", "-fopenmp", *FLAGS.get(torch.backends.cpu.get_cpu_capability(), [])]
-    load_inline(NAME, SOURCE, extra_cflags=flags, build_directory=str(build))
+    try:
+        load_inline(NAME, SOURCE, extra_cflags=flags, build_directory=str(build))
+    except Exception as error:  # noqa: BLE001 - the eager product runs, the same bits
+        first = (str(error).strip().splitlines() or ["no message"])[0]
+        (build / UNBUILT).write_text(f"the small product was not built ({first})")
 
 
 def examples() -> list[tuple[Tensor, Tensor]]:
@@ -177,6 +185,9 @@ def load(directory: Path) -> str | None:
     `examples`; None if loaded, else why not."""
     global compiled
     path = directory / NAME / f"{NAME}.so"
+    if not path.exists():
+        why = directory / NAME / UNBUILT
+        return why.read_text() if why.exists() else f"no compiled product at {path}"
     spec = importlib.util.spec_from_file_location(
         NAME, path, loader=importlib.machinery.ExtensionFileLoader(NAME, str(path))
     )
