@@ -153,7 +153,10 @@ def build(directory: Path) -> None:
         load_inline(NAME, SOURCE, extra_cflags=flags, build_directory=str(build))
     except Exception as error:  # noqa: BLE001 - the eager product runs, the same bits
         first = (str(error).strip().splitlines() or ["no message"])[0]
-        (build / UNBUILT).write_text(f"the small product was not built ({first})")
+        (build / UNBUILT).write_text(
+            f"the small product was not built ({first}); to build it, mend that and remove"
+            f" {directory}"
+        )
 
 
 def examples() -> list[tuple[Tensor, Tensor]]:
