@@ -26,14 +26,15 @@ MARGIN = 2.0
 """The deadline is checked with this factor of slack: the test machine is shared."""
 
 
+def endpoint_variable(name: str) -> bool:
+    """A variable that names a Whitney or Prefect to reach: each test sets its own."""
+    return name.startswith("WHITNEY_API_") or name == "PREFECT_API_URL"
+
+
 def run_script(*arguments: str, **variables: str) -> tuple[int, str, str]:
     """The console script as a user runs it, without any WHITNEY_API_* variable but
     `variables`: (exit code, stdout, stderr)."""
-    environment = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("WHITNEY_API_") and k != "PREFECT_API_URL"
-    }
+    environment = {k: v for k, v in os.environ.items() if not endpoint_variable(k)}
     completed = subprocess.run(
         [str(CONSOLE_SCRIPT), *arguments],
         env=environment | variables,
@@ -47,8 +48,8 @@ def run_script(*arguments: str, **variables: str) -> tuple[int, str, str]:
 def seconds_to_refuse(monkeypatch: pytest.MonkeyPatch, *arguments: str, **variables: str) -> float:
     """How long `main` takes to refuse `arguments` (exit code 2) in this process, with only
     `variables` of the WHITNEY_API_* ones set."""
-    for name in [k for k in os.environ if k.startswith("WHITNEY_API_")] + ["PREFECT_API_URL"]:
-        monkeypatch.delenv(name, raising=False)
+    for name in [k for k in os.environ if endpoint_variable(k)]:
+        monkeypatch.delenv(name)
     for name, value in variables.items():
         monkeypatch.setenv(name, value)
     started = time.monotonic()
