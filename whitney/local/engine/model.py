@@ -190,8 +190,39 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * (x / torch.sqrt(mean_square + eps))
 
 
+def norm_grid(x: Tensor, weight: Tensor, root: Tensor, room: Tensor) -> Tensor:
+    """`rms_norm` of float32 rows [N, K] from the root of their mean square plus eps [N, 1], on
+    its activation rows for a projection (`exact.activation_grid` with `room`), float64."""
+    return exact.activation_grid(weight * (x / root), room)
+
+
+def normed_rows(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    """`exact.activation_rows` of `rms_norm(x, weight, eps)` for a projection (no gradient), the
+    same bits: the root as `rms_norm` takes it (torch's float32 sqrt, which is not correctly
+    rounded on every CPU: it stays torch's), the rest in one fused kernel."""
+    root = torch.sqrt(exact.mean_square(x) + eps)
+    room = exact.room(exact.weight_bits(x.shape[-1]))
+    return NORM_GRID(exact.rows(x), weight, exact.rows(root), room).view(x.shape)
+
+
 def silu(x: Tensor) -> Tensor:
     return exact.vectorized(torch.ops.aten.silu, x)
+
+
+def gated_grid(activated: Tensor, gate_up: Tensor, room: Tensor) -> Tensor:
+    """`exact.activation_grid` of activated * up for float32 rows [N, I] and the rows of the
+    gate and up projections side by side [N, 2, I] (up the second), float64."""
+    return exact.activation_grid(activated * gate_up[:, 1], room)
+
+
+def gated_rows(activated: Tensor, gate_up: Tensor) -> Tensor:
+    """`exact.activation_rows` of activated * up for the down projection (no gradient), for
+    silu(gate) [..., I] and the gate and up projections side by side [..., 2 I]: one fused
+    kernel, the same bits."""
+    i = activated.shape[-1]
+    both = exact.rows(gate_up).view(-1, 2, i)
+    room = exact.room(exact.weight_bits(i))
+    return GATED_GRID(exact.rows(activated), both, room).view(activated.shape)
 
 
 def value_grid(
@@ -739,8 +770,12 @@ class Llama:
         return self.linear(y.transpose(1, 2).reshape(B, T, h * d), layer, "o")
 
     def mlp(self, x: Tensor, layer: LayerWeights) -> Tensor:
-        gate, up = self.linear(x, layer, "gate_up").chunk(2, dim=-1)
-        return self.linear(silu(gate) * up, layer, "down")
+        gate_up = self.linear(x, layer, "gate_up")
+        gate, up = gate_up.chunk(2, dim=-1)
+        activated = silu(gate)
+        if torch.is_grad_enabled():
+            return self.linear(activated * up, layer, "down")
+        return self.linear(gated_rows(activated, gate_up), layer, "down")
 
     def hidden(
         self,
@@ -813,11 +848,18 @@ class Llama:
         """Decoder layer n: x plus attention, plus the MLP."""
         probe()
         p = f"model.layers.{n}."
-        attn_in = rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_eps)
+        attn_in = self.norm(x, p + "input_layernorm.weight")
         x = x + self.attention(attn_in, n, layer, step, cache, probe)
         probe()
-        mlp_in = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_eps)
+        mlp_in = self.norm(x, p + "post_attention_layernorm.weight")
         return x + self.mlp(mlp_in, layer)
+
+    def norm(self, x: Tensor, name: str) -> Tensor:
+        """RMSNorm of x with the weight `name`, for the projections after it: without
+        gradients, already on their activation rows (`normed_rows`, float64)."""
+        if torch.is_grad_enabled():
+            return rms_norm(x, self.w[name], self.cfg.rms_eps)
+        return normed_rows(x, self.w[name], self.cfg.rms_eps)
 
     def target_logprobs(self, hidden: Tensor, targets: Tensor, check: Check = no_check) -> Tensor:
         """log p(target | position) for hidden states [..., hidden] and targets [...]."""
@@ -866,7 +908,30 @@ def score_examples() -> list[tuple]:
     ]
 
 
+def norm_examples() -> list[tuple]:
+    """Rows (a flat one, one so small that eps decides), norm weights, roots and the room."""
+    gen = torch.Generator().manual_seed(0)
+    found = []
+    for (x,) in exact.examples():
+        k = x.shape[-1]
+        weight = torch.rand(k, generator=gen) + 0.5
+        root = torch.sqrt(exact.mean_square_rows(x, exact.power(exact.bits_for(k))) + 1e-6)
+        found.append((x, weight, root, exact.room(exact.weight_bits(k))))
+    return found
+
+
+def gated_examples() -> list[tuple]:
+    gen = torch.Generator().manual_seed(0)
+    found = []
+    for (x,) in exact.examples():
+        gate_up = torch.randn(x.shape[0], 2, x.shape[1], generator=gen)
+        found.append((x, gate_up, exact.room(exact.weight_bits(x.shape[1]))))
+    return found
+
+
 PROB_PARTS = kernels.kernel(attention_examples)(prob_parts)
 WEIGHTED_MEAN = kernels.kernel(mean_examples)(weighted_mean)
 KEY_VALUES = kernels.kernel(key_value_examples)(key_values)
 SHIFTED_SCORES = kernels.kernel(score_examples, eager_from=1 << 12)(shifted_scores)
+NORM_GRID = kernels.kernel(norm_examples)(norm_grid)
+GATED_GRID = kernels.kernel(gated_examples)(gated_grid)
