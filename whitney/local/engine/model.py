@@ -178,7 +178,10 @@ def rope_tables(cfg: ModelConfig) -> tuple[Tensor, Tensor]:
 
 
 def rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+    """x * cos + x.roll(d / 2) * signed_sin, the roll as two slices: the same copies, which a
+    compiled kernel makes in vector code (a compiled roll gathers element by element)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((x[..., -half:], x[..., :-half]), -1) * signed_sin
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -188,21 +191,6 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
         soft = x.pow(2).mean(-1, keepdim=True)
         mean_square = mean_square + (soft - soft.detach())
     return weight * (x / torch.sqrt(mean_square + eps))
-
-
-def norm_grid(x: Tensor, weight: Tensor, root: Tensor, room: Tensor) -> Tensor:
-    """`rms_norm` of float32 rows [N, K] from the root of their mean square plus eps [N, 1], on
-    its activation rows for a projection (`exact.activation_grid` with `room`), float64."""
-    return exact.activation_grid(weight * (x / root), room)
-
-
-def normed_rows(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """`exact.activation_rows` of `rms_norm(x, weight, eps)` for a projection (no gradient), the
-    same bits: the root as `rms_norm` takes it (torch's float32 sqrt, which is not correctly
-    rounded on every CPU: it stays torch's), the rest in one fused kernel."""
-    root = torch.sqrt(exact.mean_square(x) + eps)
-    room = exact.room(exact.weight_bits(x.shape[-1]))
-    return NORM_GRID(exact.rows(x), weight, exact.rows(root), room).view(x.shape)
 
 
 def silu(x: Tensor) -> Tensor:
@@ -874,18 +862,11 @@ class Llama:
         """Decoder layer n: x plus attention, plus the MLP."""
         probe()
         p = f"model.layers.{n}."
-        attn_in = self.norm(x, p + "input_layernorm.weight")
+        attn_in = rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_eps)
         x = x + self.attention(attn_in, n, layer, step, cache, probe)
         probe()
-        mlp_in = self.norm(x, p + "post_attention_layernorm.weight")
+        mlp_in = rms_norm(x, self.w[p + "post_attention_layernorm.weight"], self.cfg.rms_eps)
         return x + self.mlp(mlp_in, layer)
-
-    def norm(self, x: Tensor, name: str) -> Tensor:
-        """RMSNorm of x with the weight `name`, for the projections after it: without
-        gradients, already on their activation rows (`normed_rows`, float64)."""
-        if torch.is_grad_enabled():
-            return rms_norm(x, self.w[name], self.cfg.rms_eps)
-        return normed_rows(x, self.w[name], self.cfg.rms_eps)
 
     def target_logprobs(self, hidden: Tensor, targets: Tensor, check: Check = no_check) -> Tensor:
         """log p(target | position) for hidden states [..., hidden] and targets [...]."""
@@ -946,18 +927,6 @@ def score_examples() -> list[tuple]:
     ]
 
 
-def norm_examples() -> list[tuple]:
-    """Rows (a flat one, one so small that eps decides), norm weights, roots and the room."""
-    gen = torch.Generator().manual_seed(0)
-    found = []
-    for (x,) in exact.examples():
-        k = x.shape[-1]
-        weight = torch.rand(k, generator=gen) + 0.5
-        root = torch.sqrt(exact.mean_square_rows(x, exact.power(exact.bits_for(k))) + 1e-6)
-        found.append((x, weight, root, exact.room(exact.weight_bits(k))))
-    return found
-
-
 def gated_examples() -> list[tuple]:
     gen = torch.Generator().manual_seed(0)
     found = []
@@ -971,6 +940,5 @@ PROB_PARTS = kernels.kernel(attention_examples)(prob_parts)
 WEIGHTED_MEAN = kernels.kernel(mean_examples)(weighted_mean)
 KEY_VALUES = kernels.kernel(key_value_examples)(key_values)
 SHIFTED_SCORES = kernels.kernel(score_examples, eager_from=1 << 12)(shifted_scores)
-NORM_GRID = kernels.kernel(norm_examples)(norm_grid)
 GATED_GRID = kernels.kernel(gated_examples)(gated_grid)
 QUERIES_KEY_VALUES = kernels.kernel(query_key_value_examples)(queries_key_values)
