@@ -150,3 +150,54 @@ def test_off_or_without_a_compiler_it_runs_eager_and_says_so_once(setting, reaso
     assert completed.returncode == 0, completed.stderr[-3000:]
     said = [line for line in completed.stderr.splitlines() if "running eager" in line]
     assert said == [f"engine: {reason}; running eager (the same bits)"]
+
+
+PINNED = """
+import json, sys
+from pathlib import Path
+import torch
+from torch._inductor import aoti_load_package, cpp_builder
+from whitney.local.engine import kernels
+
+def contracted(a, b, c):
+    return a * b + c  # a fused multiply-add rounds once: other bits
+
+def examples():
+    gen = torch.Generator().manual_seed(0)
+    return [tuple(torch.randn(64, 256, generator=gen) for _ in range(3))]
+
+def differing(directory):
+    directory.mkdir()
+    kernels.export(kernels.Kernel(contracted, examples, None), directory / "k.pt2")
+    args = examples()[0]
+    got = aoti_load_package(str(directory / "k.pt2")).loader.boxed_run(list(args))[0]
+    return int((got.view(torch.int32) != contracted(*args).view(torch.int32)).sum())
+
+configure, kernels.configure = kernels.configure, lambda: None
+unpinned = differing(Path(sys.argv[1]) / "unpinned")  # the flags the environment sets
+kernels.configure = configure
+pinned = differing(Path(sys.argv[1]) / "pinned")
+flags = cpp_builder._get_ffast_math_flags()  # those the compile used
+capability = torch.backends.cpu.get_cpu_capability()
+print(json.dumps({"pinned": pinned, "unpinned": unpinned, "flags": flags, "cpu": capability}))
+"""
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="no C++ compiler")
+def test_the_environment_cannot_change_a_kernels_bits(tmp_path) -> None:
+    """With Inductor's environment asking for contraction into fused multiply-adds and unsafe
+    math, a kernel compiled by `export` still gives its eager function's bits (the same kernel
+    compiled with the environment's flags does not, where the CPU has fused multiply-adds)."""
+    environment = os.environ | {
+        "TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG": "fast",
+        "TORCHINDUCTOR_CPP_ENABLE_UNSAFE_MATH_OPT_FLAG": "1",
+        "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"),
+    }
+    code = PINNED.replace("sys.argv[1]", repr(str(tmp_path)))
+    found = python_json(code, environment, timeout=300)
+    assert found["pinned"] == 0
+    assert "ffp-contract=off" in found["flags"]
+    assert "fno-unsafe-math-optimizations" in found["flags"]
+    if found["cpu"] in ("AVX2", "AVX512"):  # compiled with -mfma: gcc contracts
+        assert found["unpinned"] > 0

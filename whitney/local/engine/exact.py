@@ -129,8 +129,12 @@ def activation_rows(x: Tensor, weight_bits: int) -> Tensor:
     (|n_i| + 1/2) / 2**shift + 1/2, so sum |m_i| <= 2**(52 - b) + K/2, and against weight
     integers of at most 2**b every partial sum is at most 2**52 + K * 2**(b - 1) <= 2**53 in
     units of its output's step."""
-    room = integer(MANTISSA_BITS - 1 - weight_bits)
-    return ACTIVATION_GRID(rows(x), room).view(*x.shape[:-1], x.shape[-1])
+    return ACTIVATION_GRID(rows(x), room(weight_bits)).view(*x.shape[:-1], x.shape[-1])
+
+
+def room(weight_bits: int) -> Tensor:
+    """`activation_grid`'s room for weight rows of `weight_bits`: 52 - weight_bits."""
+    return integer(MANTISSA_BITS - 1 - weight_bits)
 
 
 def fixed_grid(x: Tensor, unit: Tensor) -> Tensor:
@@ -158,8 +162,11 @@ def matmul(x: Tensor, w: Tensor) -> Tensor:
 
 
 def linear(x: Tensor, w: Tensor) -> Tensor:
-    """x [..., K] @ w.T for a weight w [N, K] already on fixed-point rows (`weight`)."""
-    return matmul(activation_rows(x, weight_bits(x.shape[-1])), w)
+    """x [..., K] @ w.T for a weight w [N, K] already on fixed-point rows (`weight`): x float32,
+    or float64 already on its activation rows (`activation_rows`, which depend on K alone)."""
+    if x.dtype != torch.float64:
+        x = activation_rows(x, weight_bits(x.shape[-1]))
+    return matmul(x, w)
 
 
 def weight(w: Tensor) -> Tensor:

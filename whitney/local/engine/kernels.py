@@ -308,8 +308,7 @@ def export(kernel: Kernel, path: Path) -> list[tuple[str, list[int | None]]]:
     import torch.fx.experimental._config as fx_config
     from torch.export import Dim
 
-    torch._inductor.config.compile_threads = 1  # no pool of compile processes
-    torch._inductor.config.cpp.threads = 1
+    configure()
     args = kernel.examples()[0]
     dynamic = tuple({d: Dim.AUTO for d, n in enumerate(a.shape) if n != 1} for a in args)
     with fx_config.patch(backed_size_oblivious=True):  # no guess that a size is not 0 or 1
@@ -322,6 +321,20 @@ def export(kernel: Kernel, path: Path) -> list[tuple[str, list[int | None]]]:
         (str(x.dtype).removeprefix("torch."), [n if isinstance(n, int) else None for n in x.shape])
         for x in inputs
     ]
+
+
+def configure() -> None:
+    """Inductor's settings for the kernels, whatever the environment says: no pool of compile
+    processes, one thread a kernel, and the C++ compiler's floating-point flags pinned to exact
+    IEEE arithmetic (no contraction of a * b + c into a fused multiply-add, no unsafe math such as
+    x / z turned into x * (1 / z)): both change bits, and Inductor reads them from the user's
+    TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG and _UNSAFE_MATH_OPT_FLAG."""
+    import torch._inductor.config
+
+    torch._inductor.config.compile_threads = 1
+    torch._inductor.config.cpp.threads = 1
+    torch._inductor.config.cpp.enable_floating_point_contract_flag = "off"
+    torch._inductor.config.cpp.enable_unsafe_math_opt_flag = False
 
 
 class Function(torch.nn.Module):

@@ -178,7 +178,10 @@ def rope_tables(cfg: ModelConfig) -> tuple[Tensor, Tensor]:
 
 
 def rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
-    return x * cos + x.roll(x.shape[-1] // 2, dims=-1) * signed_sin
+    """x * cos + x.roll(d / 2) * signed_sin, the roll as two slices: the same copies, which a
+    compiled kernel makes in vector code (a compiled roll gathers element by element)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((x[..., -half:], x[..., :-half]), -1) * signed_sin
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
@@ -192,6 +195,22 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
 
 def silu(x: Tensor) -> Tensor:
     return exact.vectorized(torch.ops.aten.silu, x)
+
+
+def gated_grid(activated: Tensor, gate_up: Tensor, room: Tensor) -> Tensor:
+    """`exact.activation_grid` of activated * up for float32 rows [N, I] and the rows of the
+    gate and up projections side by side [N, 2, I] (up the second), float64."""
+    return exact.activation_grid(activated * gate_up[:, 1], room)
+
+
+def gated_rows(activated: Tensor, gate_up: Tensor) -> Tensor:
+    """`exact.activation_rows` of activated * up for the down projection (no gradient), for
+    silu(gate) [..., I] and the gate and up projections side by side [..., 2 I]: one fused
+    kernel, the same bits."""
+    i = activated.shape[-1]
+    both = exact.rows(gate_up).view(-1, 2, i)
+    room = exact.room(exact.weight_bits(i))
+    return GATED_GRID(exact.rows(activated), both, room).view(activated.shape)
 
 
 def value_grid(
@@ -285,6 +304,19 @@ def key_values(k: Tensor, v: Tensor, unit: Tensor, grid: Tensor) -> Tensor:
     return torch.cat((exact.fixed_grid(k, unit), hi * grid, lo * grid), -1)
 
 
+def queries_key_values(
+    qkv: Tensor, cos: Tensor, sin: Tensor, unit: Tensor, grid: Tensor
+) -> tuple[Tensor, Tensor]:
+    """RoPE at cos and signed sin [B, T, 1, 1, d] on the queries and keys of float32 qkv
+    [B, T, groups + 2, kv_heads, d] (the query heads sharing each key-value head, then the keys,
+    then the values); the queries on fixed-point rows of unit = 2**bits [B, heads, T, d] and the
+    `KeyValues` data [B, kv_heads, T, 3 d] (`key_values`), both float64."""
+    qk = rope(qkv[:, :, :-1], cos, sin)
+    q = qk[:, :, :-1].flatten(2, 3).transpose(1, 2).contiguous()
+    k, v = qk[:, :, -1].transpose(1, 2), qkv[:, :, -1].transpose(1, 2)
+    return exact.fixed_grid(q, unit), key_values(k, v, unit, grid)
+
+
 def shifted_scores(raw: Tensor, visible: Tensor, scale: Tensor) -> Tensor:
     """Exact scores [B, H, Tq, Tk] (float64) rounded to float32 and scaled, the keys not
     `visible` [B, 1, Tq, Tk] at -inf, less each row's largest: the exponent of a probability."""
@@ -343,17 +375,17 @@ def score_scale(head_dim: int) -> Tensor:
 
 
 def attend(
-    q: Tensor,
+    fq: Tensor,
     stored: KeyValues,
     chunks: list[tuple[slice, Tensor]],
     prob_bits: int,
     check: Check,
     kept: list[Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Causal attention's value [B, H, Tq, d] of queries over `stored` keys and values, exact,
-    chunk by chunk (`query_chunks`), and the exact sums of its weights [B, H, Tq, 1]; `kept`
-    collects each chunk's normalised probabilities. `check` runs between the stages."""
-    fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
+    """Causal attention's value [B, H, Tq, d] of queries on fixed-point rows (`exact.fixed_point`
+    at `exact.bits_for(d)`) over `stored` keys and values, exact, chunk by chunk
+    (`query_chunks`), and the exact sums of its weights [B, H, Tq, 1]; `kept` collects each
+    chunk's normalised probabilities. `check` runs between the stages."""
     outs, sums = [], []
     for rows, visible in chunks:
         check()
@@ -390,7 +422,8 @@ class Attention(torch.autograd.Function):
     ):
         keep = ctx.needs_input_grad[0] and q.numel() // q.shape[-1] * k.shape[2] <= ATTENTION_CHUNK
         ctx.probs = [] if keep else None  # small: the probabilities are kept, not recomputed
-        out, sums = attend(q, stored, chunks, prob_bits, check, ctx.probs)
+        fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
+        out, sums = attend(fq, stored, chunks, prob_bits, check, ctx.probs)
         if ctx.needs_input_grad[0]:
             ctx.save_for_backward(q, k, v, sums, out)  # not `stored`: its values are freed
             ctx.chunks = chunks
@@ -621,10 +654,13 @@ class KVCache:
         return (first[:, :, None] + positions[:, None, :]).reshape(-1)
 
     def write(self, n: int, k: Tensor, v: Tensor, grid: Tensor, step: Pass) -> KeyValues:
-        """Store keys/values [B, kv_heads, T, d] at each row's positions (`step`'s slots, one
-        row copy each); return the keys and values of layer n up to the furthest position
-        written (the rest are invisible)."""
-        new = KeyValues.of(k, v, grid).data
+        """Store keys/values [B, kv_heads, T, d] at each row's positions (`store`)."""
+        return self.store(n, KeyValues.of(k, v, grid).data, step)
+
+    def store(self, n: int, new: Tensor, step: Pass) -> KeyValues:
+        """Store the `KeyValues` data [B, kv_heads, T, 3 d] at each row's positions (`step`'s
+        slots, one row copy each); return the keys and values of layer n up to the furthest
+        position written (the rest are invisible)."""
         stored = self.stored[n]
         stored.view(-1, stored.shape[-1]).index_copy_(0, step.slots, new.reshape(-1, new.shape[-1]))
         return KeyValues(stored[:, :, : step.keys])
@@ -726,21 +762,34 @@ class Llama:
         B, T, _ = x.shape
         h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.dim_head
         qkv = self.linear(x, layer, "qkv").view(B, T, h + 2 * kv, d)
+        unit = exact.power(exact.bits_for(d))
+        if not torch.is_grad_enabled():  # one fused kernel, the same bits
+            both = qkv.view(B, T, h // kv + 2, kv, d), step.cos[:, :, None], step.sin[:, :, None]
+            fq, new = QUERIES_KEY_VALUES(*both, unit, layer.value_grid)
+            stored = KeyValues(new) if cache is None else cache.store(n, new, step)
+            y, _ = attend(fq, stored, step.chunks, cfg.prob_bits, check)
+            return self.linear(y.transpose(1, 2).reshape(B, T, h * d), layer, "o")
         qk = rope(qkv[:, :, : h + kv], step.cos, step.sin)
         q, k, v = (t.transpose(1, 2) for t in (qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]))
         if cache is None:
             stored = KeyValues.of(k, v, layer.value_grid)
         else:
             stored = cache.write(n, k, v, layer.value_grid, step)
-        if torch.is_grad_enabled() and q.requires_grad:
+        if q.requires_grad:
             y = Attention.apply(q, k, v, stored, step.chunks, cfg.prob_bits, check)
         else:
-            y, _ = attend(q, stored, step.chunks, cfg.prob_bits, check)
+            y, _ = attend(
+                exact.fixed_point(q, exact.bits_for(d)), stored, step.chunks, cfg.prob_bits, check
+            )
         return self.linear(y.transpose(1, 2).reshape(B, T, h * d), layer, "o")
 
     def mlp(self, x: Tensor, layer: LayerWeights) -> Tensor:
-        gate, up = self.linear(x, layer, "gate_up").chunk(2, dim=-1)
-        return self.linear(silu(gate) * up, layer, "down")
+        gate_up = self.linear(x, layer, "gate_up")
+        gate, up = gate_up.chunk(2, dim=-1)
+        activated = silu(gate)
+        if torch.is_grad_enabled():
+            return self.linear(activated * up, layer, "down")
+        return self.linear(gated_rows(activated, gate_up), layer, "down")
 
     def hidden(
         self,
@@ -855,6 +904,18 @@ def key_value_examples() -> list[tuple]:
     return [(k, v, unit, grid), first]
 
 
+def query_key_value_examples() -> list[tuple]:
+    """qkv of 2 query heads per key-value head, 3 of those, RoPE's tables at random angles."""
+    gen = torch.Generator().manual_seed(0)
+    grid = exact.pow2(torch.randint(-12, -8, (3, 1, 8), generator=gen))
+    qkv = torch.randn(2, 5, 4, 3, 8, generator=gen) * 3
+    angles = torch.rand(2, 5, 1, 1, 8, generator=gen) * 6
+    cos, sin = angles.cos(), angles.sin()
+    unit = exact.power(21)
+    first = (qkv[:1, :1].clone(), cos[:1, :1].clone(), sin[:1, :1].clone(), unit, grid)
+    return [(qkv, cos, sin, unit, grid), first]
+
+
 def score_examples() -> list[tuple]:
     gen = torch.Generator().manual_seed(0)
     raw = torch.randn(2, 4, 5, 7, dtype=torch.float64, generator=gen) * 30
@@ -866,7 +927,18 @@ def score_examples() -> list[tuple]:
     ]
 
 
+def gated_examples() -> list[tuple]:
+    gen = torch.Generator().manual_seed(0)
+    found = []
+    for (x,) in exact.examples():
+        gate_up = torch.randn(x.shape[0], 2, x.shape[1], generator=gen)
+        found.append((x, gate_up, exact.room(exact.weight_bits(x.shape[1]))))
+    return found
+
+
 PROB_PARTS = kernels.kernel(attention_examples)(prob_parts)
 WEIGHTED_MEAN = kernels.kernel(mean_examples)(weighted_mean)
 KEY_VALUES = kernels.kernel(key_value_examples)(key_values)
 SHIFTED_SCORES = kernels.kernel(score_examples, eager_from=1 << 12)(shifted_scores)
+GATED_GRID = kernels.kernel(gated_examples)(gated_grid)
+QUERIES_KEY_VALUES = kernels.kernel(query_key_value_examples)(queries_key_values)

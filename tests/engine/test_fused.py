@@ -1,0 +1,64 @@
+"""The kernels that fuse a layer's exact elementwise work without gradients give the bits of the
+unfused sequence the gradient path runs (the same operations in the same order): silu(gate) * up
+and the down projection's rows, RoPE with the queries' fixed-point rows and the stored keys and
+values. Random rows, a flat row, a row of tiny elements, grouped-query heads; compared as raw
+bits (each kernel runs eagerly or compiled, whichever is loaded: the two are checked against each
+other at load)."""
+
+from __future__ import annotations
+
+import torch
+
+from whitney.local.engine import exact
+from whitney.local.engine.model import (
+    QUERIES_KEY_VALUES,
+    KeyValues,
+    gated_rows,
+    rope,
+    silu,
+)
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return (
+        a.dtype == b.dtype
+        and a.shape == b.shape
+        and torch.equal(a.view(torch.int64), b.view(torch.int64))
+    )
+
+
+def rows(seed: int, shape: tuple[int, ...]) -> torch.Tensor:
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(seed)) * 4
+    x[..., 0, :] = 0.75  # a flat row
+    x[..., 1, :] *= 2.0**-70
+    return x
+
+
+def test_gated_rows_are_the_activation_rows_of_silu_gate_times_up() -> None:
+    for i in (512, 1536, 160):
+        gate_up = rows(i, (2, 5, 2 * i))
+        gate, up = gate_up.chunk(2, dim=-1)
+        with torch.no_grad():
+            want = exact.activation_rows(silu(gate) * up, exact.weight_bits(i))
+            assert same_bits(gated_rows(silu(gate), gate_up), want)
+
+
+def test_queries_key_values_are_rope_fixed_point_and_key_values() -> None:
+    gen = torch.Generator().manual_seed(5)
+    for heads, kv, d in ((4, 4, 32), (9, 3, 64), (6, 2, 24)):
+        batch, length = 3, 6
+        qkv = torch.randn(batch, length, heads + 2 * kv, d, generator=gen) * 3
+        angles = torch.rand(batch, length, 1, d, generator=gen) * 20
+        cos, sin = angles.cos(), angles.sin()
+        grid = exact.pow2(torch.randint(-14, -6, (kv, 1, d), generator=gen))
+        unit = exact.power(exact.bits_for(d))
+        with torch.no_grad():
+            qk = rope(qkv[:, :, : heads + kv], cos, sin)
+            q, k = qk[:, :, :heads].transpose(1, 2), qk[:, :, heads:].transpose(1, 2)
+            v = qkv[:, :, heads + kv :].transpose(1, 2)
+            want_q = exact.fixed_point(q, exact.bits_for(d))
+            want_kv = KeyValues.of(k, v, grid).data
+            shaped = qkv.view(batch, length, heads // kv + 2, kv, d)
+            fq, stored = QUERIES_KEY_VALUES(shaped, cos[:, :, None], sin[:, :, None], unit, grid)
+            assert same_bits(fq, want_q)
+            assert same_bits(stored, want_kv)
