@@ -473,16 +473,33 @@ class LoraLinear(torch.autograd.Function):
     def backward(ctx, grad_y):
         x, *adapters = ctx.saved_tensors
         x2, gy = x.reshape(-1, x.shape[-1]), grad_y.reshape(-1, grad_y.shape[-1])
-        grads: list[Tensor] = []
-        grad_x = torch.zeros_like(x2)
-        start = 0
-        for w, a, b in zip(ctx.bases, adapters[::2], adapters[1::2], strict=True):
-            part = gy[:, start : start + b.shape[0]]
-            start += b.shape[0]
-            down = part @ b
-            grads += [ctx.scale * down.t() @ x2, ctx.scale * part.t() @ (x2 @ a.t())]
-            grad_x += part @ w + ctx.scale * (down @ a)
-        return grad_x.view(x.shape), None, None, None, *grads
+        a_all, bs = torch.cat(adapters[::2]), adapters[1::2]  # the group's A rows [n r, in]
+        parts = gy.split([b.shape[0] for b in bs], dim=1)
+        down = torch.cat([part @ b for part, b in zip(parts, bs, strict=True)], 1) * ctx.scale
+        rank = bs[0].shape[1]
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = lora_input_gradient(parts, ctx.bases, down, a_all).view(x.shape)
+        grad_as = (down.t() @ x2).split(rank)
+        across = x2 @ a_all.t()  # x A_i^T of every projection of the group [rows, n r]
+        grad_bs = [
+            (part.t() @ xa) * ctx.scale
+            for part, xa in zip(parts, across.split(rank, 1), strict=True)
+        ]
+        grads = [g for pair in zip(grad_as, grad_bs, strict=True) for g in pair]
+        return grad_x, None, None, None, *grads
+
+
+def lora_input_gradient(
+    parts: list[Tensor], bases: tuple[Tensor, ...], down: Tensor, a_all: Tensor
+) -> Tensor:
+    """sum_i g_i W_i + s (g_i B_i) A_i, LoRA's gradient to a group's input, for the upstream
+    gradient's column blocks g_i [rows, out_i] and `down` = s [g_1 B_1 | ... | g_n B_n]: each
+    product added into one output by BLAS (no zeroed buffer, no separate additions)."""
+    grad_x = parts[0] @ bases[0]
+    for part, w in zip(parts[1:], bases[1:], strict=True):
+        grad_x.addmm_(part, w)
+    return grad_x.addmm_(down, a_all)
 
 
 class TargetLogprobs(torch.autograd.Function):
