@@ -300,13 +300,6 @@ def grouped(x: Tensor, kv_heads: int) -> Tensor:
     return x.reshape(batch, kv_heads, heads // kv_heads * rows, n)
 
 
-def repeat_heads(x: Tensor, heads: int) -> Tensor:
-    """[B, kv_heads, ...] -> [B, heads, ...] for grouped-query attention (exact copies)."""
-    if x.shape[-3] == heads:
-        return x
-    return x.repeat_interleave(heads // x.shape[-3], dim=-3)
-
-
 def query_chunks(
     positions: Tensor, key_positions: Tensor, heads: int
 ) -> Iterator[tuple[slice, Tensor]]:
@@ -399,13 +392,12 @@ class Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, sums, out = ctx.saved_tensors
-        heads, scale = q.shape[1], 1.0 / math.sqrt(q.shape[-1])
-        groups = heads // k.shape[1]
+        kv, scale = k.shape[1], 1.0 / math.sqrt(q.shape[-1])
         if ctx.probs is None:  # the keys' bits again, as `KeyValues.of` rounded them
             fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
             keys = exact.fixed_point(k, exact.bits_for(k.shape[-1]))
-        k, v = repeat_heads(k, heads), repeat_heads(v, heads)
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        along = (grad_out * out).sum(-1, keepdim=True)  # each row's sum_j p_j dp_j
         for n, (rows, visible) in enumerate(ctx.chunks):
             seen = visible.shape[-1]
             if ctx.probs is not None:
@@ -413,16 +405,13 @@ class Attention(torch.autograd.Function):
             else:
                 p = attention_probabilities(fq[:, :, rows], keys[:, :, :seen], visible)
                 probs = (p.double() / sums[:, :, rows]).float()
-            g, o = grad_out[:, :, rows], out[:, :, rows]
+            probs, g = grouped(probs, kv), grouped(grad_out[:, :, rows], kv)
             grad_v[:, :, :seen] += probs.transpose(-1, -2) @ g
             grad_p = g @ v[:, :, :seen].transpose(-1, -2)
-            grad_s = probs * (grad_p - (g * o).sum(-1, keepdim=True)) * scale
-            grad_q[:, :, rows] = grad_s @ k[:, :, :seen]
-            grad_k[:, :, :seen] += grad_s.transpose(-1, -2) @ q[:, :, rows]
+            grad_s = probs * (grad_p - grouped(along[:, :, rows], kv)) * scale
+            grad_q[:, :, rows] = (grad_s @ k[:, :, :seen]).view(grad_q[:, :, rows].shape)
+            grad_k[:, :, :seen] += grad_s.transpose(-1, -2) @ grouped(q[:, :, rows], kv)
         ctx.probs = ctx.chunks = None
-        if groups > 1:
-            grad_k = grad_k.unflatten(1, (-1, groups)).sum(2)
-            grad_v = grad_v.unflatten(1, (-1, groups)).sum(2)
         return grad_q, grad_k, grad_v, None, None, None, None
 
 
