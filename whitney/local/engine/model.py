@@ -525,6 +525,7 @@ class TargetLogprobs(torch.autograd.Function):
         rows, flat = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1)
         upstream = grad.reshape(-1, 1)
         live = (upstream[:, 0] != 0).nonzero().squeeze(-1)
+        every = len(live) == len(rows)  # every row live: the kept rows in place, not gathered
         kept, grad_hidden, done = ctx.kept, torch.zeros_like(rows), 0
         head = fixed.double() if kept is None else fixed  # widened once, not once a chunk
         for (index,) in row_chunks(fixed.shape[0], live):
@@ -534,9 +535,9 @@ class TargetLogprobs(torch.autograd.Function):
                 part = logits_gradient(logits, flat[index], upstream[index])
                 grad_hidden[index] = part @ weight
             else:  # over the kept logits' first rows (live row i >= i is read before i is written)
-                kept[done : done + len(index)] = logits_gradient(
-                    kept[index], flat[index], upstream[index]
-                )
+                into = kept[done : done + len(index)]
+                logits = into if every else kept[index]
+                logits_gradient(logits, flat[index], upstream[index], out=into)
                 done += len(index)
         if kept is not None:
             grad_hidden[live] = kept[:done] @ weight
@@ -544,12 +545,15 @@ class TargetLogprobs(torch.autograd.Function):
         return grad_hidden.view(hidden.shape), None, None, None, None
 
 
-def logits_gradient(logits: Tensor, targets: Tensor, grad: Tensor) -> Tensor:
+def logits_gradient(
+    logits: Tensor, targets: Tensor, grad: Tensor, out: Tensor | None = None
+) -> Tensor:
     """The gradient to the logits of log_softmax(logits) gathered at `targets`, as autograd
-    computes it: scattered (added into zeros), through log_softmax's backward (row by row)."""
+    computes it: scattered (added into zeros), through log_softmax's backward (row by row);
+    written into `out` if given (`logits` itself may be: they are read before it is written)."""
     grad_logits = torch.zeros_like(logits).scatter_add_(-1, targets, grad)
     soft = torch.log_softmax(logits, -1)
-    return torch._log_softmax_backward_data(grad_logits, soft, -1, logits.dtype)
+    return torch._log_softmax_backward_data(grad_logits, soft, -1, logits.dtype, out=out)
 
 
 def row_chunks(vocab: int, *tensors: Tensor) -> list[tuple[Tensor, ...]]:
