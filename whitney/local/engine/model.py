@@ -332,13 +332,6 @@ def grouped(x: Tensor, kv_heads: int) -> Tensor:
     return x.reshape(batch, kv_heads, heads // kv_heads * rows, n)
 
 
-def repeat_heads(x: Tensor, heads: int) -> Tensor:
-    """[B, kv_heads, ...] -> [B, heads, ...] for grouped-query attention (exact copies)."""
-    if x.shape[-3] == heads:
-        return x
-    return x.repeat_interleave(heads // x.shape[-3], dim=-3)
-
-
 def query_chunks(
     positions: Tensor, key_positions: Tensor, heads: int
 ) -> Iterator[tuple[slice, Tensor]]:
@@ -432,13 +425,12 @@ class Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, sums, out = ctx.saved_tensors
-        heads, scale = q.shape[1], 1.0 / math.sqrt(q.shape[-1])
-        groups = heads // k.shape[1]
+        kv, scale = k.shape[1], 1.0 / math.sqrt(q.shape[-1])
         if ctx.probs is None:  # the keys' bits again, as `KeyValues.of` rounded them
             fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
             keys = exact.fixed_point(k, exact.bits_for(k.shape[-1]))
-        k, v = repeat_heads(k, heads), repeat_heads(v, heads)
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        along = (grad_out * out).sum(-1, keepdim=True)  # each row's sum_j p_j dp_j
         for n, (rows, visible) in enumerate(ctx.chunks):
             seen = visible.shape[-1]
             if ctx.probs is not None:
@@ -446,16 +438,13 @@ class Attention(torch.autograd.Function):
             else:
                 p = attention_probabilities(fq[:, :, rows], keys[:, :, :seen], visible)
                 probs = (p.double() / sums[:, :, rows]).float()
-            g, o = grad_out[:, :, rows], out[:, :, rows]
+            probs, g = grouped(probs, kv), grouped(grad_out[:, :, rows], kv)
             grad_v[:, :, :seen] += probs.transpose(-1, -2) @ g
             grad_p = g @ v[:, :, :seen].transpose(-1, -2)
-            grad_s = probs * (grad_p - (g * o).sum(-1, keepdim=True)) * scale
-            grad_q[:, :, rows] = grad_s @ k[:, :, :seen]
-            grad_k[:, :, :seen] += grad_s.transpose(-1, -2) @ q[:, :, rows]
+            grad_s = probs * (grad_p - grouped(along[:, :, rows], kv)) * scale
+            grad_q[:, :, rows] = (grad_s @ k[:, :, :seen]).view(grad_q[:, :, rows].shape)
+            grad_k[:, :, :seen] += grad_s.transpose(-1, -2) @ grouped(q[:, :, rows], kv)
         ctx.probs = ctx.chunks = None
-        if groups > 1:
-            grad_k = grad_k.unflatten(1, (-1, groups)).sum(2)
-            grad_v = grad_v.unflatten(1, (-1, groups)).sum(2)
         return grad_q, grad_k, grad_v, None, None, None, None
 
 
@@ -506,16 +495,33 @@ class LoraLinear(torch.autograd.Function):
     def backward(ctx, grad_y):
         x, *adapters = ctx.saved_tensors
         x2, gy = x.reshape(-1, x.shape[-1]), grad_y.reshape(-1, grad_y.shape[-1])
-        grads: list[Tensor] = []
-        grad_x = torch.zeros_like(x2)
-        start = 0
-        for w, a, b in zip(ctx.bases, adapters[::2], adapters[1::2], strict=True):
-            part = gy[:, start : start + b.shape[0]]
-            start += b.shape[0]
-            down = part @ b
-            grads += [ctx.scale * down.t() @ x2, ctx.scale * part.t() @ (x2 @ a.t())]
-            grad_x += part @ w + ctx.scale * (down @ a)
-        return grad_x.view(x.shape), None, None, None, *grads
+        a_all, bs = torch.cat(adapters[::2]), adapters[1::2]  # the group's A rows [n r, in]
+        parts = gy.split([b.shape[0] for b in bs], dim=1)
+        down = torch.cat([part @ b for part, b in zip(parts, bs, strict=True)], 1) * ctx.scale
+        rank = bs[0].shape[1]
+        grad_x = None
+        if ctx.needs_input_grad[0]:
+            grad_x = lora_input_gradient(parts, ctx.bases, down, a_all).view(x.shape)
+        grad_as = (down.t() @ x2).split(rank)
+        across = x2 @ a_all.t()  # x A_i^T of every projection of the group [rows, n r]
+        grad_bs = [
+            (part.t() @ xa) * ctx.scale
+            for part, xa in zip(parts, across.split(rank, 1), strict=True)
+        ]
+        grads = [g for pair in zip(grad_as, grad_bs, strict=True) for g in pair]
+        return grad_x, None, None, None, *grads
+
+
+def lora_input_gradient(
+    parts: list[Tensor], bases: tuple[Tensor, ...], down: Tensor, a_all: Tensor
+) -> Tensor:
+    """sum_i g_i W_i + s (g_i B_i) A_i, LoRA's gradient to a group's input, for the upstream
+    gradient's column blocks g_i [rows, out_i] and `down` = s [g_1 B_1 | ... | g_n B_n]: each
+    product added into one output by BLAS (no zeroed buffer, no separate additions)."""
+    grad_x = parts[0] @ bases[0]
+    for part, w in zip(parts[1:], bases[1:], strict=True):
+        grad_x.addmm_(part, w)
+    return grad_x.addmm_(down, a_all)
 
 
 class TargetLogprobs(torch.autograd.Function):
@@ -552,6 +558,7 @@ class TargetLogprobs(torch.autograd.Function):
         rows, flat = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1)
         upstream = grad.reshape(-1, 1)
         live = (upstream[:, 0] != 0).nonzero().squeeze(-1)
+        every = len(live) == len(rows)  # every row live: the kept rows in place, not gathered
         kept, grad_hidden, done = ctx.kept, torch.zeros_like(rows), 0
         head = fixed.double() if kept is None else fixed  # widened once, not once a chunk
         for (index,) in row_chunks(fixed.shape[0], live):
@@ -561,9 +568,9 @@ class TargetLogprobs(torch.autograd.Function):
                 part = logits_gradient(logits, flat[index], upstream[index])
                 grad_hidden[index] = part @ weight
             else:  # over the kept logits' first rows (live row i >= i is read before i is written)
-                kept[done : done + len(index)] = logits_gradient(
-                    kept[index], flat[index], upstream[index]
-                )
+                into = kept[done : done + len(index)]
+                logits = into if every else kept[index]
+                logits_gradient(logits, flat[index], upstream[index], out=into)
                 done += len(index)
         if kept is not None:
             grad_hidden[live] = kept[:done] @ weight
@@ -571,12 +578,15 @@ class TargetLogprobs(torch.autograd.Function):
         return grad_hidden.view(hidden.shape), None, None, None, None
 
 
-def logits_gradient(logits: Tensor, targets: Tensor, grad: Tensor) -> Tensor:
+def logits_gradient(
+    logits: Tensor, targets: Tensor, grad: Tensor, out: Tensor | None = None
+) -> Tensor:
     """The gradient to the logits of log_softmax(logits) gathered at `targets`, as autograd
-    computes it: scattered (added into zeros), through log_softmax's backward (row by row)."""
+    computes it: scattered (added into zeros), through log_softmax's backward (row by row);
+    written into `out` if given (`logits` itself may be: they are read before it is written)."""
     grad_logits = torch.zeros_like(logits).scatter_add_(-1, targets, grad)
     soft = torch.log_softmax(logits, -1)
-    return torch._log_softmax_backward_data(grad_logits, soft, -1, logits.dtype)
+    return torch._log_softmax_backward_data(grad_logits, soft, -1, logits.dtype, out=out)
 
 
 def row_chunks(vocab: int, *tensors: Tensor) -> list[tuple[Tensor, ...]]:
