@@ -1,8 +1,12 @@
-"""A sequence's numbers are the same bits on AVX2 and AVX-512 CPUs: the engine run with torch's
-vector code forced to each (ATEN_CPU_CAPABILITY, in a fresh interpreter) gives the same base
-weights, logprobs, sampled tokens and their logprobs, forward_backward outputs and loss. Forcing
-AVX-512 on a CPU without it kills the child with SIGILL, so the check is skipped there, saying why.
-Gradients go through float32 BLAS, whose kernels the CPU picks: they are not compared."""
+"""A sequence's numbers are the same bits on AVX2 and AVX-512 CPUs: the engine run with its vector
+code forced to each, in a fresh interpreter, gives the same base weights, logprobs, sampled tokens
+and their logprobs, forward_backward outputs and loss. Forced means both of the libraries that pick
+their code by the CPU: torch's own (ATEN_CPU_CAPABILITY) and MKL's vector math, to which torch
+hands exp, log and sqrt (MKL_ENABLE_INSTRUCTIONS): forcing torch's alone left MKL on AVX-512, so
+the check compared one machine with itself. Forced to both, the numbers differ today: an expected
+failure until the engine computes exp, log and sqrt without MKL. Forcing AVX-512 on a CPU without
+it kills the child with SIGILL, so the check is skipped there, saying why. Gradients go through
+float32 BLAS, whose kernels the CPU picks: they are not compared."""
 
 from __future__ import annotations
 
@@ -59,13 +63,19 @@ print(json.dumps({
 
 
 def probe(capability: str) -> dict[str, str]:
-    return python_json(PROBE, os.environ | {"ATEN_CPU_CAPABILITY": capability}, timeout=300)
+    forced = {"ATEN_CPU_CAPABILITY": capability, "MKL_ENABLE_INSTRUCTIONS": capability.upper()}
+    return python_json(PROBE, os.environ | forced, timeout=300)
 
 
 @pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64", reason="x86-64")
 @pytest.mark.skipif(
     not cpu_flags() >= AVX512_FLAGS,
     reason="this CPU lacks AVX-512 (avx512f/bw/vl/dq): torch forced to it dies of SIGILL",
+)
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="torch's exp, log and sqrt run MKL's vector math, whose AVX2 and AVX-512 code differ",
 )
 def test_avx2_and_avx512_give_the_same_numbers() -> None:
     avx2, avx512 = probe("avx2"), probe("avx512")

@@ -19,9 +19,11 @@ Every reduction that produces a sequence's numbers is either exact or has a fixe
 - the normaliser of a softmax is an exact sum too (`log_softmax`): torch's own kernel sums in
   an order set by the CPU's vector width, so AVX2 and AVX-512 machines would disagree.
 
-What is left to the CPU is elementwise only (exp, log, silu in torch's vector code, the same on
-AVX2 and AVX-512: `tests/engine/test_cpu_capability.py`); training's backward pass uses float32
-BLAS, whose kernels differ between CPUs, so gradients are the same bits on one machine type.
+What is left to the CPU is elementwise only: silu in torch's vector code, the same on AVX2 and
+AVX-512; exp, log and sqrt, which torch hands to MKL's vector math, whose AVX2 and AVX-512 code
+differ in the last bit (a known defect: `tests/engine/test_cpu_capability.py`, an expected failure
+until they are computed here). Training's backward pass uses float32 BLAS, whose kernels differ
+between CPUs, so gradients are the same bits on one machine type.
 """
 
 from __future__ import annotations
