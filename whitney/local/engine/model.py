@@ -367,6 +367,11 @@ def score_scale(head_dim: int) -> Tensor:
         return torch.tensor(1.0 / math.sqrt(head_dim), dtype=torch.float32)
 
 
+def query_rows(q: Tensor) -> Tensor:
+    """The queries [..., d] on their fixed-point rows for `attend` (float64)."""
+    return exact.fixed_point(q, exact.bits_for(q.shape[-1]))
+
+
 def attend(
     fq: Tensor,
     stored: KeyValues,
@@ -375,10 +380,10 @@ def attend(
     check: Check,
     kept: list[Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
-    """Causal attention's value [B, H, Tq, d] of queries on fixed-point rows (`exact.fixed_point`
-    at `exact.bits_for(d)`) over `stored` keys and values, exact, chunk by chunk
-    (`query_chunks`), and the exact sums of its weights [B, H, Tq, 1]; `kept` collects each
-    chunk's normalised probabilities. `check` runs between the stages."""
+    """Causal attention's value [B, H, Tq, d] of queries on fixed-point rows (`query_rows`) over
+    `stored` keys and values, exact, chunk by chunk (`query_chunks`), and the exact sums of its
+    weights [B, H, Tq, 1]; `kept` collects each chunk's normalised probabilities. `check` runs
+    between the stages."""
     outs, sums = [], []
     for rows, visible in chunks:
         check()
@@ -415,7 +420,7 @@ class Attention(torch.autograd.Function):
     ):
         keep = ctx.needs_input_grad[0] and q.numel() // q.shape[-1] * k.shape[2] <= ATTENTION_CHUNK
         ctx.probs = [] if keep else None  # small: the probabilities are kept, not recomputed
-        fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
+        fq = query_rows(q)
         out, sums = attend(fq, stored, chunks, prob_bits, check, ctx.probs)
         if ctx.needs_input_grad[0]:
             ctx.save_for_backward(q, k, v, sums, out)  # not `stored`: its values are freed
@@ -427,7 +432,7 @@ class Attention(torch.autograd.Function):
         q, k, v, sums, out = ctx.saved_tensors
         kv, scale = k.shape[1], 1.0 / math.sqrt(q.shape[-1])
         if ctx.probs is None:  # the keys' bits again, as `KeyValues.of` rounded them
-            fq = exact.fixed_point(q, exact.bits_for(q.shape[-1]))
+            fq = query_rows(q)
             keys = exact.fixed_point(k, exact.bits_for(k.shape[-1]))
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         along = (grad_out * out).sum(-1, keepdim=True)  # each row's sum_j p_j dp_j
@@ -772,8 +777,8 @@ class Llama:
         B, T, _ = x.shape
         h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.dim_head
         qkv = self.linear(x, layer, "qkv").view(B, T, h + 2 * kv, d)
-        unit = exact.power(exact.bits_for(d))
         if not torch.is_grad_enabled():  # one fused kernel, the same bits
+            unit = exact.power(exact.bits_for(d))
             both = qkv.view(B, T, h // kv + 2, kv, d), step.cos[:, :, None], step.sin[:, :, None]
             fq, new = QUERIES_KEY_VALUES(*both, unit, layer.value_grid)
             stored = KeyValues(new) if cache is None else cache.store(n, new, step)
@@ -788,9 +793,7 @@ class Llama:
         if q.requires_grad:
             y = Attention.apply(q, k, v, stored, step.chunks, cfg.prob_bits, check)
         else:
-            y, _ = attend(
-                exact.fixed_point(q, exact.bits_for(d)), stored, step.chunks, cfg.prob_bits, check
-            )
+            y, _ = attend(query_rows(q), stored, step.chunks, cfg.prob_bits, check)
         return self.linear(y.transpose(1, 2).reshape(B, T, h * d), layer, "o")
 
     def mlp(self, x: Tensor, layer: LayerWeights) -> Tensor:
