@@ -1,16 +1,19 @@
 """A sequence's numbers are the same bits on AVX2 and AVX-512 CPUs: the engine run with its vector
 code forced to each, in a fresh interpreter, gives the same base weights, logprobs, sampled tokens
-and their logprobs, forward_backward outputs and loss. Forced means both of the libraries that pick
-their code by the CPU: torch's own (ATEN_CPU_CAPABILITY) and MKL's vector math, to which torch
-hands exp, log and sqrt (MKL_ENABLE_INSTRUCTIONS): forcing torch's alone left MKL on AVX-512, so
-the check compared one machine with itself. Forced to both, the numbers differ today: an expected
-failure until the engine computes exp, log and sqrt without MKL. Forcing AVX-512 on a CPU without
-it kills the child with SIGILL, so the check is skipped there, saying why. Gradients go through
-float32 BLAS, whose kernels the CPU picks: they are not compared."""
+and their logprobs, forward_backward outputs and loss, with its compiled kernels (waited for,
+compiled for each CPU capability) and without them (`WHITNEY_ENGINE_COMPILE=0`). Forced means both
+of the libraries that pick their code by the CPU: torch's own (ATEN_CPU_CAPABILITY) and MKL's
+vector math, to which torch hands exp, log and sqrt (MKL_ENABLE_INSTRUCTIONS): forcing torch's
+alone left MKL on AVX-512, so the check compared one machine with itself, and forced to both the
+numbers differed until the engine computed exp, log and sqrt itself (`exact.exp`, `exact.log`,
+`exact.sqrt_float32`). Forcing AVX-512 on a CPU without it kills the child with SIGILL, so the
+check is skipped there, saying why. Gradients go through float32 BLAS, whose kernels the CPU
+picks: they are not compared."""
 
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 import pytest
@@ -35,7 +38,10 @@ def cpu_flags() -> set[str]:
 PROBE = """
 import hashlib, json
 import torch
+from whitney.local.engine import kernels
 from whitney.local.engine.runtime import EngineRun
+
+compiled = kernels.STATE.wait()
 
 def digest(value):
     return hashlib.sha256(json.dumps(value).encode()).hexdigest()
@@ -54,6 +60,7 @@ data = [{"input": {"token_ids": text[:-1]},
 trained = run.forward({"data": data, "loss_function": "cross_entropy"}, backward=True)
 print(json.dumps({
     "capability": torch.backends.cpu.get_cpu_capability(),
+    "compiled": compiled,
     "weights": hashlib.sha256(weights).hexdigest(),
     "logprobs": digest(logprobs.result),
     "sample": digest(sampled.result),
@@ -62,9 +69,9 @@ print(json.dumps({
 """
 
 
-def probe(capability: str) -> dict[str, str]:
+def probe(capability: str, compile_flag: str) -> dict[str, str]:
     forced = {"ATEN_CPU_CAPABILITY": capability, "MKL_ENABLE_INSTRUCTIONS": capability.upper()}
-    return python_json(PROBE, os.environ | forced, timeout=300)
+    return python_json(PROBE, os.environ | forced | {"WHITNEY_ENGINE_COMPILE": compile_flag}, 1800)
 
 
 @pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64", reason="x86-64")
@@ -72,13 +79,13 @@ def probe(capability: str) -> dict[str, str]:
     not cpu_flags() >= AVX512_FLAGS,
     reason="this CPU lacks AVX-512 (avx512f/bw/vl/dq): torch forced to it dies of SIGILL",
 )
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="torch's exp, log and sqrt run MKL's vector math, whose AVX2 and AVX-512 code differ",
-)
-def test_avx2_and_avx512_give_the_same_numbers() -> None:
-    avx2, avx512 = probe("avx2"), probe("avx512")
+@pytest.mark.timeout(1800)  # the kernels may compile cold, for each capability
+@pytest.mark.parametrize("compile_flag", ["1", "0"])
+def test_avx2_and_avx512_give_the_same_numbers(compile_flag: str) -> None:
+    if compile_flag == "1" and shutil.which(os.environ.get("CXX", "g++")) is None:
+        pytest.skip("no C++ compiler for the compiled kernels")
+    avx2, avx512 = probe("avx2", compile_flag), probe("avx512", compile_flag)
     assert avx2.pop("capability") == "AVX2"
     assert avx512.pop("capability") == "AVX512"
+    assert avx2.pop("compiled") is avx512.pop("compiled") is (compile_flag == "1")
     assert avx2 == avx512

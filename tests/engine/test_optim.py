@@ -1,9 +1,12 @@
-"""AdamW against a hand-written update and torch.optim.AdamW; grad clipping and pre-clip norm."""
+"""AdamW against a hand-written update and torch.optim.AdamW; grad clipping and pre-clip norm.
+The engine's root of v is correctly rounded (numpy's float32 sqrt, the hardware's); torch's is
+MKL's, which is not always: the two agree bit for bit on every element whose roots agree."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 
@@ -59,6 +62,7 @@ def test_two_steps_match_hand_written_and_torch_adamw() -> None:
         foreach=False,
     )
     state: dict = {}
+    roots_differed = {n: torch.zeros_like(p, dtype=torch.bool) for n, p in params.items()}
     for t in (1, 2):
         grads = backward(run, seed=t)
         out = run.optim_step(HP)
@@ -71,9 +75,12 @@ def test_two_steps_match_hand_written_and_torch_adamw() -> None:
             p.grad = grads[n]
         torch_opt.step()
         for n, p in run.trainable_parameters().items():
+            v = torch_opt.state[torch_params[n]]["exp_avg_sq"]
+            roots_differed[n] |= torch.from_numpy(np.sqrt(v.numpy()) != v.sqrt().numpy())
             assert p.grad is None
             torch.testing.assert_close(p.detach(), params[n], rtol=1e-5, atol=1e-7)
-            assert torch.equal(p.detach(), torch_params[n].detach()), n
+            same = ~roots_differed[n]
+            assert torch.equal(p.detach()[same], torch_params[n].detach()[same]), n
     assert any(not torch.equal(run.lora.B[n], torch.zeros_like(run.lora.B[n])) for n in run.lora.B)
 
 

@@ -13,17 +13,23 @@ Every reduction that produces a sequence's numbers is either exact or has a fixe
   full mantissas), and so parity with float32 transformers on SmolLM2 is within 1e-4;
 - sums over a datum's tokens run strictly left to right (`prefix_sum`), so padding after the
   datum adds exact zeros and changes nothing;
-- transcendental elementwise functions (`vectorized`) are applied in slices that torch runs
-  serially with no scalar tail, so every element goes through the same vector code whatever
-  the tensor's size (torch's vector and scalar paths of silu or rsqrt differ in the last bit);
+- exp, log and sqrt are the engine's own (`exp`, `log`, `sqrt_float32`), built only from
+  operations IEEE rounds correctly on every CPU (add, subtract, multiply, divide, compare,
+  round half to even, integer and bit operations, bitcasts), one tensor op each in a fixed
+  order, so eager and compiled (`kernels`, with no contraction into fused multiply-adds) give
+  the same bits on every CPU: torch's own exp, log and sqrt go to MKL's vector math, which
+  picks its code by the CPU (its AVX2 and AVX-512 code differ in the last bit), and its
+  float32 sqrt is not correctly rounded;
+- silu is applied in slices (`vectorized`) that torch runs serially with no scalar tail, so
+  every element goes through the same vector code whatever the tensor's size (torch's vector
+  and scalar paths of silu differ in the last bit); that code is torch's own, the same on AVX2
+  and AVX-512;
 - the normaliser of a softmax is an exact sum too (`log_softmax`): torch's own kernel sums in
   an order set by the CPU's vector width, so AVX2 and AVX-512 machines would disagree.
 
-What is left to the CPU is elementwise only: silu in torch's vector code, the same on AVX2 and
-AVX-512; exp, log and sqrt, which torch hands to MKL's vector math, whose AVX2 and AVX-512 code
-differ in the last bit (a known defect: `tests/engine/test_cpu_capability.py`, an expected failure
-until they are computed here). Training's backward pass uses float32 BLAS, whose kernels differ
-between CPUs, so gradients are the same bits on one machine type.
+So a sequence's numbers are the same bits on AVX2 and AVX-512 machines
+(`tests/engine/test_cpu_capability.py`). Training's backward pass uses float32 BLAS, whose
+kernels differ between CPUs, so gradients are the same bits on one machine type.
 """
 
 from __future__ import annotations
@@ -197,9 +203,9 @@ def prefix_sum(x: Tensor, dtype: torch.dtype | None = None) -> Tensor:
 
 
 def vectorized(fn: Callable[..., Tensor], x: Tensor) -> Tensor:
-    """fn (an elementwise torch op, which takes `out=`) applied through torch's vector code for
-    every element: the flattened tensor in slices small enough to run serially, each a multiple
-    of 64 elements, the tail padded to 64. The gradient is fn's own."""
+    """fn (an elementwise torch op, which takes `out=`: silu) applied through torch's vector code
+    for every element: the flattened tensor in slices small enough to run serially, each a
+    multiple of 64 elements, the tail padded to 64. The gradient is fn's own."""
     if x.requires_grad and torch.is_grad_enabled():
         return Vectorized.apply(x, fn)
     flat = x.reshape(-1)
@@ -234,27 +240,176 @@ class Vectorized(torch.autograd.Function):
         return grad_x, None
 
 
+LN2_HI = 6.93147180369123816490e-01
+"""ln 2's leading 32 bits (fdlibm's ln2HI, low 21 bits of its mantissa zero): k * LN2_HI is
+exact for every |k| < 2**21."""
+LN2_LO = 1.90821492927058770002e-10
+"""ln 2 - LN2_HI (fdlibm's ln2LO)."""
+LOG2_E = 1.44269504088896338700e00
+EXP_POLYNOMIAL = (
+    1.66666666666666019037e-01,
+    -2.77777777770155933842e-03,
+    6.61375632143793436117e-05,
+    -1.65339022054652515390e-06,
+    4.13813679705723846039e-08,
+)
+"""fdlibm's P1..P5: r - r**2 (P1 + r**2 (P2 + ...)) = r (exp(r) + 1) / (exp(r) - 1) - 2 to
+within 2**-59 on |r| <= ln2 / 2."""
+EXP_LOW = -708.0
+"""Below this `exp` returns exactly 0: exp(-708) = 3.3e-308 is still a normal float64
+(k = -1021)."""
+EXP_HIGH = 709.782712893384
+"""Above this (ln of the largest float64) `exp` returns inf."""
+LOG_SERIES = tuple(2.0 / (2 * n + 1) for n in range(1, 12))
+"""2/3, 2/5, ..., 2/23: 2 atanh(s) = 2 s + s R(s**2) with R = sum 2 s**(2n) / (2n + 1); for
+|s| <= 0.1716 the first term left out, 2 s**24 / 25, is below 2**-62 of 2 s."""
+
+
+def exp(x: Tensor) -> Tensor:
+    """e**x of float64 x, within 1 ulp, from correctly rounded IEEE operations only (the same
+    bits on every CPU, eager or compiled): fdlibm's e_exp.c without its branches. k =
+    round(x log2 e), r = x - k ln 2 in two parts (Cody and Waite: x - k LN2_HI is exact),
+    e**r by fdlibm's rational form, times 2**k from its bits (`pow2`, as 2 * 2**(k - 1) so that
+    k = 1024 fits). NaN gives NaN, +inf inf, and every x below EXP_LOW (-inf included) exactly 0
+    rather than a subnormal: every use rounds such a value to 0 anyway (a float32 result is 0
+    below -103.97, ln 2**-150; the normaliser's terms sit on a grid of 2**-51 or coarser, which
+    takes every term below 2**-52, x < -36.05, to 0)."""
+    inside = x.clamp(EXP_LOW, EXP_HIGH)
+    k = (inside * LOG2_E).round()
+    hi = inside - k * LN2_HI
+    lo = k * LN2_LO
+    r = hi - lo
+    t = r * r
+    p = EXP_POLYNOMIAL[-1]
+    for coefficient in EXP_POLYNOMIAL[-2::-1]:
+        p = t * p + coefficient
+    c = r - t * p
+    y = 1.0 - ((lo - (r * c) / (2.0 - c)) - hi)
+    value = (y * 2.0) * pow2(k - 1.0)
+    value = torch.where(x < EXP_LOW, 0.0, torch.where(x > EXP_HIGH, math.inf, value))
+    return torch.where(x != x, x, value)
+
+
+def exp_float32(x: Tensor) -> Tensor:
+    """e**x of float32 x: `exp` in float64, rounded once to float32."""
+    return exp(x.double()).float()
+
+
+def log(x: Tensor) -> Tensor:
+    """ln x of float64 x, within 1 ulp, from correctly rounded IEEE operations only: fdlibm's
+    e_log.c without its branches. x = 2**e m from the bits (subnormals scaled by 2**54 first),
+    m folded into [sqrt(1/2), sqrt(2)); with f = m - 1 (exact) and s = f / (2 + f),
+    ln m = 2 atanh(s) = f - (f**2/2 - s (f**2/2 + R)), R the odd series' tail (`LOG_SERIES`);
+    plus e ln 2 in two parts. 0 gives -inf, inf inf, negative x and NaN give NaN."""
+    small = x < 2.0**-1022
+    scaled = torch.where(small, x * 2.0**54, x)
+    bits = scaled.view(torch.int64)
+    mantissa = bits & (2**52 - 1)
+    high = mantissa >= 0x6A09E667F3BCD  # m = 1.mantissa at or above sqrt(2): halve it
+    e = (bits >> 52) - 1023 - torch.where(small, 54, 0) + high.to(torch.int64)
+    m = (mantissa | torch.where(high, 1022 << 52, 1023 << 52)).view(torch.float64)
+    f = m - 1.0
+    s = f / (2.0 + f)
+    z = s * s
+    series = LOG_SERIES[-1]
+    for coefficient in LOG_SERIES[-2::-1]:
+        series = z * series + coefficient
+    tail = z * series
+    half_square = 0.5 * f * f
+    k = e.to(torch.float64)
+    value = k * LN2_HI - ((half_square - (s * (half_square + tail) + k * LN2_LO)) - f)
+    value = torch.where(x == math.inf, math.inf, torch.where(x == 0.0, -math.inf, value))
+    return torch.where(x >= 0.0, value, math.nan)
+
+
+def sqrt_float32(x: Tensor) -> Tensor:
+    """The correctly rounded square root of float32 x, whatever the float64 root's last bit:
+    r, the float64 root rounded to float32, is within one step of the right float32 (the float64
+    root is within a few of its own ulps), so r moves up one step where the midpoint above it
+    squared is below x, down where the midpoint below squared is above. The midpoints have 25
+    significant bits, so their squares are exact in float64, and none is a root of a float32:
+    a midpoint is an odd 25-bit integer times a power of two, its square an odd integer of
+    49 or more bits times one, and a float32 has 24. 0, inf and NaN stay as they are."""
+    wide = x.double()
+    r = wide.sqrt().float()
+    bits = r.view(torch.int32)
+    up, down = (bits + 1).view(torch.float32), (bits - 1).view(torch.float32)
+    root = r.double()
+    above, below = (root + up.double()) * 0.5, (root + down.double()) * 0.5
+    return torch.where(above * above < wide, up, torch.where(below * below > wide, down, r))
+
+
+def elementwise(kernel: kernels.Kernel, x: Tensor) -> Tensor:
+    """An elementwise kernel of flat tensors applied to x of any shape."""
+    return kernel(x.reshape(-1)).view(x.shape)
+
+
+def exponential(x: Tensor) -> Tensor:
+    """e**x of float32 or float64 x (`exp`, `exp_float32`), the same bits on every CPU; the
+    gradient is exp's own (grad times the value)."""
+    if x.requires_grad and torch.is_grad_enabled():
+        return Exponential.apply(x)
+    return elementwise(EXP if x.dtype == torch.float64 else EXP_FLOAT32, x)
+
+
+class Exponential(torch.autograd.Function):
+    """`exponential`'s value; its gradient, grad * e**x, from that value (autograd's formula)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        value = exponential(x)
+        ctx.save_for_backward(value)
+        return value
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (value,) = ctx.saved_tensors
+        return grad * value
+
+
+def square_root(x: Tensor) -> Tensor:
+    """The correctly rounded root of float32 x (`sqrt_float32`); the gradient is sqrt's own
+    (grad / (2 root))."""
+    if x.requires_grad and torch.is_grad_enabled():
+        return SquareRoot.apply(x)
+    return elementwise(SQRT, x)
+
+
+class SquareRoot(torch.autograd.Function):
+    """`square_root`'s value; its gradient, grad / (2 root), from that value (autograd's
+    formula)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        root = square_root(x)
+        ctx.save_for_backward(root)
+        return root
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        (root,) = ctx.saved_tensors
+        return grad / (2 * root)
+
+
 def shifted(x: Tensor) -> tuple[Tensor, Tensor]:
     """Float32 rows' max, and the rows less it in float64."""
     top = x.amax(-1, keepdim=True)
     return top, (x - top).double()
 
 
-def exact_total(terms: Tensor, grid: Tensor) -> Tensor:
-    """The sum of each row of `terms` (float64, at most 1) rounded to the step 1 / grid."""
-    return (terms * grid).round().sum(-1, keepdim=True) / grid
+def log_exact_total(rest: Tensor, grid: Tensor) -> Tensor:
+    """The log (`log`) of the sum of each row's exp (`exp`) of `rest` (float64, at most 0), each
+    term rounded to the step 1 / grid: terms are at most 1, so their sum is exact in any order."""
+    return log((exp(rest) * grid).round().sum(-1, keepdim=True) / grid)
 
 
 def log_normaliser(x: Tensor) -> tuple[Tensor, Tensor]:
-    """The row's max (float32) and the log of the exact sum of exp(x - max) (float64): the exp
-    of the shifted row in float64 through the vector code, each term on the grid
-    2**-(52 - log2 V) (terms are at most 1, so their sum is exact in any order)."""
+    """The row's max (float32) and the log of the exact sum of exp(x - max) (float64): each
+    term on the grid 2**-(52 - log2 V) (`log_exact_total`)."""
     top, rest = SHIFTED(rows(x))
-    terms = vectorized(torch.exp, rest)
     grid = power(MANTISSA_BITS - 1 - math.ceil(math.log2(max(x.shape[-1], 2))), torch.float64)
-    total = EXACT_TOTAL(terms, grid)
     lead = x.shape[:-1]
-    return top.view(*lead, 1), vectorized(torch.log, total).view(*lead, 1)
+    return top.view(*lead, 1), LOG_EXACT_TOTAL(rest, grid).view(*lead, 1)
 
 
 def log_softmax(x: Tensor) -> Tensor:
@@ -277,16 +432,36 @@ def log_softmax_at(x: Tensor, index: Tensor) -> Tensor:
 
 
 def examples_double() -> list[tuple[Tensor, Tensor]]:
-    """`exact_total`'s example: terms in [0, 1] and a grid."""
-    terms = torch.rand(4, 300, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    return [
-        (terms, power(43, torch.float64)),
-        (terms[:1, :5].contiguous(), power(40, torch.float64)),
-    ]
+    """`log_exact_total`'s example: rows at most 0 (some -inf) and a grid."""
+    rest = torch.rand(4, 300, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    rest = rest * -60.0
+    rest[:, 0], rest[1, 7:20] = 0.0, -math.inf
+    return [(rest, power(43, torch.float64)), (rest[:1, :5].contiguous(), power(40, torch.float64))]
+
+
+def flat_examples(dtype: torch.dtype) -> list[tuple[Tensor]]:
+    """An elementwise kernel's examples: every exponent range, the domain's ends, 0 and inf."""
+    gen = torch.Generator().manual_seed(0)
+    wide = torch.randn(1000, generator=gen, dtype=torch.float64) * 300.0
+    ends = [EXP_LOW, EXP_HIGH, 0.0, -0.0, math.inf, -math.inf, 1e-310, 2.0**-1022, 1.0, 4.0]
+    x = torch.cat([wide, torch.tensor(ends, dtype=torch.float64)]).to(dtype)
+    return [(x,), (x[-7:].contiguous(),)]
+
+
+def root_examples() -> list[tuple[Tensor]]:
+    """`sqrt_float32`'s examples: float32 of every exponent (subnormals too), 0, 1, 4 and inf."""
+    gen = torch.Generator().manual_seed(0)
+    bits = torch.randint(0, EXPONENT_BITS, (1000,), generator=gen, dtype=torch.int32)
+    ends = torch.tensor([0.0, 1.0, 4.0, math.inf])
+    x = torch.cat([bits.view(torch.float32), ends])
+    return [(x,), (x[-7:].contiguous(),)]
 
 
 ACTIVATION_GRID = kernels.kernel(lambda: [(x, integer(30)) for (x,) in examples()])(activation_grid)
 FIXED_GRID = kernels.kernel(lambda: [(x, power(21)) for (x,) in examples()])(fixed_grid)
 MEAN_SQUARE = kernels.kernel(lambda: [(x, power(21)) for (x,) in examples()])(mean_square_rows)
 SHIFTED = kernels.kernel(examples, eager_from=1 << 17)(shifted)  # torch's reduction is faster
-EXACT_TOTAL = kernels.kernel(examples_double)(exact_total)
+LOG_EXACT_TOTAL = kernels.kernel(examples_double)(log_exact_total)
+EXP = kernels.kernel(lambda: flat_examples(torch.float64))(exp)
+EXP_FLOAT32 = kernels.kernel(lambda: flat_examples(torch.float32))(exp_float32)
+SQRT = kernels.kernel(root_examples)(sqrt_float32)

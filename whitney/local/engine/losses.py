@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from whitney.local.engine.exact import prefix_sum, vectorized
+from whitney.local.engine.exact import exponential, prefix_sum
 
 # loss_inputs padded to [B, T]: 0 past each datum's end, NaN where a datum lacks an optional tensor
 Inputs = dict[str, Tensor]
@@ -31,13 +31,8 @@ def total(terms: Tensor) -> Tensor:
     return prefix_sum(prefix_sum(terms, torch.float64)).float()
 
 
-def exp(x: Tensor) -> Tensor:
-    """exp through torch's vector code for every element (see `exact.vectorized`)."""
-    return vectorized(torch.exp, x)
-
-
 def ratio(lp: Tensor, q: Tensor) -> Tensor:
-    return exp((lp - q).clamp(-20.0, 20.0))
+    return exponential((lp - q).clamp(-20.0, 20.0))
 
 
 def given_or(inputs: Inputs, name: str, default: Tensor) -> Tensor:
@@ -108,7 +103,7 @@ def gspo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
     lo, hi = clip_bounds(inputs, config)
     mask = given_or(inputs, "sequence_ratio_mask", (w != 0).float())
     log_s = prefix_sum((lp.detach() - q) * mask) / prefix_sum(mask).clamp(min=1.0)
-    s = exp(log_s.clamp(-20.0, 20.0)[:, None] + lp - lp.detach())
+    s = exponential(log_s.clamp(-20.0, 20.0)[:, None] + lp - lp.detach())
     loss = total(-torch.minimum(s * A, torch.clamp(s, lo, hi) * A) * w)
     clipped = ((s < lo) | (s > hi)).float()
     return loss, base_metrics(loss, lp, inputs) | {"clip_fraction:mean": wmean(clipped, w)}
@@ -119,7 +114,7 @@ def dppo(lp: Tensor, inputs: Inputs, config: dict[str, float]) -> Result:
     A, q, w = inputs["advantages"], inputs["logprobs"], inputs["weights"]
     delta_low = config["delta_low"]
     delta_high = config["delta_high"]
-    p, mu = exp(lp.detach()), exp(q)
+    p, mu = exponential(lp.detach()), exponential(q)
     outside = ((A > 0) & (p - mu > delta_high)) | ((A < 0) & (mu - p > delta_low))
     m = (~outside).float()
     loss = total(-ratio(lp, q) * A * m * w)

@@ -185,12 +185,13 @@ def rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
 
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    """weight * x / sqrt(mean(x**2) + eps), the mean exact; the gradient is RMSNorm's own."""
+    """weight * x / sqrt(mean(x**2) + eps), the mean exact, the root correctly rounded
+    (`exact.square_root`); the gradient is RMSNorm's own."""
     mean_square = exact.mean_square(x)
     if x.requires_grad:  # value unchanged (a - a is exactly 0), gradient of the float formula
         soft = x.pow(2).mean(-1, keepdim=True)
         mean_square = mean_square + (soft - soft.detach())
-    return weight * (x / torch.sqrt(mean_square + eps))
+    return weight * (x / exact.square_root(mean_square + eps))
 
 
 def silu(x: Tensor) -> Tensor:
@@ -353,11 +354,12 @@ def query_chunks(
 
 def attention_probabilities(fq: Tensor, keys: Tensor, visible: Tensor) -> Tensor:
     """exp(score - the row's largest score) [B, H, Tq, Tk] (float32) of fixed-point queries over
-    keys; each element's bits depend on its row alone (exact scores, `vectorized` exp)."""
+    keys; each element's bits depend on its row alone (exact scores, the engine's own exp:
+    `exact.exponential`)."""
     raw = torch.matmul(grouped(fq, keys.shape[1]), keys.transpose(-1, -2))
     scale = score_scale(fq.shape[-1])
     exponent = SHIFTED_SCORES(raw.view(*fq.shape[:-1], keys.shape[2]), visible, scale)
-    return exact.vectorized(torch.exp, exponent)
+    return exact.exponential(exponent)
 
 
 @functools.cache

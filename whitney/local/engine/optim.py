@@ -1,5 +1,6 @@
 """AdamW with decoupled weight decay and bias correction, written out (torch.optim.AdamW's order
-of operations), with global grad-norm clipping."""
+of operations, the root of v correctly rounded: `exact.square_root`), with global grad-norm
+clipping."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor
+
+from whitney.local.engine import exact
 
 
 @dataclass(frozen=True)
@@ -52,7 +55,7 @@ class AdamW:
                 p.mul_(1 - lr * wd)
                 m.lerp_(g, 1 - b1)
                 v.mul_(b2).addcmul_(g, g, value=1 - b2)
-                denom = (v.sqrt() / bias2**0.5).add_(eps)
+                denom = (exact.square_root(v) / bias2**0.5).add_(eps)
                 p.addcdiv_(m, denom, value=-lr / bias1)
                 p.grad = None
         return float(norm)

@@ -34,7 +34,7 @@ def sampling_logprobs(logits: Tensor, params: SamplingParams) -> Tensor:
         kth = logits.topk(top_k, dim=-1).values[:, -1:]
         logits = logits.masked_fill(logits < kth, float("-inf"))
     if params.top_p < 1.0:
-        probs = exact.vectorized(torch.exp, exact.log_softmax(logits))
+        probs = exact.exponential(exact.log_softmax(logits))
         sorted_probs, order = probs.sort(dim=-1, descending=True, stable=True)
         mass_before = sorted_probs.cumsum(-1) - sorted_probs
         drop = torch.empty_like(order, dtype=torch.bool).scatter_(
@@ -46,7 +46,7 @@ def sampling_logprobs(logits: Tensor, params: SamplingParams) -> Tensor:
 
 def draw(logprobs: Tensor, u: Tensor) -> Tensor:
     """Inverse-CDF draw per row: the first token whose cumulative probability exceeds u * total."""
-    probs = exact.vectorized(torch.exp, logprobs)
+    probs = exact.exponential(logprobs)
     cdf = probs.cumsum(-1)
     tokens = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(-1), right=True).squeeze(-1)
     past = tokens == cdf.shape[-1]  # u * total rounded up to the total: the last possible token
