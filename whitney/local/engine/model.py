@@ -532,26 +532,27 @@ def lora_input_gradient(
 class TargetLogprobs(torch.autograd.Function):
     """log_softmax(hidden @ head.T)[target] per position, exact in value (`exact.log_softmax`,
     row by row, so chunking changes no bit), over chunks of positions: the [positions, vocab]
-    logits never exist at once in float64. The gradient is torch's log_softmax's through the
-    float head, for the positions whose upstream gradient is not 0 (the others' is 0: a
-    prompt's, weighing 0, needs no backward through the vocabulary), chunk by chunk, from the
-    logits kept where all of them fit in SAVED_LOGITS, else recomputed (float32 BLAS: the same
-    bits on every run of one machine; from kept logits with every gradient nonzero, the bits of
-    a plain gather of log_softmax). `check` runs before each chunk."""
+    logits never exist at once in float64. Where the backward keeps the logits (all of them fit
+    in SAVED_LOGITS) they are computed at once straight into the kept float32 tensor, the head
+    widened a block of its rows at a time (`products.eager`: the same bits). The gradient is
+    torch's log_softmax's through the float head, for the positions whose upstream gradient is
+    not 0 (the others' is 0: a prompt's, weighing 0, needs no backward through the vocabulary),
+    chunk by chunk, from the kept logits, else recomputed (float32 BLAS: the same bits on every
+    run of one machine; from kept logits with every gradient nonzero, the bits of a plain gather
+    of log_softmax). `check` runs before the logits and each chunk."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, fixed: Tensor, weight: Tensor, targets: Tensor, check: Check):
         rows, flat = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1)
         keep = ctx.needs_input_grad[0] and rows.shape[0] * fixed.shape[0] <= SAVED_LOGITS
-        kept = torch.empty(rows.shape[0], fixed.shape[0]) if keep else None
-        values, start, head = [], 0, fixed.double()  # widened once, not once a chunk
-        for part, target in row_chunks(fixed.shape[0], rows, flat):
+        check()
+        kept = exact.linear(rows, fixed) if keep else None  # all at once: no float64 head, no copy
+        head = fixed.double() if kept is None else None  # widened once, not once a chunk
+        values = []
+        for part, target in row_chunks(fixed.shape[0], rows if kept is None else kept, flat):
             check()
-            logits = exact.linear(part, head)
+            logits = exact.linear(part, head) if kept is None else part
             values.append(exact.log_softmax_at(logits, target).squeeze(-1))
-            if kept is not None:
-                kept[start : start + len(part)] = logits
-            start += len(part)
         if ctx.needs_input_grad[0]:
             ctx.save_for_backward(hidden, fixed, weight, targets)
             ctx.kept, ctx.check = kept, check
