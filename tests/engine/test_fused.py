@@ -1,9 +1,10 @@
 """The kernels that fuse a layer's exact elementwise work without gradients give the bits of the
 unfused sequence the gradient path runs (the same operations in the same order): silu(gate) * up
 and the down projection's rows, RoPE with the queries' fixed-point rows and the stored keys and
-values. Random rows, a flat row, a row of tiny elements, grouped-query heads; compared as raw
-bits (each kernel runs eagerly or compiled, whichever is loaded: the two are checked against each
-other at load)."""
+values; and with gradients, `Gated` gives the value and gradient of autograd through the unfused
+silu(gate) * up. Random rows, a flat row, a row of tiny elements, grouped-query heads; compared
+as raw bits (each kernel runs eagerly or compiled, whichever is loaded: the two are checked
+against each other at load)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 from whitney.local.engine import exact
 from whitney.local.engine.model import (
     QUERIES_KEY_VALUES,
+    Gated,
     KeyValues,
     gated_rows,
     rope,
@@ -20,10 +22,11 @@ from whitney.local.engine.model import (
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    integers = {8: torch.int64, 4: torch.int32}[a.element_size()]
     return (
         a.dtype == b.dtype
         and a.shape == b.shape
-        and torch.equal(a.view(torch.int64), b.view(torch.int64))
+        and torch.equal(a.view(integers), b.view(integers))
     )
 
 
@@ -41,6 +44,23 @@ def test_gated_rows_are_the_activation_rows_of_silu_gate_times_up() -> None:
         with torch.no_grad():
             want = exact.activation_rows(silu(gate) * up, exact.weight_bits(i))
             assert same_bits(gated_rows(silu(gate), gate_up), want)
+
+
+def test_gated_is_silu_gate_times_up_with_autograds_gradient() -> None:
+    """The gradient path's `Gated`: the value and the gradient autograd takes of the unfused
+    expression (silu run again in its backward, the halves' gradients concatenated)."""
+    for i in (512, 1536, 160, 37):
+        gate_up = rows(i, (2, 5, 2 * i))
+        upstream = torch.randn(2, 5, i, generator=torch.Generator().manual_seed(i))
+        leaf = gate_up.clone().requires_grad_()
+        gate, up = leaf.chunk(2, dim=-1)
+        want = silu(gate) * up
+        (want_grad,) = torch.autograd.grad(want, leaf, upstream)
+        fused = gate_up.clone().requires_grad_()
+        got = Gated.apply(fused)
+        (got_grad,) = torch.autograd.grad(got, fused, upstream)
+        assert same_bits(got.detach(), want.detach())
+        assert same_bits(got_grad, want_grad)
 
 
 def test_queries_key_values_are_rope_fixed_point_and_key_values() -> None:

@@ -45,9 +45,9 @@ GROUPS = {  # projections that read the same input run as one matmul (bitwise th
 VALUE_BITS = 21  # per part of a value on its static grid; see `value_grid`
 ATTENTION_CHUNK = 1 << 22  # scores per chunk of queries in `Attention` (elements, at least a row)
 CAUSAL_ROWS = 64  # queries per chunk of `Attention` below which it does not split for causality
-LOGITS_CHUNK = 1 << 22  # logits per chunk of rows in `TargetLogprobs` (elements, at least a row)
+LOGITS_CHUNK = 1 << 22  # logits per chunk of rows of `TargetLogprobs`' log-softmax (at least a row)
 BLAS_ROWS = 8  # the head's product runs faster on a multiple of 8 rows (MKL: 85 rows ~10% slower)
-SAVED_LOGITS = 1 << 26  # up to this many logits are kept for the backward; more are recomputed
+SAVED_LOGITS = 1 << 26  # logits per block of `TargetLogprobs`; the backward keeps one block's
 Check = Callable[[], None]  # called between stages of the work; raises to stop it
 
 
@@ -455,6 +455,30 @@ class Attention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, None, None, None, None
 
 
+class Gated(torch.autograd.Function):
+    """silu(gate) * up of the gate and up projections side by side [..., 2 I], with the gradient
+    autograd takes of that expression, computed as autograd does (silu's own backward, the
+    products with the other factor) without running silu again, into one tensor (no
+    concatenation of the halves' gradients)."""
+
+    @staticmethod
+    def forward(ctx, gate_up: Tensor) -> Tensor:
+        gate, up = gate_up.chunk(2, dim=-1)
+        activated = silu(gate)
+        ctx.save_for_backward(gate_up, activated)
+        return activated * up
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        gate_up, activated = ctx.saved_tensors
+        gate, up = gate_up.chunk(2, dim=-1)
+        grad_gate_up = torch.empty_like(gate_up)
+        grad_gate, grad_up = grad_gate_up.chunk(2, dim=-1)
+        torch.ops.aten.silu_backward(grad * up, gate, grad_input=grad_gate)
+        torch.mul(grad, activated, out=grad_up)
+        return grad_gate_up
+
+
 class Checkpoint(torch.autograd.Function):
     """The identity, whose backward first calls `check` (which raises to stop the backward)."""
 
@@ -533,30 +557,31 @@ def lora_input_gradient(
 
 class TargetLogprobs(torch.autograd.Function):
     """log_softmax(hidden @ head.T)[target] per position, exact in value (`exact.log_softmax`,
-    row by row, so chunking changes no bit), over chunks of positions: the [positions, vocab]
-    logits never exist at once in float64. The gradient is torch's log_softmax's through the
-    float head, for the positions whose upstream gradient is not 0 (the others' is 0: a
-    prompt's, weighing 0, needs no backward through the vocabulary), chunk by chunk, from the
-    logits kept where all of them fit in SAVED_LOGITS, else recomputed (float32 BLAS: the same
-    bits on every run of one machine; from kept logits with every gradient nonzero, the bits of
-    a plain gather of log_softmax). `check` runs before each chunk."""
+    row by row, so chunking changes no bit): the logits (float32) of blocks of positions of at
+    most SAVED_LOGITS logits, each block's product over the head widened 1024 of its rows at a
+    time (`products.eager`: no float64 copy of the head), the log-softmax over chunks of the
+    block's positions of at most LOGITS_CHUNK logits. The backward keeps the logits where they
+    are one block. The gradient is torch's log_softmax's through the float head, for the
+    positions whose upstream gradient is not 0 (the others' is 0: a prompt's, weighing 0, needs
+    no backward through the vocabulary), chunk by chunk, from the kept logits, else from each
+    block's recomputed (float32 BLAS: the same bits on every run of one machine; from kept
+    logits with every gradient nonzero, the bits of a plain gather of log_softmax). `check`
+    runs before each block and chunk."""
 
     @staticmethod
     def forward(ctx, hidden: Tensor, fixed: Tensor, weight: Tensor, targets: Tensor, check: Check):
         rows, flat = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1)
-        keep = ctx.needs_input_grad[0] and rows.shape[0] * fixed.shape[0] <= SAVED_LOGITS
-        kept = torch.empty(rows.shape[0], fixed.shape[0]) if keep else None
-        values, start, head = [], 0, fixed.double()  # widened once, not once a chunk
-        for part, target in row_chunks(fixed.shape[0], rows, flat):
+        vocab, values, blocks = fixed.shape[0], [], 0
+        for block, block_targets in row_chunks(SAVED_LOGITS, vocab, rows, flat):
             check()
-            logits = exact.linear(part, head)
-            values.append(exact.log_softmax_at(logits, target).squeeze(-1))
-            if kept is not None:
-                kept[start : start + len(part)] = logits
-            start += len(part)
+            logits = exact.linear(block, fixed)
+            for part, target in row_chunks(LOGITS_CHUNK, vocab, logits, block_targets):
+                check()
+                values.append(exact.log_softmax_at(part, target).squeeze(-1))
+            blocks += 1
         if ctx.needs_input_grad[0]:
             ctx.save_for_backward(hidden, fixed, weight, targets)
-            ctx.kept, ctx.check = kept, check
+            ctx.kept, ctx.check = logits if blocks == 1 else None, check
         return torch.cat(values).view(targets.shape)
 
     @staticmethod
@@ -565,21 +590,27 @@ class TargetLogprobs(torch.autograd.Function):
         rows, flat = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1)
         upstream = grad.reshape(-1, 1)
         live = (upstream[:, 0] != 0).nonzero().squeeze(-1)
-        every = len(live) == len(rows)  # every row live: the kept rows in place, not gathered
-        kept, grad_hidden, done = ctx.kept, torch.zeros_like(rows), 0
-        head = fixed.double() if kept is None else fixed  # widened once, not once a chunk
-        for (index,) in row_chunks(fixed.shape[0], live):
-            ctx.check()
-            if kept is None:
-                logits = exact.linear(rows[index], head)
-                part = logits_gradient(logits, flat[index], upstream[index])
-                grad_hidden[index] = part @ weight
-            else:  # over the kept logits' first rows (live row i >= i is read before i is written)
+        kept, grad_hidden = ctx.kept, torch.zeros_like(rows)
+        if kept is None:
+            for (index,) in row_chunks(SAVED_LOGITS, fixed.shape[0], live):
+                ctx.check()
+                logits = exact.linear(rows[index], fixed)
+                chunks = row_chunks(
+                    LOGITS_CHUNK, fixed.shape[0], logits, flat[index], upstream[index]
+                )
+                for part, target, up in chunks:
+                    ctx.check()
+                    logits_gradient(part, target, up, out=part)
+                grad_hidden[index] = logits @ weight
+        else:
+            every = len(live) == len(rows)  # every row live: the kept rows in place, not gathered
+            done = 0
+            for (index,) in row_chunks(LOGITS_CHUNK, fixed.shape[0], live):
+                ctx.check()  # over the kept logits' first rows (live row i >= i is read first)
                 into = kept[done : done + len(index)]
                 logits = into if every else kept[index]
                 logits_gradient(logits, flat[index], upstream[index], out=into)
                 done += len(index)
-        if kept is not None:
             grad_hidden[live] = kept[:done] @ weight
         ctx.kept = None
         return grad_hidden.view(hidden.shape), None, None, None, None
@@ -596,10 +627,10 @@ def logits_gradient(
     return torch._log_softmax_backward_data(grad_logits, soft, -1, logits.dtype, out=out)
 
 
-def row_chunks(vocab: int, *tensors: Tensor) -> list[tuple[Tensor, ...]]:
-    """The tensors split alike along their first dim, into chunks of at most LOGITS_CHUNK logits,
-    a multiple of BLAS_ROWS rows where that is at least BLAS_ROWS."""
-    size = max(1, LOGITS_CHUNK // vocab)
+def row_chunks(limit: int, vocab: int, *tensors: Tensor) -> list[tuple[Tensor, ...]]:
+    """The tensors split alike along their first dim, into chunks of at most `limit` logits (at
+    least a row), a multiple of BLAS_ROWS rows where that is at least BLAS_ROWS."""
+    size = max(1, limit // vocab)
     if size > BLAS_ROWS:
         size -= size % BLAS_ROWS
     return list(zip(*(t.split(size) for t in tensors), strict=True))
@@ -800,10 +831,9 @@ class Llama:
 
     def mlp(self, x: Tensor, layer: LayerWeights) -> Tensor:
         gate_up = self.linear(x, layer, "gate_up")
-        gate, up = gate_up.chunk(2, dim=-1)
-        activated = silu(gate)
         if torch.is_grad_enabled():
-            return self.linear(activated * up, layer, "down")
+            return self.linear(Gated.apply(gate_up), layer, "down")
+        activated = silu(gate_up.chunk(2, dim=-1)[0])
         return self.linear(gated_rows(activated, gate_up), layer, "down")
 
     def hidden(

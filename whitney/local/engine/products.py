@@ -110,23 +110,33 @@ compiled: Callable[[Tensor, Tensor], Tensor] | None = None
 SCRATCH = threading.local()
 
 
-def widened(w: Tensor) -> Tensor:
-    """w as float64 in this thread's scratch buffer: no allocation (and page faults) a block."""
-    buffer = getattr(SCRATCH, "buffer", None)
-    if buffer is None or buffer.numel() < w.numel():
+def scratch(name: str, numel: int) -> Tensor:
+    """This thread's float64 buffer `name` of at least `numel` elements: no allocation (and
+    page faults) a block."""
+    buffer = getattr(SCRATCH, name, None)
+    if buffer is None or buffer.numel() < numel:
         with torch.inference_mode(False):
-            buffer = SCRATCH.buffer = torch.empty(w.numel(), dtype=torch.float64)
-    return buffer[: w.numel()].view(w.shape).copy_(w)
+            buffer = torch.empty(numel, dtype=torch.float64)
+            setattr(SCRATCH, name, buffer)
+    return buffer[:numel]
+
+
+def widened(w: Tensor) -> Tensor:
+    """w as float64 in this thread's scratch buffer."""
+    return scratch("weight", w.numel()).view(w.shape).copy_(w)
 
 
 def eager(x: Tensor, w: Tensor) -> Tensor:
     """x [M, K] float64 @ w [N, K] float32 .T as float32: BLAS over blocks of widened rows, each
-    block's exact sums rounded as they come (a weight of one block: no float64 output to fill)."""
-    parts = [
-        torch.mm(x, widened(w[start : start + BLOCK]).t()).float()
-        for start in range(0, w.shape[0], BLOCK)
-    ]
-    return parts[0] if len(parts) == 1 else torch.cat(parts, -1)
+    block's exact sums (in a scratch buffer) rounded straight into its columns of the output."""
+    rows = x.shape[0]
+    out = torch.empty(rows, w.shape[0])
+    for start in range(0, w.shape[0], BLOCK):
+        block = widened(w[start : start + BLOCK])
+        sums = scratch("sums", rows * block.shape[0]).view(rows, block.shape[0])
+        torch.mm(x, block.t(), out=sums)
+        out[:, start : start + block.shape[0]].copy_(sums)
+    return out
 
 
 def product(x: Tensor, w: Tensor) -> Tensor:
