@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from whitney.local.engine import exact
+from whitney.local.engine.kernels import same_bits
 from whitney.local.engine.model import (
     QUERIES_KEY_VALUES,
     Gated,
@@ -19,15 +20,6 @@ from whitney.local.engine.model import (
     rope,
     silu,
 )
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    integers = {8: torch.int64, 4: torch.int32}[a.element_size()]
-    return (
-        a.dtype == b.dtype
-        and a.shape == b.shape
-        and torch.equal(a.view(integers), b.view(integers))
-    )
 
 
 def rows(seed: int, shape: tuple[int, ...]) -> torch.Tensor:

@@ -339,56 +339,43 @@ def sqrt_float32(x: Tensor) -> Tensor:
     return torch.where(above * above < wide, up, torch.where(below * below > wide, down, r))
 
 
-def elementwise(kernel: kernels.Kernel, x: Tensor) -> Tensor:
-    """An elementwise kernel of flat tensors applied to x of any shape."""
+def elementwise(
+    kernel: kernels.Kernel, x: Tensor, gradient: Callable[[Tensor, Tensor], Tensor]
+) -> Tensor:
+    """An elementwise kernel of flat tensors applied to x of any shape; under autograd, its
+    gradient `gradient(grad, value)` from the value (`FromValue`)."""
+    if x.requires_grad and torch.is_grad_enabled():
+        return FromValue.apply(x, kernel, gradient)
     return kernel(x.reshape(-1)).view(x.shape)
+
+
+class FromValue(torch.autograd.Function):
+    """`elementwise`'s value; its gradient computed from that value."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, kernel: kernels.Kernel, gradient: Callable) -> Tensor:
+        value = elementwise(kernel, x, gradient)
+        ctx.save_for_backward(value)
+        ctx.gradient = gradient
+        return value
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        (value,) = ctx.saved_tensors
+        return ctx.gradient(grad, value), None, None
 
 
 def exponential(x: Tensor) -> Tensor:
     """e**x of float32 or float64 x (`exp`, `exp_float32`), the same bits on every CPU; the
     gradient is exp's own (grad times the value)."""
-    if x.requires_grad and torch.is_grad_enabled():
-        return Exponential.apply(x)
-    return elementwise(EXP if x.dtype == torch.float64 else EXP_FLOAT32, x)
-
-
-class Exponential(torch.autograd.Function):
-    """`exponential`'s value; its gradient, grad * e**x, from that value (autograd's formula)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
-        value = exponential(x)
-        ctx.save_for_backward(value)
-        return value
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
-        (value,) = ctx.saved_tensors
-        return grad * value
+    kernel = EXP if x.dtype == torch.float64 else EXP_FLOAT32
+    return elementwise(kernel, x, lambda grad, value: grad * value)
 
 
 def square_root(x: Tensor) -> Tensor:
     """The correctly rounded root of float32 x (`sqrt_float32`); the gradient is sqrt's own
     (grad / (2 root))."""
-    if x.requires_grad and torch.is_grad_enabled():
-        return SquareRoot.apply(x)
-    return elementwise(SQRT, x)
-
-
-class SquareRoot(torch.autograd.Function):
-    """`square_root`'s value; its gradient, grad / (2 root), from that value (autograd's
-    formula)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor) -> Tensor:
-        root = square_root(x)
-        ctx.save_for_backward(root)
-        return root
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> Tensor:
-        (root,) = ctx.saved_tensors
-        return grad / (2 * root)
+    return elementwise(SQRT, x, lambda grad, root: grad / (2 * root))
 
 
 def shifted(x: Tensor) -> tuple[Tensor, Tensor]:
