@@ -13,13 +13,15 @@ Every reduction that produces a sequence's numbers is either exact or has a fixe
   full mantissas), and so parity with float32 transformers on SmolLM2 is within 1e-4;
 - sums over a datum's tokens run strictly left to right (`prefix_sum`), so padding after the
   datum adds exact zeros and changes nothing;
-- exp, log and sqrt are the engine's own (`exp`, `log`, `sqrt_float32`), built only from
-  operations IEEE rounds correctly on every CPU (add, subtract, multiply, divide, compare,
-  round half to even, integer and bit operations, bitcasts), one tensor op each in a fixed
-  order, so eager and compiled (`kernels`, with no contraction into fused multiply-adds) give
-  the same bits on every CPU: torch's own exp, log and sqrt go to MKL's vector math, which
-  picks its code by the CPU (its AVX2 and AVX-512 code differ in the last bit), and its
-  float32 sqrt is not correctly rounded;
+- exp, log and sqrt are the engine's own (`exp`, `log`, `sqrt_float32`), and so are sin and
+  cos (`sin`, `cos`: RoPE's tables, with its inverse frequencies' pow as `exp` of a `log`,
+  built once per config, eagerly), built only from operations IEEE rounds correctly on every
+  CPU (add, subtract, multiply, divide, compare, round half to even, integer and bit
+  operations, bitcasts), one tensor op each in a fixed order, so eager and compiled
+  (`kernels`, with no contraction into fused multiply-adds) give the same bits on every CPU:
+  torch's own exp, log and sqrt go to MKL's vector math, which picks its code by the CPU (its
+  AVX2 and AVX-512 code differ in the last bit), its float32 sqrt is not correctly rounded,
+  and its sin, cos and pow are vector code chosen by the CPU as well;
 - silu is applied in slices (`vectorized`) that torch runs serially with no scalar tail, so
   every element goes through the same vector code whatever the tensor's size (torch's vector
   and scalar paths of silu differ in the last bit); that code is torch's own, the same on AVX2
@@ -320,6 +322,127 @@ def log(x: Tensor) -> Tensor:
     value = k * LN2_HI - ((half_square - (s * (half_square + tail) + k * LN2_LO)) - f)
     value = torch.where(x == math.inf, math.inf, torch.where(x == 0.0, -math.inf, value))
     return torch.where(x >= 0.0, value, math.nan)
+
+
+SIN_COS_LIMIT = 2.0**19 * math.pi / 2
+"""`sin` and `cos` take |x| up to this, fdlibm's medium case (e_rem_pio2.c): x - n pi/2 in three
+parts of pi/2 is then as exact as fdlibm's (n < 2**20); beyond it they raise ValueError."""
+TWO_OVER_PI = 6.36619772367581382433e-01
+PI_OVER_2 = (1.57079632673412561417e00, 6.07710050630396597660e-11, 2.02226624871116645580e-21)
+"""fdlibm's pio2_1, pio2_2, pio2_3: pi/2 cut into three parts of at most 33 bits, so n times
+each is exact for every n < 2**20."""
+PI_OVER_2_REST = 8.47842766036889956997e-32
+"""fdlibm's pio2_3t: pi/2 less its three parts `PI_OVER_2`."""
+SIN_POLYNOMIAL = (
+    -1.66666666666666324348e-01,
+    8.33333333332248946124e-03,
+    -1.98412698298579493134e-04,
+    2.75573137070700676789e-06,
+    -2.50507602534068634195e-08,
+    1.58969099521155010221e-10,
+)
+"""fdlibm's S1..S6: sin(x) / x ~ 1 + x**2 (S1 + x**2 S2 + ... + x**10 S6) within 2**-58 on
+|x| <= pi/4."""
+COS_POLYNOMIAL = (
+    4.16666666666666019037e-02,
+    -1.38888888888741095749e-03,
+    2.48015872894767294178e-05,
+    -2.75573143513906633035e-07,
+    2.08757232129817482790e-09,
+    -1.13596475577881948265e-11,
+)
+"""fdlibm's C1..C6: cos(x) ~ 1 - x**2 / 2 + x**4 (C1 + x**2 C2 + ... + x**10 C6) within 2**-58
+on |x| <= pi/4."""
+
+
+def horner(z: Tensor, coefficients: tuple[float, ...]) -> Tensor:
+    """c0 + z (c1 + z (c2 + ...)), innermost first."""
+    p = coefficients[-1]
+    for coefficient in coefficients[-2::-1]:
+        p = z * p + coefficient
+    return p
+
+
+def difference(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
+    """a - b rounded, and its rounding error: a - b = s + e exactly, whatever the magnitudes
+    (Knuth's TwoSum of a and -b, branch-free)."""
+    s = a - b
+    bb = s - a
+    return s, (a - (s - bb)) - (b + bb)
+
+
+def quarter_turns(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """n = round(x 2/pi) and x - n pi/2 as y + tail, for 0 <= x <= SIN_COS_LIMIT: fdlibm's
+    e_rem_pio2.c medium case with all three steps always taken and each step's rounding error
+    kept exactly (`difference`) where fdlibm branches on how much cancelled. n has at most 20
+    bits, so n times each part of pi/2 is exact, and so is x - n PI_OVER_2[0] (Sterbenz: the
+    two are within a factor 2); the errors and n PI_OVER_2_REST, together far below y's ulp,
+    make the tail."""
+    n = (x * TWO_OVER_PI).round()
+    r = x - n * PI_OVER_2[0]
+    r, second = difference(r, n * PI_OVER_2[1])
+    r, third = difference(r, n * PI_OVER_2[2])
+    w = n * PI_OVER_2_REST - (second + third)
+    y = r - w
+    return n, y, (r - y) - w
+
+
+def kernel_sin(y: Tensor, tail: Tensor) -> Tensor:
+    """sin(y + tail) for |y| <= about pi/4, tail below half y's ulp: fdlibm's k_sin.c with a
+    tail (iy = 1)."""
+    z = y * y
+    v = z * y
+    r = horner(z, SIN_POLYNOMIAL[1:])
+    return y - ((z * (0.5 * tail - v * r) - tail) - v * SIN_POLYNOMIAL[0])
+
+
+def kernel_cos(y: Tensor, tail: Tensor) -> Tensor:
+    """cos(y + tail) for |y| <= about pi/4, tail below half y's ulp: fdlibm's k_cos.c, its last
+    sum as FreeBSD's msun (and musl) write it, branch-free: w = 1 - y**2/2 plus that
+    subtraction's rounding error, instead of fdlibm's branch on |y|."""
+    z = y * y
+    r = z * horner(z, COS_POLYNOMIAL)
+    half = 0.5 * z
+    w = 1.0 - half
+    return w + (((1.0 - w) - half) + (z * r - y * tail))
+
+
+def sine_quarter_turns(x: Tensor, turns: int) -> Tensor:
+    """sin(x + turns pi/2) for 0 <= x <= SIN_COS_LIMIT: with x = n pi/2 + y (`quarter_turns`),
+    by (n + turns) mod 4 one of sin(y), cos(y), -sin(y), -cos(y), each computed and selected."""
+    n, y, tail = quarter_turns(x)
+    quadrant = (n.to(torch.int64) + turns) & 3
+    value = torch.where(quadrant & 1 == 0, kernel_sin(y, tail), kernel_cos(y, tail))
+    return torch.where(quadrant >= 2, -value, value)
+
+
+def magnitude_in_domain(x: Tensor) -> Tensor:
+    """|x| for `sin` and `cos`, inf and NaN taken as 0 (their result is NaN); ValueError where a
+    finite |x| passes SIN_COS_LIMIT."""
+    magnitude = torch.where(x.isfinite(), x.abs(), 0.0)
+    largest = float(magnitude.max()) if magnitude.numel() else 0.0
+    if largest > SIN_COS_LIMIT:
+        raise ValueError(
+            f"exact.sin and exact.cos take |x| <= 2**19 pi/2 = {SIN_COS_LIMIT} "
+            f"(fdlibm's medium argument reduction), not {largest}"
+        )
+    return magnitude
+
+
+def sin(x: Tensor) -> Tensor:
+    """sin of float64 x, |x| <= SIN_COS_LIMIT (ValueError beyond), within 1 ulp, from correctly
+    rounded IEEE operations only, branch-free (the same bits on every CPU): fdlibm's reduction by
+    pi/2 in three parts (`quarter_turns`) and its kernels (`kernel_sin`, `kernel_cos`), on |x|
+    with x's sign put back (-0 stays -0). inf and NaN give NaN."""
+    value = sine_quarter_turns(magnitude_in_domain(x), 0)
+    return torch.where(x.isfinite(), torch.where(x.signbit(), -value, value), math.nan)
+
+
+def cos(x: Tensor) -> Tensor:
+    """cos of float64 x, |x| <= SIN_COS_LIMIT (ValueError beyond), within 1 ulp, as `sin`: cos of
+    |x| is sin(|x| + pi/2). inf and NaN give NaN."""
+    value = sine_quarter_turns(magnitude_in_domain(x), 1)
+    return torch.where(x.isfinite(), value, math.nan)
 
 
 def sqrt_float32(x: Tensor) -> Tensor:

@@ -152,9 +152,16 @@ def init_weights(cfg: ModelConfig, seed: int = BASE_INIT_SEED) -> dict[str, Tens
 
 
 def inverse_frequencies(cfg: ModelConfig) -> Tensor:
-    """RoPE's inverse frequencies [head_dim / 2], as transformers computes them per rope type."""
+    """RoPE's inverse frequencies [head_dim / 2] by transformers' float32 arithmetic per rope
+    type (its divisions, products and comparisons are IEEE's, the same bits on every CPU), its
+    pow theta ** (k / d) the engine's own: exp(y ln theta) in float64 (`exact.exp`, `exact.log`,
+    theta as float32 as transformers' pow takes it), within about 2**-48 of the power, rounded
+    once to float32: the correctly rounded float32 power but where the power lies that close to
+    a point halfway between two float32s (double rounding)."""
     d = cfg.dim_head
-    inv_freq = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    exponents = torch.arange(0, d, 2, dtype=torch.int64).float() / d
+    log_theta = exact.log(torch.tensor(cfg.rope_theta, dtype=torch.float32).double())
+    inv_freq = 1.0 / exact.exp(exponents.double() * log_theta).float()
     if cfg.rope_type == "linear":
         return inv_freq / cfg.rope_factor
     if cfg.rope_type != "llama3":
@@ -172,9 +179,14 @@ def inverse_frequencies(cfg: ModelConfig) -> Tensor:
 @functools.cache
 def rope_tables(cfg: ModelConfig) -> tuple[Tensor, Tensor]:
     """cos and signed sin [max_positions, head_dim] for Hugging Face's rotate_half layout:
-    x * cos + rotate_half(x) * sin == x * cos + roll(x, d/2) * cat(-sin, sin)."""
-    freqs = torch.outer(torch.arange(cfg.max_positions).float(), inverse_frequencies(cfg))
-    return torch.cat((freqs, freqs), dim=-1).cos(), torch.cat((-freqs.sin(), freqs.sin()), dim=-1)
+    x * cos + rotate_half(x) * sin == x * cos + roll(x, d/2) * cat(-sin, sin). The angles are
+    transformers' float32 products position * inverse frequency (correctly rounded); their cos
+    and sin the engine's own (`exact.cos`, `exact.sin`, within 1 ulp of float64), rounded once
+    to float32: the correctly rounded float32 but where the value lies within a float64 ulp of a
+    point halfway between two float32s (double rounding). The same bits on every CPU."""
+    angles = torch.outer(torch.arange(cfg.max_positions).float(), inverse_frequencies(cfg))
+    cos, sin = exact.cos(angles.double()).float(), exact.sin(angles.double()).float()
+    return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
 
 def rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
