@@ -267,6 +267,14 @@ LOG_SERIES = tuple(2.0 / (2 * n + 1) for n in range(1, 12))
 |s| <= 0.1716 the first term left out, 2 s**24 / 25, is below 2**-62 of 2 s."""
 
 
+def horner(z: Tensor, coefficients: tuple[float, ...]) -> Tensor:
+    """c0 + z (c1 + z (c2 + ...)), innermost first."""
+    p = coefficients[-1]
+    for coefficient in coefficients[-2::-1]:
+        p = z * p + coefficient
+    return p
+
+
 def exp(x: Tensor) -> Tensor:
     """e**x of float64 x, within 1 ulp, from correctly rounded IEEE operations only (the same
     bits on every CPU, eager or compiled): fdlibm's e_exp.c without its branches. k =
@@ -282,10 +290,7 @@ def exp(x: Tensor) -> Tensor:
     lo = k * LN2_LO
     r = hi - lo
     t = r * r
-    p = EXP_POLYNOMIAL[-1]
-    for coefficient in EXP_POLYNOMIAL[-2::-1]:
-        p = t * p + coefficient
-    c = r - t * p
+    c = r - t * horner(t, EXP_POLYNOMIAL)
     y = 1.0 - ((lo - (r * c) / (2.0 - c)) - hi)
     value = (y * 2.0) * pow2(k - 1.0)
     value = torch.where(x < EXP_LOW, 0.0, torch.where(x > EXP_HIGH, math.inf, value))
@@ -313,10 +318,7 @@ def log(x: Tensor) -> Tensor:
     f = m - 1.0
     s = f / (2.0 + f)
     z = s * s
-    series = LOG_SERIES[-1]
-    for coefficient in LOG_SERIES[-2::-1]:
-        series = z * series + coefficient
-    tail = z * series
+    tail = z * horner(z, LOG_SERIES)
     half_square = 0.5 * f * f
     k = e.to(torch.float64)
     value = k * LN2_HI - ((half_square - (s * (half_square + tail) + k * LN2_LO)) - f)
@@ -353,14 +355,6 @@ COS_POLYNOMIAL = (
 )
 """fdlibm's C1..C6: cos(x) ~ 1 - x**2 / 2 + x**4 (C1 + x**2 C2 + ... + x**10 C6) within 2**-58
 on |x| <= pi/4."""
-
-
-def horner(z: Tensor, coefficients: tuple[float, ...]) -> Tensor:
-    """c0 + z (c1 + z (c2 + ...)), innermost first."""
-    p = coefficients[-1]
-    for coefficient in coefficients[-2::-1]:
-        p = z * p + coefficient
-    return p
 
 
 def difference(a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
