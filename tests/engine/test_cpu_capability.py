@@ -69,23 +69,31 @@ print(json.dumps({
 """
 
 
-def probe(capability: str, compile_flag: str) -> dict[str, str]:
-    forced = {"ATEN_CPU_CAPABILITY": capability, "MKL_ENABLE_INSTRUCTIONS": capability.upper()}
-    return python_json(PROBE, os.environ | forced | {"WHITNEY_ENGINE_COMPILE": compile_flag}, 1800)
+def forced(code: str, capability: str, compile_flag: str, timeout: float) -> dict[str, str]:
+    """What `code` prints (JSON with its "capability") in a fresh interpreter with torch's and
+    MKL's code forced to `capability`, less that capability, checked."""
+    env = {"ATEN_CPU_CAPABILITY": capability, "MKL_ENABLE_INSTRUCTIONS": capability.upper()}
+    printed = python_json(
+        code, os.environ | env | {"WHITNEY_ENGINE_COMPILE": compile_flag}, timeout
+    )
+    assert printed.pop("capability") == capability.upper()
+    return printed
 
 
-@pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64", reason="x86-64")
-@pytest.mark.skipif(
-    not cpu_flags() >= AVX512_FLAGS,
-    reason="this CPU lacks AVX-512 (avx512f/bw/vl/dq): torch forced to it dies of SIGILL",
+ON_AVX512 = pytest.mark.skipif(
+    sys.platform != "linux" or os.uname().machine != "x86_64" or not cpu_flags() >= AVX512_FLAGS,
+    reason="needs x86-64 Linux with AVX-512 (avx512f/bw/vl/dq): torch forced to it dies of SIGILL",
 )
+"""Tests that force AVX2 and AVX-512 in turn run only where both exist."""
+
+
+@ON_AVX512
 @pytest.mark.timeout(1800)  # the kernels may compile cold, for each capability
 @pytest.mark.parametrize("compile_flag", ["1", "0"])
 def test_avx2_and_avx512_give_the_same_numbers(compile_flag: str) -> None:
     if compile_flag == "1" and shutil.which(os.environ.get("CXX", "g++")) is None:
         pytest.skip("no C++ compiler for the compiled kernels")
-    avx2, avx512 = probe("avx2", compile_flag), probe("avx512", compile_flag)
-    assert avx2.pop("capability") == "AVX2"
-    assert avx512.pop("capability") == "AVX512"
+    avx2 = forced(PROBE, "avx2", compile_flag, 1800)
+    avx512 = forced(PROBE, "avx512", compile_flag, 1800)
     assert avx2.pop("compiled") is avx512.pop("compiled") is (compile_flag == "1")
     assert avx2 == avx512

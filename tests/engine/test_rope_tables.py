@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
-import sys
 
 import mpmath
 import numpy as np
@@ -22,8 +20,7 @@ from whitney.local.engine import exact
 from whitney.local.engine.hf_backend import model_config
 from whitney.local.engine.model import CONFIGS, ModelConfig, inverse_frequencies, rope_tables
 
-from .helpers import python_json
-from .test_cpu_capability import AVX512_FLAGS, cpu_flags
+from .test_cpu_capability import ON_AVX512, forced
 
 LIMIT = exact.SIN_COS_LIMIT
 SMOLLM2 = model_config(
@@ -263,22 +260,13 @@ print(json.dumps(digests))
 def tables_probe(capability: str) -> dict[str, str]:
     """The digests of every config's inverse frequencies and tables in a fresh interpreter with
     torch's and MKL's code forced to `capability`."""
-    forced = {"ATEN_CPU_CAPABILITY": capability, "MKL_ENABLE_INSTRUCTIONS": capability.upper()}
     configs = json.dumps({name: dataclasses.asdict(cfg) for name, cfg in TABLE_CONFIGS.items()})
-    code = f"CONFIGS = {configs!r}\n" + TABLES_PROBE
-    return python_json(code, os.environ | forced | {"WHITNEY_ENGINE_COMPILE": "0"}, 600)
+    return forced(f"CONFIGS = {configs!r}\n" + TABLES_PROBE, capability, "0", 600)
 
 
-@pytest.mark.skipif(sys.platform != "linux" or os.uname().machine != "x86_64", reason="x86-64")
-@pytest.mark.skipif(
-    not cpu_flags() >= AVX512_FLAGS,
-    reason="this CPU lacks AVX-512 (avx512f/bw/vl/dq): torch forced to it dies of SIGILL",
-)
+@ON_AVX512
 def test_tables_are_the_same_bits_on_avx2_and_avx512() -> None:
-    avx2, avx512 = tables_probe("avx2"), tables_probe("avx512")
-    assert avx2.pop("capability") == "AVX2"
-    assert avx512.pop("capability") == "AVX512"
-    assert avx2 == avx512
+    assert tables_probe("avx2") == tables_probe("avx512")
 
 
 def float32_ulps(got: torch.Tensor, want: torch.Tensor) -> int:
