@@ -687,6 +687,12 @@ class Pass:
         slots = None if cache is None else cache.slots(positions)
         return cls(positions, cos, sin, keys, chunks, slots)
 
+    @functools.cached_property
+    def rotation(self) -> tuple[Tensor, Tensor]:
+        """cos and signed sin [B, T, 1, 1, d] for the fused queries and keys without gradients
+        (`queries_key_values`): made on the first layer's call, not again for each layer."""
+        return self.cos[:, :, None], self.sin[:, :, None]
+
 
 class KVCache:
     """Keys (fixed point) and values (on their grid) of every layer (`KeyValues`) for `batch`
@@ -824,7 +830,7 @@ class Llama:
         qkv = self.linear(x, layer, "qkv").view(B, T, h + 2 * kv, d)
         if not torch.is_grad_enabled():  # one fused kernel, the same bits
             unit = exact.power(exact.bits_for(d))
-            both = qkv.view(B, T, h // kv + 2, kv, d), step.cos[:, :, None], step.sin[:, :, None]
+            both = qkv.view(B, T, h // kv + 2, kv, d), *step.rotation
             fq, new = QUERIES_KEY_VALUES(*both, unit, layer.value_grid)
             stored = KeyValues(new) if cache is None else cache.store(n, new, step)
             y, _ = attend(fq, stored, step.chunks, cfg.prob_bits, check)
