@@ -271,8 +271,8 @@ class KeyValues:
         return self.data[..., d : 2 * d]
 
     def upto(self, length: int) -> KeyValues:
-        """The first `length` positions."""
-        return KeyValues(self.data[:, :, :length])
+        """The first `length` positions (these keys and values themselves if they are all)."""
+        return self if length == self.data.shape[2] else KeyValues(self.data[:, :, :length])
 
 
 def attention_weights_times_values(
@@ -284,7 +284,8 @@ def attention_weights_times_values(
     p_hi, p_lo, z = PROB_PARTS(p.reshape(-1, p.shape[-1]), exact.power(prob_bits, torch.float64))
     check()
     kv, d = stored.data.shape[1], stored.data.shape[-1] // 3
-    p_hi, p_lo = grouped(p_hi.view(p.shape), kv), grouped(p_lo.view(p.shape), kv)
+    shape = (p.shape[0], kv, -1, p.shape[-1])  # `grouped`'s, of the rows [B * H * Tq, Tk]
+    p_hi, p_lo = p_hi.view(shape), p_lo.view(shape)
     both = torch.matmul(p_hi, stored.values)  # p_hi hi | p_hi lo
     cross = torch.matmul(p_lo, stored.hi)
     return WEIGHTED_MEAN(both.view(-1, 2, d), cross.view(-1, d), z).view(*p.shape[:-1], d), z.view(
