@@ -72,13 +72,16 @@ class Kernel:
 
 
 def fits(args: tuple, shapes: tuple[Shape, ...]) -> bool:
-    """Whether `args` are contiguous tensors of the dtypes, ranks and fixed sizes compiled for."""
+    """Whether `args` are contiguous tensors of the dtypes, ranks and fixed sizes compiled for
+    (every call of a kernel asks: dtypes are compared by identity, each shape read once)."""
     for arg, (dtype, rank, fixed) in zip(args, shapes, strict=True):
-        if arg.dtype != dtype or arg.dim() != rank or not arg.is_contiguous():
+        if arg.dtype is not dtype or arg.ndim != rank or not arg.is_contiguous():
             return False
-        for dim, size in fixed:
-            if arg.shape[dim] != size:
-                return False
+        if fixed:
+            sizes = arg.shape
+            for dim, size in fixed:
+                if sizes[dim] != size:
+                    return False
     return True
 
 

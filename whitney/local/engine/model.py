@@ -271,8 +271,8 @@ class KeyValues:
         return self.data[..., d : 2 * d]
 
     def upto(self, length: int) -> KeyValues:
-        """The first `length` positions."""
-        return KeyValues(self.data[:, :, :length])
+        """The first `length` positions (these keys and values themselves if they are all)."""
+        return self if length == self.data.shape[2] else KeyValues(self.data[:, :, :length])
 
 
 def attention_weights_times_values(
@@ -284,7 +284,8 @@ def attention_weights_times_values(
     p_hi, p_lo, z = PROB_PARTS(p.reshape(-1, p.shape[-1]), exact.power(prob_bits, torch.float64))
     check()
     kv, d = stored.data.shape[1], stored.data.shape[-1] // 3
-    p_hi, p_lo = grouped(p_hi.view(p.shape), kv), grouped(p_lo.view(p.shape), kv)
+    shape = (p.shape[0], kv, -1, p.shape[-1])  # `grouped`'s, of the rows [B * H * Tq, Tk]
+    p_hi, p_lo = p_hi.view(shape), p_lo.view(shape)
     both = torch.matmul(p_hi, stored.values)  # p_hi hi | p_hi lo
     cross = torch.matmul(p_lo, stored.hi)
     return WEIGHTED_MEAN(both.view(-1, 2, d), cross.view(-1, d), z).view(*p.shape[:-1], d), z.view(
@@ -687,6 +688,12 @@ class Pass:
         slots = None if cache is None else cache.slots(positions)
         return cls(positions, cos, sin, keys, chunks, slots)
 
+    @functools.cached_property
+    def rotation(self) -> tuple[Tensor, Tensor]:
+        """cos and signed sin [B, T, 1, 1, d] for the fused queries and keys without gradients
+        (`queries_key_values`): made on the first layer's call, not again for each layer."""
+        return self.cos[:, :, None], self.sin[:, :, None]
+
 
 class KVCache:
     """Keys (fixed point) and values (on their grid) of every layer (`KeyValues`) for `batch`
@@ -824,7 +831,7 @@ class Llama:
         qkv = self.linear(x, layer, "qkv").view(B, T, h + 2 * kv, d)
         if not torch.is_grad_enabled():  # one fused kernel, the same bits
             unit = exact.power(exact.bits_for(d))
-            both = qkv.view(B, T, h // kv + 2, kv, d), step.cos[:, :, None], step.sin[:, :, None]
+            both = qkv.view(B, T, h // kv + 2, kv, d), *step.rotation
             fq, new = QUERIES_KEY_VALUES(*both, unit, layer.value_grid)
             stored = KeyValues(new) if cache is None else cache.store(n, new, step)
             y, _ = attend(fq, stored, step.chunks, cfg.prob_bits, check)
