@@ -1,6 +1,6 @@
-"""Each compiled exact kernel against its eager function, at growing sizes: whether the eager
-call is ever the faster. Compiles the kernels first if the cache
-(`$XDG_CACHE_HOME/whitney-flows/inductor`) has none.
+"""Each compiled exact kernel against its eager function, at growing sizes: where the eager
+call is the faster (a kernel's `eager_from`, the size from which the engine runs it eagerly).
+Compiles the kernels first if the cache (`$XDG_CACHE_HOME/whitney-flows/inductor`) has none.
 
     python benchmarks/engine_kernels.py [--repeats 200] [--threads 2] [--rounds 5]
 
