@@ -2,11 +2,13 @@
 call is the faster (a kernel's `eager_from`, the size from which the engine runs it eagerly).
 Compiles the kernels first if the cache (`$XDG_CACHE_HOME/whitney-flows/inductor`) has none.
 
-    python benchmarks/engine_kernels.py [--repeats 200] [--threads 2]
+    python benchmarks/engine_kernels.py [--repeats 200] [--threads 2] [--rounds 5]
 
 A kernel's first example grows along its first dimension (every argument of that size repeated
 with it), so the shapes are the engine's own: rows of activations, attention's batches. Eager
-and compiled calls are timed one after the other, each the median of 5 blocks of calls.
+and compiled blocks of calls alternate, `--rounds` of each; printed: the minimum and the median
+block (on a busy machine the median shows what waiting for a descheduled thread costs: torch's
+eager ops run on `--threads`, a compiled kernel on one).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import argparse
 import statistics
 import sys
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -31,21 +34,30 @@ def grown(args: tuple, factor: int) -> tuple:
 
 
 def per_call(fn, args: tuple, repeats: int) -> float:
-    """Seconds a call, median of 5 blocks of `repeats` calls."""
-    fn(*args)
-    blocks = []
-    for _ in range(5):
-        t0 = time.perf_counter()
-        for _ in range(repeats):
-            fn(*args)
-        blocks.append((time.perf_counter() - t0) / repeats)
-    return statistics.median(blocks)
+    """Seconds a call, over one block of `repeats` calls."""
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn(*args)
+    return (time.perf_counter() - t0) / repeats
+
+
+def alternating(fns: dict[str, Callable], args: tuple, repeats: int, rounds: int) -> dict:
+    """Each of `fns` called in blocks of `repeats`, the blocks alternating, `rounds` of each:
+    {name: (minimum, median)} seconds a call."""
+    for fn in fns.values():
+        fn(*args)
+    blocks: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(rounds):
+        for name, fn in fns.items():
+            blocks[name].append(per_call(fn, args, repeats))
+    return {name: (min(b), statistics.median(b)) for name, b in blocks.items()}
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=200)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
@@ -53,7 +65,7 @@ def main() -> int:
         print("no compiled kernels (see the engine's warning)")
         return 1
     print(f"kernels ready in {time.perf_counter() - t0:.1f} s")
-    print(f"{'kernel':18} {'elements':>10} {'eager µs':>10} {'compiled µs':>12} {'ratio':>6}")
+    print(f"{'kernel':18} {'elements':>10} {'eager µs min/median':>22} {'compiled µs':>20}")
     for kernel in kernels.STATE.kernels:
         example = kernel.examples()[0]
         for factor in (1, 4, 16, 64, 256, 1024):
@@ -63,11 +75,13 @@ def main() -> int:
             def run(*a, compiled=compiled):
                 return compiled(list(a))
 
-            eager = per_call(kernel.eager, made, max(args.repeats // factor, 5))
-            fused = per_call(run, made, max(args.repeats // factor, 5))
+            both = {"eager": kernel.eager, "compiled": run}
+            timed = alternating(both, made, max(args.repeats // factor, 5), args.rounds)
+            (eager, eager_median), (fused, fused_median) = timed["eager"], timed["compiled"]
             print(
-                f"{kernel.eager.__name__:18} {made[0].numel():>10} {eager * 1e6:>10.1f} "
-                f"{fused * 1e6:>12.1f} {fused / eager:>6.2f}",
+                f"{kernel.eager.__name__:18} {made[0].numel():>10} "
+                f"{eager * 1e6:>10.1f}/{eager_median * 1e6:<11.1f} "
+                f"{fused * 1e6:>9.1f}/{fused_median * 1e6:<10.1f}",
                 flush=True,
             )
     return 0
