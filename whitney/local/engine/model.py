@@ -330,12 +330,12 @@ def queries_key_values(
     return exact.fixed_grid(q, unit), key_values(k, v, unit, grid)
 
 
-def shifted_scores(raw: Tensor, visible: Tensor, scale: Tensor) -> Tensor:
-    """Exact scores [B, H, Tq, Tk] (float64) rounded to float32 and scaled, the keys not
-    `visible` [B, 1, Tq, Tk] at -inf, less each row's largest: the exponent of a probability."""
-    scores = raw.float() * scale
-    scores = scores.masked_fill(~visible, float("-inf"))
-    return scores - scores.amax(-1, keepdim=True)
+def shifted_scores(raw: Tensor, hidden: Tensor, scale: Tensor) -> Tensor:
+    """Exact scores [B, H, Tq, Tk] (float64) rounded to float32 and scaled, the `hidden` keys
+    [B, 1, Tq, Tk] at -inf, less each row's largest: the exponent of a probability (in place on
+    the rounded scores: no copy per step)."""
+    scores = raw.float().mul_(scale).masked_fill_(hidden, float("-inf"))
+    return scores.sub_(scores.amax(-1, keepdim=True))
 
 
 def grouped(x: Tensor, kv_heads: int) -> Tensor:
@@ -351,8 +351,9 @@ def query_chunks(
     """The queries at `positions` [B, Tq] in slices of at most ATTENTION_CHUNK scores over all
     heads (at least one query) and at most a quarter of the queries (of at least
     CAUSAL_ROWS), each with its causal mask [B, 1, rows, seen] over the keys at
-    `key_positions` [B, Tk], up to the last key any of its queries sees: the keys after those
-    are invisible to the whole slice and skipped (about 3/8 of a long sequence's scores)."""
+    `key_positions` [B, Tk] (True where a key is hidden from a query: after it), up to the last
+    key any of its queries sees: the keys after those are hidden from the whole slice and
+    skipped (about 3/8 of a long sequence's scores)."""
     batch, queries = positions.shape
     keys = key_positions.shape[1]
     size = max(1, ATTENTION_CHUNK // (batch * heads * keys))
@@ -361,16 +362,16 @@ def query_chunks(
         rows = slice(start, start + size)
         visible = key_positions[:, None, None, :] <= positions[:, None, rows, None]
         seen = int((visible.flatten(0, 2).any(0) * torch.arange(1, keys + 1)).max())
-        yield rows, visible[..., :seen].contiguous()  # once per pass, not per layer
+        yield rows, ~visible[..., :seen]  # once per pass, not per layer
 
 
-def attention_probabilities(fq: Tensor, keys: Tensor, visible: Tensor) -> Tensor:
+def attention_probabilities(fq: Tensor, keys: Tensor, hidden: Tensor) -> Tensor:
     """exp(score - the row's largest score) [B, H, Tq, Tk] (float32) of fixed-point queries over
     keys; each element's bits depend on its row alone (exact scores, the engine's own exp:
     `exact.exponential`)."""
     raw = torch.matmul(grouped(fq, keys.shape[1]), keys.transpose(-1, -2))
     scale = score_scale(fq.shape[-1])
-    exponent = SHIFTED_SCORES(raw.view(*fq.shape[:-1], keys.shape[2]), visible, scale)
+    exponent = SHIFTED_SCORES(raw.view(*fq.shape[:-1], keys.shape[2]), hidden, scale)
     return exact.exponential(exponent)
 
 
@@ -399,10 +400,10 @@ def attend(
     weights [B, H, Tq, 1]; `kept` collects each chunk's normalised probabilities. `check` runs
     between the stages."""
     outs, sums = [], []
-    for rows, visible in chunks:
+    for rows, hidden in chunks:
         check()
-        seen = stored.upto(visible.shape[-1])
-        p = attention_probabilities(fq[:, :, rows], seen.keys, visible)
+        seen = stored.upto(hidden.shape[-1])
+        p = attention_probabilities(fq[:, :, rows], seen.keys, hidden)
         check()
         out, total = attention_weights_times_values(p, seen, prob_bits, check)
         outs.append(out)
@@ -450,12 +451,12 @@ class Attention(torch.autograd.Function):
             keys = exact.fixed_point(k, exact.bits_for(k.shape[-1]))
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         along = (grad_out * out).sum(-1, keepdim=True)  # each row's sum_j p_j dp_j
-        for n, (rows, visible) in enumerate(ctx.chunks):
-            seen = visible.shape[-1]
+        for n, (rows, hidden) in enumerate(ctx.chunks):
+            seen = hidden.shape[-1]
             if ctx.probs is not None:
                 probs = ctx.probs[n]
             else:
-                p = attention_probabilities(fq[:, :, rows], keys[:, :, :seen], visible)
+                p = attention_probabilities(fq[:, :, rows], keys[:, :, :seen], hidden)
                 probs = (p.double() / sums[:, :, rows]).float()
             probs, g = grouped(probs, kv), grouped(grad_out[:, :, rows], kv)
             grad_v[:, :, :seen] += probs.transpose(-1, -2) @ g
@@ -976,11 +977,11 @@ def query_key_value_examples() -> list[tuple]:
 def score_examples() -> list[tuple]:
     gen = torch.Generator().manual_seed(0)
     raw = torch.randn(2, 4, 5, 7, dtype=torch.float64, generator=gen) * 30
-    visible = torch.arange(7)[None, None, None, :] <= torch.arange(2, 7)[None, None, :, None]
-    visible = visible.expand(2, 1, 5, 7).contiguous()
+    hidden = torch.arange(7)[None, None, None, :] > torch.arange(2, 7)[None, None, :, None]
+    hidden = hidden.expand(2, 1, 5, 7).contiguous()
     return [
-        (raw, visible, score_scale(32)),
-        (raw[:1, :, :1].clone(), visible[:1, :, :1].clone(), score_scale(64)),
+        (raw, hidden, score_scale(32)),
+        (raw[:1, :, :1].clone(), hidden[:1, :, :1].clone(), score_scale(64)),
     ]
 
 
