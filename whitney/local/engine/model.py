@@ -396,9 +396,9 @@ def attend(
     kept: list[Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Causal attention's value [B, H, Tq, d] of queries on fixed-point rows (`query_rows`) over
-    `stored` keys and values, exact, chunk by chunk (`query_chunks`), and the exact sums of its
-    weights [B, H, Tq, 1]; `kept` collects each chunk's normalised probabilities. `check` runs
-    between the stages."""
+    `stored` keys and values, exact, chunk by chunk (`query_chunks`; of several, laid out as
+    [B, Tq, H, d]: `heads_side_by_side`), and the exact sums of its weights [B, H, Tq, 1]; `kept`
+    collects each chunk's normalised probabilities. `check` runs between the stages."""
     outs, sums = [], []
     for rows, hidden in chunks:
         check()
@@ -412,7 +412,18 @@ def attend(
             kept.append((p.double() / total).float())
     if len(outs) == 1:
         return outs[0], sums[0]
-    return torch.cat(outs, 2), torch.cat(sums, 2)
+    return heads_side_by_side(outs), torch.cat(sums, 2)
+
+
+def heads_side_by_side(outs: list[Tensor]) -> Tensor:
+    """Chunks of queries' values [B, H, rows, d] joined along the queries into [B, Tq, H, d]
+    memory, returned as its view [B, H, Tq, d]: one copy, after which the heads side by side
+    [B, Tq, H d] that the output projection reads are a view too."""
+    batch, heads, _, d = outs[0].shape
+    queries = sum(out.shape[2] for out in outs)
+    joined = torch.empty(batch, queries, heads, d, dtype=outs[0].dtype)
+    torch.cat([out.transpose(1, 2) for out in outs], 1, out=joined)
+    return joined.transpose(1, 2)
 
 
 class Attention(torch.autograd.Function):
