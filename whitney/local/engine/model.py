@@ -614,8 +614,9 @@ class TargetLogprobs(torch.autograd.Function):
         rows, flat = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1)
         upstream = grad.reshape(-1, 1)
         live = (upstream[:, 0] != 0).nonzero().squeeze(-1)
-        kept, grad_hidden = ctx.kept, torch.zeros_like(rows)
+        kept = ctx.kept
         if kept is None:
+            grad_hidden = torch.zeros_like(rows)
             for (index,) in row_chunks(SAVED_LOGITS, fixed.shape[0], live):
                 ctx.check()
                 logits = exact.linear(rows[index], fixed)
@@ -635,9 +636,19 @@ class TargetLogprobs(torch.autograd.Function):
                 logits = into if every else kept[index]
                 logits_gradient(logits, flat[index], upstream[index], out=into)
                 done += len(index)
-            grad_hidden[live] = kept[:done] @ weight
+            grad_hidden = at_rows(kept[:done] @ weight, live, rows)
         ctx.kept = None
         return grad_hidden.view(hidden.shape), None, None, None, None
+
+
+def at_rows(values: Tensor, index: Tensor, like: Tensor) -> Tensor:
+    """`values` at the rows `index` (ascending) of zeros like `like`: `values` itself where the
+    index is every row (no zeros, no copy)."""
+    if len(index) == len(like):
+        return values
+    spread = torch.zeros_like(like)
+    spread[index] = values
+    return spread
 
 
 def logits_gradient(
