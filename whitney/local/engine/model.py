@@ -409,7 +409,7 @@ def attend(
         outs.append(out)
         sums.append(total)
         if kept is not None:
-            kept.append((p.double() / total).float())
+            kept.append(p.double().div_(total).float())
     if len(outs) == 1:
         return outs[0], sums[0]
     return heads_side_by_side(outs), torch.cat(sums, 2)
@@ -468,11 +468,11 @@ class Attention(torch.autograd.Function):
                 probs = ctx.probs[n]
             else:
                 p = attention_probabilities(fq[:, :, rows], keys[:, :, :seen], hidden)
-                probs = (p.double() / sums[:, :, rows]).float()
+                probs = p.double().div_(sums[:, :, rows]).float()
             probs, g = grouped(probs, kv), grouped(grad_out[:, :, rows], kv)
             grad_v[:, :, :seen] += probs.transpose(-1, -2) @ g
             grad_p = g @ v[:, :, :seen].transpose(-1, -2)
-            grad_s = probs * (grad_p - grouped(along[:, :, rows], kv)) * scale
+            grad_s = grad_p.sub_(grouped(along[:, :, rows], kv)).mul_(probs).mul_(scale)
             grad_q[:, :, rows] = (grad_s @ k[:, :, :seen]).view(grad_q[:, :, rows].shape)
             grad_k[:, :, :seen] += grad_s.transpose(-1, -2) @ grouped(q[:, :, rows], kv)
         ctx.probs = ctx.chunks = None
@@ -552,7 +552,7 @@ class LoraLinear(torch.autograd.Function):
         x2, gy = x.reshape(-1, x.shape[-1]), grad_y.reshape(-1, grad_y.shape[-1])
         a_all, bs = torch.cat(adapters[::2]), adapters[1::2]  # the group's A rows [n r, in]
         parts = gy.split([b.shape[0] for b in bs], dim=1)
-        down = torch.cat([part @ b for part, b in zip(parts, bs, strict=True)], 1) * ctx.scale
+        down = torch.cat([part @ b for part, b in zip(parts, bs, strict=True)], 1).mul_(ctx.scale)
         rank = bs[0].shape[1]
         grad_x = None
         if ctx.needs_input_grad[0]:
@@ -560,7 +560,7 @@ class LoraLinear(torch.autograd.Function):
         grad_as = (down.t() @ x2).split(rank)
         across = x2 @ a_all.t()  # x A_i^T of every projection of the group [rows, n r]
         grad_bs = [
-            (part.t() @ xa) * ctx.scale
+            (part.t() @ xa).mul_(ctx.scale)
             for part, xa in zip(parts, across.split(rank, 1), strict=True)
         ]
         grads = [g for pair in zip(grad_as, grad_bs, strict=True) for g in pair]
