@@ -331,12 +331,12 @@ def queries_key_values(
     return exact.fixed_grid(q, unit), key_values(k, v, unit, grid)
 
 
-def shifted_scores(raw: Tensor, visible: Tensor, scale: Tensor) -> Tensor:
-    """Exact scores [B, H, Tq, Tk] (float64) rounded to float32 and scaled, the keys not
-    `visible` [B, 1, Tq, Tk] at -inf, less each row's largest: the exponent of a probability."""
-    scores = raw.float() * scale
-    scores = scores.masked_fill(~visible, float("-inf"))
-    return scores - scores.amax(-1, keepdim=True)
+def shifted_scores(raw: Tensor, hidden: Tensor, scale: Tensor) -> Tensor:
+    """Exact scores [B, H, Tq, Tk] (float64) rounded to float32 and scaled, the `hidden` keys
+    [B, 1, Tq, Tk] at -inf, less each row's largest: the exponent of a probability (in place on
+    the rounded scores: no copy per step)."""
+    scores = raw.float().mul_(scale).masked_fill_(hidden, float("-inf"))
+    return scores.sub_(scores.amax(-1, keepdim=True))
 
 
 def grouped(x: Tensor, kv_heads: int) -> Tensor:
@@ -352,8 +352,9 @@ def query_chunks(
     """The queries at `positions` [B, Tq] in slices of at most ATTENTION_CHUNK scores over all
     heads (at least one query) and at most a quarter of the queries (of at least
     CAUSAL_ROWS), each with its causal mask [B, 1, rows, seen] over the keys at
-    `key_positions` [B, Tk], up to the last key any of its queries sees: the keys after those
-    are invisible to the whole slice and skipped (about 3/8 of a long sequence's scores)."""
+    `key_positions` [B, Tk] (True where a key is hidden from a query: after it), up to the last
+    key any of its queries sees: the keys after those are hidden from the whole slice and
+    skipped (about 3/8 of a long sequence's scores)."""
     batch, queries = positions.shape
     keys = key_positions.shape[1]
     size = max(1, ATTENTION_CHUNK // (batch * heads * keys))
@@ -362,16 +363,16 @@ def query_chunks(
         rows = slice(start, start + size)
         visible = key_positions[:, None, None, :] <= positions[:, None, rows, None]
         seen = int((visible.flatten(0, 2).any(0) * torch.arange(1, keys + 1)).max())
-        yield rows, visible[..., :seen].contiguous()  # once per pass, not per layer
+        yield rows, ~visible[..., :seen]  # once per pass, not per layer
 
 
-def attention_probabilities(fq: Tensor, keys: Tensor, visible: Tensor) -> Tensor:
+def attention_probabilities(fq: Tensor, keys: Tensor, hidden: Tensor) -> Tensor:
     """exp(score - the row's largest score) [B, H, Tq, Tk] (float32) of fixed-point queries over
     keys; each element's bits depend on its row alone (exact scores, the engine's own exp:
     `exact.exponential`)."""
     raw = torch.matmul(grouped(fq, keys.shape[1]), keys.transpose(-1, -2))
     scale = score_scale(fq.shape[-1])
-    exponent = SHIFTED_SCORES(raw.view(*fq.shape[:-1], keys.shape[2]), visible, scale)
+    exponent = SHIFTED_SCORES(raw.view(*fq.shape[:-1], keys.shape[2]), hidden, scale)
     return exact.exponential(exponent)
 
 
@@ -396,23 +397,34 @@ def attend(
     kept: list[Tensor] | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Causal attention's value [B, H, Tq, d] of queries on fixed-point rows (`query_rows`) over
-    `stored` keys and values, exact, chunk by chunk (`query_chunks`), and the exact sums of its
-    weights [B, H, Tq, 1]; `kept` collects each chunk's normalised probabilities. `check` runs
-    between the stages."""
+    `stored` keys and values, exact, chunk by chunk (`query_chunks`; of several, laid out as
+    [B, Tq, H, d]: `heads_side_by_side`), and the exact sums of its weights [B, H, Tq, 1]; `kept`
+    collects each chunk's normalised probabilities. `check` runs between the stages."""
     outs, sums = [], []
-    for rows, visible in chunks:
+    for rows, hidden in chunks:
         check()
-        seen = stored.upto(visible.shape[-1])
-        p = attention_probabilities(fq[:, :, rows], seen.keys, visible)
+        seen = stored.upto(hidden.shape[-1])
+        p = attention_probabilities(fq[:, :, rows], seen.keys, hidden)
         check()
         out, total = attention_weights_times_values(p, seen, prob_bits, check)
         outs.append(out)
         sums.append(total)
         if kept is not None:
-            kept.append((p.double() / total).float())
+            kept.append(p.double().div_(total).float())
     if len(outs) == 1:
         return outs[0], sums[0]
-    return torch.cat(outs, 2), torch.cat(sums, 2)
+    return heads_side_by_side(outs), torch.cat(sums, 2)
+
+
+def heads_side_by_side(outs: list[Tensor]) -> Tensor:
+    """Chunks of queries' values [B, H, rows, d] joined along the queries into [B, Tq, H, d]
+    memory, returned as its view [B, H, Tq, d]: one copy, after which the heads side by side
+    [B, Tq, H d] that the output projection reads are a view too."""
+    batch, heads, _, d = outs[0].shape
+    queries = sum(out.shape[2] for out in outs)
+    joined = torch.empty(batch, queries, heads, d, dtype=outs[0].dtype)
+    torch.cat([out.transpose(1, 2) for out in outs], 1, out=joined)
+    return joined.transpose(1, 2)
 
 
 class Attention(torch.autograd.Function):
@@ -451,17 +463,17 @@ class Attention(torch.autograd.Function):
             keys = exact.fixed_point(k, exact.bits_for(k.shape[-1]))
         grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
         along = (grad_out * out).sum(-1, keepdim=True)  # each row's sum_j p_j dp_j
-        for n, (rows, visible) in enumerate(ctx.chunks):
-            seen = visible.shape[-1]
+        for n, (rows, hidden) in enumerate(ctx.chunks):
+            seen = hidden.shape[-1]
             if ctx.probs is not None:
                 probs = ctx.probs[n]
             else:
-                p = attention_probabilities(fq[:, :, rows], keys[:, :, :seen], visible)
-                probs = (p.double() / sums[:, :, rows]).float()
+                p = attention_probabilities(fq[:, :, rows], keys[:, :, :seen], hidden)
+                probs = p.double().div_(sums[:, :, rows]).float()
             probs, g = grouped(probs, kv), grouped(grad_out[:, :, rows], kv)
             grad_v[:, :, :seen] += probs.transpose(-1, -2) @ g
             grad_p = g @ v[:, :, :seen].transpose(-1, -2)
-            grad_s = probs * (grad_p - grouped(along[:, :, rows], kv)) * scale
+            grad_s = grad_p.sub_(grouped(along[:, :, rows], kv)).mul_(probs).mul_(scale)
             grad_q[:, :, rows] = (grad_s @ k[:, :, :seen]).view(grad_q[:, :, rows].shape)
             grad_k[:, :, :seen] += grad_s.transpose(-1, -2) @ grouped(q[:, :, rows], kv)
         ctx.probs = ctx.chunks = None
@@ -541,7 +553,7 @@ class LoraLinear(torch.autograd.Function):
         x2, gy = x.reshape(-1, x.shape[-1]), grad_y.reshape(-1, grad_y.shape[-1])
         a_all, bs = torch.cat(adapters[::2]), adapters[1::2]  # the group's A rows [n r, in]
         parts = gy.split([b.shape[0] for b in bs], dim=1)
-        down = torch.cat([part @ b for part, b in zip(parts, bs, strict=True)], 1) * ctx.scale
+        down = torch.cat([part @ b for part, b in zip(parts, bs, strict=True)], 1).mul_(ctx.scale)
         rank = bs[0].shape[1]
         grad_x = None
         if ctx.needs_input_grad[0]:
@@ -549,7 +561,7 @@ class LoraLinear(torch.autograd.Function):
         grad_as = (down.t() @ x2).split(rank)
         across = x2 @ a_all.t()  # x A_i^T of every projection of the group [rows, n r]
         grad_bs = [
-            (part.t() @ xa) * ctx.scale
+            (part.t() @ xa).mul_(ctx.scale)
             for part, xa in zip(parts, across.split(rank, 1), strict=True)
         ]
         grads = [g for pair in zip(grad_as, grad_bs, strict=True) for g in pair]
@@ -603,8 +615,9 @@ class TargetLogprobs(torch.autograd.Function):
         rows, flat = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1, 1)
         upstream = grad.reshape(-1, 1)
         live = (upstream[:, 0] != 0).nonzero().squeeze(-1)
-        kept, grad_hidden = ctx.kept, torch.zeros_like(rows)
+        kept = ctx.kept
         if kept is None:
+            grad_hidden = torch.zeros_like(rows)
             for (index,) in row_chunks(SAVED_LOGITS, fixed.shape[0], live):
                 ctx.check()
                 logits = exact.linear(rows[index], fixed)
@@ -624,9 +637,19 @@ class TargetLogprobs(torch.autograd.Function):
                 logits = into if every else kept[index]
                 logits_gradient(logits, flat[index], upstream[index], out=into)
                 done += len(index)
-            grad_hidden[live] = kept[:done] @ weight
+            grad_hidden = at_rows(kept[:done] @ weight, live, rows)
         ctx.kept = None
         return grad_hidden.view(hidden.shape), None, None, None, None
+
+
+def at_rows(values: Tensor, index: Tensor, like: Tensor) -> Tensor:
+    """`values` at the rows `index` (ascending) of zeros like `like`: `values` itself where the
+    index is every row (no zeros, no copy)."""
+    if len(index) == len(like):
+        return values
+    spread = torch.zeros_like(like)
+    spread[index] = values
+    return spread
 
 
 def logits_gradient(
@@ -983,11 +1006,11 @@ def query_key_value_examples() -> list[tuple]:
 def score_examples() -> list[tuple]:
     gen = torch.Generator().manual_seed(0)
     raw = torch.randn(2, 4, 5, 7, dtype=torch.float64, generator=gen) * 30
-    visible = torch.arange(7)[None, None, None, :] <= torch.arange(2, 7)[None, None, :, None]
-    visible = visible.expand(2, 1, 5, 7).contiguous()
+    hidden = torch.arange(7)[None, None, None, :] > torch.arange(2, 7)[None, None, :, None]
+    hidden = hidden.expand(2, 1, 5, 7).contiguous()
     return [
-        (raw, visible, score_scale(32)),
-        (raw[:1, :, :1].clone(), visible[:1, :, :1].clone(), score_scale(64)),
+        (raw, hidden, score_scale(32)),
+        (raw[:1, :, :1].clone(), hidden[:1, :, :1].clone(), score_scale(64)),
     ]
 
 
