@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -97,3 +98,43 @@ def test_avx2_and_avx512_give_the_same_numbers(compile_flag: str) -> None:
     avx512 = forced(PROBE, "avx512", compile_flag, 1800)
     assert avx2.pop("compiled") is avx512.pop("compiled") is (compile_flag == "1")
     assert avx2 == avx512
+
+
+ROUND_TRIP = """
+import json, os
+from pathlib import Path
+import torch
+from torch._inductor import aoti_load_package
+from whitney.local.engine import exact, kernels
+
+def normalised(x, total):
+    return (exact.exp(x).float().double() / total).float()
+
+def examples():
+    x = torch.rand(8, 67, generator=torch.Generator().manual_seed(4), dtype=torch.float64) * -30
+    return [(x, exact.exp(x).float().double().sum(-1, keepdim=True))]
+
+path = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "round-trip.pt2"
+kernels.export(kernels.Kernel(normalised, examples, None), path)
+run = aoti_load_package(str(path)).loader.boxed_run
+(args,) = examples()
+want, (got,) = normalised(*args), run(list(args))
+print(json.dumps({
+    "capability": torch.backends.cpu.get_cpu_capability(),
+    "differ": int(kernels.bits(want).ne(kernels.bits(got)).sum()),
+}))
+"""
+
+
+@ON_AVX512
+@pytest.mark.timeout(900)
+def test_a_kernel_built_for_avx2_keeps_a_float32_round_trip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiled kernel that rounds a float64 to float32 and widens it again, forced to AVX2 on
+    an AVX-512 CPU, gives its eager function's bits in its vector loop (rows of 67): with
+    Inductor's -march=native GCC used AVX-512 there and dropped the round trip."""
+    if shutil.which(os.environ.get("CXX", "g++")) is None:
+        pytest.skip("no C++ compiler for the compiled kernels")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # compiled afresh
+    assert forced(ROUND_TRIP, "avx2", "1", 900) == {"differ": 0}

@@ -328,16 +328,29 @@ def export(kernel: Kernel, path: Path) -> list[tuple[str, list[int | None]]]:
 
 def configure() -> None:
     """Inductor's settings for the kernels, whatever the environment says: no pool of compile
-    processes, one thread a kernel, and the C++ compiler's floating-point flags pinned to exact
+    processes, one thread a kernel, the C++ compiler's floating-point flags pinned to exact
     IEEE arithmetic (no contraction of a * b + c into a fused multiply-add, no unsafe math such as
     x / z turned into x * (1 / z)): both change bits, and Inductor reads them from the user's
-    TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG and _UNSAFE_MATH_OPT_FLAG."""
+    TORCHINDUCTOR_CPP_ENABLE_FLOATING_POINT_CONTRACT_FLAG and _UNSAFE_MATH_OPT_FLAG; and the
+    target CPU (`march`)."""
     import torch._inductor.config
 
     torch._inductor.config.compile_threads = 1
     torch._inductor.config.cpp.threads = 1
     torch._inductor.config.cpp.enable_floating_point_contract_flag = "off"
     torch._inductor.config.cpp.enable_unsafe_math_opt_flag = False
+    torch._inductor.config.cpp.march = march()
+
+
+def march() -> str | None:
+    """Inductor's -march for the kernels: the machine's own (None: -march=native) if they are
+    built for its best vector ISA, else none (""), so that a build for a lower capability (forced
+    by ATEN_CPU_CAPABILITY) has that capability's instructions only: -march=native let GCC use
+    AVX-512 in an AVX2 build, where it dropped a float64 -> float32 -> float64 round trip."""
+    from torch._inductor import cpu_vec_isa
+
+    machine = cpu_vec_isa.valid_vec_isa_list()
+    return None if not machine or cpu_vec_isa.pick_vec_isa() == machine[0] else ""
 
 
 class Function(torch.nn.Module):
