@@ -138,3 +138,57 @@ def test_a_kernel_built_for_avx2_keeps_a_float32_round_trip(
         pytest.skip("no C++ compiler for the compiled kernels")
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # compiled afresh
     assert forced(ROUND_TRIP, "avx2", "1", 900) == {"differ": 0}
+
+
+ROOT_CORRECTION = """
+import json, os
+from pathlib import Path
+import torch
+from torch._inductor import aoti_load_package
+from whitney.local.engine import kernels
+
+def nudged_root(x):
+    wide = x.double()
+    r = (wide.sqrt() * (1 + 2.0**-24)).float()
+    bits = r.view(torch.int32)
+    up, down = (bits + 1).view(torch.float32), (bits - 1).view(torch.float32)
+    root = r.double()
+    above, below = (root + up.double()) * 0.5, (root + down.double()) * 0.5
+    return torch.where(above * above < wide, up, torch.where(below * below > wide, down, r))
+
+def examples():
+    gen = torch.Generator().manual_seed(1)
+    scale = 2.0 ** torch.randint(-120, 120, (4099,), generator=gen)
+    return [((torch.rand(4099, generator=gen, dtype=torch.float64) * scale).float(),)]
+
+path = Path(os.environ["TORCHINDUCTOR_CACHE_DIR"]) / "root-correction.pt2"
+kernels.export(kernels.Kernel(nudged_root, examples, None), path)
+run = aoti_load_package(str(path)).loader.boxed_run
+((x,),) = examples()
+right = x.double().sqrt().float().view(torch.int32)
+nudged = (x.double().sqrt() * (1 + 2.0**-24)).float().view(torch.int32)
+(got,) = run([x])
+print(json.dumps({
+    "capability": torch.backends.cpu.get_cpu_capability(),
+    "nudged": int(nudged.ne(right).sum()),
+    "differ": int(got.view(torch.int32).ne(right).sum()),
+}))
+"""
+
+
+@ON_AVX512
+@pytest.mark.timeout(900)
+def test_a_root_built_for_avx2_corrects_its_float32_guess(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`exact.sqrt_float32`'s correction, compiled for AVX2 on an AVX-512 CPU, brings a float32
+    guess one step above the root back, in its vector loop: here the guess is the float64 root
+    nudged up by half a step or more, so the midpoints must come from the guess rounded to
+    float32 (with Inductor's -march=native GCC used the unrounded float64 and 482 of the 4099
+    roots were wrong). The right roots are float64's, rounded once (exact for float32's sqrt)."""
+    if shutil.which(os.environ.get("CXX", "g++")) is None:
+        pytest.skip("no C++ compiler for the compiled kernels")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path))  # compiled afresh
+    found = forced(ROOT_CORRECTION, "avx2", "1", 900)
+    assert found["nudged"] > 2000
+    assert found["differ"] == 0

@@ -965,12 +965,19 @@ class Llama:
         return exact.linear(hidden, self.head)
 
 
+WIDE = 67
+"""An innermost size the load check includes for every kernel: past a vector loop's lanes (16
+float32 on AVX-512), so that loop runs and not only its tail."""
+
+
 def attention_examples() -> list[tuple]:
     """Attention weights [N, keys] to compile `prob_parts` on."""
-    p = torch.rand(6, 40, generator=torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(0)
+    p = torch.rand(6, 40, generator=gen)
     return [
         (p, exact.power(20, torch.float64)),
         (p[2:3, :3].clone(), exact.power(21, torch.float64)),
+        (torch.rand(3, WIDE, generator=gen), exact.power(20, torch.float64)),
     ]
 
 
@@ -979,7 +986,12 @@ def mean_examples() -> list[tuple]:
     both = torch.randn(6, 2, 8, dtype=torch.float64, generator=gen)
     cross = torch.rand(6, 8, dtype=torch.float64, generator=gen)
     z = torch.rand(6, 1, dtype=torch.float64, generator=gen) + 1
-    return [(both, cross, z), (both[:1].clone(), cross[:1].clone(), z[:1].clone())]
+    wide = (
+        torch.randn(3, 2, WIDE, dtype=torch.float64, generator=gen),
+        torch.rand(3, WIDE, dtype=torch.float64, generator=gen),
+        z[:3].clone(),
+    )
+    return [(both, cross, z), (both[:1].clone(), cross[:1].clone(), z[:1].clone()), wide]
 
 
 def key_value_examples() -> list[tuple]:
@@ -988,7 +1000,9 @@ def key_value_examples() -> list[tuple]:
     k, v = torch.randn(2, 3, 5, 8, generator=gen) * 3, torch.randn(2, 3, 5, 8, generator=gen)
     unit = exact.power(21)
     first = (k[:1, :, :1].clone(), v[:1, :, :1].clone(), unit, grid)
-    return [(k, v, unit, grid), first]
+    wide_grid = exact.pow2(torch.randint(-12, -8, (3, 1, WIDE), generator=gen))
+    wide_k, wide_v = (torch.randn(1, 3, 4, WIDE, generator=gen) for _ in range(2))
+    return [(k, v, unit, grid), first, (wide_k * 3, wide_v, unit, wide_grid)]
 
 
 def query_key_value_examples() -> list[tuple]:
@@ -1000,7 +1014,12 @@ def query_key_value_examples() -> list[tuple]:
     cos, sin = angles.cos(), angles.sin()
     unit = exact.power(21)
     first = (qkv[:1, :1].clone(), cos[:1, :1].clone(), sin[:1, :1].clone(), unit, grid)
-    return [(qkv, cos, sin, unit, grid), first]
+    d = WIDE + 1  # RoPE's halves
+    wide_grid = exact.pow2(torch.randint(-12, -8, (3, 1, d), generator=gen))
+    wide_angles = torch.rand(1, 3, 1, 1, d, generator=gen) * 6
+    wide_qkv = torch.randn(1, 3, 4, 3, d, generator=gen) * 3
+    wide = (wide_qkv, wide_angles.cos(), wide_angles.sin(), unit, wide_grid)
+    return [(qkv, cos, sin, unit, grid), first, wide]
 
 
 def score_examples() -> list[tuple]:
@@ -1008,9 +1027,12 @@ def score_examples() -> list[tuple]:
     raw = torch.randn(2, 4, 5, 7, dtype=torch.float64, generator=gen) * 30
     hidden = torch.arange(7)[None, None, None, :] > torch.arange(2, 7)[None, None, :, None]
     hidden = hidden.expand(2, 1, 5, 7).contiguous()
+    wide_raw = torch.randn(1, 4, 3, WIDE, dtype=torch.float64, generator=gen) * 30
+    wide_hidden = (torch.arange(WIDE) > torch.arange(60, 63)[:, None])[None, None]
     return [
         (raw, hidden, score_scale(32)),
         (raw[:1, :, :1].clone(), hidden[:1, :, :1].clone(), score_scale(64)),
+        (wide_raw, wide_hidden, score_scale(32)),
     ]
 
 
