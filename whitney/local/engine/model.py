@@ -252,6 +252,22 @@ def silu(x: Tensor) -> Tensor:
     return exact.vectorized(torch.ops.aten.silu, x)
 
 
+def gate_silu(gate_up: Tensor) -> Tensor:
+    """`silu` of the gate half of the gate and up projections side by side [..., 2 I] (no
+    gradient), the half read in place where I is a multiple of 64 (at most `exact.SLICE`): as
+    rows [N, I] in slices of at most `exact.SLICE` elements, which torch runs serially, each
+    row through its vector code with no scalar tail, as `silu` runs every element."""
+    i = gate_up.shape[-1] // 2
+    gate = gate_up.view(-1, 2 * i)[:, :i]
+    if i % 64 or i > exact.SLICE:
+        return silu(gate).view(*gate_up.shape[:-1], i)
+    out = torch.empty(gate.shape, dtype=gate.dtype)
+    step = exact.SLICE // i
+    for start in range(0, gate.shape[0], step):
+        torch.ops.aten.silu(gate[start : start + step], out=out[start : start + step])
+    return out.view(*gate_up.shape[:-1], i)
+
+
 def gated_grid(activated: Tensor, gate_up: Tensor, room: Tensor) -> Tensor:
     """`exact.activation_grid` of activated * up for float32 rows [N, I] and the rows of the
     gate and up projections side by side [N, 2, I] (up the second), float64."""
@@ -917,8 +933,7 @@ class Llama:
         gate_up = self.linear(x, layer, "gate_up")
         if torch.is_grad_enabled():
             return self.linear(Gated.apply(gate_up), layer, "down")
-        activated = silu(gate_up.chunk(2, dim=-1)[0])
-        return self.linear(gated_rows(activated, gate_up), layer, "down")
+        return self.linear(gated_rows(gate_silu(gate_up), gate_up), layer, "down")
 
     def hidden(
         self,
