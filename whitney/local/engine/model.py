@@ -1109,7 +1109,7 @@ def gated_examples() -> list[tuple]:
 PROB_PARTS = kernels.kernel(attention_examples)(prob_parts)
 WEIGHTED_MEAN = kernels.kernel(mean_examples)(weighted_mean)
 KEY_VALUES = kernels.kernel(key_value_examples)(key_values)
-SHIFTED_SCORES = kernels.kernel(score_examples, eager_from=1 << 12)(shifted_scores)
+SHIFTED_SCORES = kernels.kernel(score_examples, eager_from=1 << 14)(shifted_scores)
 GATED_GRID = kernels.kernel(gated_examples)(gated_grid)
 QUERIES_KEY_VALUES = kernels.kernel(query_key_value_examples)(queries_key_values)
 NORM_GRID = kernels.kernel(norm_examples)(norm_grid)
