@@ -1,10 +1,11 @@
 """The kernels that fuse a layer's exact elementwise work without gradients give the bits of the
 unfused sequence the gradient path runs (the same operations in the same order): silu(gate) * up
 and the down projection's rows, RoPE with the queries' fixed-point rows and the stored keys and
-values; and with gradients, `Gated` gives the value and gradient of autograd through the unfused
-silu(gate) * up. Random rows, a flat row, a row of tiny elements, grouped-query heads; compared
-as raw bits (each kernel runs eagerly or compiled, whichever is loaded: the two are checked
-against each other at load)."""
+values, the residual add with RMSNorm and its product's activation rows; silu of the gate half
+read in place gives `silu`'s bits; and with gradients, `Gated` gives the value and gradient of
+autograd through the unfused silu(gate) * up. Random rows, a flat row, a row of tiny elements,
+grouped-query heads; compared as raw bits (each kernel runs eagerly or compiled, whichever is
+loaded: the two are checked against each other at load)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,10 @@ from whitney.local.engine.model import (
     QUERIES_KEY_VALUES,
     Gated,
     KeyValues,
+    gate_silu,
     gated_rows,
+    norm_rows,
+    rms_norm,
     rope,
     silu,
 )
@@ -74,3 +78,25 @@ def test_queries_key_values_are_rope_fixed_point_and_key_values() -> None:
             fq, stored = QUERIES_KEY_VALUES(shaped, cos[:, :, None], sin[:, :, None], unit, grid)
             assert same_bits(fq, want_q)
             assert same_bits(stored, want_kv)
+
+
+def test_gate_silu_is_silu_of_the_gate_half() -> None:
+    """In place (I a multiple of 64, rows in several slices) and copied (I = 160, 37)."""
+    for i in (1536, 512, 64, 160, 37):
+        for batch in (1, 2, 30):
+            gate_up = rows(i + batch, (batch, 5, 2 * i))
+            with torch.no_grad():
+                assert same_bits(gate_silu(gate_up), silu(gate_up.chunk(2, dim=-1)[0]))
+
+
+def test_norm_rows_are_the_residual_rms_norm_and_its_activation_rows() -> None:
+    for k, eps in ((576, 1e-5), (128, 1e-6), (70, 1e-5)):
+        x, delta = rows(k, (3, 4, k)), rows(k + 1, (3, 4, k))
+        weight = torch.rand(k, generator=torch.Generator().manual_seed(k)) + 0.5
+        with torch.no_grad():
+            total = x + delta
+            want = exact.activation_rows(rms_norm(total, weight, eps), exact.weight_bits(k))
+            got_total, got = norm_rows(x, weight, eps, delta)
+            assert same_bits(got_total, total)
+            assert same_bits(got, want)
+            assert same_bits(norm_rows(total, weight, eps)[1], want)

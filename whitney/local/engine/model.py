@@ -206,8 +206,66 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     return weight * (x / exact.square_root(mean_square + eps))
 
 
+def norm_grid(x: Tensor, weight: Tensor, eps: Tensor, unit: Tensor, room: Tensor) -> Tensor:
+    """`rms_norm` of float32 rows [N, K] (no gradient) on its activation rows for a product
+    (`exact.activation_grid`), float64: eps float32, unit = 2**bits_for(K), room = 52 - weight
+    bits; the same bits as `rms_norm` then `exact.linear`'s rounding."""
+    root = exact.sqrt_float32(exact.mean_square_rows(x, unit) + eps)
+    return exact.activation_grid(weight * (x / root), room)
+
+
+def residual_norm_grid(
+    x: Tensor, delta: Tensor, weight: Tensor, eps: Tensor, unit: Tensor, room: Tensor
+) -> tuple[Tensor, Tensor]:
+    """x + delta (float32 rows [N, K]) and its `norm_grid`."""
+    total = x + delta
+    return total, norm_grid(total, weight, eps, unit, room)
+
+
+@functools.cache
+def epsilon(eps: float) -> Tensor:
+    """eps as a float32 0-dim tensor, a kernel's argument (never an inference tensor): `rms_norm`
+    adds eps rounded to float32, as torch adds a Python float to a float32 tensor."""
+    with torch.inference_mode(False):
+        return torch.tensor(eps, dtype=torch.float32)
+
+
+def norm_rows(
+    x: Tensor, weight: Tensor, eps: float, delta: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
+    """x (plus `delta`, if given) [..., K] float32 and its `rms_norm` on the activation rows of
+    a product with weights of `exact.weight_bits(K)` (no gradient), one fused kernel."""
+    k = x.shape[-1]
+    constants = (
+        weight,
+        epsilon(eps),
+        exact.power(exact.bits_for(k)),
+        exact.room(exact.weight_bits(k)),
+    )
+    if delta is None:
+        return x, NORM_GRID(exact.rows(x), *constants).view(x.shape)
+    total, grid = RESIDUAL_NORM_GRID(exact.rows(x), exact.rows(delta), *constants)
+    return total.view(x.shape), grid.view(x.shape)
+
+
 def silu(x: Tensor) -> Tensor:
     return exact.vectorized(torch.ops.aten.silu, x)
+
+
+def gate_silu(gate_up: Tensor) -> Tensor:
+    """`silu` of the gate half of the gate and up projections side by side [..., 2 I] (no
+    gradient), the half read in place where I is a multiple of 64 (at most `exact.SLICE`): as
+    rows [N, I] in slices of at most `exact.SLICE` elements, which torch runs serially, each
+    row through its vector code with no scalar tail, as `silu` runs every element."""
+    i = gate_up.shape[-1] // 2
+    gate = gate_up.view(-1, 2 * i)[:, :i]
+    if i % 64 or i > exact.SLICE:
+        return silu(gate).view(*gate_up.shape[:-1], i)
+    out = torch.empty(gate.shape, dtype=gate.dtype)
+    step = exact.SLICE // i
+    for start in range(0, gate.shape[0], step):
+        torch.ops.aten.silu(gate[start : start + step], out=out[start : start + step])
+    return out.view(*gate_up.shape[:-1], i)
 
 
 def gated_grid(activated: Tensor, gate_up: Tensor, room: Tensor) -> Tensor:
@@ -875,8 +933,7 @@ class Llama:
         gate_up = self.linear(x, layer, "gate_up")
         if torch.is_grad_enabled():
             return self.linear(Gated.apply(gate_up), layer, "down")
-        activated = silu(gate_up.chunk(2, dim=-1)[0])
-        return self.linear(gated_rows(activated, gate_up), layer, "down")
+        return self.linear(gated_rows(gate_silu(gate_up), gate_up), layer, "down")
 
     def hidden(
         self,
@@ -949,6 +1006,14 @@ class Llama:
         """Decoder layer n: x plus attention, plus the MLP."""
         probe()
         p = f"model.layers.{n}."
+        if not torch.is_grad_enabled():  # each norm one fused kernel with its rounding
+            eps = self.cfg.rms_eps
+            _, attn_in = norm_rows(x, self.w[p + "input_layernorm.weight"], eps)
+            delta = self.attention(attn_in, n, layer, step, cache, probe)
+            probe()
+            w = self.w[p + "post_attention_layernorm.weight"]
+            x, mlp_in = norm_rows(x, w, eps, delta)
+            return x + self.mlp(mlp_in, layer)
         attn_in = rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_eps)
         x = x + self.attention(attn_in, n, layer, step, cache, probe)
         probe()
@@ -1036,6 +1101,24 @@ def score_examples() -> list[tuple]:
     ]
 
 
+def norm_examples() -> list[tuple]:
+    """Rows [N, K] and a norm weight [K], eps, unit and room of K = 96 and of a row of 70."""
+    gen = torch.Generator().manual_seed(0)
+    found = []
+    for n, k, eps in ((5, 96, 1e-5), (1, 70, 1e-6)):
+        x = torch.randn(n, k, generator=gen) * 3
+        x[1:2] *= 2.0**-70  # a row far below eps (none in a one-row example)
+        weight = torch.rand(k, generator=gen) + 0.5
+        room = exact.room(exact.weight_bits(k))
+        found.append((x, weight, epsilon(eps), exact.power(exact.bits_for(k)), room))
+    return found
+
+
+def residual_norm_examples() -> list[tuple]:
+    gen = torch.Generator().manual_seed(1)
+    return [(x, torch.randn(x.shape, generator=gen), *rest) for x, *rest in norm_examples()]
+
+
 def gated_examples() -> list[tuple]:
     gen = torch.Generator().manual_seed(0)
     found = []
@@ -1048,6 +1131,8 @@ def gated_examples() -> list[tuple]:
 PROB_PARTS = kernels.kernel(attention_examples)(prob_parts)
 WEIGHTED_MEAN = kernels.kernel(mean_examples)(weighted_mean)
 KEY_VALUES = kernels.kernel(key_value_examples)(key_values)
-SHIFTED_SCORES = kernels.kernel(score_examples, eager_from=1 << 12)(shifted_scores)
+SHIFTED_SCORES = kernels.kernel(score_examples, eager_from=1 << 14)(shifted_scores)
 GATED_GRID = kernels.kernel(gated_examples)(gated_grid)
 QUERIES_KEY_VALUES = kernels.kernel(query_key_value_examples)(queries_key_values)
+NORM_GRID = kernels.kernel(norm_examples)(norm_grid)
+RESIDUAL_NORM_GRID = kernels.kernel(residual_norm_examples)(residual_norm_grid)
