@@ -480,6 +480,41 @@ class Attention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, None, None, None, None
 
 
+class RotatedHeads(torch.autograd.Function):
+    """q, k, v [B, heads, T, d] of the qkv projection [B, T, h + 2 kv, d], q and k rotated
+    (`rope`), with the bits of the gradient autograd takes of the slices and `rope`: there each
+    part's gradient meets the others' zeros, which turn a -0 into +0 (x + 0 is x otherwise),
+    so q and k's is (g cos + roll(g signed_sin)) + 0 and v's g + 0, written once each into one
+    buffer (a -0 in g itself only reaches a sum that is 0 or holds a nonzero term)."""
+
+    @staticmethod
+    def forward(ctx, qkv: Tensor, cos: Tensor, signed_sin: Tensor, h: int):
+        rotated = h + (qkv.shape[2] - h) // 2
+        qk = rope(qkv[:, :, :rotated], cos, signed_sin)
+        ctx.save_for_backward(cos, signed_sin)
+        ctx.h = h
+        q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, rotated:]
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor):
+        cos, signed_sin = ctx.saved_tensors
+        h, kv = ctx.h, grad_k.shape[1]
+        grad_q, grad_k, grad_v = (g.transpose(1, 2) for g in (grad_q, grad_k, grad_v))
+        grad_qkv = grad_q.new_empty(*grad_q.shape[:2], h + 2 * kv, grad_q.shape[-1])
+        grad_qk, grad_v_part = grad_qkv.split((h + kv, kv), 2)
+        rotated = torch.empty_like(grad_qk)
+        for out, table in ((grad_qk, cos), (rotated, signed_sin)):
+            for part, g in zip(out.split((h, kv), 2), (grad_q, grad_k), strict=True):
+                torch.mul(g, table, out=part)
+        (low, high), (rotated_low, rotated_high) = grad_qk.chunk(2, -1), rotated.chunk(2, -1)
+        low.add_(rotated_high)
+        high.add_(rotated_low)
+        grad_qk.add_(0.0)
+        torch.add(grad_v, 0.0, out=grad_v_part)
+        return grad_qkv, None, None, None
+
+
 class Gated(torch.autograd.Function):
     """silu(gate) * up of the gate and up projections side by side [..., 2 I], with the gradient
     autograd takes of that expression, computed as autograd does (silu's own backward, the
@@ -859,8 +894,7 @@ class Llama:
             stored = KeyValues(new) if cache is None else cache.store(n, new, step)
             y, _ = attend(fq, stored, step.chunks, cfg.prob_bits, check)
             return self.linear(y.transpose(1, 2).reshape(B, T, h * d), layer, "o")
-        qk = rope(qkv[:, :, : h + kv], step.cos, step.sin)
-        q, k, v = (t.transpose(1, 2) for t in (qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]))
+        q, k, v = RotatedHeads.apply(qkv, step.cos, step.sin, h)
         if cache is None:
             stored = KeyValues.of(k, v, layer.value_grid)
         else:
