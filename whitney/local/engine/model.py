@@ -198,12 +198,34 @@ def rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """weight * x / sqrt(mean(x**2) + eps), the mean exact, the root correctly rounded
-    (`exact.square_root`); the gradient is RMSNorm's own."""
-    mean_square = exact.mean_square(x)
-    if x.requires_grad:  # value unchanged (a - a is exactly 0), gradient of the float formula
-        soft = x.pow(2).mean(-1, keepdim=True)
-        mean_square = mean_square + (soft - soft.detach())
-    return weight * (x / exact.square_root(mean_square + eps))
+    (`exact.square_root`); the gradient is RMSNorm's own (`RMSNorm`)."""
+    if x.requires_grad and torch.is_grad_enabled():
+        return RMSNorm.apply(x, x, weight, eps)
+    return weight * (x / exact.square_root(exact.mean_square(x) + eps))
+
+
+class RMSNorm(torch.autograd.Function):
+    """`rms_norm` of x, given twice, with the bits of the gradient autograd takes of weight *
+    (x / root), root = sqrt(m + eps), m the exact mean square with the float one's gradient
+    (x.pow(2).mean(-1)): autograd's operations in its order, without its graph. The two parts,
+    the quotient's and the mean square's, are the two x's gradients, so autograd adds them to
+    x's others (a residual's, which comes first) one after the other, in that graph's order.
+    The weight is constant (only LoRA's adapters train)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, again: Tensor, weight: Tensor, eps: float) -> Tensor:
+        root = exact.square_root(exact.mean_square(x) + eps)
+        ctx.save_for_backward(x, weight, root)
+        return weight * (x / root)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight, root = ctx.saved_tensors
+        grad_normed = grad * weight
+        grad_quotient = grad_normed / root
+        grad_root = (x / root).div_(root).mul_(grad_normed.neg_()).sum(-1, keepdim=True)
+        grad_mean = grad_root / (2 * root) / x.shape[-1]
+        return grad_quotient, (x * 2.0).mul_(grad_mean), None, None
 
 
 def silu(x: Tensor) -> Tensor:
