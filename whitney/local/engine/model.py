@@ -198,12 +198,34 @@ def rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """weight * x / sqrt(mean(x**2) + eps), the mean exact, the root correctly rounded
-    (`exact.square_root`); the gradient is RMSNorm's own."""
-    mean_square = exact.mean_square(x)
-    if x.requires_grad:  # value unchanged (a - a is exactly 0), gradient of the float formula
-        soft = x.pow(2).mean(-1, keepdim=True)
-        mean_square = mean_square + (soft - soft.detach())
-    return weight * (x / exact.square_root(mean_square + eps))
+    (`exact.square_root`); the gradient is RMSNorm's own (`RMSNorm`)."""
+    if x.requires_grad and torch.is_grad_enabled():
+        return RMSNorm.apply(x, x, weight, eps)
+    return weight * (x / exact.square_root(exact.mean_square(x) + eps))
+
+
+class RMSNorm(torch.autograd.Function):
+    """`rms_norm` of x, given twice, with the bits of the gradient autograd takes of weight *
+    (x / root), root = sqrt(m + eps), m the exact mean square with the float one's gradient
+    (x.pow(2).mean(-1)): autograd's operations in its order, without its graph. The two parts,
+    the quotient's and the mean square's, are the two x's gradients, so autograd adds them to
+    x's others (a residual's, which comes first) one after the other, in that graph's order.
+    The weight is constant (only LoRA's adapters train)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, again: Tensor, weight: Tensor, eps: float) -> Tensor:
+        root = exact.square_root(exact.mean_square(x) + eps)
+        ctx.save_for_backward(x, weight, root)
+        return weight * (x / root)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight, root = ctx.saved_tensors
+        grad_normed = grad * weight
+        grad_quotient = grad_normed / root
+        grad_root = (x / root).div_(root).mul_(grad_normed.neg_()).sum(-1, keepdim=True)
+        grad_mean = grad_root / (2 * root) / x.shape[-1]
+        return grad_quotient, (x * 2.0).mul_(grad_mean), None, None
 
 
 def norm_grid(x: Tensor, weight: Tensor, eps: Tensor, unit: Tensor, room: Tensor) -> Tensor:
@@ -536,6 +558,41 @@ class Attention(torch.autograd.Function):
             grad_k[:, :, :seen] += grad_s.transpose(-1, -2) @ grouped(q[:, :, rows], kv)
         ctx.probs = ctx.chunks = None
         return grad_q, grad_k, grad_v, None, None, None, None
+
+
+class RotatedHeads(torch.autograd.Function):
+    """q, k, v [B, heads, T, d] of the qkv projection [B, T, h + 2 kv, d], q and k rotated
+    (`rope`), with the bits of the gradient autograd takes of the slices and `rope`: there each
+    part's gradient meets the others' zeros, which turn a -0 into +0 (x + 0 is x otherwise),
+    so q and k's is (g cos + roll(g signed_sin)) + 0 and v's g + 0, written once each into one
+    buffer (a -0 in g itself only reaches a sum that is 0 or holds a nonzero term)."""
+
+    @staticmethod
+    def forward(ctx, qkv: Tensor, cos: Tensor, signed_sin: Tensor, h: int):
+        rotated = h + (qkv.shape[2] - h) // 2
+        qk = rope(qkv[:, :, :rotated], cos, signed_sin)
+        ctx.save_for_backward(cos, signed_sin)
+        ctx.h = h
+        q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, rotated:]
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx, grad_q: Tensor, grad_k: Tensor, grad_v: Tensor):
+        cos, signed_sin = ctx.saved_tensors
+        h, kv = ctx.h, grad_k.shape[1]
+        grad_q, grad_k, grad_v = (g.transpose(1, 2) for g in (grad_q, grad_k, grad_v))
+        grad_qkv = grad_q.new_empty(*grad_q.shape[:2], h + 2 * kv, grad_q.shape[-1])
+        grad_qk, grad_v_part = grad_qkv.split((h + kv, kv), 2)
+        rotated = torch.empty_like(grad_qk)
+        for out, table in ((grad_qk, cos), (rotated, signed_sin)):
+            for part, g in zip(out.split((h, kv), 2), (grad_q, grad_k), strict=True):
+                torch.mul(g, table, out=part)
+        (low, high), (rotated_low, rotated_high) = grad_qk.chunk(2, -1), rotated.chunk(2, -1)
+        low.add_(rotated_high)
+        high.add_(rotated_low)
+        grad_qk.add_(0.0)
+        torch.add(grad_v, 0.0, out=grad_v_part)
+        return grad_qkv, None, None, None
 
 
 class Gated(torch.autograd.Function):
@@ -917,8 +974,7 @@ class Llama:
             stored = KeyValues(new) if cache is None else cache.store(n, new, step)
             y, _ = attend(fq, stored, step.chunks, cfg.prob_bits, check)
             return self.linear(y.transpose(1, 2).reshape(B, T, h * d), layer, "o")
-        qk = rope(qkv[:, :, : h + kv], step.cos, step.sin)
-        q, k, v = (t.transpose(1, 2) for t in (qk[:, :, :h], qk[:, :, h:], qkv[:, :, h + kv :]))
+        q, k, v = RotatedHeads.apply(qkv, step.cos, step.sin, h)
         if cache is None:
             stored = KeyValues.of(k, v, layer.value_grid)
         else:
