@@ -6,6 +6,7 @@ zeros make +0), RMSNorm's rows subnormals and zeros; compared as raw bits."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from whitney.local.engine import exact, model
@@ -82,3 +83,10 @@ def test_rms_norm_gives_the_bits_of_autograd_through_the_soft_mean_square() -> N
             grads.append((y.detach(), torch.autograd.grad(y, leaf, residual)[0]))
         (want, want_grad), (got, got_grad) = grads
         assert same_bits(got, want) and same_bits(got_grad, want_grad)
+
+
+def test_rms_norm_refuses_a_weight_that_trains() -> None:
+    """RMSNorm's backward gives no weight gradient: a weight that needs one is an error, not a 0."""
+    weight = torch.ones(8, requires_grad=True)
+    with pytest.raises(NotImplementedError, match="weight is constant"):
+        model.rms_norm(torch.randn(2, 8, requires_grad=True), weight, 1e-5)

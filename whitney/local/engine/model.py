@@ -199,6 +199,8 @@ def rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """weight * x / sqrt(mean(x**2) + eps), the mean exact, the root correctly rounded
     (`exact.square_root`); the gradient is RMSNorm's own (`RMSNorm`)."""
+    if weight.requires_grad:
+        raise NotImplementedError("rms_norm's weight is constant: only LoRA's adapters train")
     if x.requires_grad and torch.is_grad_enabled():
         return RMSNorm.apply(x, x, weight, eps)
     return weight * (x / exact.square_root(exact.mean_square(x) + eps))
