@@ -230,20 +230,24 @@ class RMSNorm(torch.autograd.Function):
         return grad_quotient, (x * 2.0).mul_(grad_mean), None, None
 
 
-def norm_grid(x: Tensor, weight: Tensor, eps: Tensor, unit: Tensor, room: Tensor) -> Tensor:
-    """`rms_norm` of float32 rows [N, K] (no gradient) on its activation rows for a product
-    (`exact.activation_grid`), float64: eps float32, unit = 2**bits_for(K), room = 52 - weight
-    bits; the same bits as `rms_norm` then `exact.linear`'s rounding."""
-    root = exact.sqrt_float32(exact.mean_square_rows(x, unit) + eps)
-    return exact.activation_grid(weight * (x / root), room)
+def norm_root(x: Tensor, eps: Tensor, unit: Tensor) -> Tensor:
+    """RMSNorm's root of float32 rows [N, K] (no gradient), [N, 1]: `rms_norm`'s, eps float32,
+    unit = 2**bits_for(K)."""
+    return exact.sqrt_float32(exact.mean_square_rows(x, unit) + eps)
 
 
-def residual_norm_grid(
-    x: Tensor, delta: Tensor, weight: Tensor, eps: Tensor, unit: Tensor, room: Tensor
+def residual_norm_root(
+    x: Tensor, delta: Tensor, eps: Tensor, unit: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """x + delta (float32 rows [N, K]) and its `norm_grid`."""
+    """x + delta (float32 rows [N, K]) and its `norm_root`."""
     total = x + delta
-    return total, norm_grid(total, weight, eps, unit, room)
+    return total, norm_root(total, eps, unit)
+
+
+def scaled_grid(x: Tensor, weight: Tensor, root: Tensor, room: Tensor) -> Tensor:
+    """weight * (x / root) for float32 rows [N, K] and their roots [N, 1] on its activation rows
+    for a product (`exact.activation_grid`, room = 52 - weight bits), float64."""
+    return exact.activation_grid(weight * (x / root), room)
 
 
 @functools.cache
@@ -258,17 +262,17 @@ def norm_rows(
     x: Tensor, weight: Tensor, eps: float, delta: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """x (plus `delta`, if given) [..., K] float32 and its `rms_norm` on the activation rows of
-    a product with weights of `exact.weight_bits(K)` (no gradient), one fused kernel."""
+    a product with weights of `exact.weight_bits(K)` (no gradient): two fused kernels, the
+    rows' roots and then the scaling with its rounding (one kernel recomputed each row's root
+    in every pass over the row: slower at a training batch's rows); the same bits."""
     k = x.shape[-1]
-    constants = (
-        weight,
-        epsilon(eps),
-        exact.power(exact.bits_for(k)),
-        exact.room(exact.weight_bits(k)),
-    )
+    unit = exact.power(exact.bits_for(k))
     if delta is None:
-        return x, NORM_GRID(exact.rows(x), *constants).view(x.shape)
-    total, grid = RESIDUAL_NORM_GRID(exact.rows(x), exact.rows(delta), *constants)
+        total = exact.rows(x)
+        root = NORM_ROOT(total, epsilon(eps), unit)
+    else:
+        total, root = RESIDUAL_NORM_ROOT(exact.rows(x), exact.rows(delta), epsilon(eps), unit)
+    grid = SCALED_GRID(total, weight, root, exact.room(exact.weight_bits(k)))
     return total.view(x.shape), grid.view(x.shape)
 
 
@@ -1160,21 +1164,30 @@ def score_examples() -> list[tuple]:
 
 
 def norm_examples() -> list[tuple]:
-    """Rows [N, K] and a norm weight [K], eps, unit and room of K = 96 and of a row of 70."""
+    """Rows [N, K], eps and unit of K = 96 and of a row of 70."""
     gen = torch.Generator().manual_seed(0)
     found = []
     for n, k, eps in ((5, 96, 1e-5), (1, 70, 1e-6)):
         x = torch.randn(n, k, generator=gen) * 3
         x[1:2] *= 2.0**-70  # a row far below eps (none in a one-row example)
-        weight = torch.rand(k, generator=gen) + 0.5
-        room = exact.room(exact.weight_bits(k))
-        found.append((x, weight, epsilon(eps), exact.power(exact.bits_for(k)), room))
+        found.append((x, epsilon(eps), exact.power(exact.bits_for(k))))
     return found
 
 
 def residual_norm_examples() -> list[tuple]:
     gen = torch.Generator().manual_seed(1)
     return [(x, torch.randn(x.shape, generator=gen), *rest) for x, *rest in norm_examples()]
+
+
+def scaled_examples() -> list[tuple]:
+    """`norm_examples`' rows with a norm weight [K], their roots and the room of K."""
+    gen = torch.Generator().manual_seed(2)
+    found = []
+    for x, eps, unit in norm_examples():
+        k = x.shape[-1]
+        weight = torch.rand(k, generator=gen) + 0.5
+        found.append((x, weight, norm_root(x, eps, unit), exact.room(exact.weight_bits(k))))
+    return found
 
 
 def gated_examples() -> list[tuple]:
@@ -1192,5 +1205,6 @@ KEY_VALUES = kernels.kernel(key_value_examples)(key_values)
 SHIFTED_SCORES = kernels.kernel(score_examples, eager_from=1 << 14)(shifted_scores)
 GATED_GRID = kernels.kernel(gated_examples)(gated_grid)
 QUERIES_KEY_VALUES = kernels.kernel(query_key_value_examples)(queries_key_values)
-NORM_GRID = kernels.kernel(norm_examples)(norm_grid)
-RESIDUAL_NORM_GRID = kernels.kernel(residual_norm_examples)(residual_norm_grid)
+NORM_ROOT = kernels.kernel(norm_examples)(norm_root)
+RESIDUAL_NORM_ROOT = kernels.kernel(residual_norm_examples)(residual_norm_root)
+SCALED_GRID = kernels.kernel(scaled_examples)(scaled_grid)
