@@ -207,9 +207,16 @@ def prefix_sum(x: Tensor, dtype: torch.dtype | None = None) -> Tensor:
 def vectorized(fn: Callable[..., Tensor], x: Tensor) -> Tensor:
     """fn (an elementwise torch op, which takes `out=`: silu) applied through torch's vector code
     for every element: the flattened tensor in slices small enough to run serially, each a
-    multiple of 64 elements, the tail padded to 64. The gradient is fn's own."""
+    multiple of 64 elements, the tail padded to 64; rows [N, K] of a wider tensor, K a multiple of
+    64 (at most `SLICE`), read in place, whole rows a slice. The gradient is fn's own."""
     if x.requires_grad and torch.is_grad_enabled():
         return Vectorized.apply(x, fn)
+    if x.dim() == 2 and x.stride(1) == 1 and x.shape[1] % 64 == 0 and 0 < x.shape[1] <= SLICE:
+        out = torch.empty(x.shape, dtype=x.dtype)
+        step = SLICE // x.shape[1]
+        for start in range(0, x.shape[0], step):
+            fn(x[start : start + step], out=out[start : start + step])
+        return out
     flat = x.reshape(-1)
     n = flat.numel()
     out = torch.empty_like(flat)

@@ -263,8 +263,7 @@ def norm_rows(
 ) -> tuple[Tensor, Tensor]:
     """x (plus `delta`, if given) [..., K] float32 and its `rms_norm` on the activation rows of
     a product with weights of `exact.weight_bits(K)` (no gradient): two fused kernels, the
-    rows' roots and then the scaling with its rounding (one kernel recomputed each row's root
-    in every pass over the row: slower at a training batch's rows); the same bits."""
+    rows' roots and then the scaling with its rounding; the same bits."""
     k = x.shape[-1]
     unit = exact.power(exact.bits_for(k))
     if delta is None:
@@ -282,18 +281,9 @@ def silu(x: Tensor) -> Tensor:
 
 def gate_silu(gate_up: Tensor) -> Tensor:
     """`silu` of the gate half of the gate and up projections side by side [..., 2 I] (no
-    gradient), the half read in place where I is a multiple of 64 (at most `exact.SLICE`): as
-    rows [N, I] in slices of at most `exact.SLICE` elements, which torch runs serially, each
-    row through its vector code with no scalar tail, as `silu` runs every element."""
+    gradient), the half's rows read in place (`exact.vectorized`)."""
     i = gate_up.shape[-1] // 2
-    gate = gate_up.view(-1, 2 * i)[:, :i]
-    if i % 64 or i > exact.SLICE:
-        return silu(gate).view(*gate_up.shape[:-1], i)
-    out = torch.empty(gate.shape, dtype=gate.dtype)
-    step = exact.SLICE // i
-    for start in range(0, gate.shape[0], step):
-        torch.ops.aten.silu(gate[start : start + step], out=out[start : start + step])
-    return out.view(*gate_up.shape[:-1], i)
+    return silu(gate_up.view(-1, 2 * i)[:, :i]).view(*gate_up.shape[:-1], i)
 
 
 def gated_grid(activated: Tensor, gate_up: Tensor, room: Tensor) -> Tensor:
@@ -1068,7 +1058,7 @@ class Llama:
         """Decoder layer n: x plus attention, plus the MLP."""
         probe()
         p = f"model.layers.{n}."
-        if not torch.is_grad_enabled():  # each norm one fused kernel with its rounding
+        if not torch.is_grad_enabled():  # each norm fused with its residual add and rounding
             eps = self.cfg.rms_eps
             _, attn_in = norm_rows(x, self.w[p + "input_layernorm.weight"], eps)
             delta = self.attention(attn_in, n, layer, step, cache, probe)
