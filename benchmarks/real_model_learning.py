@@ -2,8 +2,10 @@
 examples/smollm2-arithmetic.toml (SmolLM2-135M-Instruct, dequantised from the Q4_1 GGUF that
 `whitney-flows models pull smollm2-135m-instruct` imports, on one-digit sums) on one embedded
 Whitney server, with eval_at_start: the flow evaluates the base model (the fresh run's zero
-adapter) before the first cycle exactly as it evaluates later cycles. Prints the reward curve,
-each evaluation, the held-out greedy accuracy before and after (the final one, and the best
+adapter) before the first cycle exactly as it evaluates later cycles. Prints the reward curve
+(each cycle's wall seconds beside the seconds it waited on the server's operations: the first
+cycle's include the base evaluation's, which its wall time leaves out), each
+evaluation, the held-out greedy accuracy before and after (the final one, and the best
 one beside it), the minutes, the CPU and the load the machine was under.
 
     python benchmarks/real_model_learning.py [--config FILE] [--cycles N] [--eval-every N]
@@ -129,9 +131,10 @@ def cycle_line(cycle: dict) -> str:
     before, evaluation = cycle.get("eval_before"), cycle.get("eval")
     first = f"before training: held-out greedy {before['reward_mean']:.3f}\n" if before else ""
     extra = f", held-out greedy {evaluation['reward_mean']:.3f}" if evaluation else ""
+    operations = sum(cycle["op_seconds"].values())
     return (
         f"{first}cycle {cycle['cycle']}: reward {cycle['reward_mean']:.3f}, "
-        f"{cycle['wall_seconds']:.0f} s{extra}"
+        f"{cycle['wall_seconds']:.1f} s ({operations:.1f} s waiting on operations){extra}"
     )
 
 
@@ -207,8 +210,8 @@ def main() -> None:
     print(
         f"held-out greedy accuracy {before.reward_mean:.3f} -> {after.reward_mean:.3f} final "
         f"({after.reward_mean - before.reward_mean:+.3f}; best {best.reward_mean:.3f}, after "
-        f"cycle {best_cycle}) in {minutes:.1f} minutes "
-        f"(base evaluation, {len(result.cycles)} cycles and their evaluations), "
+        f"cycle {best_cycle}) in {minutes:.1f} minutes ({seconds:.1f} s: "
+        f"base evaluation, {len(result.cycles)} cycles and their evaluations), "
         f"{config.base_model}, on {cpu_model()}"
     )
 
