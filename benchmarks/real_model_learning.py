@@ -37,6 +37,7 @@ from flows.core.evaluation.plan import EvalMetrics  # noqa: E402
 from flows.core.records.plots import Line, Panel, render_png  # noqa: E402
 from flows.rl.config import RLConfig  # noqa: E402
 from flows.rl.flow import rl_flow  # noqa: E402
+from flows.rl.metrics import CycleMetrics  # noqa: E402
 from whitney import hf_cache  # noqa: E402
 from whitney.local import EmbeddedWhitney  # noqa: E402
 
@@ -138,6 +139,16 @@ def cycle_line(cycle: dict) -> str:
     )
 
 
+def operation_totals(cycles: list[CycleMetrics]) -> str:
+    """The seconds the cycles waited on each kind of operation, summed, the largest first."""
+    totals: dict[str, float] = {}
+    for cycle in cycles:
+        for kind, seconds in cycle.op_seconds.items():
+            totals[kind] = totals.get(kind, 0.0) + seconds
+    ranked = sorted(totals.items(), key=lambda item: -item[1])
+    return ", ".join(f"{kind} {seconds:.1f} s" for kind, seconds in ranked)
+
+
 def describe(metrics: EvalMetrics) -> str:
     return (
         f"greedy accuracy {metrics.reward_mean:.3f}, sampled {metrics.sampled_reward_mean:.3f}, "
@@ -196,6 +207,7 @@ def main() -> None:
         minutes = seconds / 60
     print(f"machine at the end: {machine()}")
     print("reward per cycle: " + " ".join(f"{c.reward_mean:.2f}" for c in result.cycles))
+    print("waiting on operations, by kind: " + operation_totals(result.cycles))
     before = result.cycles[0].eval_before
     assert before is not None, "eval_at_start evaluates the base model in the first cycle"
     curve = [(-1, before)] + [(c.cycle, c.eval) for c in result.cycles if c.eval is not None]
