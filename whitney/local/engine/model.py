@@ -352,11 +352,16 @@ class KeyValues:
 
 
 def attention_weights_times_values(
-    p: Tensor, stored: KeyValues, prob_bits: int, check: Check = no_check
+    p: Tensor,
+    stored: KeyValues,
+    prob_bits: int,
+    check: Check = no_check,
+    room: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """sum_j p_j v_j / sum_j p_j for p in [0, 1] (float32) [B, H, Tq, Tk], from exact sums (p
     split in hi + lo parts of prob_bits each, on grids common to all keys) combined in a fixed
-    order; and sum_j p_j itself (exact, float64)."""
+    order; and sum_j p_j itself (exact, float64). With `room` (no gradient), the value as the
+    output projection's activation rows [B, Tq, H d] instead (`mean_rows`, float64)."""
     p_hi, p_lo, z = PROB_PARTS(p.reshape(-1, p.shape[-1]), exact.power(prob_bits, torch.float64))
     check()
     kv, d = stored.data.shape[1], stored.data.shape[-1] // 3
@@ -364,9 +369,12 @@ def attention_weights_times_values(
     p_hi, p_lo = p_hi.view(shape), p_lo.view(shape)
     both = torch.matmul(p_hi, stored.values)  # p_hi hi | p_hi lo
     cross = torch.matmul(p_lo, stored.hi)
-    return WEIGHTED_MEAN(both.view(-1, 2, d), cross.view(-1, d), z).view(*p.shape[:-1], d), z.view(
-        *p.shape[:-1], 1
-    ) * 2.0**-prob_bits
+    lead = p.shape[:-1]
+    sums = z.view(*lead, 1) * 2.0**-prob_bits
+    if room is not None:
+        rows = MEAN_ROWS(both.view(*lead, 2, d), cross.view(*lead, d), z.view(*lead, 1), room)
+        return rows.view(lead[0], lead[2], -1), sums
+    return WEIGHTED_MEAN(both.view(-1, 2, d), cross.view(-1, d), z).view(*lead, d), sums
 
 
 def prob_parts(p: Tensor, unit: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -383,6 +391,17 @@ def weighted_mean(both: Tensor, cross: Tensor, z: Tensor) -> Tensor:
     weights' hi part with the values' hi and lo parts (`both` [N, 2, d]), the weights' lo part's
     with the values' hi (`cross` [N, d]) and the weights' sums `z` [N, 1]."""
     return ((both[:, 0] + (both[:, 1] + cross)) / z).float()
+
+
+def mean_rows(both: Tensor, cross: Tensor, z: Tensor, room: Tensor) -> Tensor:
+    """`weighted_mean` of a chunk of queries' rows [B, H, Tq, ...] (`both` [..., 2, d], `cross`
+    [..., d], `z` [..., 1]) with the heads side by side [B Tq, H d], on the activation rows of the
+    output projection (`exact.activation_grid`, room = 52 - its weight bits), float64: what
+    `exact.linear` does to the value, the same operations."""
+    batch, heads, queries, d = cross.shape
+    mean = weighted_mean(both.view(-1, 2, d), cross.view(-1, d), z.view(-1, 1))
+    side = mean.view(batch, heads, queries, d).transpose(1, 2).reshape(batch * queries, heads * d)
+    return exact.activation_grid(side, room)
 
 
 def key_values(k: Tensor, v: Tensor, unit: Tensor, grid: Tensor) -> Tensor:
@@ -471,25 +490,29 @@ def attend(
     prob_bits: int,
     check: Check,
     kept: list[Tensor] | None = None,
+    room: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Causal attention's value [B, H, Tq, d] of queries on fixed-point rows (`query_rows`) over
     `stored` keys and values, exact, chunk by chunk (`query_chunks`; of several, laid out as
     [B, Tq, H, d]: `heads_side_by_side`), and the exact sums of its weights [B, H, Tq, 1]; `kept`
-    collects each chunk's normalised probabilities. `check` runs between the stages."""
+    collects each chunk's normalised probabilities. `check` runs between the stages. With `room`
+    (no gradient), the value as the output projection's activation rows [B, Tq, H d] (float64,
+    `attention_weights_times_values`)."""
     outs, sums = [], []
     for rows, hidden in chunks:
         check()
         seen = stored.upto(hidden.shape[-1])
         p = attention_probabilities(fq[:, :, rows], seen.keys, hidden)
         check()
-        out, total = attention_weights_times_values(p, seen, prob_bits, check)
+        out, total = attention_weights_times_values(p, seen, prob_bits, check, room)
         outs.append(out)
         sums.append(total)
         if kept is not None:
             kept.append(p.double().div_(total).float())
     if len(outs) == 1:
         return outs[0], sums[0]
-    return heads_side_by_side(outs), torch.cat(sums, 2)
+    joined = heads_side_by_side(outs) if room is None else torch.cat(outs, 1)
+    return joined, torch.cat(sums, 2)
 
 
 def heads_side_by_side(outs: list[Tensor]) -> Tensor:
@@ -968,8 +991,9 @@ class Llama:
             both = qkv.view(B, T, h // kv + 2, kv, d), *step.rotation
             fq, new = QUERIES_KEY_VALUES(*both, unit, layer.value_grid)
             stored = KeyValues(new) if cache is None else cache.store(n, new, step)
-            y, _ = attend(fq, stored, step.chunks, cfg.prob_bits, check)
-            return self.linear(y.transpose(1, 2).reshape(B, T, h * d), layer, "o")
+            room = exact.room(exact.weight_bits(h * d))  # the value on the o rows, fused
+            rows, _ = attend(fq, stored, step.chunks, cfg.prob_bits, check, room=room)
+            return self.linear(rows, layer, "o")
         q, k, v = RotatedHeads.apply(qkv, step.cos, step.sin, h)
         if cache is None:
             stored = KeyValues.of(k, v, layer.value_grid)
@@ -1111,6 +1135,20 @@ def mean_examples() -> list[tuple]:
     return [(both, cross, z), (both[:1].clone(), cross[:1].clone(), z[:1].clone()), wide]
 
 
+def mean_rows_examples() -> list[tuple]:
+    """A chunk's products and sums [B, H, Tq, ...] of several queries, of one query per row (a
+    decode step) and of WIDE heads, with the room of the output projection's rows."""
+    gen = torch.Generator().manual_seed(0)
+    found = []
+    for batch, heads, queries, d in ((2, 3, 2, 8), (4, 3, 1, 8), (1, 2, 3, WIDE)):
+        lead = (batch, heads, queries)
+        both = torch.randn(*lead, 2, d, dtype=torch.float64, generator=gen)
+        cross = torch.rand(*lead, d, dtype=torch.float64, generator=gen)
+        z = torch.rand(*lead, 1, dtype=torch.float64, generator=gen) + 1
+        found.append((both, cross, z, exact.room(exact.weight_bits(heads * d))))
+    return found
+
+
 def key_value_examples() -> list[tuple]:
     gen = torch.Generator().manual_seed(0)
     grid = exact.pow2(torch.randint(-12, -8, (3, 1, 8), generator=gen))
@@ -1191,6 +1229,7 @@ def gated_examples() -> list[tuple]:
 
 PROB_PARTS = kernels.kernel(attention_examples)(prob_parts)
 WEIGHTED_MEAN = kernels.kernel(mean_examples)(weighted_mean)
+MEAN_ROWS = kernels.kernel(mean_rows_examples)(mean_rows)
 KEY_VALUES = kernels.kernel(key_value_examples)(key_values)
 SHIFTED_SCORES = kernels.kernel(score_examples, eager_from=1 << 14)(shifted_scores)
 GATED_GRID = kernels.kernel(gated_examples)(gated_grid)
