@@ -1,12 +1,12 @@
 """The kernels that fuse a layer's exact elementwise work without gradients give the bits of the
 unfused sequence the gradient path runs (the same operations in the same order): silu(gate) * up
 and the down projection's rows, RoPE with the queries' fixed-point rows and the stored keys and
-values, the residual add with RMSNorm and its product's activation rows, the attention's weighted
-mean with the output projection's activation rows; silu of the gate half read in place gives
-`silu`'s bits; and with gradients, `Gated` gives the value and gradient of autograd through the
-unfused silu(gate) * up. Random rows, a flat row, a row of tiny elements, grouped-query heads;
-compared as raw bits (each kernel runs eagerly or compiled, whichever is loaded: the two are
-checked against each other at load)."""
+values, the residual add with RMSNorm and its product's activation rows (or, in the final norm,
+its scaling), the attention's weighted mean with the output projection's activation rows; silu of
+the gate half read in place gives `silu`'s bits; and with gradients, `Gated` gives the value and
+gradient of autograd through the unfused silu(gate) * up. Random rows, a flat row, a row of tiny
+elements, grouped-query heads; compared as raw bits (each kernel runs eagerly or compiled,
+whichever is loaded: the two are checked against each other at load)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from whitney.local.engine.model import (
     KeyValues,
     attend,
     attention_weights_times_values,
+    final_norm,
     gate_silu,
     gated_rows,
     norm_rows,
@@ -105,6 +106,16 @@ def test_norm_rows_are_the_residual_rms_norm_and_its_activation_rows() -> None:
             assert same_bits(got_total, total)
             assert same_bits(got, want)
             assert same_bits(norm_rows(total, weight, eps)[1], want)
+
+
+def test_final_norm_is_the_rms_norm_of_the_residual_sum() -> None:
+    """The last layer's MLP output added in the final norm's kernel: `rms_norm` of the sum."""
+    for k, eps in ((576, 1e-5), (128, 1e-6), (70, 1e-5)):
+        x, delta = rows(k + 2, (3, 4, k)), rows(k + 3, (3, 4, k))
+        weight = torch.rand(k, generator=torch.Generator().manual_seed(k)) + 0.5
+        with torch.no_grad():
+            assert same_bits(final_norm(x, weight, eps, delta), rms_norm(x + delta, weight, eps))
+            assert same_bits(final_norm(x, weight, eps), rms_norm(x, weight, eps))
 
 
 def attention_weights(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:

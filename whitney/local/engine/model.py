@@ -258,21 +258,32 @@ def epsilon(eps: float) -> Tensor:
         return torch.tensor(eps, dtype=torch.float32)
 
 
+def norm_roots(x: Tensor, eps: float, delta: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """x (plus `delta`, if given) [..., K] as float32 rows [N, K] and their `rms_norm` roots
+    [N, 1] (no gradient): one fused kernel."""
+    unit = exact.power(exact.bits_for(x.shape[-1]))
+    if delta is None:
+        total = exact.rows(x)
+        return total, NORM_ROOT(total, epsilon(eps), unit)
+    return RESIDUAL_NORM_ROOT(exact.rows(x), exact.rows(delta), epsilon(eps), unit)
+
+
 def norm_rows(
     x: Tensor, weight: Tensor, eps: float, delta: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
     """x (plus `delta`, if given) [..., K] float32 and its `rms_norm` on the activation rows of
     a product with weights of `exact.weight_bits(K)` (no gradient): two fused kernels, the
     rows' roots and then the scaling with its rounding; the same bits."""
-    k = x.shape[-1]
-    unit = exact.power(exact.bits_for(k))
-    if delta is None:
-        total = exact.rows(x)
-        root = NORM_ROOT(total, epsilon(eps), unit)
-    else:
-        total, root = RESIDUAL_NORM_ROOT(exact.rows(x), exact.rows(delta), epsilon(eps), unit)
-    grid = SCALED_GRID(total, weight, root, exact.room(exact.weight_bits(k)))
+    total, root = norm_roots(x, eps, delta)
+    grid = SCALED_GRID(total, weight, root, exact.room(exact.weight_bits(x.shape[-1])))
     return total.view(x.shape), grid.view(x.shape)
+
+
+def final_norm(x: Tensor, weight: Tensor, eps: float, delta: Tensor | None = None) -> Tensor:
+    """`rms_norm` of x (plus `delta`, if given) [..., K] float32 (no gradient): the rows' roots
+    by one fused kernel (`norm_roots`), then weight * (x / root); the same bits."""
+    total, root = norm_roots(x, eps, delta)
+    return (weight * (total / root)).view(x.shape)
 
 
 def silu(x: Tensor) -> Tensor:
@@ -1030,9 +1041,28 @@ class Llama:
         start = torch.zeros(B, dtype=torch.long) if cache is None else cache.positions
         step = Pass.of(self, start[:, None] + torch.arange(T)[None, :], cache)
         x = F.embedding(ids, self.w["model.embed_tokens.weight"])
-        probe = check or no_check
         layers = layers or self.layer_weights()
-        recompute = recompute and torch.is_grad_enabled()
+        if torch.is_grad_enabled():
+            x = self.segments(x, layers, step, cache, check, recompute)
+            out = rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_eps)
+        else:
+            out = self.frozen_blocks(x, layers, step, cache, check or no_check)
+        if cache is not None:
+            cache.positions += T
+        return out
+
+    def segments(
+        self,
+        x: Tensor,
+        layers: list[LayerWeights],
+        step: Pass,
+        cache: KVCache | None,
+        check: Check | None,
+        recompute: bool,
+    ) -> Tensor:
+        """Every decoder layer with gradients, in segments of about sqrt(layers) layers whose
+        inputs alone are kept if `recompute` (`hidden`), else one layer at a time."""
+        probe = check or no_check
         size = math.isqrt(len(layers)) if recompute else 1
         for first in range(0, len(layers), size):
             span = range(first, min(first + size, len(layers)))
@@ -1052,9 +1082,44 @@ class Llama:
                 x = self.blocks(x, span, layers, step, cache, probe)
             if check is not None and x.requires_grad:
                 x = Checkpoint.apply(x, check)
-        if cache is not None:
-            cache.positions += T
-        return rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_eps)
+        return x
+
+    def frozen_blocks(
+        self,
+        x: Tensor,
+        layers: list[LayerWeights],
+        step: Pass,
+        cache: KVCache | None,
+        probe: Check,
+    ) -> Tensor:
+        """Every decoder layer and the final norm without gradients: each layer's MLP output is
+        added to x by the next layer's first norm (`norm_rows`), the last one's by the final
+        norm (`final_norm`), in the kernel of the rows' roots."""
+        delta = None
+        for n, layer in enumerate(layers):
+            x, delta = self.frozen_block(x, delta, n, layer, step, cache, probe)
+        return final_norm(x, self.w["model.norm.weight"], self.cfg.rms_eps, delta)
+
+    def frozen_block(
+        self,
+        x: Tensor,
+        delta: Tensor | None,
+        n: int,
+        layer: LayerWeights,
+        step: Pass,
+        cache: KVCache | None,
+        probe: Check,
+    ) -> tuple[Tensor, Tensor]:
+        """Decoder layer n without gradients, of x plus the last layer's MLP output `delta` (None:
+        none): x plus the attention, and the MLP's output. Each norm is fused with the residual add
+        before it and the rounding after it (`norm_rows`)."""
+        probe()
+        p, eps = f"model.layers.{n}.", self.cfg.rms_eps
+        x, attn_in = norm_rows(x, self.w[p + "input_layernorm.weight"], eps, delta)
+        attended = self.attention(attn_in, n, layer, step, cache, probe)
+        probe()
+        x, mlp_in = norm_rows(x, self.w[p + "post_attention_layernorm.weight"], eps, attended)
+        return x, self.mlp(mlp_in, layer)
 
     def blocks(
         self,
@@ -1079,17 +1144,10 @@ class Llama:
         cache: KVCache | None,
         probe: Check,
     ) -> Tensor:
-        """Decoder layer n: x plus attention, plus the MLP."""
+        """Decoder layer n: x plus attention, plus the MLP (with gradients: `frozen_block`
+        without)."""
         probe()
         p = f"model.layers.{n}."
-        if not torch.is_grad_enabled():  # each norm fused with its residual add and rounding
-            eps = self.cfg.rms_eps
-            _, attn_in = norm_rows(x, self.w[p + "input_layernorm.weight"], eps)
-            delta = self.attention(attn_in, n, layer, step, cache, probe)
-            probe()
-            w = self.w[p + "post_attention_layernorm.weight"]
-            x, mlp_in = norm_rows(x, w, eps, delta)
-            return x + self.mlp(mlp_in, layer)
         attn_in = rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_eps)
         x = x + self.attention(attn_in, n, layer, step, cache, probe)
         probe()
