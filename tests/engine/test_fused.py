@@ -41,7 +41,7 @@ def rows(seed: int, shape: tuple[int, ...]) -> torch.Tensor:
 
 def test_gated_rows_are_the_activation_rows_of_silu_gate_times_up() -> None:
     for i in (512, 1536, 160):
-        gate_up = rows(i, (2, 5, 2 * i))
+        gate_up = rows(i, (10, 2 * i))
         gate, up = gate_up.chunk(2, dim=-1)
         with torch.no_grad():
             want = exact.activation_rows(silu(gate) * up, exact.weight_bits(i))
@@ -90,14 +90,14 @@ def test_gate_silu_is_silu_of_the_gate_half() -> None:
     """In place (I a multiple of 64, rows in several slices) and copied (I = 160, 37)."""
     for i in (1536, 512, 64, 160, 37):
         for batch in (1, 2, 30):
-            gate_up = rows(i + batch, (batch, 5, 2 * i))
+            gate_up = rows(i + batch, (batch * 5, 2 * i))
             with torch.no_grad():
                 assert same_bits(gate_silu(gate_up), silu(gate_up.chunk(2, dim=-1)[0]))
 
 
 def test_norm_rows_are_the_residual_rms_norm_and_its_activation_rows() -> None:
     for k, eps in ((576, 1e-5), (128, 1e-6), (70, 1e-5)):
-        x, delta = rows(k, (3, 4, k)), rows(k + 1, (3, 4, k))
+        x, delta = rows(k, (12, k)), rows(k + 1, (12, k))
         weight = torch.rand(k, generator=torch.Generator().manual_seed(k)) + 0.5
         with torch.no_grad():
             total = x + delta
@@ -111,7 +111,7 @@ def test_norm_rows_are_the_residual_rms_norm_and_its_activation_rows() -> None:
 def test_final_norm_is_the_rms_norm_of_the_residual_sum() -> None:
     """The last layer's MLP output added in the final norm's kernel: `rms_norm` of the sum."""
     for k, eps in ((576, 1e-5), (128, 1e-6), (70, 1e-5)):
-        x, delta = rows(k + 2, (3, 4, k)), rows(k + 3, (3, 4, k))
+        x, delta = rows(k + 2, (12, k)), rows(k + 3, (12, k))
         weight = torch.rand(k, generator=torch.Generator().manual_seed(k)) + 0.5
         with torch.no_grad():
             assert same_bits(final_norm(x, weight, eps, delta), rms_norm(x + delta, weight, eps))
@@ -129,7 +129,7 @@ def attention_weights(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Ten
 def plain_value_rows(p: torch.Tensor, stored: KeyValues, prob_bits: int) -> torch.Tensor:
     """The unfused steps in plain torch: the weights' hi and lo parts, the exact products with
     the values' parts (each query head against its key-value head), the mean rounded to
-    float32, the heads side by side [B, Tq, H d], on the output projection's activation rows."""
+    float32, the heads side by side [B Tq, H d], on the output projection's activation rows."""
     batch, heads, queries, _ = p.shape
     unit, d = 2.0**prob_bits, stored.data.shape[-1] // 3
     scaled = p.double() * unit
@@ -139,7 +139,7 @@ def plain_value_rows(p: torch.Tensor, stored: KeyValues, prob_bits: int) -> torc
     per_head = heads // stored.data.shape[1]
     hi, lo = (part.repeat_interleave(per_head, 1) for part in stored.values.split(d, -1))
     mean = ((p_hi @ hi + (p_hi @ lo + p_lo @ hi)) / z).float()
-    side = mean.transpose(1, 2).reshape(batch, queries, heads * d)
+    side = mean.transpose(1, 2).reshape(batch * queries, heads * d)
     return exact.activation_rows(side, exact.weight_bits(heads * d))
 
 
@@ -159,8 +159,8 @@ def test_mean_rows_are_the_output_projections_rows_of_the_weighted_mean() -> Non
         p = attention_weights(gen, (batch, heads, queries, keys))
         room = exact.room(exact.weight_bits(heads * d))
         with torch.no_grad():
-            rows, _ = attention_weights_times_values(p, stored, prob_bits, room=room)
-            assert same_bits(rows, plain_value_rows(p, stored, prob_bits))
+            fused, _ = attention_weights_times_values(p, stored, prob_bits, room=room)
+            assert same_bits(fused, plain_value_rows(p, stored, prob_bits))
 
 
 def test_attend_with_a_room_joins_the_chunks_rows() -> None:
@@ -177,7 +177,7 @@ def test_attend_with_a_room_joins_the_chunks_rows() -> None:
     room = exact.room(exact.weight_bits(heads * d))
     with torch.no_grad():
         value, sums = attend(fq, stored, chunks, prob_bits, lambda: None)
-        rows, fused_sums = attend(fq, stored, chunks, prob_bits, lambda: None, room=room)
-        side = value.transpose(1, 2).reshape(batch, queries, heads * d)
-        assert same_bits(rows, exact.activation_rows(side, exact.weight_bits(heads * d)))
+        fused, fused_sums = attend(fq, stored, chunks, prob_bits, lambda: None, room=room)
+        side = value.transpose(1, 2).reshape(batch * queries, heads * d)
+        assert same_bits(fused, exact.activation_rows(side, exact.weight_bits(heads * d)))
         assert same_bits(fused_sums, sums)
