@@ -599,10 +599,9 @@ class Gated(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, gate_up: Tensor) -> Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
-        activated = silu(gate)
+        activated = gate_silu(gate_up)
         ctx.save_for_backward(gate_up, activated)
-        return activated * up
+        return activated * gate_up.chunk(2, dim=-1)[1]
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
