@@ -3,7 +3,9 @@ unfused sequence the gradient path runs (the same operations in the same order):
 and the down projection's rows, RoPE with the queries' fixed-point rows and the stored keys and
 values, the residual add with RMSNorm and its product's activation rows; silu of the gate half
 read in place gives `silu`'s bits; and with gradients, `Gated` gives the value and gradient of
-autograd through the unfused silu(gate) * up. Random rows, a flat row, a row of tiny elements,
+autograd through the unfused silu(gate) * up, and the kernels of the gradient path give the bits
+of plain torch autograd through the expressions they fuse: RMSNorm's scaling and its backward's
+parts. Random rows, a flat row, a row of tiny elements,
 grouped-query heads; compared as raw bits (each kernel runs eagerly or compiled, whichever is
 loaded: the two are checked against each other at load)."""
 
@@ -14,6 +16,9 @@ import torch
 from whitney.local.engine import exact
 from whitney.local.engine.kernels import same_bits
 from whitney.local.engine.model import (
+    NORM_GRADIENT_PARTS,
+    NORM_MEAN_GRADIENT,
+    NORM_SCALED,
     QUERIES_KEY_VALUES,
     Gated,
     KeyValues,
@@ -100,3 +105,26 @@ def test_norm_rows_are_the_residual_rms_norm_and_its_activation_rows() -> None:
             assert same_bits(got_total, total)
             assert same_bits(got, want)
             assert same_bits(norm_rows(total, weight, eps)[1], want)
+
+
+def test_rms_norm_kernels_give_autograds_bits_through_weight_times_x_over_root() -> None:
+    """weight * (x / root) and its gradients to x and to root (summed over the row) by autograd,
+    with root a leaf; and (x * 2) * g as autograd's gradient of x**2. Rows 576 and 67 wide (past
+    a vector loop's lanes), zeros of both signs in the upstream gradient."""
+    gen = torch.Generator().manual_seed(6)
+    for k in (576, 67, 5):
+        x, upstream = rows(k, (7, k)), rows(k + 1, (7, k))
+        upstream[2, ::3], upstream[3, 1::3] = 0.0, -0.0
+        root = torch.rand(7, 1, generator=gen) * 3 + 0.25
+        weight = torch.rand(k, generator=gen) + 0.5
+        leaf_x, leaf_root = x.clone().requires_grad_(), root.clone().requires_grad_()
+        want = weight * (leaf_x / leaf_root)
+        want_x, want_root = torch.autograd.grad(want, (leaf_x, leaf_root), upstream)
+        assert same_bits(NORM_SCALED(x, root, weight), want.detach())
+        grad_x, terms = NORM_GRADIENT_PARTS(upstream, weight, x, root)
+        assert same_bits(grad_x, want_x)
+        assert same_bits(terms.sum(-1, keepdim=True), want_root)
+        grad_mean = torch.randn(7, 1, generator=gen)
+        leaf = x.clone().requires_grad_()
+        (want_mean,) = torch.autograd.grad(leaf.pow(2), leaf, grad_mean.expand(7, k))
+        assert same_bits(NORM_MEAN_GRADIENT(x, grad_mean), want_mean)

@@ -218,16 +218,47 @@ class RMSNorm(torch.autograd.Function):
     def forward(ctx, x: Tensor, again: Tensor, weight: Tensor, eps: float) -> Tensor:
         root = exact.square_root(exact.mean_square(x) + eps)
         ctx.save_for_backward(x, weight, root)
-        return weight * (x / root)
+        return NORM_SCALED(*rows_and_roots(x, root), weight).view(x.shape)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, weight, root = ctx.saved_tensors
-        grad_normed = grad * weight
-        grad_quotient = grad_normed / root
-        grad_root = (x / root).div_(root).mul_(grad_normed.neg_()).sum(-1, keepdim=True)
-        grad_mean = grad_root / (2 * root) / x.shape[-1]
-        return grad_quotient, (x * 2.0).mul_(grad_mean), None, None
+        rows, roots = rows_and_roots(x, root)
+        grad_quotient, terms = NORM_GRADIENT_PARTS(exact.rows(grad), weight, rows, roots)
+        grad_root = terms.sum(-1, keepdim=True)
+        grad_mean = grad_root / (2 * roots) / x.shape[-1]
+        return (
+            grad_quotient.view(x.shape),
+            NORM_MEAN_GRADIENT(rows, grad_mean).view(x.shape),
+            None,
+            None,
+        )
+
+
+def rows_and_roots(x: Tensor, root: Tensor) -> tuple[Tensor, Tensor]:
+    """The rows [N, K] (float32) of x [..., K] and their roots [N, 1] of root [..., 1], as views."""
+    return exact.rows(x), root.view(-1, 1)
+
+
+def norm_scaled(x: Tensor, root: Tensor, weight: Tensor) -> Tensor:
+    """weight * (x / root) of float32 rows [N, K], their roots [N, 1] and the norm's weight [K]."""
+    return weight * (x / root)
+
+
+def norm_gradient_parts(
+    grad: Tensor, weight: Tensor, x: Tensor, root: Tensor
+) -> tuple[Tensor, Tensor]:
+    """`RMSNorm`'s gradient through the quotient, (grad * weight) / root, and the terms whose row
+    sums are the root's, (x / root / root) * -(grad * weight): autograd's operations in its order,
+    for float32 rows [N, K], the norm's weight [K] and the roots [N, 1]."""
+    grad_normed = grad * weight
+    return grad_normed / root, ((x / root) / root) * -grad_normed
+
+
+def norm_mean_gradient(x: Tensor, grad_mean: Tensor) -> Tensor:
+    """`RMSNorm`'s gradient through the mean square, (x * 2) * grad_mean, for float32 rows [N, K]
+    and the mean square's gradient [N, 1]."""
+    return (x * 2.0) * grad_mean
 
 
 def norm_root(x: Tensor, eps: Tensor, unit: Tensor) -> Tensor:
@@ -1179,6 +1210,27 @@ def scaled_examples() -> list[tuple]:
     return found
 
 
+def norm_scaled_examples() -> list[tuple]:
+    """`scaled_examples`' rows, roots and weights."""
+    return [(x, root, weight) for x, weight, root, _ in scaled_examples()]
+
+
+def norm_gradient_examples() -> list[tuple]:
+    """Upstream gradients (zeros of both signs among them) over `scaled_examples`' rows."""
+    gen = torch.Generator().manual_seed(3)
+    found = []
+    for x, weight, root, _ in scaled_examples():
+        grad = torch.randn(x.shape, generator=gen)
+        grad[0, ::5], grad[0, 1::5] = 0.0, -0.0
+        found.append((grad, weight, x, root))
+    return found
+
+
+def norm_mean_examples() -> list[tuple]:
+    gen = torch.Generator().manual_seed(4)
+    return [(x, torch.randn(root.shape, generator=gen)) for x, _, root, _ in scaled_examples()]
+
+
 def gated_examples() -> list[tuple]:
     gen = torch.Generator().manual_seed(0)
     found = []
@@ -1197,3 +1249,6 @@ QUERIES_KEY_VALUES = kernels.kernel(query_key_value_examples)(queries_key_values
 NORM_ROOT = kernels.kernel(norm_examples)(norm_root)
 RESIDUAL_NORM_ROOT = kernels.kernel(residual_norm_examples)(residual_norm_root)
 SCALED_GRID = kernels.kernel(scaled_examples)(scaled_grid)
+NORM_SCALED = kernels.kernel(norm_scaled_examples)(norm_scaled)
+NORM_GRADIENT_PARTS = kernels.kernel(norm_gradient_examples)(norm_gradient_parts)
+NORM_MEAN_GRADIENT = kernels.kernel(norm_mean_examples)(norm_mean_gradient)
