@@ -5,7 +5,7 @@ values, the residual add with RMSNorm and its product's activation rows; silu of
 read in place gives `silu`'s bits; and with gradients, `Gated` gives the value and gradient of
 autograd through the unfused silu(gate) * up, and the kernels of the gradient path give the bits
 of plain torch autograd through the expressions they fuse: RMSNorm's scaling and its backward's
-parts. Random rows, a flat row, a row of tiny elements,
+parts, the attention's gradient to its scores. Random rows, a flat row, a row of tiny elements,
 grouped-query heads; compared as raw bits (each kernel runs eagerly or compiled, whichever is
 loaded: the two are checked against each other at load)."""
 
@@ -20,6 +20,7 @@ from whitney.local.engine.model import (
     NORM_MEAN_GRADIENT,
     NORM_SCALED,
     QUERIES_KEY_VALUES,
+    SCORE_GRADIENT,
     Gated,
     KeyValues,
     gate_silu,
@@ -27,6 +28,7 @@ from whitney.local.engine.model import (
     norm_rows,
     rms_norm,
     rope,
+    score_scale,
     silu,
 )
 
@@ -128,3 +130,17 @@ def test_rms_norm_kernels_give_autograds_bits_through_weight_times_x_over_root()
         leaf = x.clone().requires_grad_()
         (want_mean,) = torch.autograd.grad(leaf.pow(2), leaf, grad_mean.expand(7, k))
         assert same_bits(NORM_MEAN_GRADIENT(x, grad_mean), want_mean)
+
+
+def test_score_gradient_is_softmaxs_gradient_to_the_scaled_scores() -> None:
+    """((dp - sum_j p_j dp_j) * p) * scale, by plain torch ops, at 43 and 67 keys (hidden keys'
+    probabilities 0), grouped heads [B, kv, rows, keys], head sizes 64 and 96."""
+    gen = torch.Generator().manual_seed(7)
+    for shape, d in (((16, 3, 129, 43), 64), ((2, 2, 6, 67), 96)):
+        probs = torch.rand(shape, generator=gen)
+        probs[..., -3:] = 0.0
+        grad_p = torch.randn(shape, generator=gen)
+        along = torch.randn((*shape[:-1], 1), generator=gen)
+        scale = 1.0 / d**0.5
+        want = torch.mul(torch.mul(torch.sub(grad_p, along), probs), scale)
+        assert same_bits(SCORE_GRADIENT(grad_p, along, probs, score_scale(d)), want)

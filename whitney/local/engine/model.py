@@ -564,7 +564,7 @@ class Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, sums, out = ctx.saved_tensors
-        kv, scale = k.shape[1], 1.0 / math.sqrt(q.shape[-1])
+        kv, scale = k.shape[1], score_scale(q.shape[-1])
         if ctx.probs is None:  # the keys' bits again, as `KeyValues.of` rounded them
             fq = query_rows(q)
             keys = exact.fixed_point(k, exact.bits_for(k.shape[-1]))
@@ -580,11 +580,18 @@ class Attention(torch.autograd.Function):
             probs, g = grouped(probs, kv), grouped(grad_out[:, :, rows], kv)
             grad_v[:, :, :seen] += probs.transpose(-1, -2) @ g
             grad_p = g @ v[:, :, :seen].transpose(-1, -2)
-            grad_s = grad_p.sub_(grouped(along[:, :, rows], kv)).mul_(probs).mul_(scale)
+            grad_s = SCORE_GRADIENT(grad_p, grouped(along[:, :, rows], kv), probs, scale)
             grad_q[:, :, rows] = (grad_s @ k[:, :, :seen]).view(grad_q[:, :, rows].shape)
             grad_k[:, :, :seen] += grad_s.transpose(-1, -2) @ grouped(q[:, :, rows], kv)
         ctx.probs = ctx.chunks = None
         return grad_q, grad_k, grad_v, None, None, None, None
+
+
+def score_gradient(grad_p: Tensor, along: Tensor, probs: Tensor, scale: Tensor) -> Tensor:
+    """Softmax's gradient to the scaled scores, (grad_p - along) * probs * scale, for the
+    gradient to the probabilities and the probabilities [..., keys] (float32), each row's
+    sum_j p_j dp_j [..., 1] and the score's scale (float32 0-dim), in that order."""
+    return ((grad_p - along) * probs) * scale
 
 
 class RotatedHeads(torch.autograd.Function):
@@ -1231,6 +1238,20 @@ def norm_mean_examples() -> list[tuple]:
     return [(x, torch.randn(root.shape, generator=gen)) for x, _, root, _ in scaled_examples()]
 
 
+def score_gradient_examples() -> list[tuple]:
+    """Probabilities' gradients and probabilities [B, kv, rows, keys] (hidden keys at 0), each
+    row's sum_j p_j dp_j and the scale of head sizes 64 and 96."""
+    gen = torch.Generator().manual_seed(5)
+    found = []
+    for shape, d in (((2, 3, 5, 7), 64), ((1, 1, 1, 3), 96), ((1, 2, 3, WIDE), 64)):
+        probs = torch.rand(shape, generator=gen)
+        probs[..., -1] = 0.0
+        grad_p = torch.randn(shape, generator=gen)
+        along = (grad_p * probs).sum(-1, keepdim=True)
+        found.append((grad_p, along, probs, score_scale(d)))
+    return found
+
+
 def gated_examples() -> list[tuple]:
     gen = torch.Generator().manual_seed(0)
     found = []
@@ -1252,3 +1273,4 @@ SCALED_GRID = kernels.kernel(scaled_examples)(scaled_grid)
 NORM_SCALED = kernels.kernel(norm_scaled_examples)(norm_scaled)
 NORM_GRADIENT_PARTS = kernels.kernel(norm_gradient_examples)(norm_gradient_parts)
 NORM_MEAN_GRADIENT = kernels.kernel(norm_mean_examples)(norm_mean_gradient)
+SCORE_GRADIENT = kernels.kernel(score_gradient_examples)(score_gradient)
