@@ -4,10 +4,11 @@ and the down projection's rows, RoPE with the queries' fixed-point rows and the 
 values, the residual add with RMSNorm and its product's activation rows; silu of the gate half
 read in place gives `silu`'s bits; and with gradients, `Gated` gives the value and gradient of
 autograd through the unfused silu(gate) * up, and the kernels of the gradient path give the bits
-of plain torch autograd through the expressions they fuse: RMSNorm's scaling and its backward's
-parts, the attention's gradient to its scores. Random rows, a flat row, a row of tiny elements,
-grouped-query heads; compared as raw bits (each kernel runs eagerly or compiled, whichever is
-loaded: the two are checked against each other at load)."""
+of plain torch (autograd for a gradient) through the expressions they fuse: RMSNorm's scaling and
+its backward's parts, the attention's gradient to its scores and its kept weights over their
+sums. Random rows, a flat row, a row of tiny elements, grouped-query heads; compared as raw bits
+(each kernel runs eagerly or compiled, whichever is loaded: the two are checked against each
+other at load)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from whitney.local.engine.model import (
     NORM_GRADIENT_PARTS,
     NORM_MEAN_GRADIENT,
     NORM_SCALED,
+    NORMALISED,
     QUERIES_KEY_VALUES,
     SCORE_GRADIENT,
     Gated,
@@ -144,3 +146,13 @@ def test_score_gradient_is_softmaxs_gradient_to_the_scaled_scores() -> None:
         scale = 1.0 / d**0.5
         want = torch.mul(torch.mul(torch.sub(grad_p, along), probs), scale)
         assert same_bits(SCORE_GRADIENT(grad_p, along, probs, score_scale(d)), want)
+
+
+def test_normalised_is_the_weights_over_their_sums_in_float64() -> None:
+    gen = torch.Generator().manual_seed(8)
+    for shape in ((16, 9, 43, 43), (1, 2, 3, 67)):
+        p = torch.rand(shape, generator=gen)
+        p[..., -2:] = 0.0
+        total = torch.rand((*shape[:-1], 1), generator=gen, dtype=torch.float64) * 40 + 1
+        want = torch.div(p.to(torch.float64), total).to(torch.float32)
+        assert same_bits(NORMALISED(p, total), want)

@@ -517,10 +517,16 @@ def attend(
         outs.append(out)
         sums.append(total)
         if kept is not None:
-            kept.append(p.double().div_(total).float())
+            kept.append(NORMALISED(p, total))
     if len(outs) == 1:
         return outs[0], sums[0]
     return heads_side_by_side(outs), torch.cat(sums, 2)
+
+
+def normalised(p: Tensor, total: Tensor) -> Tensor:
+    """Attention weights p [..., keys] (float32) over their rows' exact sums [..., 1] (float64),
+    divided in float64 and rounded to float32."""
+    return (p.double() / total).float()
 
 
 def heads_side_by_side(outs: list[Tensor]) -> Tensor:
@@ -576,7 +582,7 @@ class Attention(torch.autograd.Function):
                 probs = ctx.probs[n]
             else:
                 p = attention_probabilities(fq[:, :, rows], keys[:, :, :seen], hidden)
-                probs = p.double().div_(sums[:, :, rows]).float()
+                probs = NORMALISED(p, sums[:, :, rows].contiguous())
             probs, g = grouped(probs, kv), grouped(grad_out[:, :, rows], kv)
             grad_v[:, :, :seen] += probs.transpose(-1, -2) @ g
             grad_p = g @ v[:, :, :seen].transpose(-1, -2)
@@ -1238,6 +1244,17 @@ def norm_mean_examples() -> list[tuple]:
     return [(x, torch.randn(root.shape, generator=gen)) for x, _, root, _ in scaled_examples()]
 
 
+def normalised_examples() -> list[tuple]:
+    """Weights [B, H, rows, keys] (hidden keys at 0) and their rows' sums, 40 and WIDE keys."""
+    gen = torch.Generator().manual_seed(6)
+    found = []
+    for shape in ((2, 3, 5, 40), (1, 1, 1, 3), (1, 2, 3, WIDE)):
+        p = torch.rand(shape, generator=gen)
+        p[..., -1] = 0.0
+        found.append((p, p.double().sum(-1, keepdim=True) + 0.5))
+    return found
+
+
 def score_gradient_examples() -> list[tuple]:
     """Probabilities' gradients and probabilities [B, kv, rows, keys] (hidden keys at 0), each
     row's sum_j p_j dp_j and the scale of head sizes 64 and 96."""
@@ -1274,3 +1291,4 @@ NORM_SCALED = kernels.kernel(norm_scaled_examples)(norm_scaled)
 NORM_GRADIENT_PARTS = kernels.kernel(norm_gradient_examples)(norm_gradient_parts)
 NORM_MEAN_GRADIENT = kernels.kernel(norm_mean_examples)(norm_mean_gradient)
 SCORE_GRADIENT = kernels.kernel(score_gradient_examples)(score_gradient)
+NORMALISED = kernels.kernel(normalised_examples)(normalised)
