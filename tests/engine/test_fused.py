@@ -5,10 +5,10 @@ values, the residual add with RMSNorm and its product's activation rows; silu of
 read in place gives `silu`'s bits; and with gradients, `Gated` gives the value and gradient of
 autograd through the unfused silu(gate) * up, and the kernels of the gradient path give the bits
 of plain torch (autograd for a gradient) through the expressions they fuse: RMSNorm's scaling and
-its backward's parts, the attention's gradient to its scores and its kept weights over their
-sums. Random rows, a flat row, a row of tiny elements, grouped-query heads; compared as raw bits
-(each kernel runs eagerly or compiled, whichever is loaded: the two are checked against each
-other at load)."""
+its backward's parts, the attention's gradient to its scores, its kept weights over their sums,
+RoPE of the queries and keys. Random rows, a flat row, a row of tiny elements, grouped-query
+heads; compared as raw bits (each kernel runs eagerly or compiled, whichever is loaded: the two
+are checked against each other at load)."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from whitney.local.engine.model import (
     NORM_SCALED,
     NORMALISED,
     QUERIES_KEY_VALUES,
+    ROTATED,
     SCORE_GRADIENT,
     Gated,
     KeyValues,
@@ -156,3 +157,17 @@ def test_normalised_is_the_weights_over_their_sums_in_float64() -> None:
         total = torch.rand((*shape[:-1], 1), generator=gen, dtype=torch.float64) * 40 + 1
         want = torch.div(p.to(torch.float64), total).to(torch.float32)
         assert same_bits(NORMALISED(p, total), want)
+
+
+def test_rotated_is_rope_of_the_queries_and_keys() -> None:
+    """x * cos + rotate_half(x) * signed_sin written out, on the heads before the values, with
+    grouped-query heads and a head of 68 (halves past a vector loop's lanes)."""
+    gen = torch.Generator().manual_seed(9)
+    for heads, kv, d in ((4, 4, 32), (9, 3, 64), (6, 2, 68)):
+        qkv = torch.randn(3, 6, heads + 2 * kv, d, generator=gen) * 3
+        cos, sin = torch.randn(2, 3, 6, 1, d, generator=gen)
+        x, half = qkv[:, :, : heads + kv], d // 2
+        want = x * cos + torch.cat((x[..., half:], x[..., :half]), -1) * sin
+        shaped = qkv.view(3, 6, heads // kv + 2, kv, d)
+        got = ROTATED(shaped, cos[:, :, None], sin[:, :, None])
+        assert same_bits(got.view(want.shape), want)

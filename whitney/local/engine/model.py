@@ -196,6 +196,13 @@ def rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     return x * cos + torch.cat((x[..., -half:], x[..., :-half]), -1) * signed_sin
 
 
+def rotated(heads: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """`rope` at cos and signed sin [B, T, 1, 1, d] of the queries and keys of float32 heads
+    [B, T, groups + 2, kv_heads, d] (the query heads sharing each key-value head, the keys, the
+    values): [B, T, groups + 1, kv_heads, d]."""
+    return rope(heads[:, :, :-1], cos, signed_sin)
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """weight * x / sqrt(mean(x**2) + eps), the mean exact, the root correctly rounded
     (`exact.square_root`); the gradient is RMSNorm's own (`RMSNorm`)."""
@@ -610,7 +617,9 @@ class RotatedHeads(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv: Tensor, cos: Tensor, signed_sin: Tensor, h: int):
         rotated = h + (qkv.shape[2] - h) // 2
-        qk = rope(qkv[:, :, :rotated], cos, signed_sin)
+        kv = qkv.shape[2] - rotated
+        heads = qkv.reshape(*qkv.shape[:2], -1, kv, qkv.shape[-1])  # [B, T, h / kv + 2, kv, d]
+        qk = ROTATED(heads, cos[:, :, None], signed_sin[:, :, None]).view(qkv[:, :, :rotated].shape)
         ctx.save_for_backward(cos, signed_sin)
         ctx.h = h
         q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, rotated:]
@@ -1255,6 +1264,11 @@ def normalised_examples() -> list[tuple]:
     return found
 
 
+def rotated_examples() -> list[tuple]:
+    """`query_key_value_examples`' heads and tables."""
+    return [(qkv, cos, sin) for qkv, cos, sin, _, _ in query_key_value_examples()]
+
+
 def score_gradient_examples() -> list[tuple]:
     """Probabilities' gradients and probabilities [B, kv, rows, keys] (hidden keys at 0), each
     row's sum_j p_j dp_j and the scale of head sizes 64 and 96."""
@@ -1292,3 +1306,4 @@ NORM_GRADIENT_PARTS = kernels.kernel(norm_gradient_examples)(norm_gradient_parts
 NORM_MEAN_GRADIENT = kernels.kernel(norm_mean_examples)(norm_mean_gradient)
 SCORE_GRADIENT = kernels.kernel(score_gradient_examples)(score_gradient)
 NORMALISED = kernels.kernel(normalised_examples)(normalised)
+ROTATED = kernels.kernel(rotated_examples)(rotated)
