@@ -4,7 +4,10 @@ and the down projection's rows, RoPE with the queries' fixed-point rows and the 
 values, the residual add with RMSNorm and its product's activation rows (or, in the final norm,
 its scaling), the attention's weighted mean with the output projection's activation rows; silu of
 the gate half read in place gives `silu`'s bits; and with gradients, `Gated` gives the value and
-gradient of autograd through the unfused silu(gate) * up. Random rows, a flat row, a row of tiny
+gradient of autograd through the unfused silu(gate) * up, and the kernels of the gradient path
+give the bits of plain torch (autograd for a gradient) through the expressions they fuse:
+RMSNorm's scaling and its backward's parts, the attention's gradient to its scores, its kept
+weights over their sums, RoPE of the queries and keys. Random rows, a flat row, a row of tiny
 elements, grouped-query heads; compared as raw bits (each kernel runs eagerly or compiled,
 whichever is loaded: the two are checked against each other at load)."""
 
@@ -15,7 +18,13 @@ import torch
 from whitney.local.engine import exact
 from whitney.local.engine.kernels import same_bits
 from whitney.local.engine.model import (
+    NORM_GRADIENT_PARTS,
+    NORM_MEAN_GRADIENT,
+    NORM_SCALED,
+    NORMALISED,
     QUERIES_KEY_VALUES,
+    ROTATED,
+    SCORE_GRADIENT,
     Gated,
     KeyValues,
     attend,
@@ -28,6 +37,7 @@ from whitney.local.engine.model import (
     query_rows,
     rms_norm,
     rope,
+    score_scale,
     silu,
 )
 
@@ -181,3 +191,64 @@ def test_attend_with_a_room_joins_the_chunks_rows() -> None:
         side = value.transpose(1, 2).reshape(batch * queries, heads * d)
         assert same_bits(fused, exact.activation_rows(side, exact.weight_bits(heads * d)))
         assert same_bits(fused_sums, sums)
+
+
+def test_rms_norm_kernels_give_autograds_bits_through_weight_times_x_over_root() -> None:
+    """weight * (x / root) and its gradients to x and to root (summed over the row) by autograd,
+    with root a leaf; and (x * 2) * g as autograd's gradient of x**2. Rows 576 and 67 wide (past
+    a vector loop's lanes), zeros of both signs in the upstream gradient."""
+    gen = torch.Generator().manual_seed(6)
+    for k in (576, 67, 5):
+        x, upstream = rows(k, (7, k)), rows(k + 1, (7, k))
+        upstream[2, ::3], upstream[3, 1::3] = 0.0, -0.0
+        root = torch.rand(7, 1, generator=gen) * 3 + 0.25
+        weight = torch.rand(k, generator=gen) + 0.5
+        leaf_x, leaf_root = x.clone().requires_grad_(), root.clone().requires_grad_()
+        want = weight * (leaf_x / leaf_root)
+        want_x, want_root = torch.autograd.grad(want, (leaf_x, leaf_root), upstream)
+        assert same_bits(NORM_SCALED(x, root, weight), want.detach())
+        grad_x, terms = NORM_GRADIENT_PARTS(upstream, weight, x, root)
+        assert same_bits(grad_x, want_x)
+        assert same_bits(terms.sum(-1, keepdim=True), want_root)
+        grad_mean = torch.randn(7, 1, generator=gen)
+        leaf = x.clone().requires_grad_()
+        (want_mean,) = torch.autograd.grad(leaf.pow(2), leaf, grad_mean.expand(7, k))
+        assert same_bits(NORM_MEAN_GRADIENT(x, grad_mean), want_mean)
+
+
+def test_score_gradient_is_softmaxs_gradient_to_the_scaled_scores() -> None:
+    """((dp - sum_j p_j dp_j) * p) * scale, by plain torch ops, at 43 and 67 keys (hidden keys'
+    probabilities 0), grouped heads [B, kv, rows, keys], head sizes 64 and 96."""
+    gen = torch.Generator().manual_seed(7)
+    for shape, d in (((16, 3, 129, 43), 64), ((2, 2, 6, 67), 96)):
+        probs = torch.rand(shape, generator=gen)
+        probs[..., -3:] = 0.0
+        grad_p = torch.randn(shape, generator=gen)
+        along = torch.randn((*shape[:-1], 1), generator=gen)
+        scale = 1.0 / d**0.5
+        want = torch.mul(torch.mul(torch.sub(grad_p, along), probs), scale)
+        assert same_bits(SCORE_GRADIENT(grad_p, along, probs, score_scale(d)), want)
+
+
+def test_normalised_is_the_weights_over_their_sums_in_float64() -> None:
+    gen = torch.Generator().manual_seed(8)
+    for shape in ((16, 9, 43, 43), (1, 2, 3, 67)):
+        p = torch.rand(shape, generator=gen)
+        p[..., -2:] = 0.0
+        total = torch.rand((*shape[:-1], 1), generator=gen, dtype=torch.float64) * 40 + 1
+        want = torch.div(p.to(torch.float64), total).to(torch.float32)
+        assert same_bits(NORMALISED(p, total), want)
+
+
+def test_rotated_is_rope_of_the_queries_and_keys() -> None:
+    """x * cos + rotate_half(x) * signed_sin written out, on the heads before the values, with
+    grouped-query heads and a head of 68 (halves past a vector loop's lanes)."""
+    gen = torch.Generator().manual_seed(9)
+    for heads, kv, d in ((4, 4, 32), (9, 3, 64), (6, 2, 68)):
+        qkv = torch.randn(3, 6, heads + 2 * kv, d, generator=gen) * 3
+        cos, sin = torch.randn(2, 3, 6, 1, d, generator=gen)
+        x, half = qkv[:, :, : heads + kv], d // 2
+        want = x * cos + torch.cat((x[..., half:], x[..., :half]), -1) * sin
+        shaped = qkv.view(3, 6, heads // kv + 2, kv, d)
+        got = ROTATED(shaped, cos[:, :, None], sin[:, :, None])
+        assert same_bits(got.view(want.shape), want)

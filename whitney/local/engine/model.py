@@ -196,6 +196,13 @@ def rope(x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
     return x * cos + torch.cat((x[..., -half:], x[..., :-half]), -1) * signed_sin
 
 
+def rotated(heads: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+    """`rope` at cos and signed sin [B, T, 1, 1, d] of the queries and keys of float32 heads
+    [B, T, groups + 2, kv_heads, d] (the query heads sharing each key-value head, the keys, the
+    values): [B, T, groups + 1, kv_heads, d]."""
+    return rope(heads[:, :, :-1], cos, signed_sin)
+
+
 def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
     """weight * x / sqrt(mean(x**2) + eps), the mean exact, the root correctly rounded
     (`exact.square_root`); the gradient is RMSNorm's own (`RMSNorm`)."""
@@ -218,16 +225,47 @@ class RMSNorm(torch.autograd.Function):
     def forward(ctx, x: Tensor, again: Tensor, weight: Tensor, eps: float) -> Tensor:
         root = exact.square_root(exact.mean_square(x) + eps)
         ctx.save_for_backward(x, weight, root)
-        return weight * (x / root)
+        return NORM_SCALED(*rows_and_roots(x, root), weight).view(x.shape)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
         x, weight, root = ctx.saved_tensors
-        grad_normed = grad * weight
-        grad_quotient = grad_normed / root
-        grad_root = (x / root).div_(root).mul_(grad_normed.neg_()).sum(-1, keepdim=True)
-        grad_mean = grad_root / (2 * root) / x.shape[-1]
-        return grad_quotient, (x * 2.0).mul_(grad_mean), None, None
+        rows, roots = rows_and_roots(x, root)
+        grad_quotient, terms = NORM_GRADIENT_PARTS(exact.rows(grad), weight, rows, roots)
+        grad_root = terms.sum(-1, keepdim=True)
+        grad_mean = grad_root / (2 * roots) / x.shape[-1]
+        return (
+            grad_quotient.view(x.shape),
+            NORM_MEAN_GRADIENT(rows, grad_mean).view(x.shape),
+            None,
+            None,
+        )
+
+
+def rows_and_roots(x: Tensor, root: Tensor) -> tuple[Tensor, Tensor]:
+    """The rows [N, K] (float32) of x [..., K] and their roots [N, 1] of root [..., 1], as views."""
+    return exact.rows(x), root.view(-1, 1)
+
+
+def norm_scaled(x: Tensor, root: Tensor, weight: Tensor) -> Tensor:
+    """weight * (x / root) of float32 rows [N, K], their roots [N, 1] and the norm's weight [K]."""
+    return weight * (x / root)
+
+
+def norm_gradient_parts(
+    grad: Tensor, weight: Tensor, x: Tensor, root: Tensor
+) -> tuple[Tensor, Tensor]:
+    """`RMSNorm`'s gradient through the quotient, (grad * weight) / root, and the terms whose row
+    sums are the root's, (x / root / root) * -(grad * weight): autograd's operations in its order,
+    for float32 rows [N, K], the norm's weight [K] and the roots [N, 1]."""
+    grad_normed = grad * weight
+    return grad_normed / root, ((x / root) / root) * -grad_normed
+
+
+def norm_mean_gradient(x: Tensor, grad_mean: Tensor) -> Tensor:
+    """`RMSNorm`'s gradient through the mean square, (x * 2) * grad_mean, for float32 rows [N, K]
+    and the mean square's gradient [N, 1]."""
+    return (x * 2.0) * grad_mean
 
 
 def norm_root(x: Tensor, eps: Tensor, unit: Tensor) -> Tensor:
@@ -513,7 +551,7 @@ def attend(
         outs.append(out)
         sums.append(total)
         if kept is not None:
-            kept.append(p.double().div_(total).float())
+            kept.append(NORMALISED(p, total))
     if len(outs) == 1:
         return outs[0], sums[0]
     if room is None:
@@ -521,6 +559,12 @@ def attend(
     batch, width = fq.shape[0], outs[0].shape[-1]
     joined = torch.cat([out.view(batch, -1, width) for out in outs], 1)
     return joined.view(-1, width), torch.cat(sums, 2)
+
+
+def normalised(p: Tensor, total: Tensor) -> Tensor:
+    """Attention weights p [..., keys] (float32) over their rows' exact sums [..., 1] (float64),
+    divided in float64 and rounded to float32."""
+    return (p.double() / total).float()
 
 
 def heads_side_by_side(outs: list[Tensor]) -> Tensor:
@@ -564,7 +608,7 @@ class Attention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out):
         q, k, v, sums, out = ctx.saved_tensors
-        kv, scale = k.shape[1], 1.0 / math.sqrt(q.shape[-1])
+        kv, scale = k.shape[1], score_scale(q.shape[-1])
         if ctx.probs is None:  # the keys' bits again, as `KeyValues.of` rounded them
             fq = query_rows(q)
             keys = exact.fixed_point(k, exact.bits_for(k.shape[-1]))
@@ -576,15 +620,22 @@ class Attention(torch.autograd.Function):
                 probs = ctx.probs[n]
             else:
                 p = attention_probabilities(fq[:, :, rows], keys[:, :, :seen], hidden)
-                probs = p.double().div_(sums[:, :, rows]).float()
+                probs = NORMALISED(p, sums[:, :, rows].contiguous())
             probs, g = grouped(probs, kv), grouped(grad_out[:, :, rows], kv)
             grad_v[:, :, :seen] += probs.transpose(-1, -2) @ g
             grad_p = g @ v[:, :, :seen].transpose(-1, -2)
-            grad_s = grad_p.sub_(grouped(along[:, :, rows], kv)).mul_(probs).mul_(scale)
+            grad_s = SCORE_GRADIENT(grad_p, grouped(along[:, :, rows], kv), probs, scale)
             grad_q[:, :, rows] = (grad_s @ k[:, :, :seen]).view(grad_q[:, :, rows].shape)
             grad_k[:, :, :seen] += grad_s.transpose(-1, -2) @ grouped(q[:, :, rows], kv)
         ctx.probs = ctx.chunks = None
         return grad_q, grad_k, grad_v, None, None, None, None
+
+
+def score_gradient(grad_p: Tensor, along: Tensor, probs: Tensor, scale: Tensor) -> Tensor:
+    """Softmax's gradient to the scaled scores, (grad_p - along) * probs * scale, for the
+    gradient to the probabilities and the probabilities [..., keys] (float32), each row's
+    sum_j p_j dp_j [..., 1] and the score's scale (float32 0-dim), in that order."""
+    return ((grad_p - along) * probs) * scale
 
 
 class RotatedHeads(torch.autograd.Function):
@@ -597,7 +648,9 @@ class RotatedHeads(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv: Tensor, cos: Tensor, signed_sin: Tensor, h: int):
         rotated = h + (qkv.shape[2] - h) // 2
-        qk = rope(qkv[:, :, :rotated], cos, signed_sin)
+        kv = qkv.shape[2] - rotated
+        heads = qkv.reshape(*qkv.shape[:2], -1, kv, qkv.shape[-1])  # [B, T, h / kv + 2, kv, d]
+        qk = ROTATED(heads, cos[:, :, None], signed_sin[:, :, None]).view(qkv[:, :, :rotated].shape)
         ctx.save_for_backward(cos, signed_sin)
         ctx.h = h
         q, k, v = qk[:, :, :h], qk[:, :, h:], qkv[:, :, rotated:]
@@ -630,10 +683,9 @@ class Gated(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, gate_up: Tensor) -> Tensor:
-        gate, up = gate_up.chunk(2, dim=-1)
-        activated = silu(gate)
+        activated = gate_silu(gate_up)
         ctx.save_for_backward(gate_up, activated)
-        return activated * up
+        return activated * gate_up.chunk(2, dim=-1)[1]
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> Tensor:
@@ -1292,6 +1344,57 @@ def scaled_examples() -> list[tuple]:
     return found
 
 
+def norm_scaled_examples() -> list[tuple]:
+    """`scaled_examples`' rows, roots and weights."""
+    return [(x, root, weight) for x, weight, root, _ in scaled_examples()]
+
+
+def norm_gradient_examples() -> list[tuple]:
+    """Upstream gradients (zeros of both signs among them) over `scaled_examples`' rows."""
+    gen = torch.Generator().manual_seed(3)
+    found = []
+    for x, weight, root, _ in scaled_examples():
+        grad = torch.randn(x.shape, generator=gen)
+        grad[0, ::5], grad[0, 1::5] = 0.0, -0.0
+        found.append((grad, weight, x, root))
+    return found
+
+
+def norm_mean_examples() -> list[tuple]:
+    gen = torch.Generator().manual_seed(4)
+    return [(x, torch.randn(root.shape, generator=gen)) for x, _, root, _ in scaled_examples()]
+
+
+def normalised_examples() -> list[tuple]:
+    """Weights [B, H, rows, keys] (hidden keys at 0) and their rows' sums, 40 and WIDE keys."""
+    gen = torch.Generator().manual_seed(6)
+    found = []
+    for shape in ((2, 3, 5, 40), (1, 1, 1, 3), (1, 2, 3, WIDE)):
+        p = torch.rand(shape, generator=gen)
+        p[..., -1] = 0.0
+        found.append((p, p.double().sum(-1, keepdim=True) + 0.5))
+    return found
+
+
+def rotated_examples() -> list[tuple]:
+    """`query_key_value_examples`' heads and tables."""
+    return [(qkv, cos, sin) for qkv, cos, sin, _, _ in query_key_value_examples()]
+
+
+def score_gradient_examples() -> list[tuple]:
+    """Probabilities' gradients and probabilities [B, kv, rows, keys] (hidden keys at 0), each
+    row's sum_j p_j dp_j and the scale of head sizes 64 and 96."""
+    gen = torch.Generator().manual_seed(5)
+    found = []
+    for shape, d in (((2, 3, 5, 7), 64), ((1, 1, 1, 3), 96), ((1, 2, 3, WIDE), 64)):
+        probs = torch.rand(shape, generator=gen)
+        probs[..., -1] = 0.0
+        grad_p = torch.randn(shape, generator=gen)
+        along = (grad_p * probs).sum(-1, keepdim=True)
+        found.append((grad_p, along, probs, score_scale(d)))
+    return found
+
+
 def gated_examples() -> list[tuple]:
     gen = torch.Generator().manual_seed(0)
     found = []
@@ -1311,3 +1414,9 @@ QUERIES_KEY_VALUES = kernels.kernel(query_key_value_examples)(queries_key_values
 NORM_ROOT = kernels.kernel(norm_examples)(norm_root)
 RESIDUAL_NORM_ROOT = kernels.kernel(residual_norm_examples)(residual_norm_root)
 SCALED_GRID = kernels.kernel(scaled_examples)(scaled_grid)
+NORM_SCALED = kernels.kernel(norm_scaled_examples)(norm_scaled)
+NORM_GRADIENT_PARTS = kernels.kernel(norm_gradient_examples)(norm_gradient_parts)
+NORM_MEAN_GRADIENT = kernels.kernel(norm_mean_examples)(norm_mean_gradient)
+SCORE_GRADIENT = kernels.kernel(score_gradient_examples)(score_gradient)
+NORMALISED = kernels.kernel(normalised_examples)(normalised)
+ROTATED = kernels.kernel(rotated_examples)(rotated)
