@@ -13,6 +13,8 @@ whichever is loaded: the two are checked against each other at load)."""
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from whitney.local.engine import exact
@@ -252,3 +254,24 @@ def test_rotated_is_rope_of_the_queries_and_keys() -> None:
         shaped = qkv.view(3, 6, heads // kv + 2, kv, d)
         got = ROTATED(shaped, cos[:, :, None], sin[:, :, None])
         assert same_bits(got.view(want.shape), want)
+
+
+def test_log_normaliser_is_the_exact_sum_of_the_shifted_rows_exps() -> None:
+    """The row's max, and the log of the exact sum of exp(x - max) fused into one kernel
+    (`exact.LOG_SHIFTED_TOTAL`): the bits of the unfused operations (the shift in float32,
+    widened, each term on the grid 2**-(52 - log2 V)), and torch's float64 logsumexp within the
+    terms' roundings (V half steps of the grid, against a sum of at least 1)."""
+    for vocab in (260, 67, 1000):
+        x = rows(vocab, (9, vocab))
+        x[2, ::3] = float("-inf")
+        with torch.no_grad():
+            top, log_total = exact.log_normaliser(x.view(3, 3, vocab))
+            want_top = x.amax(-1, keepdim=True)
+            grid = 2.0 ** (52 - math.ceil(math.log2(vocab)))
+            terms = (exact.exp((x - want_top).double()) * grid).round()
+            want = exact.log(terms.sum(-1, keepdim=True) / grid)
+            assert same_bits(top.view(9, 1), want_top)
+            assert same_bits(log_total.view(9, 1), want)
+            rest = (x - want_top).double()
+            reference = torch.logsumexp(rest, -1, keepdim=True)
+            assert ((want - reference).abs() <= vocab / grid).all()

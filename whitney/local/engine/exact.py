@@ -502,25 +502,26 @@ def square_root(x: Tensor) -> Tensor:
     return elementwise(SQRT, x, lambda grad, root: grad / (2 * root))
 
 
-def shifted(x: Tensor) -> tuple[Tensor, Tensor]:
-    """Float32 rows' max, and the rows less it in float64."""
-    top = x.amax(-1, keepdim=True)
-    return top, (x - top).double()
-
-
 def log_exact_total(rest: Tensor, grid: Tensor) -> Tensor:
     """The log (`log`) of the sum of each row's exp (`exp`) of `rest` (float64, at most 0), each
     term rounded to the step 1 / grid: terms are at most 1, so their sum is exact in any order."""
     return log((exp(rest) * grid).round().sum(-1, keepdim=True) / grid)
 
 
+def log_shifted_total(x: Tensor, top: Tensor, grid: Tensor) -> Tensor:
+    """`log_exact_total` of float32 rows [N, V] less their max `top` [N, 1], the difference
+    widened to float64: one pass over the rows, no shifted copy of them."""
+    return log_exact_total((x - top).double(), grid)
+
+
 def log_normaliser(x: Tensor) -> tuple[Tensor, Tensor]:
-    """The row's max (float32) and the log of the exact sum of exp(x - max) (float64): each
-    term on the grid 2**-(52 - log2 V) (`log_exact_total`)."""
-    top, rest = SHIFTED(rows(x))
+    """The row's max (float32, torch's reduction) and the log of the exact sum of exp(x - max)
+    (float64): each term on the grid 2**-(52 - log2 V) (`log_shifted_total`)."""
+    flat = rows(x)
+    top = flat.amax(-1, keepdim=True)
     grid = power(MANTISSA_BITS - 1 - math.ceil(math.log2(max(x.shape[-1], 2))), torch.float64)
     lead = x.shape[:-1]
-    return top.view(*lead, 1), LOG_EXACT_TOTAL(rest, grid).view(*lead, 1)
+    return top.view(*lead, 1), LOG_SHIFTED_TOTAL(flat, top, grid).view(*lead, 1)
 
 
 def log_softmax(x: Tensor) -> Tensor:
@@ -542,12 +543,19 @@ def log_softmax_at(x: Tensor, index: Tensor) -> Tensor:
     return ((x.detach().gather(-1, index) - top).double() - log_total).float()
 
 
-def examples_double() -> list[tuple[Tensor, Tensor]]:
-    """`log_exact_total`'s example: rows at most 0 (some -inf) and a grid."""
-    rest = torch.rand(4, 300, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    rest = rest * -60.0
-    rest[:, 0], rest[1, 7:20] = 0.0, -math.inf
-    return [(rest, power(43, torch.float64)), (rest[:1, :5].contiguous(), power(40, torch.float64))]
+def examples_shifted() -> list[tuple[Tensor, Tensor, Tensor]]:
+    """`log_shifted_total`'s examples: float32 rows (some -inf, one of 67, past a vector loop's
+    lanes), their max and a grid."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.rand(4, 300, generator=gen) * -60.0 + 7.0
+    x[1, 7:20] = -math.inf
+    wide = torch.randn(3, 67, generator=gen) * 9.0
+    first = x[:1, :5].contiguous()
+    return [
+        (x, x.amax(-1, keepdim=True), power(43, torch.float64)),
+        (first, first.amax(-1, keepdim=True), power(40, torch.float64)),
+        (wide, wide.amax(-1, keepdim=True), power(45, torch.float64)),
+    ]
 
 
 def flat_examples(dtype: torch.dtype) -> list[tuple[Tensor]]:
@@ -571,8 +579,7 @@ def root_examples() -> list[tuple[Tensor]]:
 ACTIVATION_GRID = kernels.kernel(lambda: [(x, integer(30)) for (x,) in examples()])(activation_grid)
 FIXED_GRID = kernels.kernel(lambda: [(x, power(21)) for (x,) in examples()])(fixed_grid)
 MEAN_SQUARE = kernels.kernel(lambda: [(x, power(21)) for (x,) in examples()])(mean_square_rows)
-SHIFTED = kernels.kernel(examples, eager_from=1 << 17)(shifted)  # torch's reduction is faster
-LOG_EXACT_TOTAL = kernels.kernel(examples_double)(log_exact_total)
+LOG_SHIFTED_TOTAL = kernels.kernel(examples_shifted)(log_shifted_total)
 EXP = kernels.kernel(lambda: flat_examples(torch.float64))(exp)
 EXP_FLOAT32 = kernels.kernel(lambda: flat_examples(torch.float32))(exp_float32)
 SQRT = kernels.kernel(root_examples)(sqrt_float32)
