@@ -327,9 +327,10 @@ def silu(x: Tensor) -> Tensor:
 
 
 def gate_silu(gate_up: Tensor) -> Tensor:
-    """`silu` of the gate half of the gate and up projections side by side, rows [N, 2 I] (no
+    """`silu` of the gate half of the gate and up projections side by side [..., 2 I] (no
     gradient), the half's rows read in place (`exact.vectorized`)."""
-    return silu(gate_up[:, : gate_up.shape[-1] // 2])
+    i = gate_up.shape[-1] // 2
+    return silu(gate_up.view(-1, 2 * i)[:, :i]).view(*gate_up.shape[:-1], i)
 
 
 def gated_grid(activated: Tensor, gate_up: Tensor, room: Tensor) -> Tensor:
