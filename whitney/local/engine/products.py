@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SMALL = 8
+SMALL = 16
 """Rows up to which the compiled kernel is used (`benchmarks/engine_small_products.py`)."""
 BLOCK = 1024
 """Weight rows widened to float64 at a time by the eager product."""
