@@ -55,7 +55,14 @@ def test_compiled_eager_and_float64_blas_give_the_same_bits(compiled, threads: i
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        for m, n, k in ((1, 960, 576), (8, 577, 576), (9, 50, 1536), (17, 3, 40), (8, 1, 7)):
+        for m, n, k in (
+            (1, 960, 576),
+            (8, 577, 576),
+            (9, 50, 1536),
+            (17, 3, 40),
+            (8, 1, 7),
+            (32, 100, 576),
+        ):
             x, w = operands(m * n + k, m, n, k)
             want = blas(x, w)
             assert torch.equal(bits(compiled(x, w)), bits(want))

@@ -7,10 +7,10 @@ an integer below 2**53 in units of its output's step (the bound in `activation_r
 float64 sum is exact in any order, with or without fused multiply-adds: the compiled kernel,
 its eager stand-in and a float64 BLAS product over the same operands give the same sum, which
 is then rounded once to float32. The compiled kernel (C++ built by the kernels' child into the
-user's cache, `kernels.py`) reads each weight row once for up to 8 rows at a time, widens
-it to float64 in registers and spreads its blocks of rows over torch's threads; without it, the
-weight is widened to float64 in blocks of `BLOCK` rows (small enough to stay in the CPU's cache)
-for BLAS."""
+user's cache, `kernels.py`) spreads tiles of 48 weight rows over torch's threads and reads each tile
+from memory once: 8 rows of x at a time multiply it, widened to float64 in registers, while it stays
+in the CPU's cache; without it, the weight is widened to float64 in blocks of `BLOCK` rows (small
+enough to stay in the CPU's cache) for BLAS."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SMALL = 8
+SMALL = 16
 """Rows up to which the compiled kernel is used (`benchmarks/engine_small_products.py`)."""
 BLOCK = 1024
 """Weight rows widened to float64 at a time by the eager product."""
@@ -79,12 +79,12 @@ torch::Tensor product(torch::Tensor x, torch::Tensor w) {
   const double* X = x.data_ptr<double>();
   const float* W = w.data_ptr<float>();
   float* Y = y.data_ptr<float>();
-  for (int64_t m0 = 0; m0 < M; m0 += 8) {
-    const int64_t rows = std::min<int64_t>(8, M - m0);
-    const double* xs = X + m0 * K;
-    at::parallel_for(0, (N + TILE - 1) / TILE, 1, [&](int64_t first, int64_t last) {
-      for (int64_t t = first; t < last; t++) {
-        const int64_t n0 = t * TILE, n1 = std::min(N, n0 + TILE);
+  at::parallel_for(0, (N + TILE - 1) / TILE, 1, [&](int64_t first, int64_t last) {
+    for (int64_t t = first; t < last; t++) {
+      const int64_t n0 = t * TILE, n1 = std::min(N, n0 + TILE);
+      for (int64_t m0 = 0; m0 < M; m0 += 8) {  // the tile's weight rows stay in cache meanwhile
+        const int64_t rows = std::min<int64_t>(8, M - m0);
+        const double* xs = X + m0 * K;
         double acc[8][TILE] = {};
         for (int64_t k0 = 0; k0 < K; k0 += DEPTH) {
           const int64_t k1 = std::min(K, k0 + DEPTH);
@@ -95,8 +95,8 @@ torch::Tensor product(torch::Tensor x, torch::Tensor w) {
         for (int64_t b = 0; b < rows; b++)
           for (int64_t n = n0; n < n1; n++) Y[(m0 + b) * N + n] = (float)acc[b][n - n0];
       }
-    });
-  }
+    }
+  });
   return y;
 }
 
@@ -171,10 +171,11 @@ def build(directory: Path) -> None:
 
 def examples() -> list[tuple[Tensor, Tensor]]:
     """Rows and weights to check the kernel on: random, and at the bound (every element at
-    the top of its grid, many terms, mixed signs), odd sizes, one row to more than 8."""
+    the top of its grid, many terms, mixed signs), odd sizes, one row to more than 16 (several
+    blocks of 8 rows over a tile)."""
     gen = torch.Generator().manual_seed(0)
     found = []
-    for m, n, k in ((1, 5, 7), (8, 49, 576), (11, 7, 1541)):
+    for m, n, k in ((1, 5, 7), (8, 49, 576), (11, 7, 1541), (19, 100, 600)):
         x = (torch.randint(-(2**23), 2**23, (m, k), generator=gen) * 2.0**-20).double()
         w = torch.randint(-(2**20), 2**20, (n, k), generator=gen).float() * 2.0**-26
         found.append((x, w))
