@@ -296,30 +296,21 @@ def epsilon(eps: float) -> Tensor:
         return torch.tensor(eps, dtype=torch.float32)
 
 
-def norm_roots(x: Tensor, eps: float, delta: Tensor | None = None) -> tuple[Tensor, Tensor]:
-    """x (plus `delta`, if given), float32 rows [N, K], and their `rms_norm` roots [N, 1] (no
-    gradient): one fused kernel."""
-    unit = exact.power(exact.bits_for(x.shape[-1]))
-    if delta is None:
-        return x, NORM_ROOT(x, epsilon(eps), unit)
-    return RESIDUAL_NORM_ROOT(x, delta, epsilon(eps), unit)
-
-
 def norm_rows(
     x: Tensor, weight: Tensor, eps: float, delta: Tensor | None = None
 ) -> tuple[Tensor, Tensor]:
-    """x (plus `delta`, if given), float32 rows [N, K], and its `rms_norm` on the activation
-    rows of a product with weights of `exact.weight_bits(K)` (no gradient): two fused kernels,
-    the rows' roots and then the scaling with its rounding; the same bits."""
-    total, root = norm_roots(x, eps, delta)
-    return total, SCALED_GRID(total, weight, root, exact.room(exact.weight_bits(x.shape[-1])))
-
-
-def final_norm(x: Tensor, weight: Tensor, eps: float, delta: Tensor | None = None) -> Tensor:
-    """`rms_norm` of x (plus `delta`, if given), float32 rows [N, K] (no gradient): the rows'
-    roots by one fused kernel (`norm_roots`), then weight * (x / root); the same bits."""
-    total, root = norm_roots(x, eps, delta)
-    return weight * (total / root)
+    """x (plus `delta`, if given) [..., K] float32 and its `rms_norm` on the activation rows of
+    a product with weights of `exact.weight_bits(K)` (no gradient): two fused kernels, the
+    rows' roots and then the scaling with its rounding; the same bits."""
+    k = x.shape[-1]
+    unit = exact.power(exact.bits_for(k))
+    if delta is None:
+        total = exact.rows(x)
+        root = NORM_ROOT(total, epsilon(eps), unit)
+    else:
+        total, root = RESIDUAL_NORM_ROOT(exact.rows(x), exact.rows(delta), epsilon(eps), unit)
+    grid = SCALED_GRID(total, weight, root, exact.room(exact.weight_bits(k)))
+    return total.view(x.shape), grid.view(x.shape)
 
 
 def silu(x: Tensor) -> Tensor:
@@ -341,10 +332,12 @@ def gated_grid(activated: Tensor, gate_up: Tensor, room: Tensor) -> Tensor:
 
 def gated_rows(activated: Tensor, gate_up: Tensor) -> Tensor:
     """`exact.activation_rows` of activated * up for the down projection (no gradient), for
-    silu(gate), rows [N, I], and the gate and up projections side by side [N, 2 I]: one fused
+    silu(gate) [..., I] and the gate and up projections side by side [..., 2 I]: one fused
     kernel, the same bits."""
     i = activated.shape[-1]
-    return GATED_GRID(activated, gate_up.view(-1, 2, i), exact.room(exact.weight_bits(i)))
+    both = exact.rows(gate_up).view(-1, 2, i)
+    room = exact.room(exact.weight_bits(i))
+    return GATED_GRID(exact.rows(activated), both, room).view(activated.shape)
 
 
 def value_grid(
@@ -397,32 +390,25 @@ class KeyValues:
 
 
 def attention_weights_times_values(
-    p: Tensor,
-    stored: KeyValues,
-    prob_bits: int,
-    check: Check = no_check,
-    room: Tensor | None = None,
+    p: Tensor, stored: KeyValues, prob_bits: int, check: Check = no_check
 ) -> tuple[Tensor, Tensor]:
     """sum_j p_j v_j / sum_j p_j for p in [0, 1] (float32) [B, H, Tq, Tk], from exact sums (p
     split in hi + lo parts of prob_bits each, on grids common to all keys) combined in a fixed
-    order; and sum_j p_j itself (exact, float64). With `room` (no gradient), the value as the
-    output projection's activation rows [B Tq, H d] instead (`mean_rows`, float64)."""
-    kv, d = stored.data.shape[1], stored.data.shape[-1] // 3
-    rows = p.reshape(p.shape[0] * kv, -1, p.shape[-1])  # `grouped`'s, batched [B kv, ., Tk]
-    p_hi, p_lo, z = PROB_PARTS(rows, exact.power(prob_bits, torch.float64))
+    order; and sum_j p_j itself (exact, float64)."""
+    p_hi, p_lo, z = PROB_PARTS(p.reshape(-1, p.shape[-1]), exact.power(prob_bits, torch.float64))
     check()
-    both = torch.bmm(p_hi, stored.values.flatten(0, 1))  # p_hi hi | p_hi lo
-    cross = torch.bmm(p_lo, stored.hi.flatten(0, 1))
-    lead = p.shape[:-1]
-    units = z.view(*lead, 1)
-    sums = units * 2.0**-prob_bits
-    if room is not None:
-        return MEAN_ROWS(both.view(*lead, 2, d), cross.view(*lead, d), units, room), sums
-    return WEIGHTED_MEAN(both.view(-1, 2, d), cross.view(-1, d), z.view(-1, 1)).view(*lead, d), sums
+    kv, d = stored.data.shape[1], stored.data.shape[-1] // 3
+    shape = (p.shape[0], kv, -1, p.shape[-1])  # `grouped`'s, of the rows [B * H * Tq, Tk]
+    p_hi, p_lo = p_hi.view(shape), p_lo.view(shape)
+    both = torch.matmul(p_hi, stored.values)  # p_hi hi | p_hi lo
+    cross = torch.matmul(p_lo, stored.hi)
+    return WEIGHTED_MEAN(both.view(-1, 2, d), cross.view(-1, d), z).view(*p.shape[:-1], d), z.view(
+        *p.shape[:-1], 1
+    ) * 2.0**-prob_bits
 
 
 def prob_parts(p: Tensor, unit: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Rows of attention weights [..., keys] (float32, in [0, 1]) as hi + lo parts on the grids
+    """Rows of attention weights [N, keys] (float32, in [0, 1]) as hi + lo parts on the grids
     1 / unit and 1 / unit**2, and the rows' exact sums in units of 1 / unit (float64)."""
     scaled = p.double() * unit
     p_hi = scaled.round()
@@ -435,17 +421,6 @@ def weighted_mean(both: Tensor, cross: Tensor, z: Tensor) -> Tensor:
     weights' hi part with the values' hi and lo parts (`both` [N, 2, d]), the weights' lo part's
     with the values' hi (`cross` [N, d]) and the weights' sums `z` [N, 1]."""
     return ((both[:, 0] + (both[:, 1] + cross)) / z).float()
-
-
-def mean_rows(both: Tensor, cross: Tensor, z: Tensor, room: Tensor) -> Tensor:
-    """`weighted_mean` of a chunk of queries' rows [B, H, Tq, ...] (`both` [..., 2, d], `cross`
-    [..., d], `z` [..., 1]) with the heads side by side [B Tq, H d], on the activation rows of the
-    output projection (`exact.activation_grid`, room = 52 - its weight bits), float64: what
-    `exact.linear` does to the value, the same operations."""
-    batch, heads, queries, d = cross.shape
-    mean = weighted_mean(both.view(-1, 2, d), cross.view(-1, d), z.view(-1, 1))
-    side = mean.view(batch, heads, queries, d).transpose(1, 2).reshape(batch * queries, heads * d)
-    return exact.activation_grid(side, room)
 
 
 def key_values(k: Tensor, v: Tensor, unit: Tensor, grid: Tensor) -> Tensor:
@@ -534,32 +509,25 @@ def attend(
     prob_bits: int,
     check: Check,
     kept: list[Tensor] | None = None,
-    room: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Causal attention's value [B, H, Tq, d] of queries on fixed-point rows (`query_rows`) over
     `stored` keys and values, exact, chunk by chunk (`query_chunks`; of several, laid out as
     [B, Tq, H, d]: `heads_side_by_side`), and the exact sums of its weights [B, H, Tq, 1]; `kept`
-    collects each chunk's normalised probabilities. `check` runs between the stages. With `room`
-    (no gradient), the value as the output projection's activation rows [B Tq, H d] (float64,
-    `attention_weights_times_values`)."""
+    collects each chunk's normalised probabilities. `check` runs between the stages."""
     outs, sums = [], []
     for rows, hidden in chunks:
         check()
         seen = stored.upto(hidden.shape[-1])
         p = attention_probabilities(fq[:, :, rows], seen.keys, hidden)
         check()
-        out, total = attention_weights_times_values(p, seen, prob_bits, check, room)
+        out, total = attention_weights_times_values(p, seen, prob_bits, check)
         outs.append(out)
         sums.append(total)
         if kept is not None:
             kept.append(NORMALISED(p, total))
     if len(outs) == 1:
         return outs[0], sums[0]
-    if room is None:
-        return heads_side_by_side(outs), torch.cat(sums, 2)
-    batch, width = fq.shape[0], outs[0].shape[-1]
-    joined = torch.cat([out.view(batch, -1, width) for out in outs], 1)
-    return joined.view(-1, width), torch.cat(sums, 2)
+    return heads_side_by_side(outs), torch.cat(sums, 2)
 
 
 def normalised(p: Tensor, total: Tensor) -> Tensor:
@@ -1043,11 +1011,17 @@ class Llama:
         cache: KVCache | None,
         check: Check = no_check,
     ) -> Tensor:
-        """The attention's output with gradients (`frozen_attention` without)."""
         cfg = self.cfg
         B, T, _ = x.shape
         h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.dim_head
         qkv = self.linear(x, layer, "qkv").view(B, T, h + 2 * kv, d)
+        if not torch.is_grad_enabled():  # one fused kernel, the same bits
+            unit = exact.power(exact.bits_for(d))
+            both = qkv.view(B, T, h // kv + 2, kv, d), *step.rotation
+            fq, new = QUERIES_KEY_VALUES(*both, unit, layer.value_grid)
+            stored = KeyValues(new) if cache is None else cache.store(n, new, step)
+            y, _ = attend(fq, stored, step.chunks, cfg.prob_bits, check)
+            return self.linear(y.transpose(1, 2).reshape(B, T, h * d), layer, "o")
         q, k, v = RotatedHeads.apply(qkv, step.cos, step.sin, h)
         if cache is None:
             stored = KeyValues.of(k, v, layer.value_grid)
@@ -1059,36 +1033,10 @@ class Llama:
             y, _ = attend(query_rows(q), stored, step.chunks, cfg.prob_bits, check)
         return self.linear(y.transpose(1, 2).reshape(B, T, h * d), layer, "o")
 
-    def frozen_attention(
-        self,
-        x: Tensor,
-        n: int,
-        layer: LayerWeights,
-        step: Pass,
-        cache: KVCache | None,
-        check: Check,
-    ) -> Tensor:
-        """The attention's output without gradients, rows [B T, hidden] of its input's activation
-        rows: RoPE with the queries' rows and the stored keys and values as one fused kernel
-        (`QUERIES_KEY_VALUES`), the weighted mean with the output projection's rows as another
-        (`attend` with a room); the same bits."""
-        cfg = self.cfg
-        h, kv, d = cfg.num_heads, cfg.kv_heads, cfg.dim_head
-        qkv = self.linear(x, layer, "qkv").view(*step.positions.shape, h // kv + 2, kv, d)
-        unit = exact.power(exact.bits_for(d))
-        fq, new = QUERIES_KEY_VALUES(qkv, *step.rotation, unit, layer.value_grid)
-        stored = KeyValues(new) if cache is None else cache.store(n, new, step)
-        room = exact.room(exact.weight_bits(h * d))
-        rows, _ = attend(fq, stored, step.chunks, cfg.prob_bits, check, room=room)
-        return self.linear(rows, layer, "o")
-
     def mlp(self, x: Tensor, layer: LayerWeights) -> Tensor:
-        """The MLP's output with gradients (`frozen_mlp` without)."""
-        return self.linear(Gated.apply(self.linear(x, layer, "gate_up")), layer, "down")
-
-    def frozen_mlp(self, x: Tensor, layer: LayerWeights) -> Tensor:
-        """The MLP's output without gradients, rows [N, hidden] of its input's activation rows."""
         gate_up = self.linear(x, layer, "gate_up")
+        if torch.is_grad_enabled():
+            return self.linear(Gated.apply(gate_up), layer, "down")
         return self.linear(gated_rows(gate_silu(gate_up), gate_up), layer, "down")
 
     def hidden(
@@ -1110,28 +1058,9 @@ class Llama:
         start = torch.zeros(B, dtype=torch.long) if cache is None else cache.positions
         step = Pass.of(self, start[:, None] + torch.arange(T)[None, :], cache)
         x = F.embedding(ids, self.w["model.embed_tokens.weight"])
-        layers = layers or self.layer_weights()
-        if torch.is_grad_enabled():
-            x = self.segments(x, layers, step, cache, check, recompute)
-            out = rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_eps)
-        else:
-            out = self.frozen_blocks(x, layers, step, cache, check or no_check)
-        if cache is not None:
-            cache.positions += T
-        return out
-
-    def segments(
-        self,
-        x: Tensor,
-        layers: list[LayerWeights],
-        step: Pass,
-        cache: KVCache | None,
-        check: Check | None,
-        recompute: bool,
-    ) -> Tensor:
-        """Every decoder layer with gradients, in segments of about sqrt(layers) layers whose
-        inputs alone are kept if `recompute` (`hidden`), else one layer at a time."""
         probe = check or no_check
+        layers = layers or self.layer_weights()
+        recompute = recompute and torch.is_grad_enabled()
         size = math.isqrt(len(layers)) if recompute else 1
         for first in range(0, len(layers), size):
             span = range(first, min(first + size, len(layers)))
@@ -1151,44 +1080,9 @@ class Llama:
                 x = self.blocks(x, span, layers, step, cache, probe)
             if check is not None and x.requires_grad:
                 x = Checkpoint.apply(x, check)
-        return x
-
-    def frozen_blocks(
-        self,
-        x: Tensor,
-        layers: list[LayerWeights],
-        step: Pass,
-        cache: KVCache | None,
-        probe: Check,
-    ) -> Tensor:
-        """Every decoder layer and the final norm without gradients, on x's rows [B T, hidden]:
-        each layer's MLP output is added to x by the next layer's first norm (`norm_rows`), the
-        last one's by the final norm (`final_norm`), in the kernel of the rows' roots."""
-        rows, delta = x.view(-1, x.shape[-1]), None
-        for n, layer in enumerate(layers):
-            rows, delta = self.frozen_block(rows, delta, n, layer, step, cache, probe)
-        return final_norm(rows, self.w["model.norm.weight"], self.cfg.rms_eps, delta).view(x.shape)
-
-    def frozen_block(
-        self,
-        x: Tensor,
-        delta: Tensor | None,
-        n: int,
-        layer: LayerWeights,
-        step: Pass,
-        cache: KVCache | None,
-        probe: Check,
-    ) -> tuple[Tensor, Tensor]:
-        """Decoder layer n without gradients, of rows x [B T, hidden] plus the last layer's MLP
-        output `delta` (None: none): x plus the attention, and the MLP's output. Each norm is
-        fused with the residual add before it and the rounding after it (`norm_rows`)."""
-        probe()
-        p, eps = f"model.layers.{n}.", self.cfg.rms_eps
-        x, attn_in = norm_rows(x, self.w[p + "input_layernorm.weight"], eps, delta)
-        attended = self.frozen_attention(attn_in, n, layer, step, cache, probe)
-        probe()
-        x, mlp_in = norm_rows(x, self.w[p + "post_attention_layernorm.weight"], eps, attended)
-        return x, self.frozen_mlp(mlp_in, layer)
+        if cache is not None:
+            cache.positions += T
+        return rms_norm(x, self.w["model.norm.weight"], self.cfg.rms_eps)
 
     def blocks(
         self,
@@ -1213,10 +1107,17 @@ class Llama:
         cache: KVCache | None,
         probe: Check,
     ) -> Tensor:
-        """Decoder layer n: x plus attention, plus the MLP (with gradients: `frozen_block`
-        without)."""
+        """Decoder layer n: x plus attention, plus the MLP."""
         probe()
         p = f"model.layers.{n}."
+        if not torch.is_grad_enabled():  # each norm fused with its residual add and rounding
+            eps = self.cfg.rms_eps
+            _, attn_in = norm_rows(x, self.w[p + "input_layernorm.weight"], eps)
+            delta = self.attention(attn_in, n, layer, step, cache, probe)
+            probe()
+            w = self.w[p + "post_attention_layernorm.weight"]
+            x, mlp_in = norm_rows(x, w, eps, delta)
+            return x + self.mlp(mlp_in, layer)
         attn_in = rms_norm(x, self.w[p + "input_layernorm.weight"], self.cfg.rms_eps)
         x = x + self.attention(attn_in, n, layer, step, cache, probe)
         probe()
@@ -1239,13 +1140,13 @@ float32 on AVX-512), so that loop runs and not only its tail."""
 
 
 def attention_examples() -> list[tuple]:
-    """Attention weights [B kv_heads, rows, keys] to compile `prob_parts` on."""
+    """Attention weights [N, keys] to compile `prob_parts` on."""
     gen = torch.Generator().manual_seed(0)
-    p = torch.rand(4, 6, 40, generator=gen)
+    p = torch.rand(6, 40, generator=gen)
     return [
         (p, exact.power(20, torch.float64)),
-        (p[:1, 2:3, :3].clone(), exact.power(21, torch.float64)),
-        (torch.rand(2, 3, WIDE, generator=gen), exact.power(20, torch.float64)),
+        (p[2:3, :3].clone(), exact.power(21, torch.float64)),
+        (torch.rand(3, WIDE, generator=gen), exact.power(20, torch.float64)),
     ]
 
 
@@ -1260,20 +1161,6 @@ def mean_examples() -> list[tuple]:
         z[:3].clone(),
     )
     return [(both, cross, z), (both[:1].clone(), cross[:1].clone(), z[:1].clone()), wide]
-
-
-def mean_rows_examples() -> list[tuple]:
-    """A chunk's products and sums [B, H, Tq, ...] of several queries, of one query per row (a
-    decode step) and of WIDE heads, with the room of the output projection's rows."""
-    gen = torch.Generator().manual_seed(0)
-    found = []
-    for batch, heads, queries, d in ((2, 3, 2, 8), (4, 3, 1, 8), (1, 2, 3, WIDE)):
-        lead = (batch, heads, queries)
-        both = torch.randn(*lead, 2, d, dtype=torch.float64, generator=gen)
-        cross = torch.rand(*lead, d, dtype=torch.float64, generator=gen)
-        z = torch.rand(*lead, 1, dtype=torch.float64, generator=gen) + 1
-        found.append((both, cross, z, exact.room(exact.weight_bits(heads * d))))
-    return found
 
 
 def key_value_examples() -> list[tuple]:
@@ -1407,7 +1294,6 @@ def gated_examples() -> list[tuple]:
 
 PROB_PARTS = kernels.kernel(attention_examples)(prob_parts)
 WEIGHTED_MEAN = kernels.kernel(mean_examples)(weighted_mean)
-MEAN_ROWS = kernels.kernel(mean_rows_examples)(mean_rows)
 KEY_VALUES = kernels.kernel(key_value_examples)(key_values)
 SHIFTED_SCORES = kernels.kernel(score_examples, eager_from=1 << 14)(shifted_scores)
 GATED_GRID = kernels.kernel(gated_examples)(gated_grid)
