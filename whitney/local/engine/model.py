@@ -210,7 +210,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
         raise NotImplementedError("rms_norm's weight is constant: only LoRA's adapters train")
     if x.requires_grad and torch.is_grad_enabled():
         return RMSNorm.apply(x, x, weight, eps)
-    return weight * (x / exact.square_root(exact.mean_square(x) + eps))
+    return scaled(x, exact.square_root(exact.mean_square(x) + eps), weight)
 
 
 class RMSNorm(torch.autograd.Function):
@@ -225,7 +225,7 @@ class RMSNorm(torch.autograd.Function):
     def forward(ctx, x: Tensor, again: Tensor, weight: Tensor, eps: float) -> Tensor:
         root = exact.square_root(exact.mean_square(x) + eps)
         ctx.save_for_backward(x, weight, root)
-        return NORM_SCALED(*rows_and_roots(x, root), weight).view(x.shape)
+        return scaled(x, root, weight)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -240,6 +240,11 @@ class RMSNorm(torch.autograd.Function):
             None,
             None,
         )
+
+
+def scaled(x: Tensor, root: Tensor, weight: Tensor) -> Tensor:
+    """weight * (x / root) of float32 x [..., K] and its roots [..., 1]: one kernel over rows."""
+    return NORM_SCALED(*rows_and_roots(x, root), weight).view(x.shape)
 
 
 def rows_and_roots(x: Tensor, root: Tensor) -> tuple[Tensor, Tensor]:
@@ -439,7 +444,7 @@ def queries_key_values(
     [B, T, groups + 2, kv_heads, d] (the query heads sharing each key-value head, then the keys,
     then the values); the queries on fixed-point rows of unit = 2**bits [B, heads, T, d] and the
     `KeyValues` data [B, kv_heads, T, 3 d] (`key_values`), both float64."""
-    qk = rope(qkv[:, :, :-1], cos, sin)
+    qk = rotated(qkv, cos, sin)
     q = qk[:, :, :-1].flatten(2, 3).transpose(1, 2).contiguous()
     k, v = qk[:, :, -1].transpose(1, 2), qkv[:, :, -1].transpose(1, 2)
     return exact.fixed_grid(q, unit), key_values(k, v, unit, grid)
