@@ -102,6 +102,30 @@ def wait_for_cycles(flow: FlowProcess, cycles: int, timeout: float = FLOW_TIMEOU
         time.sleep(0.05)
 
 
+def wait_for_an_operation_in_flight(
+    server: ServedWhitney, flow: FlowProcess, timeout: float = FLOW_TIMEOUT_S
+) -> None:
+    """Until the journal holds an operation of a ready run submitted and not yet finished: a
+    kill then leaves that run active for the next start to rebuild."""
+    deadline = time.monotonic() + timeout
+    while not in_flight(server):
+        assert flow.process.poll() is None, f"flow {flow.name} ended early: {flow.tail()}"
+        assert time.monotonic() < deadline, f"flow {flow.name} is stuck: {flow.tail()}"
+        time.sleep(0.01)
+
+
+def in_flight(server: ServedWhitney) -> bool:
+    conn = sqlite3.connect(f"file:{data_dir(server) / 'journal.sqlite3'}?mode=ro", uri=True)
+    try:
+        row = conn.execute(
+            "SELECT 1 FROM operations o JOIN runs r ON r.run_id = o.run_id"
+            " WHERE r.status = 'ready' AND o.status IN ('pending', 'running') LIMIT 1"
+        ).fetchone()
+        return row is not None
+    finally:
+        conn.close()
+
+
 def kill_and_restart(server: ServedWhitney) -> float:
     """SIGKILL the server and start it again on its port and data directory; the seconds
     it was away."""

@@ -1,12 +1,12 @@
 """A flow rides through its Whitney server's death: `whitney-flows run rl --api-url` against a
 served process that is SIGKILLed and started again on the same port and data directory twice
-mid-run, once right as a cycle ends and once inside a cycle. The flow exits 0 with the adapter
-sha256 of an undisturbed run of the same config, and no seq id of the journal ran twice."""
+mid-run, once right as a cycle ends and once inside a cycle (an operation of it in flight in
+the journal). The flow exits 0 with the adapter sha256 of an undisturbed run of the same
+config, and no seq id of the journal ran twice."""
 
 from __future__ import annotations
 
 import re
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +15,7 @@ from flowtest_restart import (
     assert_no_seq_id_ran_twice,
     kill_and_restart,
     start_flow,
+    wait_for_an_operation_in_flight,
     wait_for_cycles,
 )
 
@@ -40,7 +41,7 @@ def test_a_flow_whose_server_is_killed_and_restarted_twice_ends_as_an_undisturbe
     wait_for_cycles(flow, 1)
     away = [kill_and_restart(server)]  # cycle 1 just ended: cycle 2 is starting
     wait_for_cycles(flow, 3)
-    time.sleep(0.7)  # inside cycle 4: sampling or training
+    wait_for_an_operation_in_flight(server, flow)  # inside cycle 4: sampling or training
     away.append(kill_and_restart(server))
     assert flow.wait() == 0, flow.tail()
 
