@@ -23,8 +23,10 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SMALL = 16
-"""Rows up to which the compiled kernel is used (`benchmarks/engine_small_products.py`)."""
+SMALL = 16 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 0
+"""Rows up to which the compiled kernel is used (`benchmarks/engine_small_products.py`): none
+with AVX2, where its accumulators (24 vectors of 8 doubles) outgrow the 16 vector registers and
+it ran 1.3x (1 row) to 6x (16 rows) slower than `eager` on an AMD EPYC."""
 BLOCK = 1024
 """Weight rows widened to float64 at a time by the eager product."""
 NAME = "whitney_small_products"
