@@ -115,15 +115,13 @@ def wait_for_an_operation_in_flight(
 
 
 def in_flight(server: ServedWhitney) -> bool:
-    conn = sqlite3.connect(f"file:{data_dir(server) / 'journal.sqlite3'}?mode=ro", uri=True)
-    try:
-        row = conn.execute(
+    return bool(
+        journal_rows(
+            server,
             "SELECT 1 FROM operations o JOIN runs r ON r.run_id = o.run_id"
-            " WHERE r.status = 'ready' AND o.status IN ('pending', 'running') LIMIT 1"
-        ).fetchone()
-        return row is not None
-    finally:
-        conn.close()
+            " WHERE r.status = 'ready' AND o.status IN ('pending', 'running') LIMIT 1",
+        )
+    )
 
 
 def kill_and_restart(server: ServedWhitney) -> float:
@@ -141,10 +139,15 @@ def data_dir(server: ServedWhitney) -> Path:
 
 def executions(server: ServedWhitney) -> dict[tuple[str, int], tuple[int, str]]:
     """(run_id, seq_id) -> (executions, status) of every journaled operation."""
+    rows = journal_rows(server, "SELECT run_id, seq_id, executions, status FROM operations")
+    return {(run, seq): (count, status) for run, seq, count, status in rows}
+
+
+def journal_rows(server: ServedWhitney, query: str) -> list[tuple]:
+    """The rows of `query` on the server's journal, opened read-only."""
     conn = sqlite3.connect(f"file:{data_dir(server) / 'journal.sqlite3'}?mode=ro", uri=True)
     try:
-        rows = conn.execute("SELECT run_id, seq_id, executions, status FROM operations")
-        return {(run, seq): (count, status) for run, seq, count, status in rows}
+        return conn.execute(query).fetchall()
     finally:
         conn.close()
 

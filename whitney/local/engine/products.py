@@ -24,9 +24,9 @@ import torch
 from torch import Tensor
 
 SMALL = 16 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 1
-"""Rows up to which the compiled kernel is used (`benchmarks/engine_small_products.py`): one
-without AVX-512, where its accumulators (24 vectors of 8 doubles) outgrow the 16 vector registers:
-on an AMD EPYC with AVX2 a step's products took 0.57x eager's time at 1 row, 2.9x at 8 rows."""
+"""Rows up to which the compiled kernel is used: one without AVX-512, where its accumulators (24
+vectors of 8 doubles) do not fit the 16 vector registers and it was slower than `eager` from 8 rows
+on (docs/measured.md#engine-small-products-avx2, `benchmarks/engine_small_products.py`)."""
 BLOCK = 1024
 """Weight rows widened to float64 at a time by the eager product."""
 NAME = "whitney_small_products"
