@@ -8,9 +8,9 @@ float64 sum is exact in any order, with or without fused multiply-adds: the comp
 its eager stand-in and a float64 BLAS product over the same operands give the same sum, which
 is then rounded once to float32. The compiled kernel (C++ built by the kernels' child into the
 user's cache, `kernels.py`) spreads tiles of 48 weight rows over torch's threads and reads each tile
-from memory once: 8 rows of x at a time multiply it, widened to float64 in registers, while it stays
-in the CPU's cache; without it, the weight is widened to float64 in blocks of `BLOCK` rows (small
-enough to stay in the CPU's cache) for BLAS."""
+from memory once: 8 rows of x at a time (4 without AVX-512) multiply it, 3 weight rows at a time
+widened to float64 in registers, while it stays in the CPU's cache; without it, the weight is
+widened to float64 in blocks of `BLOCK` rows (small enough to stay in the CPU's cache) for BLAS."""
 
 from __future__ import annotations
 
@@ -23,10 +23,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SMALL = 16 if torch.backends.cpu.get_cpu_capability() == "AVX512" else 1
-"""Rows up to which the compiled kernel is used: one without AVX-512, where its accumulators (24
-vectors of 8 doubles) do not fit the 16 vector registers and it was slower than `eager` from 8 rows
-on (docs/measured.md#engine-small-products-avx2, `benchmarks/engine_small_products.py`)."""
+SMALL = 16 if torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX2") else 1
+"""Rows up to which the compiled kernel is used: 16 with AVX-512 or AVX2, where its accumulators
+fit the vector registers (`benchmarks/engine_small_products.py`); one row without them."""
 BLOCK = 1024
 """Weight rows widened to float64 at a time by the eager product."""
 NAME = "whitney_small_products"
@@ -36,26 +35,33 @@ SOURCE = r"""
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 #include <cstring>
+#include <utility>
 
-typedef double wide __attribute__((vector_size(64)));
-typedef float narrow __attribute__((vector_size(32)));
+// a pass's sums[3][ROWS] in vector registers: 24 of 32 with AVX-512, 12 of 16 with AVX2
+#if defined(__AVX512F__)
+constexpr int64_t LANES = 8, ROWS = 8;
+#else
+constexpr int64_t LANES = 4, ROWS = 4;
+#endif
+constexpr int64_t TILE = 48, DEPTH = 512;
 
-constexpr int64_t LANES = 8, TILE = 48, DEPTH = 512;
+typedef double wide __attribute__((vector_size(LANES * sizeof(double))));
+
+// w[0:LANES] as float64, one vcvtps2pd (GCC 12 splits __builtin_convertvector's into halves)
+template <std::size_t... L>
+static inline wide widen(const float* w, std::index_sequence<L...>) { return wide{w[L]...}; }
 
 // acc[b][a] += x[b, k0:k1] . w[n + a, k0:k1] for `rows` rows of x and NN rows of w
 template <int NN>
 static void tile(const double* x, const float* w, double acc[][TILE], int64_t rows, int64_t K,
                  int64_t n, int64_t a0, int64_t k0, int64_t k1) {
-  wide sums[NN][8] = {};
+  wide sums[NN][ROWS] = {};
   int64_t k = k0;
   for (; k + LANES <= k1; k += LANES) {
     wide wv[NN];
-    for (int a = 0; a < NN; a++) {
-      narrow part;
-      std::memcpy(&part, w + (n + a) * K + k, sizeof part);
-      wv[a] = __builtin_convertvector(part, wide);
-    }
-    for (int b = 0; b < 8; b++) {
+    for (int a = 0; a < NN; a++)
+      wv[a] = widen(w + (n + a) * K + k, std::make_index_sequence<LANES>());
+    for (int b = 0; b < ROWS; b++) {
       if (b >= rows) break;
       wide xv;
       std::memcpy(&xv, x + b * K + k, sizeof xv);
@@ -84,10 +90,10 @@ torch::Tensor product(torch::Tensor x, torch::Tensor w) {
   at::parallel_for(0, (N + TILE - 1) / TILE, 1, [&](int64_t first, int64_t last) {
     for (int64_t t = first; t < last; t++) {
       const int64_t n0 = t * TILE, n1 = std::min(N, n0 + TILE);
-      for (int64_t m0 = 0; m0 < M; m0 += 8) {  // the tile's weight rows stay in cache meanwhile
-        const int64_t rows = std::min<int64_t>(8, M - m0);
+      for (int64_t m0 = 0; m0 < M; m0 += ROWS) {  // the tile's weight rows stay in cache meanwhile
+        const int64_t rows = std::min<int64_t>(ROWS, M - m0);
         const double* xs = X + m0 * K;
-        double acc[8][TILE] = {};
+        double acc[ROWS][TILE] = {};
         for (int64_t k0 = 0; k0 < K; k0 += DEPTH) {
           const int64_t k1 = std::min(K, k0 + DEPTH);
           int64_t n = n0;
