@@ -25,7 +25,7 @@ from torch import Tensor
 
 SMALL = 16 if torch.backends.cpu.get_cpu_capability() in ("AVX512", "AVX2") else 1
 """Rows up to which the compiled kernel is used: 16 with AVX-512 or AVX2, where its accumulators
-fit the vector registers and it was the fastest product up to 16 rows
+fit the vector registers and it was faster than `eager` up to 16 rows
 (docs/measured.md#engine-small-products-rows, #engine-small-products-avx2-tile); one without."""
 BLOCK = 1024
 """Weight rows widened to float64 at a time by the eager product."""
