@@ -100,6 +100,9 @@ class State:
         self.stop = threading.Event()
         self.said = False
         self.seconds = 0.0
+        self.nice = 19
+        """The compiling child's niceness: the lowest priority, unless compiled on purpose
+        (`compile_now`: this process's)."""
 
     def say(self, message: str) -> None:
         """Log `message` once per process (the first reason kernels run eager)."""
@@ -179,7 +182,7 @@ class State:
             if self.stop.is_set():
                 return False
             self.child = subprocess.Popen(
-                [sys.executable, "-c", CHILD, str(os.getpid())],
+                [sys.executable, "-c", CHILD, str(os.getpid()), str(self.nice)],
                 env=environment,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -223,6 +226,14 @@ os.register_at_fork(after_in_child=STATE.after_fork)
 atexit.register(STATE.finish)
 SHAPES = "shapes.json"
 """The file the child writes last, once every kernel is compiled: each argument's shape."""
+
+
+def compile_now() -> bool:
+    """Compile the kernels into the user's cache now, by the child an engine run would start, but
+    at this process's priority, and load them; True if loaded (False: off, no compiler, or failed,
+    having said why)."""
+    STATE.nice = os.getpriority(os.PRIO_PROCESS, 0)
+    return STATE.wait()
 
 
 def locked(file) -> bool:
@@ -289,7 +300,8 @@ def main() -> int:
 
 CHILD = """
 import ctypes, os, signal, sys
-os.setpriority(os.PRIO_PROCESS, 0, 19)  # the lowest: loading, in the parent, keeps its own
+nice = max(int(sys.argv[2]), os.getpriority(os.PRIO_PROCESS, 0))  # never above the parent's
+os.setpriority(os.PRIO_PROCESS, 0, nice)  # loading, in the parent, keeps its own
 ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: killed if its parent ends first
 if os.getppid() != int(sys.argv[1]):  # it ended before that
     sys.exit(1)
