@@ -201,3 +201,21 @@ def test_the_environment_cannot_change_a_kernels_bits(tmp_path) -> None:
     assert "fno-unsafe-math-optimizations" in found["flags"]
     if found["cpu"] in ("AVX2", "AVX512"):  # compiled with -mfma: gcc contracts
         assert found["unpinned"] > 0
+
+
+@pytest.mark.timeout(1800)  # the kernels may compile cold, on a busy machine
+@pytest.mark.skipif(shutil.which(os.environ.get("CXX", "g++")) is None, reason="no C++ compiler")
+def test_the_compile_command_compiles_and_loads_them() -> None:
+    """`python -m whitney.local.engine.compile` (which the suite starts at its start) leaves the
+    kernels compiled in the cache and loaded; off, it says the engine runs eager."""
+    command = [sys.executable, "-m", "whitney.local.engine.compile"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=1800, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.splitlines()[-1].startswith("engine kernels: compiled and loaded in ")
+    environment = os.environ | {"WHITNEY_ENGINE_COMPILE": "0"}
+    off = subprocess.run(command, capture_output=True, text=True, env=environment, check=False)
+    assert off.returncode == 0, off.stderr[-3000:]
+    assert off.stdout == (
+        "engine kernels: compiled kernels off (WHITNEY_ENGINE_COMPILE=0);"
+        " the engine runs eager (the same bits)\n"
+    )
