@@ -9,29 +9,19 @@ its own whose page is 5 runs, so that more than a page is a few runs, not hundre
 from __future__ import annotations
 
 from collections.abc import Iterator
-from pathlib import Path
 from uuid import UUID, uuid4
 
 import pytest
+from flowtest_prefect_pages import assert_more_than_a_page, prefect_api_with_page
 from prefect import get_client, task
 from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.actions import ArtifactCreate
 from prefect.client.schemas.filters import (
     ArtifactCollectionFilter,
     ArtifactCollectionFilterKey,
-    FlowRunFilter,
-    FlowRunFilterId,
 )
 from prefect.client.schemas.objects import FlowRun, State, StateType
-from prefect.server.api.server import SubprocessASGIServer
-from prefect.settings import (
-    PREFECT_API_URL,
-    PREFECT_SERVER_API_DEFAULT_LIMIT,
-    PREFECT_SERVER_DATABASE_CONNECTION_URL,
-    temporary_settings,
-)
 from prefect.states import Completed, Failed, Running
-from prefect.testing.utilities import _find_available_port
 
 from flows.core.orchestration.orchestrator import crash_open_subflows
 from flows.sweep.flow import cancel_trials, comparison_key, sweep_flow
@@ -43,36 +33,15 @@ PAGE = 5
 
 @pytest.fixture(scope="module", autouse=True)
 def small_pages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
-    """A Prefect API of the module's own (SQLite, as the harness's) answering a read that names
-    no limit with a page of PAGE runs; the flows' reads under test find it in PREFECT_API_URL."""
-    database = Path(tmp_path_factory.mktemp("prefect-reads")) / "prefect.db"
-    with temporary_settings(
-        updates={
-            PREFECT_SERVER_API_DEFAULT_LIMIT: PAGE,
-            PREFECT_SERVER_DATABASE_CONNECTION_URL: f"sqlite+aiosqlite:///{database}",
-        }
-    ):
-        server = SubprocessASGIServer(port=_find_available_port())
-        server.start(timeout=180)
-        try:
-            with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-                yield
-        finally:
-            server.stop()
+    """The module's Prefect API, whose page is PAGE runs."""
+    with prefect_api_with_page(PAGE, tmp_path_factory.mktemp("prefect-reads")):
+        yield
 
 
 @pytest.fixture
 def prefect() -> Iterator[SyncPrefectClient]:
     with get_client(sync_client=True) as client:
         yield client
-
-
-def assert_more_than_a_page(prefect: SyncPrefectClient, runs: list[FlowRun]) -> None:
-    """A read of `runs` that names no limit answers one page, not all of them."""
-    page = prefect.read_flow_runs(
-        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id for run in runs]))
-    )
-    assert len(runs) > PAGE and len(page) == PAGE
 
 
 @pytest.fixture
@@ -115,7 +84,7 @@ def test_a_failed_sweep_cancels_every_open_trial_of_more_than_a_page(
     ended = [new_run(prefect, deployment, Completed(), tags=tags) for _ in range(2)]
     other_sweep = new_run(prefect, deployment, Running(), tags=[SWEEP_TAG, f"{SWEEP_TAG}:x"])
     assert sweep.state is not None
-    assert_more_than_a_page(prefect, running)
+    assert_more_than_a_page(prefect, running, PAGE)
 
     cancel_trials(sweep_flow, sweep, sweep.state)
 
@@ -141,7 +110,7 @@ def test_an_outage_crashes_every_open_subflow_of_more_than_a_page_and_theirs(
     ended_child = new_run(prefect, deployment, Completed(), parent_task_run_id=under_parent)
     under_child = prefect.create_task_run(cycle, flow_run_id=open_children[0].id, dynamic_key="0")
     grandchild = new_run(prefect, deployment, Running(), parent_task_run_id=under_child.id)
-    assert_more_than_a_page(prefect, open_children)
+    assert_more_than_a_page(prefect, open_children, PAGE)
 
     names = crash_open_subflows(prefect, parent.id, "the API went away")
 
