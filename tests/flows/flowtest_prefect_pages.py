@@ -1,0 +1,49 @@
+"""A Prefect API of a test module's own whose page, when a read names no limit, is a few runs
+(PREFECT_SERVER_API_DEFAULT_LIMIT, 200 unless set): more than a page is then a few runs, not
+hundreds. SQLite, as the session's harness; the flows' reads find it in PREFECT_API_URL."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from prefect.client.orchestration import SyncPrefectClient
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.objects import FlowRun
+from prefect.server.api.server import SubprocessASGIServer
+from prefect.settings import (
+    PREFECT_API_URL,
+    PREFECT_SERVER_API_DEFAULT_LIMIT,
+    PREFECT_SERVER_DATABASE_CONNECTION_URL,
+    temporary_settings,
+)
+from prefect.testing.utilities import _find_available_port
+
+
+@contextmanager
+def prefect_api_with_page(page: int, directory: Path) -> Iterator[None]:
+    """A Prefect API (its database in `directory`) whose page is `page` runs, this process's
+    PREFECT_API_URL until the block ends."""
+    database = f"sqlite+aiosqlite:///{directory / 'prefect.db'}"
+    with temporary_settings(
+        updates={
+            PREFECT_SERVER_API_DEFAULT_LIMIT: page,
+            PREFECT_SERVER_DATABASE_CONNECTION_URL: database,
+        }
+    ):
+        server = SubprocessASGIServer(port=_find_available_port())
+        server.start(timeout=180)
+        try:
+            with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+                yield
+        finally:
+            server.stop()
+
+
+def assert_more_than_a_page(prefect: SyncPrefectClient, runs: list[FlowRun], page: int) -> None:
+    """A read of `runs` that names no limit answers one page, not all of them."""
+    answered = prefect.read_flow_runs(
+        flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[run.id for run in runs]))
+    )
+    assert len(runs) > page and len(answered) == page
