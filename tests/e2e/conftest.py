@@ -199,6 +199,9 @@ def _child_env(prefect_home: Path, api_url: str, fault_dir: Path) -> dict[str, s
             # a run waiting for a deployment's concurrency slot (evaluate-checkpoint's) asks
             # again after 2 s, not 30
             "PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS": "2",
+            # a sweep's trial waiting for a slot of its global concurrency limit asks again
+            # within about 2 s, not up to 30 s (+ jitter) after a trial's average occupancy
+            "PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS": "2",
             "PREFECT_WORKER_PREFETCH_SECONDS": "5",
             "PREFECT_CLI_COLORS": "false",
             "PYTHONUNBUFFERED": "1",
