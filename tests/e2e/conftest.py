@@ -375,3 +375,12 @@ def alive(stack: Stack) -> Stack:
     except HarnessError as error:
         pytest.fail(f"the e2e stack is down: {error}")
     return stack
+
+
+@pytest.fixture(scope="session")
+def reference(stack: Stack) -> Any:
+    """test_resume.Reference: one undisturbed run of test_resume's CONFIG for the session,
+    which test_resume.py and test_resume_burst.py compare their runs with."""
+    from .test_resume import Reference
+
+    return Reference(stack)
