@@ -80,6 +80,10 @@ class Soak:
     recovery_timeout_s: float = RECOVERY_TIMEOUT_S
     """How long a kill's recovery may take (with the resume sweep on: its interval and
     settling time too)."""
+    release: Callable[[], None] | None = None
+    """Called once, by the last kill, as soon as its part is killed (and started again), before
+    its recovery is waited for: lets runs held before their end (test_chaos.py holds each at
+    its last cycle, so that they outlast the kills however fast the machine) go on to it."""
     started: float = field(default_factory=time.monotonic)
     roots: list[str] = field(default_factory=list)
     kills: list[Kill] = field(default_factory=list)
@@ -169,9 +173,9 @@ class Soak:
             by = " (a sweep started)"
         return f"{flow_run_id[:8]} resumed as {successor['id'][:8]}{by}"
 
-    def kill(self, number: int, part: str) -> Kill:
-        """Kill `part`, start it again (or let the resume continue the flow run), and wait
-        until it is back."""
+    def kill(self, number: int, part: str, then: Callable[[], None] | None = None) -> Kill:
+        """Kill `part`, start it again (or let the resume continue the flow run), call `then`,
+        and wait until it is back."""
         if not self.training():
             raise HarnessError(f"every run ended before kill {number} ({part}): more cycles")
         began = time.monotonic()
@@ -185,12 +189,16 @@ class Soak:
             kill = Kill(number, part, target["id"][:8], began - self.started)
             self.flow_pids.add(target["pid"])
             os.kill(target["pid"], signal.SIGKILL)
+            if then is not None:
+                then()
             kill.recovered_by = self.resumed(target["id"])
         else:
             kill = Kill(number, part, f"pid {self.stack.process(part).pid}", began - self.started)
             orphans = self.supervised() if part == WORKER else []
             self.stack.kill(part)
             self.stack.restart(part)
+            if then is not None:
+                then()
             kill.recovered_by = {
                 PREFECT_SERVER: "restarted, API healthy",
                 WHITNEY_SERVER: "restarted, answering",
@@ -215,9 +223,10 @@ class Soak:
                 root, ["RUNNING", "COMPLETED"], self.recovery_timeout_s, self.stack.evidence
             )
         self.say(f"{runs} runs running: {', '.join(root[:8] for root in self.roots)}")
-        for number, part in enumerate(schedule(self.rng, each), start=1):
+        order = schedule(self.rng, each)
+        for number, part in enumerate(order, start=1):
             time.sleep(self.rng.uniform(*delay_s))
-            self.kill(number, part)
+            self.kill(number, part, self.release if number == len(order) else None)
 
     def finish(self, timeout_s: float) -> list[list[dict[str, Any]]]:
         """Wait until every chain ends Completed; the chains."""

@@ -199,6 +199,9 @@ def _child_env(prefect_home: Path, api_url: str, fault_dir: Path) -> dict[str, s
             # a run waiting for a deployment's concurrency slot (evaluate-checkpoint's) asks
             # again after 2 s, not 30
             "PREFECT_SERVER_DEPLOYMENTS_CONCURRENCY_SLOT_WAIT_SECONDS": "2",
+            # a sweep's trial waiting for a slot of its global concurrency limit asks again
+            # within about 2 s, not up to 30 s (+ jitter) after a trial's average occupancy
+            "PREFECT_SERVER_CONCURRENCY_MAXIMUM_CONCURRENCY_SLOT_WAIT_SECONDS": "2",
             "PREFECT_WORKER_PREFETCH_SECONDS": "5",
             "PREFECT_CLI_COLORS": "false",
             "PYTHONUNBUFFERED": "1",
@@ -372,3 +375,12 @@ def alive(stack: Stack) -> Stack:
     except HarnessError as error:
         pytest.fail(f"the e2e stack is down: {error}")
     return stack
+
+
+@pytest.fixture(scope="session")
+def reference(stack: Stack) -> Any:
+    """test_resume.Reference: one undisturbed run of test_resume's CONFIG for the session,
+    which test_resume.py and test_resume_burst.py compare their runs with."""
+    from .test_resume import Reference
+
+    return Reference(stack)

@@ -21,7 +21,8 @@ from flows.core.environments.digits import DigitsEnvironment
 
 FAIL_CYCLE = 1
 HOLD_LIMIT_S = 300.0
-"""The longest a held cycle waits for its release (a test that died never sends it)."""
+"""The longest a held cycle waits for its release (a test that died never sends it), unless
+E2E_HOLD_LIMIT_S says otherwise."""
 
 
 class InjectedFault(RuntimeError):
@@ -59,7 +60,8 @@ class FaultsFromEnv(DigitsEnvironment):
       prompts; with E2E_CRASH_TOKEN=t, only the first process that gets there (the marker
       `crashed-t`), else every one (a run that crashes again at the same cycle);
     - E2E_HOLD_AT_CYCLE=n with E2E_HOLD_TOKEN=t: scoring cycle n (after its samples) writes
-      the marker `held-t` and waits until the file `release-t` exists, once.
+      the marker `held-t` and waits until the file `release-t` exists (at most
+      E2E_HOLD_LIMIT_S, default HOLD_LIMIT_S), once.
 
     Without them it is the digits environment, so every run of it ends with the adapter of
     the same config on `digits`.
@@ -90,6 +92,6 @@ class FaultsFromEnv(DigitsEnvironment):
         if held.exists():
             return
         held.touch()
-        deadline = time.monotonic() + HOLD_LIMIT_S
+        deadline = time.monotonic() + float(os.environ.get("E2E_HOLD_LIMIT_S") or HOLD_LIMIT_S)
         while not release.exists() and time.monotonic() < deadline:
             time.sleep(0.1)

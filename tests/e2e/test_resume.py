@@ -125,16 +125,26 @@ def healing(stack: Stack) -> Any:
     stack.enable_automation(RESUME_TRIGGER, False)
 
 
-@pytest.fixture(scope="module")
-def reference_sha256(healing: Stack) -> str:
-    """The adapter of an undisturbed run of CONFIG (no fault in its environment)."""
-    flow_run_id = start(healing, CONFIG, {}, "e2e: undisturbed reference")
-    wait_run(healing, flow_run_id, ["COMPLETED"])
-    return adapter_sha256(healing, finished_run(healing, flow_run_id).run_id)
+class Reference:
+    """An undisturbed run of CONFIG (no fault in its environment), started once a session by
+    the `reference` fixture (tests/e2e/conftest.py) and training beside the tests that compare
+    with it; the sha256 of its adapter, read once it completed."""
+
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.flow_run_id = start(stack, CONFIG, {}, "e2e: undisturbed reference")
+        self._sha256: str | None = None
+
+    def sha256(self) -> str:
+        if self._sha256 is None:
+            wait_run(self.stack, self.flow_run_id, ["COMPLETED"])
+            run = finished_run(self.stack, self.flow_run_id)
+            self._sha256 = adapter_sha256(self.stack, run.run_id)
+        return self._sha256
 
 
 def test_a_sigkilled_run_is_resumed_from_its_checkpoint_with_the_undisturbed_adapter(
-    healing: Stack, reference_sha256: str
+    healing: Stack, reference: Reference
 ) -> None:
     token = uuid.uuid4().hex
     env = {"E2E_CRASH_AT_CYCLE": str(CRASH_CYCLE), "E2E_CRASH_TOKEN": token}
@@ -175,7 +185,7 @@ def test_a_sigkilled_run_is_resumed_from_its_checkpoint_with_the_undisturbed_ada
     assert run.model_extra["from_checkpoint"] == checkpoint
     assert set(executions(healing, run.run_id).values()) == {1}
     assert set(executions(healing, killed_run.run_id).values()) == {1}
-    assert adapter_sha256(healing, run.run_id) == reference_sha256
+    assert adapter_sha256(healing, run.run_id) == reference.sha256()
     cycles = healing.api.child_flow_runs(done["id"])
     assert [(c["name"], c["state_type"]) for c in cycles] == [("cycle-2", "COMPLETED")]
 
@@ -235,7 +245,7 @@ def test_a_run_that_crashes_again_at_the_same_cycle_stops_after_the_bound(
 
 
 def test_a_run_rides_through_the_prefect_server_killed_mid_cycle_and_restarted(
-    healing: Stack, reference_sha256: str
+    healing: Stack, reference: Reference
 ) -> None:
     """The server dies while cycle 1 is held; the cycle finishes meanwhile and cannot record
     itself; the flow says Prefect is away, waits for it, and makes the cycle again once the
@@ -279,7 +289,7 @@ def test_a_run_rides_through_the_prefect_server_killed_mid_cycle_and_restarted(
     assert done["run_count"] == 1
     run = finished_run(healing, flow_run_id)
     assert set(executions(healing, run.run_id).values()) == {1}, "a seq id ran twice"
-    assert adapter_sha256(healing, run.run_id) == reference_sha256
+    assert adapter_sha256(healing, run.run_id) == reference.sha256()
 
     output = worker.log_text()[mark:]
     said = output.count("Prefect is away")
@@ -313,7 +323,7 @@ def flow_process(stack: Stack, flow_run_id: str) -> int:
 
 @pytest.mark.parametrize("stream_output", [True, False], ids=["output-to-worker", "no-output"])
 def test_the_worker_killed_mid_run(
-    healing: Stack, reference_sha256: str, stream_output: bool
+    healing: Stack, reference: Reference, stream_output: bool
 ) -> None:
     """Prefect 3.9's process worker starts each flow run in a session of its own
     (`WorkspaceResolvingEngineCommandStarter`, `isolate_process_group`): a SIGKILL of the
@@ -364,7 +374,7 @@ def test_the_worker_killed_mid_run(
         assert continued_by(healing, flow_run_id) == []
     run = finished_run(healing, done["id"])
     assert set(executions(healing, run.run_id).values()) == {1}, "a seq id ran twice"
-    assert adapter_sha256(healing, run.run_id) == reference_sha256
+    assert adapter_sha256(healing, run.run_id) == reference.sha256()
     wait_for("the killed worker's flow process to exit", lambda: not pid_alive(pid), 60)
     print(
         json.dumps(
@@ -408,7 +418,7 @@ def crash_automation(healing: Stack, tmp_path: Path) -> Any:
 
 
 def test_the_whole_stack_killed_mid_run_and_started_again_resumes_the_run(
-    healing: Stack, reference_sha256: str, crash_automation: str
+    healing: Stack, reference: Reference, crash_automation: str
 ) -> None:
     """Prefect server, Whitney server, worker and the flow run's process SIGKILLed while cycle
     2 is held, then started again with the same commands, ports and data. Nobody is left to
@@ -453,7 +463,7 @@ def test_the_whole_stack_killed_mid_run_and_started_again_resumes_the_run(
     (killed_run,) = whitney_runs(healing, killed_id)
     assert set(executions(healing, killed_run.run_id).values()) == {1}, "a seq id ran twice"
     assert killed_run.status != "running"
-    assert adapter_sha256(healing, run.run_id) == reference_sha256
+    assert adapter_sha256(healing, run.run_id) == reference.sha256()
     print(
         json.dumps(
             {

@@ -206,7 +206,8 @@ def test_a_rung_that_spent_the_budget_leaves_no_slot_to_a_waiting_trial(alive: S
     """Three trials, one slot, a max_cost below any one rung's cost. Each trial's own token
     budget stops it after its first cycle, one short of its rung, so the sweep reads its
     cycle events for EVENT_WAIT_S (60 s) before they are known complete: longer than a
-    waiting trial takes to get the slot (Prefect's retry-after is at most 39 s). The first
+    waiting trial takes to get the slot (Prefect's retry-after is at most 39 s by default,
+    2.6 s on the e2e stack: tests/e2e/conftest.py). The first
     rung starts (no projection yet); once it ends, its cost is settled before its slot is
     given back, so neither waiting trial starts."""
     config = {
