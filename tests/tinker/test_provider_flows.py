@@ -26,15 +26,17 @@ FLOWS = {
 }
 
 
-def environment(tmp: Path, prefect_api: str) -> dict[str, str]:
+def environment(tmp: Path, prefect_api: str | None) -> dict[str, str]:
     """The CLI's environment: tenant A's key, Prefect and data homes of its own, the Prefect
-    API at `prefect_api`."""
+    API at `prefect_api` (None: the CLI starts Prefect's ephemeral server in its home)."""
     env = os.environ | {
         "WHITNEY_API_KEY": KEYS[0],
         "PREFECT_HOME": str(tmp / "prefect"),
         "XDG_DATA_HOME": str(tmp / "xdg"),
-        "PREFECT_API_URL": prefect_api,
     }
+    env.pop("PREFECT_API_URL", None)
+    if prefect_api is not None:
+        env["PREFECT_API_URL"] = prefect_api
     for home in ("prefect", "xdg"):
         (tmp / home).mkdir(parents=True, exist_ok=True)
     return env
