@@ -21,8 +21,8 @@ from tests.tinker.test_tinker_provider import tinker_key
 ROOT = Path(__file__).resolve().parents[2]
 FLOWS = {
     "distill": ["--cycles", "2", "--sft-steps", "2"],
-    "dpo": ["--cycles", "3", "--data", str(ROOT / "examples" / "dpo-pairs.jsonl")],
-    "sft": ["--steps", "4"],
+    "dpo": ["--cycles", "2", "--data", str(ROOT / "examples" / "dpo-pairs.jsonl")],
+    "sft": ["--steps", "2"],
 }
 
 
