@@ -1,5 +1,7 @@
 """A loopback HTTP proxy that loses answers: the request reaches the server, which acts on it,
-and the connection closes before the client reads a byte of the answer."""
+and the connection closes before the client reads a byte of the answer. Chosen paths lose
+their first answer (`drop`), or every answer is held from `hold()` until `lose_held()` (a
+client killed while it waits on the server)."""
 
 from __future__ import annotations
 
@@ -14,16 +16,45 @@ HOP_HEADERS = {"connection", "keep-alive", "transfer-encoding", "content-length"
 
 
 class DroppingProxy(ThreadingHTTPServer):
-    """Forwards to `upstream`; the first answer to each path in `drop` is lost."""
+    """Forwards to `upstream`; the first answer to each path in `drop` is lost, and so is each
+    answer the server gives between `hold()` and `lose_held()`."""
 
     daemon_threads = True
 
-    def __init__(self, upstream: str, drop: set[str]) -> None:
+    def __init__(self, upstream: str, drop: set[str] | frozenset[str]) -> None:
         self.upstream = httpx.Client(base_url=upstream, timeout=120)
         self.to_drop = set(drop)
         self.dropped: list[str] = []
         self.lock = threading.Lock()
+        self.holding = False
+        self.released = threading.Event()
         super().__init__(("127.0.0.1", 0), _Handler)
+
+    def hold(self) -> None:
+        """From now on, each answer waits here (its request reached the server) until
+        `lose_held`, which loses it."""
+        with self.lock:
+            self.holding = True
+            self.released.clear()
+
+    def lose_held(self) -> None:
+        """The held answers are lost (their connections closed unanswered); later answers
+        pass."""
+        with self.lock:
+            self.holding = False
+            self.released.set()
+
+    def should_hold(self, path: str) -> bool:
+        """Whether to lose this answer, once held until `lose_held` (False at once when not
+        holding)."""
+        with self.lock:
+            if not self.holding:
+                return False
+            released = self.released
+        released.wait()
+        with self.lock:
+            self.dropped.append(path)
+        return True
 
     @property
     def url(self) -> str:
@@ -52,7 +83,8 @@ class _Handler(BaseHTTPRequestHandler):
         answer = self.server.upstream.request(
             self.command, self.path, content=body, headers=headers
         )
-        if self.server.should_drop(self.path.split("?")[0]):
+        path = self.path.split("?")[0]
+        if self.server.should_drop(path) or self.server.should_hold(path):
             self.close_connection = True
             return
         self.send_response(answer.status_code)
@@ -67,13 +99,16 @@ class _Handler(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def dropping_proxy(upstream: str, drop: set[str]) -> Iterator[DroppingProxy]:
+def dropping_proxy(
+    upstream: str, drop: set[str] | frozenset[str] = frozenset()
+) -> Iterator[DroppingProxy]:
     proxy = DroppingProxy(upstream, drop)
     thread = threading.Thread(target=proxy.serve_forever, daemon=True)
     thread.start()
     try:
         yield proxy
     finally:
+        proxy.lose_held()
         proxy.shutdown()
         proxy.server_close()
         proxy.upstream.close()

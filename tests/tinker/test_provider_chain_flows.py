@@ -4,28 +4,24 @@ same run emulated on the CPU engine (the front itself): the same eval figures an
 sha256; `evaluate-checkpoint` of a forwarded checkpoint, a `whitney-flows fork` and a
 `resume_from` of the forwarded run, and a 2-trial, 1-rung sweep: the same numbers and adapters
 as their emulated twins (`local/tiny`, 2 cycles). A forwarded checkpoint given to a run of the
-CPU engine is refused in one line naming the field."""
+CPU engine is refused in one line naming the field. Every `whitney-flows` process here reaches
+the package's one Prefect server (`prefect_api`)."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
-from flows.core.orchestration.prefect_env import SERVER_SETTINGS
 from tests.local.served import ServedWhitney, served
+from tests.tinker.prefect_server import running
 from tests.tinker.steps import KEYS, sdk_key
 from tests.tinker.test_provider_flows import environment
 from tests.tinker.test_tinker_provider import tinker_key
@@ -58,14 +54,14 @@ class Ran:
     manifest: Path
 
 
-def cli(argv: list[str], api_url: str, tmp: Path, out: str) -> Ran:
-    """`whitney-flows ARGV` against `api_url`; its adapter and metrics under tmp/out."""
+def cli(argv: list[str], api_url: str, tmp: Path, out: str, prefect_api: str) -> Ran:
+    """`whitney-flows ARGV` against `api_url` (Prefect's API at `prefect_api`); its adapter and
+    metrics under tmp/out."""
     metrics = tmp / f"{out}.jsonl"
     argv = [sys.executable, "-m", "flows.cli.main", *argv, "--api-url", api_url]
     argv += ["--adapter-dir", str(tmp / out), "--metrics-out", str(metrics)]
-    done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=900, check=False, env=environment(tmp)
-    )
+    env = environment(tmp, prefect_api)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=900, check=False, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     (manifest,) = (tmp / out).glob("*-manifest.json")
     (adapter,) = (tmp / out).glob("*-adapter.tar")
@@ -83,25 +79,26 @@ def evaluations(ran: Ran) -> list[dict]:
     ]
 
 
-def evaluated(checkpoint: str, api_url: str, tmp: Path) -> dict:
+def evaluated(checkpoint: str, api_url: str, tmp: Path, prefect_api: str) -> dict:
     """The evaluate-checkpoint flow's result for `checkpoint` (RL's default eval settings)."""
     argv = [sys.executable, "-c", EVALUATE, checkpoint, api_url]
-    done = subprocess.run(
-        argv, capture_output=True, text=True, timeout=600, check=False, env=environment(tmp)
-    )
+    env = environment(tmp, prefect_api)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=600, check=False, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @dataclass(frozen=True)
 class Twins:
-    """The broker (forwarding) and the front (emulating), with a parent RL run on each."""
+    """The broker (forwarding) and the front (emulating), with a parent RL run on each, and the
+    Prefect API their flows report to."""
 
     broker: ServedWhitney
     front: ServedWhitney
     chain: Ran
     cpu: Ran
     tmp: Path
+    prefect_api: str
 
     def forwarded(self, run_id: str) -> bool:
         """The broker's run `run_id` trained at the front (through the SDK), not on its CPU."""
@@ -110,7 +107,9 @@ class Twins:
 
 
 @pytest.fixture(scope="module")
-def twins(server: ServedWhitney, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Twins]:
+def twins(
+    server: ServedWhitney, prefect_api: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Twins]:
     tmp = tmp_path_factory.mktemp("chain-flows")
     (tmp / "broker").mkdir()
     argv = ["run", "rl", "--provider", "tinker", *PARENT]
@@ -118,9 +117,9 @@ def twins(server: ServedWhitney, tmp_path_factory: pytest.TempPathFactory) -> It
         tinker_key(sdk_key(0)),
         served(tmp / "broker", "--tinker-url", server.url, keys=KEYS) as broker,
     ):
-        chain = cli(argv, broker.url, tmp / "chain", "parent")
-        cpu = cli(argv, server.url, tmp / "cpu", "parent")
-        yield Twins(broker, server, chain, cpu, tmp)
+        chain = cli(argv, broker.url, tmp / "chain", "parent", prefect_api)
+        cpu = cli(argv, server.url, tmp / "cpu", "parent", prefect_api)
+        yield Twins(broker, server, chain, cpu, tmp, prefect_api)
 
 
 def test_inline_evaluation_on_the_chain_gives_the_cpu_engines_figures(twins: Twins) -> None:
@@ -132,10 +131,16 @@ def test_inline_evaluation_on_the_chain_gives_the_cpu_engines_figures(twins: Twi
 
 def test_evaluate_checkpoint_of_a_forwarded_run(twins: Twins) -> None:
     chain = evaluated(
-        f"whitney://runs/{twins.chain.run_id}/states/cycle-0", twins.broker.url, twins.tmp / "chain"
+        f"whitney://runs/{twins.chain.run_id}/states/cycle-0",
+        twins.broker.url,
+        twins.tmp / "chain",
+        twins.prefect_api,
     )
     cpu = evaluated(
-        f"whitney://runs/{twins.cpu.run_id}/states/cycle-0", twins.front.url, twins.tmp / "cpu"
+        f"whitney://runs/{twins.cpu.run_id}/states/cycle-0",
+        twins.front.url,
+        twins.tmp / "cpu",
+        twins.prefect_api,
     )
     assert (chain["cycle"], chain["run_id"]) == (0, twins.chain.run_id)
     assert chain["evaluation"] == cpu["evaluation"] == evaluations(twins.chain)[0]
@@ -149,9 +154,14 @@ def test_a_fork_of_a_forwarded_run_gives_its_emulated_twins_adapter(twins: Twins
         twins.broker.url,
         twins.tmp / "chain",
         "fork",
+        twins.prefect_api,
     )
     cpu = cli(
-        [*argv[:1], str(twins.cpu.manifest), *argv[1:]], twins.front.url, twins.tmp / "cpu", "fork"
+        [*argv[:1], str(twins.cpu.manifest), *argv[1:]],
+        twins.front.url,
+        twins.tmp / "cpu",
+        "fork",
+        twins.prefect_api,
     )
     assert [line["cycle"] for line in chain.metrics if "loss" in line] == [1]
     assert chain.sha256 == cpu.sha256 != twins.chain.sha256
@@ -162,7 +172,7 @@ def test_a_resume_of_a_forwarded_run_is_its_parent(twins: Twins) -> None:
     def resumed(parent: Ran, api_url: str, tmp: Path) -> Ran:
         checkpoint = f"resume_from=whitney://runs/{parent.run_id}/states/cycle-0"
         argv = ["run", "rl", "--provider", "tinker", *PARENT, "--set", checkpoint]
-        return cli(argv, api_url, tmp, "resume")
+        return cli(argv, api_url, tmp, "resume", twins.prefect_api)
 
     chain = resumed(twins.chain, twins.broker.url, twins.tmp / "chain")
     cpu = resumed(twins.cpu, twins.front.url, twins.tmp / "cpu")
@@ -190,61 +200,24 @@ print(json.dumps([rung.model_dump(include={"trial", "state", "score", "run_id"})
 
 
 @contextmanager
-def running(argv: list[str], env: dict[str, str], log: Path) -> Iterator[subprocess.Popen]:
-    """A process of its own session (its children with it), terminated on exit."""
-    with log.open("w") as out:
-        process = subprocess.Popen(
-            argv, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
-        try:
-            yield process
-        finally:
-            os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-
-
-@contextmanager
-def prefect_with_trials(tmp: Path) -> Iterator[dict[str, str]]:
-    """A Prefect server, the deployment `rl/chain-sweep` of the RL flow on a process work pool,
-    and a worker of that pool (each flow run a process of its own): the environment that
-    reaches them."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    api_url = f"http://127.0.0.1:{port}/api"
-    env = environment(tmp) | SERVER_SETTINGS | {"PREFECT_API_URL": api_url}
+def trials_of(prefect_api: str, tmp: Path) -> Iterator[dict[str, str]]:
+    """On the Prefect server at `prefect_api`: the deployment `rl/chain-sweep` of the RL flow on
+    a process work pool, and a worker of that pool (each flow run a process of its own): the
+    environment that reaches them."""
+    env = environment(tmp, prefect_api)
     prefect = [sys.executable, "-m", "prefect"]
-    server = [*prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)]
-    with running(server, env, tmp / "prefect-server.log") as process:
-        deadline = time.monotonic() + 180
-        while not healthy(api_url):
-            assert process.poll() is None and time.monotonic() < deadline, (
-                tmp / "prefect-server.log"
-            ).read_text()[-2000:]
-            time.sleep(1)
-        for argv in (
-            [*prefect, "work-pool", "create", POOL, "--type", "process"],
-            [sys.executable, "-c", DEPLOY, str(ROOT)],
-        ):
-            done = subprocess.run(
-                argv, capture_output=True, text=True, timeout=300, check=False, env=env
-            )
-            assert done.returncode == 0, done.stderr[-3000:]
-        worker = [*prefect, "worker", "start", "--pool", POOL, "--prefetch-seconds", "5"]
-        with running(worker, env, tmp / "worker.log"):
-            yield env
-
-
-def healthy(api_url: str) -> bool:
-    """The Prefect API answers its health check."""
-    try:
-        return httpx.get(f"{api_url}/health", timeout=5).status_code == 200
-    except httpx.HTTPError:
-        return False
+    for argv in (
+        [*prefect, "work-pool", "create", POOL, "--type", "process"],
+        [sys.executable, "-c", DEPLOY, str(ROOT)],
+    ):
+        done = subprocess.run(
+            argv, capture_output=True, text=True, timeout=300, check=False, env=env
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+    worker = [*prefect, "worker", "start", "--pool", POOL, "--prefetch-seconds", "5"]
+    # it looks for scheduled flow runs each second (Prefect's 10 s: up to 10 s idle a trial)
+    with running(worker, env | {"PREFECT_WORKER_QUERY_SECONDS": "1"}, tmp / "worker.log"):
+        yield env
 
 
 def swept(api_url: str, env: dict[str, str], name: str) -> list[dict]:
@@ -276,11 +249,13 @@ def exported_sha256(api_url: str, run_id: str, scratch: Path) -> str:
 def test_a_resume_of_a_forwarded_run_on_the_cpu_engine_is_refused_in_one_line(
     twins: Twins,
 ) -> None:
-    """Its state is on the Tinker endpoint: a provider `local` run cannot load it."""
+    """Its state is on the Tinker endpoint: a provider `local` run cannot load it. This run's
+    Prefect is its own ephemeral one, as a new user's: on the parent's Prefect server the flow
+    would refuse it sooner, from the parent's config (provider cannot change in a fork)."""
     checkpoint = f"whitney://runs/{twins.chain.run_id}/states/cycle-0"
     argv = [sys.executable, "-m", "flows.cli.main", "run", "rl", *PARENT]
     argv += ["--set", f"resume_from={checkpoint}", "--api-url", twins.broker.url]
-    env = environment(twins.tmp / "local")
+    env = environment(twins.tmp / "local", None)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300, check=False, env=env)
     assert done.returncode == 1, done.stderr[-3000:]
     last = done.stderr.strip().splitlines()[-1]
@@ -309,7 +284,7 @@ def test_a_forwarded_checkpoint_loaded_on_the_cpu_engine_is_refused_naming_it(
 
 
 def test_a_sweep_on_the_chain_gives_each_trial_its_emulated_twins_adapter(twins: Twins) -> None:
-    with prefect_with_trials(twins.tmp / "sweep") as env:
+    with trials_of(twins.prefect_api, twins.tmp / "sweep") as env:
         chain = swept(twins.broker.url, env, "broker")
         cpu = swept(twins.front.url, env, "front")
     assert [(r["trial"], r["state"]) for r in chain] == [(0, "COMPLETED"), (1, "COMPLETED")]

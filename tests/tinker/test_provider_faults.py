@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import sqlite3
 import struct
 import threading
 import time
@@ -21,7 +20,7 @@ import httpx
 
 from tests.local.served import ServedWhitney, served
 from tests.tinker.steps import KEYS, adapter_sha256, assert_same, sdk_key, through_whitney
-from tests.tinker.test_tinker_provider import front_runs, tinker_key
+from tests.tinker.test_tinker_provider import front_operations, front_runs, tinker_key
 
 HOP = {"connection", "keep-alive", "transfer-encoding", "content-length", "host"}
 
@@ -138,15 +137,6 @@ FAULTS = [
     Fault("/api/v1/save_weights_for_sampler", 1, reset=True),
     Fault("/api/v1/asample", 1, status=503),
 ]
-
-
-def front_operations(front: ServedWhitney, run_id: str) -> list[tuple[str, int]]:
-    """(kind, executions) of each operation the front journaled for `run_id`."""
-    data_dir = Path(front.argv[front.argv.index("--data-dir") + 1])
-    with sqlite3.connect(data_dir / "journal.sqlite3") as conn:
-        return conn.execute(
-            "SELECT kind, executions FROM operations WHERE run_id=? ORDER BY seq_id", (run_id,)
-        ).fetchall()
 
 
 def test_429_503_and_resets_are_retried_and_applied_once(

@@ -1,27 +1,29 @@
 """A broker SIGKILLed while a `save_weights_for_sampler`, an `export_lora` or a `sample` waits
-on Tinker (killed once the front has it; the front answers 1.5 s late), then restarted: the
-operation is sent again under its recorded Tinker ids, which the front answers from its
-record (a `sample` goes out again on a new sampling client, so the front samples it a second
-time, as Tinker would, with the same seed). Each of the front's operations ran once, and the
-results are those of the same run emulated on the CPU engine."""
+on Tinker (killed once the front has acted on it, its answer held on the wire by a loopback
+proxy), then restarted: the operation is sent again under its recorded Tinker ids, which the
+front answers from its record (a `sample` goes out again on a new sampling client, so the front
+samples it a second time, as Tinker would, with the same seed). Each of the front's operations
+ran once, and the results are those of the same run emulated on the CPU engine (the front
+itself). A `forward_backward` killed so: tests/tinker/test_tinker_provider.py."""
 
 from __future__ import annotations
 
 import contextlib
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.local.served import ServedWhitney
 from tests.tinker.steps import KEYS
-from tests.tinker.test_provider_faults import front_operations
 from tests.tinker.test_tinker_provider import (
     SAMPLE_REQUEST,
+    front_operations,
     front_runs,
+    held_chain,
+    kill_once_the_front_has_it,
+    new_front_model,
     published_run,
-    slow_chain,
 )
 from whitney import WhitneyClient
 
@@ -49,36 +51,34 @@ def after(client: WhitneyClient, run_id: str, kind: str) -> list[Any]:
 
 
 @pytest.mark.parametrize("kind", ["save_weights_for_sampler", "export_lora", "sample"])
-def test_a_broker_killed_mid_operation_sends_it_once(tmp_path: Path, kind: str) -> None:
-    with slow_chain(tmp_path) as (front, broker):
+def test_a_broker_killed_mid_operation_sends_it_once(
+    server: ServedWhitney, tmp_path: Path, kind: str
+) -> None:
+    before = {run["run_id"] for run in front_runs(server)}
+    with held_chain(server, tmp_path) as (proxy, broker):
         with WhitneyClient(broker.url, KEYS[0]) as client:
             run_id = published_run(client)
             killed_seq = len(list(client.iter_journal(run_id))) + 1
+        model_id = new_front_model(server, before)
 
         def send() -> None:  # its answer is lost with the broker; read again below
             with contextlib.suppress(Exception), WhitneyClient(broker.url, KEYS[0]) as client:
                 killed_op(client, run_id, kind)
 
-        model_id = front_runs(front)[0]["run_id"]
-        caller = threading.Thread(target=send, daemon=True)
-        caller.start()
-        deadline = time.monotonic() + 60
-        while len(front_operations(front, model_id)) < 4 and time.monotonic() < deadline:
-            time.sleep(0.02)  # until the front has it; its answer comes 1.5 s later
-        broker.kill()
-        assert [k for k, _ in front_operations(front, model_id)][3:] == [kind]
+        killed = kill_once_the_front_has_it(server, proxy, broker, model_id, send)
+        assert [k for k, _ in killed][3:] == [kind]
         broker.restart()
         with WhitneyClient(broker.url, KEYS[0]) as client:
             resent = client.get_operation(run_id, killed_seq, wait_s=60)
             assert (resent.kind, resent.status) == (kind, "succeeded"), resent.error
             forwarded = [result_of(resent.result), *after(client, run_id, kind)]
-        with WhitneyClient(front.url, KEYS[0]) as client:
-            emulated = published_run(client)
-            expected = [
-                result_of(killed_op(client, emulated, kind)),
-                *after(client, emulated, kind),
-            ]
-        done = front_operations(front, model_id)
+    with WhitneyClient(server.url, KEYS[0]) as client:
+        emulated = published_run(client)
+        expected = [
+            result_of(killed_op(client, emulated, kind)),
+            *after(client, emulated, kind),
+        ]
+    done = front_operations(server, model_id)
     assert forwarded == expected
     first = ["forward_backward", "optim_step", "save_weights_for_sampler"]
     resent = ["sample"] if kind == "sample" else []  # a new sampling client's request

@@ -14,13 +14,14 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from tests.local.served import ServedWhitney, served
+from tests.tinker.proxy import DroppingProxy, dropping_proxy
 from tests.tinker.steps import (
     ADAM,
     BASE_MODEL,
@@ -220,37 +221,78 @@ def published_run(client: WhitneyClient) -> str:
     return run_id
 
 
+def front_operations(front: ServedWhitney, run_id: str) -> list[tuple[str, int]]:
+    """(kind, executions) of each operation the front journaled for `run_id`."""
+    data_dir = Path(front.argv[front.argv.index("--data-dir") + 1])
+    with sqlite3.connect(data_dir / "journal.sqlite3") as conn:
+        return conn.execute(
+            "SELECT kind, executions FROM operations WHERE run_id=? ORDER BY seq_id", (run_id,)
+        ).fetchall()
+
+
 @contextmanager
-def slow_chain(tmp_path: Path) -> Iterator[tuple[ServedWhitney, ServedWhitney]]:
-    """A front that answers 1.5 s late, and a broker forwarding to it: (front, broker)."""
-    (tmp_path / "front").mkdir()
+def held_chain(
+    front: ServedWhitney, tmp_path: Path
+) -> Iterator[tuple[DroppingProxy, ServedWhitney]]:
+    """A broker forwarding to `front` through a loopback proxy that can hold the front's
+    answers (`hold`, then `lose_held` once the broker is killed): (proxy, broker)."""
     (tmp_path / "broker").mkdir()
     with (
-        served(tmp_path / "front", "--latency-ms", "1500", keys=KEYS) as front,
+        dropping_proxy(front.url) as proxy,
         tinker_key(sdk_key(0)),
-        served(tmp_path / "broker", "--tinker-url", front.url, keys=KEYS) as broker,
+        served(tmp_path / "broker", "--tinker-url", proxy.url, keys=KEYS) as broker,
     ):
-        yield front, broker
+        yield proxy, broker
 
 
-def test_a_broker_killed_mid_operation_sends_nothing_twice(tmp_path: Path) -> None:
-    """SIGKILL while a forward_backward waits on Tinker (the front answers 1.5 s late), then
-    restart: the run reconnects to its Tinker model, sends the operation again under its
-    recorded Tinker seq_id, which the front answers from its record; each of the front's
-    operations ran once and the adapter is the CPU engine's."""
+def kill_once_the_front_has_it(
+    front: ServedWhitney,
+    proxy: DroppingProxy,
+    broker: ServedWhitney,
+    model_id: str,
+    send: Callable[[], None],
+) -> list[tuple[str, int]]:
+    """`send` (the broker's client) in a thread, its Tinker request held at the proxy; the broker
+    SIGKILLed once the front journaled one more operation of `model_id` (acted on it, its answer
+    not out), then the held answers lost: the front's operations of `model_id` at the kill."""
+    seen = len(front_operations(front, model_id))
+    proxy.hold()
+    threading.Thread(target=send, daemon=True).start()
+    deadline = time.monotonic() + 60
+    while len(front_operations(front, model_id)) <= seen and time.monotonic() < deadline:
+        time.sleep(0.02)
+    broker.kill()
+    proxy.lose_held()
+    return front_operations(front, model_id)
+
+
+def new_front_model(front: ServedWhitney, before: set[str]) -> str:
+    """The one run at the front that is not in `before`: the Tinker model of a broker's run."""
+    (model,) = [run["run_id"] for run in front_runs(front) if run["run_id"] not in before]
+    return model
+
+
+def test_a_broker_killed_mid_operation_sends_nothing_twice(
+    server: ServedWhitney, tmp_path: Path
+) -> None:
+    """SIGKILL while a forward_backward waits on Tinker (the front acted on it, its answer held
+    on the wire), then restart: the run reconnects to its Tinker model, sends the operation
+    again under its recorded Tinker seq_id, which the front answers from its record; each of the
+    front's operations ran once and the adapter is the CPU engine's. The other operations'
+    kills: tests/tinker/test_provider_kills.py."""
     payload = {"data": [whitney_datum(row) for row in sl_rows()], "loss_function": "cross_entropy"}
-    with slow_chain(tmp_path) as (front, broker):
+    before = {run["run_id"] for run in front_runs(server)}
+    with held_chain(server, tmp_path) as (proxy, broker):
         with WhitneyClient(broker.url, KEYS[0]) as client:
             run_id = published_run(client)
+        model_id = new_front_model(server, before)
 
         def send() -> None:  # its answer is lost with the broker; read again below
             with contextlib.suppress(Exception), WhitneyClient(broker.url, KEYS[0]) as client:
                 client.run_operation(run_id, "forward_backward", payload)
 
-        caller = threading.Thread(target=send, daemon=True)
-        caller.start()
-        time.sleep(1.0)  # journaled, sent to the front, not answered yet
-        broker.kill()
+        killed = kill_once_the_front_has_it(server, proxy, broker, model_id, send)
+        assert [kind for kind, _ in killed][3:] == ["forward_backward"]
         broker.restart()
         with WhitneyClient(broker.url, KEYS[0]) as client:
             resent = client.get_operation(run_id, 4, wait_s=60)
@@ -258,20 +300,14 @@ def test_a_broker_killed_mid_operation_sends_nothing_twice(tmp_path: Path) -> No
             client.run_operation(run_id, "optim_step", {"optimizer": ADAM})
             sampled = client.sampler_operation(run_id, "one", "sample", SAMPLE_REQUEST)
             forwarded = client.run_operation(run_id, "export_lora", {})["sha256"]
-        with WhitneyClient(front.url, KEYS[0]) as client:
+        with WhitneyClient(server.url, KEYS[0]) as client:
             emulated = published_run(client)
             train(client, emulated, 1)
             assert sampled == client.sampler_operation(
                 emulated, "one", "sample", SAMPLE_REQUEST
             )  # the sampler published before the kill, sampled after it
             assert forwarded == client.run_operation(emulated, "export_lora", {})["sha256"]
-        model = next(r for r in front_runs(front) if r["run_id"] != emulated)
-        data_dir = Path(front.argv[front.argv.index("--data-dir") + 1])
-        with sqlite3.connect(data_dir / "journal.sqlite3") as conn:
-            kinds = conn.execute(
-                "SELECT kind, executions FROM operations WHERE run_id=? ORDER BY seq_id",
-                (model["run_id"],),
-            ).fetchall()
+        kinds = front_operations(server, model_id)
     assert [kind for kind, _ in kinds] == [
         "forward_backward",
         "optim_step",
