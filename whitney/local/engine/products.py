@@ -167,7 +167,8 @@ torch::Tensor cache_scores(torch::Tensor q, torch::Tensor keys) {
 }
 
 // both [N, M, 2D] = hi [N, M, T] @ values [N, T, 2D] float32 (rows of stride vt, batches of
-// stride vn) and cross [N, M, D] = lo @ values[..., :D], every sum exact (see products.py)
+// stride vn) and cross [N, M, D] = lo @ values[..., :D], every sum exact (see products.py): 4
+// columns of up to 4 rows at a time, summed over every key in registers
 std::vector<torch::Tensor> cache_weighted(torch::Tensor hi, torch::Tensor lo,
                                           torch::Tensor values) {
   TORCH_CHECK(hi.dtype() == torch::kFloat64 && lo.dtype() == torch::kFloat64, "dtypes");
@@ -176,8 +177,8 @@ std::vector<torch::Tensor> cache_weighted(torch::Tensor hi, torch::Tensor lo,
   TORCH_CHECK(hi.sizes() == lo.sizes() && hi.size(2) == values.size(1), "shapes");
   const int64_t N = hi.size(0), M = hi.size(1), T = hi.size(2), D = values.size(2) / 2;
   const int64_t vn = values.stride(0), vt = values.stride(1);
-  auto both = torch::zeros({N, M, 2 * D}, torch::kFloat64);
-  auto cross = torch::zeros({N, M, D}, torch::kFloat64);
+  auto both = torch::empty({N, M, 2 * D}, torch::kFloat64);
+  auto cross = torch::empty({N, M, D}, torch::kFloat64);
   const double* H = hi.data_ptr<double>();
   const double* L = lo.data_ptr<double>();
   const float* V = values.data_ptr<float>();
@@ -185,25 +186,39 @@ std::vector<torch::Tensor> cache_weighted(torch::Tensor hi, torch::Tensor lo,
   double* CROSS = cross.data_ptr<double>();
   at::parallel_for(0, N, 1, [&](int64_t first, int64_t last) {
     for (int64_t n = first; n < last; n++) {
-      for (int64_t t = 0; t < T; t++) {
-        const float* v = V + n * vn + t * vt;
-        for (int64_t m = 0; m < M; m++) {
-          const double h = H[(n * M + m) * T + t], l = L[(n * M + m) * T + t];
-          double* b = BOTH + (n * M + m) * 2 * D;
-          double* c = CROSS + (n * M + m) * D;
-          int64_t k = 0;
-          for (; k + 4 <= D; k += 4) {
-            const double4 coarse = widened(v + k), fine = widened(v + D + k);
-            const double4 bc = loaded(b + k) + h * coarse, bf = loaded(b + D + k) + h * fine;
-            const double4 cc = loaded(c + k) + l * coarse;
-            std::memcpy(b + k, &bc, sizeof bc);
-            std::memcpy(b + D + k, &bf, sizeof bf);
-            std::memcpy(c + k, &cc, sizeof cc);
+      for (int64_t m0 = 0; m0 < M; m0 += 4) {
+        const int64_t rows = std::min<int64_t>(4, M - m0);
+        const double* h = H + (n * M + m0) * T;
+        const double* l = L + (n * M + m0) * T;
+        for (int64_t k = 0; k < D; k += 4) {
+          const int64_t width = std::min<int64_t>(4, D - k);
+          double4 coarse_sums[4] = {}, fine_sums[4] = {}, cross_sums[4] = {};
+          for (int64_t t = 0; t < T; t++) {
+            const float* v = V + n * vn + t * vt;
+            double4 coarse = {}, fine = {};
+            if (width == 4) {
+              coarse = widened(v + k);
+              fine = widened(v + D + k);
+            } else {
+              for (int64_t c = 0; c < width; c++) {
+                coarse[c] = v[k + c];
+                fine[c] = v[D + k + c];
+              }
+            }
+            for (int64_t r = 0; r < rows; r++) {
+              coarse_sums[r] += h[r * T + t] * coarse;
+              fine_sums[r] += h[r * T + t] * fine;
+              cross_sums[r] += l[r * T + t] * coarse;
+            }
           }
-          for (; k < D; k++) {
-            b[k] += h * (double)v[k];
-            b[D + k] += h * (double)v[D + k];
-            c[k] += l * (double)v[k];
+          for (int64_t r = 0; r < rows; r++) {
+            double* b = BOTH + (n * M + m0 + r) * 2 * D;
+            double* c = CROSS + (n * M + m0 + r) * D;
+            for (int64_t j = 0; j < width; j++) {
+              b[k + j] = coarse_sums[r][j];
+              b[D + k + j] = fine_sums[r][j];
+              c[k + j] = cross_sums[r][j];
+            }
           }
         }
       }
