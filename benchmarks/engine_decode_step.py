@@ -1,9 +1,9 @@
-"""One decode step of the engine in-process: 8 rows over 90 cached positions of SmolLM2, its
+"""One decode step of the engine in-process: 8 rows over `--cached` positions of SmolLM2, its
 compiled kernels loaded first; the minimum and median of `--steps` steps and a hash of the
 logits (the same bits every step, and in every tree that keeps the engine's numbers).
 
     python benchmarks/engine_decode_step.py [--model gguf/SmolLM2-135M-Instruct-Q4_1]
-                                            [--steps 30] [--threads 2]
+                                            [--steps 30] [--threads 2] [--cached 90]
 
 To compare two engines, run it from each tree alternately (an older tree: copy this script
 into its `benchmarks/`), with `PYTHONPATH` set to that tree.
@@ -22,7 +22,7 @@ import torch
 from whitney.local.engine import EngineRun, kernels
 from whitney.local.engine.model import KVCache
 
-ROWS, CACHED = 8, 90
+ROWS = 8
 
 
 def main() -> int:
@@ -30,6 +30,7 @@ def main() -> int:
     parser.add_argument("--model", default="gguf/SmolLM2-135M-Instruct-Q4_1")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--cached", type=int, default=90, help="positions in the cache")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     print(f"compiled kernels: {kernels.STATE.wait()}", flush=True)
@@ -37,8 +38,10 @@ def main() -> int:
     run.save_weights_for_sampler("bench")
     model = run.sampler_model("bench")
     torch.set_grad_enabled(False)
-    cache = KVCache(model.cfg, ROWS, CACHED + 70)
-    prompt = torch.randint(3, 40000, (ROWS, CACHED), generator=torch.Generator().manual_seed(0))
+    cache = KVCache(model.cfg, ROWS, args.cached + 70)
+    prompt = torch.randint(
+        3, 40000, (ROWS, args.cached), generator=torch.Generator().manual_seed(0)
+    )
     model.hidden(prompt, cache)
     token = prompt[:, :1]
 

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from whitney.local.engine.model import CONFIGS, KVCache, Llama, init_weights
+from whitney.local.engine import exact
+from whitney.local.engine.model import CONFIGS, KeyValues, KVCache, Llama, init_weights
 
 from .helpers import hf_llama
 
@@ -55,3 +56,22 @@ def test_kv_cache_decoding_equals_full_forward_bit_for_bit() -> None:
             assert torch.equal(step[0], step[1]) and torch.equal(step[0], step[2])
             steps.append(step[:1])
         assert torch.equal(torch.cat(steps), full)
+
+
+def test_the_kv_cache_holds_keys_and_values_exactly_as_float32() -> None:
+    """`KVCache` stores float32 (half the bytes each decode step reads): every key and value
+    part `KeyValues.of` makes is a float32 number, for key rows of any scale and values from
+    far below their grid to far above it (`KVCache`'s bound)."""
+    cfg = CONFIGS["local/nano"]
+    assert KVCache(cfg, batch=1, length=4).stored[0].dtype == torch.float32
+    gen = torch.Generator().manual_seed(0)
+    shape = (3, cfg.kv_heads, 50, cfg.dim_head)
+    k = torch.randn(shape, generator=gen) * exact.pow2(
+        torch.randint(-140, 100, (*shape[:3], 1), generator=gen)
+    )
+    v = torch.randn(shape, generator=gen) * exact.pow2(
+        torch.randint(-100, 100, shape, generator=gen)
+    )
+    grid = exact.pow2(torch.randint(-120, 104, (cfg.kv_heads, 1, cfg.dim_head), generator=gen))
+    data = KeyValues.of(k.float(), v.float(), grid).data
+    assert data.dtype == torch.float64 and torch.equal(data.float().double(), data)

@@ -43,11 +43,13 @@ def compiled(tmp_path_factory: pytest.TempPathFactory):
     if shutil.which("g++") is None:
         pytest.skip("no C++ compiler")
     directory: Path = tmp_path_factory.mktemp("products")
-    before = products.compiled
+    names = ("compiled", "compiled_scores", "compiled_weighted")
+    before = [getattr(products, name) for name in names]
     products.build(directory)
     assert products.load(directory) is None
     yield products.compiled
-    products.compiled = before
+    for name, value in zip(names, before, strict=True):
+        setattr(products, name, value)
 
 
 @pytest.mark.parametrize("threads", [1, 2])
@@ -126,3 +128,33 @@ def test_without_ninja_the_product_runs_eager_and_says_why_once(
     assert products.compiled is None
     x, w = operands(3, 8, 200, 576)
     assert torch.equal(bits(products.product(x, w)), bits(blas(x, w)))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_attention_products_over_a_float32_cache_are_float64_blas(compiled, threads: int) -> None:
+    """Queries times cached keys and weights' parts times cached values (a float32 cache, a
+    slice of a longer one): compiled (up to SMALL_QUERIES rows), eager and float64 BLAS over the
+    float64 cache give the same bits, on random operands and at full bits."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        examples = products.cache_examples()
+        q, hi, lo, cache = examples[1]
+        examples.append((q.repeat(1, 1, 7, 1), hi.repeat(1, 1, 7, 1), lo.repeat(1, 1, 7, 1), cache))
+        for q, hi, lo, cache in examples:
+            d = q.shape[-1]
+            wide = cache.double()
+            want = [
+                torch.matmul(q, wide[..., :d].transpose(-1, -2)),
+                torch.matmul(hi, wide[..., d:]),
+                torch.matmul(lo, wide[..., d : 2 * d]),
+            ]
+            for stored in (cache, wide):
+                got = [
+                    products.attention_scores(q, stored[..., :d]),
+                    *products.attention_sums(hi, lo, stored[..., d:]),
+                ]
+                for a, b in zip(got, want, strict=True):
+                    assert torch.equal(a.view(torch.int64), b.view(torch.int64))
+    finally:
+        torch.set_num_threads(before)

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor
 
-from whitney.local.engine import exact, kernels
+from whitney.local.engine import exact, kernels, products
 from whitney.tokenizers import EOS_ID, VOCAB_SIZE
 
 if TYPE_CHECKING:
@@ -361,10 +361,10 @@ def value_grid(
 
 @dataclass(frozen=True)
 class KeyValues:
-    """A layer's keys and values side by side in one tensor [B, kv_heads, T, 3 d] (float64), so
-    a cache takes them in one write and the value's two parts meet a weight in one product: the
-    keys on their fixed-point rows, then each value as hi + lo, hi on the static grid and lo on
-    the grid 2**-VALUE_BITS finer."""
+    """A layer's keys and values side by side in one tensor [B, kv_heads, T, 3 d] (float64, or
+    float32 in a `KVCache`: the same numbers), so a cache takes them in one write and the
+    value's two parts meet a weight in one product: the keys on their fixed-point rows, then
+    each value as hi + lo, hi on the static grid and lo on the grid 2**-VALUE_BITS finer."""
 
     data: Tensor
 
@@ -384,11 +384,6 @@ class KeyValues:
         """hi and lo side by side [B, kv_heads, T, 2 d]."""
         return self.data[..., self.data.shape[-1] // 3 :]
 
-    @property
-    def hi(self) -> Tensor:
-        d = self.data.shape[-1] // 3
-        return self.data[..., d : 2 * d]
-
     def upto(self, length: int) -> KeyValues:
         """The first `length` positions (these keys and values themselves if they are all)."""
         return self if length == self.data.shape[2] else KeyValues(self.data[:, :, :length])
@@ -405,8 +400,7 @@ def attention_weights_times_values(
     kv, d = stored.data.shape[1], stored.data.shape[-1] // 3
     shape = (p.shape[0], kv, -1, p.shape[-1])  # `grouped`'s, of the rows [B * H * Tq, Tk]
     p_hi, p_lo = p_hi.view(shape), p_lo.view(shape)
-    both = torch.matmul(p_hi, stored.values)  # p_hi hi | p_hi lo
-    cross = torch.matmul(p_lo, stored.hi)
+    both, cross = products.attention_sums(p_hi, p_lo, stored.values)  # p_hi hi | p_hi lo, p_lo hi
     return WEIGHTED_MEAN(both.view(-1, 2, d), cross.view(-1, d), z).view(*p.shape[:-1], d), z.view(
         *p.shape[:-1], 1
     ) * 2.0**-prob_bits
@@ -489,7 +483,7 @@ def attention_probabilities(fq: Tensor, keys: Tensor, hidden: Tensor) -> Tensor:
     """exp(score - the row's largest score) [B, H, Tq, Tk] (float32) of fixed-point queries over
     keys; each element's bits depend on its row alone (exact scores, the engine's own exp:
     `exact.exponential`)."""
-    raw = torch.matmul(grouped(fq, keys.shape[1]), keys.transpose(-1, -2))
+    raw = products.attention_scores(grouped(fq, keys.shape[1]), keys)
     scale = score_scale(fq.shape[-1])
     exponent = SHIFTED_SCORES(raw.view(*fq.shape[:-1], keys.shape[2]), hidden, scale)
     return exact.exponential(exponent)
@@ -888,11 +882,20 @@ class Pass:
 
 class KVCache:
     """Keys (fixed point) and values (on their grid) of every layer (`KeyValues`) for `batch`
-    rows of up to `length` positions; `positions[r]` is the next position of row r."""
+    rows of up to `length` positions; `positions[r]` is the next position of row r.
+
+    Stored as float32 (half float64's bytes, which each decode step reads): every number is
+    exact in float32. A key is an integer of at most bits_for(d) <= 24 bits times its row's
+    step, a power of two of at least 2**-123 (`exact.fixed_grid`). A value's hi part is v's
+    quotient by its grid (a power of two in [2**-120, 2**103] for any model whose values' bound,
+    `value_grid`, stays below 2**123) rounded to an integer: below 2**24 in magnitude it is such
+    an integer (at most 2**24) times the grid, above it v itself (a float32 whose quotient is
+    already an integer); its lo part is an integer of at most 20 bits times the grid over
+    2**VALUE_BITS (at least 2**-141, a multiple of float32's least step 2**-149)."""
 
     def __init__(self, cfg: ModelConfig, batch: int, length: int) -> None:
         self.shape = (batch, cfg.kv_heads, length, 3 * cfg.dim_head)
-        self.stored = [torch.zeros(self.shape, dtype=torch.float64) for _ in range(cfg.num_layers)]
+        self.stored = [torch.zeros(self.shape) for _ in range(cfg.num_layers)]
         self.positions = torch.zeros(batch, dtype=torch.long)
 
     def rows(self, index: Tensor) -> KVCache:
@@ -916,11 +919,12 @@ class KVCache:
         return self.store(n, KeyValues.of(k, v, grid).data, step)
 
     def store(self, n: int, new: Tensor, step: Pass) -> KeyValues:
-        """Store the `KeyValues` data [B, kv_heads, T, 3 d] at each row's positions (`step`'s
-        slots, one row copy each); return the keys and values of layer n up to the furthest
-        position written (the rest are invisible)."""
+        """Store the `KeyValues` data [B, kv_heads, T, 3 d] (float64) at each row's positions
+        (`step`'s slots, one row copy each, as float32: exact); return the keys and values of
+        layer n up to the furthest position written (the rest are invisible)."""
         stored = self.stored[n]
-        stored.view(-1, stored.shape[-1]).index_copy_(0, step.slots, new.reshape(-1, new.shape[-1]))
+        rows = new.reshape(-1, new.shape[-1]).float()
+        stored.view(-1, stored.shape[-1]).index_copy_(0, step.slots, rows)
         return KeyValues(stored[:, :, : step.keys])
 
 

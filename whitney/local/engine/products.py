@@ -10,7 +10,13 @@ is then rounded once to float32. The compiled kernel (C++ built by the kernels' 
 user's cache, `kernels.py`) spreads tiles of 48 weight rows over torch's threads and reads each tile
 from memory once: 8 rows of x at a time (4 without AVX-512) multiply it, 3 weight rows at a time
 widened to float64 in registers, while it stays in the CPU's cache; without it, the weight is
-widened to float64 in blocks of `BLOCK` rows (small enough to stay in the CPU's cache) for BLAS."""
+widened to float64 in blocks of `BLOCK` rows (small enough to stay in the CPU's cache) for BLAS.
+
+A decode step's attention over a KV cache stored as float32 (`model.KVCache`) runs the same way:
+its queries (fixed-point rows) times the cached keys and its weights' parts times the cached
+values are exact sums of exact products (`model.attention_weights_times_values`' bound), the
+cache widened in registers by the compiled kernel (`attention_scores`, `attention_sums`) or, for
+more than `SMALL_QUERIES` rows or without it, to a float64 copy for BLAS."""
 
 from __future__ import annotations
 
@@ -109,13 +115,134 @@ torch::Tensor product(torch::Tensor x, torch::Tensor w) {
   return y;
 }
 
-PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) { m.def("product", &product); }
+// the attention's products: vectors of 4 (AVX2's width; 8 ran 3x slower there)
+typedef double double4 __attribute__((vector_size(32)));
+typedef float float4 __attribute__((vector_size(16)));
+
+static inline double4 widened(const float* p) {
+  float4 part;
+  std::memcpy(&part, p, sizeof part);
+  return __builtin_convertvector(part, double4);
+}
+
+static inline double4 loaded(const double* p) {
+  double4 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+
+// raw [N, M, T] = q [N, M, K] float64 . keys [N, T, K] float32 (rows of stride kt, batches of
+// stride kn), every sum exact (see products.py)
+torch::Tensor cache_scores(torch::Tensor q, torch::Tensor keys) {
+  TORCH_CHECK(q.dtype() == torch::kFloat64 && keys.dtype() == torch::kFloat32, "dtypes");
+  TORCH_CHECK(q.is_contiguous() && keys.stride(2) == 1 && q.size(2) == keys.size(2), "shapes");
+  const int64_t N = q.size(0), M = q.size(1), K = q.size(2), T = keys.size(1);
+  const int64_t kn = keys.stride(0), kt = keys.stride(1);
+  auto raw = torch::empty({N, M, T}, torch::kFloat64);
+  const double* Q = q.data_ptr<double>();
+  const float* KEYS = keys.data_ptr<float>();
+  double* R = raw.data_ptr<double>();
+  at::parallel_for(0, N, 1, [&](int64_t first, int64_t last) {
+    for (int64_t n = first; n < last; n++) {
+      for (int64_t t = 0; t < T; t++) {
+        const float* key = KEYS + n * kn + t * kt;
+        for (int64_t m = 0; m < M; m++) {
+          const double* x = Q + (n * M + m) * K;
+          double4 even = {}, odd = {};
+          int64_t k = 0;
+          for (; k + 8 <= K; k += 8) {
+            even += loaded(x + k) * widened(key + k);
+            odd += loaded(x + k + 4) * widened(key + k + 4);
+          }
+          for (; k + 4 <= K; k += 4) even += loaded(x + k) * widened(key + k);
+          const double4 sum = even + odd;
+          double s = (sum[0] + sum[1]) + (sum[2] + sum[3]);
+          for (; k < K; k++) s += x[k] * (double)key[k];
+          R[(n * M + m) * T + t] = s;
+        }
+      }
+    }
+  });
+  return raw;
+}
+
+// both [N, M, 2D] = hi [N, M, T] @ values [N, T, 2D] float32 (rows of stride vt, batches of
+// stride vn) and cross [N, M, D] = lo @ values[..., :D], every sum exact (see products.py): 4
+// columns of up to 4 rows at a time, summed over every key in registers
+std::vector<torch::Tensor> cache_weighted(torch::Tensor hi, torch::Tensor lo,
+                                          torch::Tensor values) {
+  TORCH_CHECK(hi.dtype() == torch::kFloat64 && lo.dtype() == torch::kFloat64, "dtypes");
+  TORCH_CHECK(values.dtype() == torch::kFloat32, "dtypes");
+  TORCH_CHECK(hi.is_contiguous() && lo.is_contiguous() && values.stride(2) == 1, "shapes");
+  TORCH_CHECK(hi.sizes() == lo.sizes() && hi.size(2) == values.size(1), "shapes");
+  const int64_t N = hi.size(0), M = hi.size(1), T = hi.size(2), D = values.size(2) / 2;
+  const int64_t vn = values.stride(0), vt = values.stride(1);
+  auto both = torch::empty({N, M, 2 * D}, torch::kFloat64);
+  auto cross = torch::empty({N, M, D}, torch::kFloat64);
+  const double* H = hi.data_ptr<double>();
+  const double* L = lo.data_ptr<double>();
+  const float* V = values.data_ptr<float>();
+  double* BOTH = both.data_ptr<double>();
+  double* CROSS = cross.data_ptr<double>();
+  at::parallel_for(0, N, 1, [&](int64_t first, int64_t last) {
+    for (int64_t n = first; n < last; n++) {
+      for (int64_t m0 = 0; m0 < M; m0 += 4) {
+        const int64_t rows = std::min<int64_t>(4, M - m0);
+        const double* h = H + (n * M + m0) * T;
+        const double* l = L + (n * M + m0) * T;
+        for (int64_t k = 0; k < D; k += 4) {
+          const int64_t width = std::min<int64_t>(4, D - k);
+          double4 coarse_sums[4] = {}, fine_sums[4] = {}, cross_sums[4] = {};
+          for (int64_t t = 0; t < T; t++) {
+            const float* v = V + n * vn + t * vt;
+            double4 coarse = {}, fine = {};
+            if (width == 4) {
+              coarse = widened(v + k);
+              fine = widened(v + D + k);
+            } else {
+              for (int64_t c = 0; c < width; c++) {
+                coarse[c] = v[k + c];
+                fine[c] = v[D + k + c];
+              }
+            }
+            for (int64_t r = 0; r < rows; r++) {
+              coarse_sums[r] += h[r * T + t] * coarse;
+              fine_sums[r] += h[r * T + t] * fine;
+              cross_sums[r] += l[r * T + t] * coarse;
+            }
+          }
+          for (int64_t r = 0; r < rows; r++) {
+            double* b = BOTH + (n * M + m0 + r) * 2 * D;
+            double* c = CROSS + (n * M + m0 + r) * D;
+            for (int64_t j = 0; j < width; j++) {
+              b[k + j] = coarse_sums[r][j];
+              b[D + k + j] = fine_sums[r][j];
+              c[k + j] = cross_sums[r][j];
+            }
+          }
+        }
+      }
+    }
+  });
+  return {both, cross};
+}
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("product", &product);
+  m.def("cache_scores", &cache_scores);
+  m.def("cache_weighted", &cache_weighted);
+}
 """
 FLAGS = {"AVX512": ["-mavx512f", "-mavx2", "-mfma"], "AVX2": ["-mavx2", "-mfma"]}
 """The vector instructions the source is built for, by torch's CPU capability (the kernel's
 cache is keyed by it); any of them gives the same bits."""
 
+SMALL_QUERIES = 16
+"""Query rows per key-value head up to which the compiled attention products run (a decode step's
+heads that share a key-value head)."""
 compiled: Callable[[Tensor, Tensor], Tensor] | None = None
+compiled_scores: Callable[[Tensor, Tensor], Tensor] | None = None
+compiled_weighted: Callable[[Tensor, Tensor, Tensor], list[Tensor]] | None = None
 SCRATCH = threading.local()
 
 
@@ -158,6 +285,30 @@ def product(x: Tensor, w: Tensor) -> Tensor:
     else:
         out = eager(rows, w)
     return out.view(*x.shape[:-1], w.shape[0])
+
+
+def attention_scores(q: Tensor, keys: Tensor) -> Tensor:
+    """Queries [B, kv, M, K] (float64, fixed-point rows) times keys [B, kv, T, K] (float32 or
+    float64), transposed: the exact scores [B, kv, M, T] (float64)."""
+    run = compiled_scores
+    if keys.dtype == torch.float32 and run is not None and q.shape[2] <= SMALL_QUERIES:
+        raw = run(q.flatten(0, 1).contiguous(), keys.flatten(0, 1))
+        return raw.view(*q.shape[:-1], keys.shape[2])
+    return torch.matmul(q, keys.double().transpose(-1, -2))
+
+
+def attention_sums(hi: Tensor, lo: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
+    """Weights' parts hi and lo [B, kv, M, T] (float64) times values [B, kv, T, 2 D] (float32
+    or float64: two parts side by side): hi times both parts [B, kv, M, 2 D] and lo times the
+    first [B, kv, M, D], exact (float64)."""
+    run = compiled_weighted
+    if values.dtype == torch.float32 and run is not None and hi.shape[2] <= SMALL_QUERIES:
+        both, cross = run(
+            hi.flatten(0, 1).contiguous(), lo.flatten(0, 1).contiguous(), values.flatten(0, 1)
+        )
+        return both.view(*hi.shape[:-1], -1), cross.view(*hi.shape[:-1], -1)
+    wide = values.double()
+    return torch.matmul(hi, wide), torch.matmul(lo, wide[..., : wide.shape[-1] // 2])
 
 
 def build(directory: Path) -> None:
@@ -203,10 +354,60 @@ def examples() -> list[tuple[Tensor, Tensor]]:
     return found
 
 
+def cache_examples() -> list[tuple[Tensor, Tensor, Tensor, Tensor]]:
+    """Queries [B, kv, M, d], weights' parts hi and lo [B, kv, M, T] and caches [B, kv, T, 3 d]
+    (float32, a slice of a longer cache as `model.KVCache` reads it) to check the attention
+    products on: random, odd sizes (vector tails), and every element at full bits."""
+    gen = torch.Generator().manual_seed(0)
+    found = []
+    for b, kv, m, t, d in (
+        (1, 1, 1, 1, 8),
+        (2, 3, 3, 13, 64),
+        (3, 2, 1, 40, 32),
+        (1, 2, 16, 9, 21),
+    ):
+        q = (torch.randint(-(2**23), 2**23, (b, kv, m, d), generator=gen) * 2.0**-20).double()
+        parts = torch.randint(0, 2**23, (2, b, kv, m, t), generator=gen).double() * 2.0**-23
+        cache = torch.randint(-(2**21), 2**21, (b, kv, t + 5, 3 * d), generator=gen) * 2.0**-30
+        found.append((q, parts[0], parts[1], cache.float()[:, :, :t]))
+    full = 2.0**24 - 1  # at full bits, 31 terms: (2**24 - 1)**2 * 31 < 2**53
+    q = torch.full((1, 2, 3, 31), full, dtype=torch.float64)
+    cache = torch.full((1, 2, 31, 93), -full)
+    q[:, :, 1, ::2] *= -1
+    cache[:, 1, 1::3] *= -1
+    found.append((q, q[..., :31].clone(), -q[..., :31], cache))
+    return found
+
+
+def attention_bits_differ(module) -> bool:
+    """Whether the compiled attention products of `module` give other bits than float64 BLAS's
+    on `cache_examples`."""
+    for q, hi, lo, cache in cache_examples():
+        d = q.shape[-1]
+        wide = cache.double()
+        want = (
+            torch.matmul(q, wide[..., :d].transpose(-1, -2)),
+            torch.matmul(hi, wide[..., d:]),
+            torch.matmul(lo, wide[..., d : 2 * d]),
+        )
+        raw = module.cache_scores(q.flatten(0, 1), cache[..., :d].flatten(0, 1))
+        both, cross = module.cache_weighted(
+            hi.flatten(0, 1).contiguous(),
+            lo.flatten(0, 1).contiguous(),
+            cache[..., d:].flatten(0, 1),
+        )
+        for got, expected in zip((raw, both, cross), want, strict=True):
+            if not torch.equal(
+                got.view(expected.shape).view(torch.int64), expected.view(torch.int64)
+            ):
+                return True
+    return False
+
+
 def load(directory: Path) -> str | None:
     """Load the kernel from `directory` and check it bit for bit against float64 BLAS on
     `examples`; None if loaded, else why not."""
-    global compiled
+    global compiled, compiled_scores, compiled_weighted
     path = directory / NAME / f"{NAME}.so"
     if not path.exists():
         why = directory / NAME / UNBUILT
@@ -222,5 +423,8 @@ def load(directory: Path) -> str | None:
         want = torch.matmul(x, w.double().t()).float()
         if not torch.equal(module.product(x, w).view(torch.int32), want.view(torch.int32)):
             return "the compiled small product's bits differed from float64 BLAS's"
+    if attention_bits_differ(module):
+        return "the compiled attention products' bits differed from float64 BLAS's"
     compiled = module.product
+    compiled_scores, compiled_weighted = module.cache_scores, module.cache_weighted
     return None
