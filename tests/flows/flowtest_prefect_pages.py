@@ -4,6 +4,7 @@ hundreds. SQLite, as the session's harness; the flows' reads find it in PREFECT_
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -11,6 +12,8 @@ from pathlib import Path
 from prefect.client.orchestration import SyncPrefectClient
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import FlowRun
+from prefect.events.worker import EventsWorker
+from prefect.logging.handlers import APILogWorker
 from prefect.server.api.server import SubprocessASGIServer
 from prefect.settings import (
     PREFECT_API_URL,
@@ -19,6 +22,7 @@ from prefect.settings import (
     temporary_settings,
 )
 from prefect.testing.utilities import _find_available_port
+from prefect.utilities.asyncutils import run_coro_as_sync
 
 
 @contextmanager
@@ -36,9 +40,27 @@ def prefect_api_with_page(page: int, directory: Path) -> Iterator[None]:
         server.start(timeout=180)
         try:
             with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-                yield
+                try:
+                    yield
+                finally:
+                    run_coro_as_sync(drain_workers())
         finally:
             server.stop()
+
+
+async def drain_workers() -> None:
+    """Send what this process's log and event workers still hold to the server before it stops,
+    as `prefect_test_harness` does: else they retry a stopped server for the rest of the process
+    (a later test in it timed out, another read their errors in its stderr)."""
+    try:
+        drained = APILogWorker.instance().drain()
+        if inspect.isawaitable(drained):
+            await drained
+    except RuntimeError:  # never started
+        pass
+    drained = EventsWorker.drain_all()
+    if inspect.isawaitable(drained):
+        await drained
 
 
 def assert_more_than_a_page(prefect: SyncPrefectClient, runs: list[FlowRun], page: int) -> None:
