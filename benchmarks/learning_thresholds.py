@@ -1,5 +1,5 @@
 """The learning runs the tests keep only a smoke of, to their thresholds, with the checks the
-tests took before they were cut (session 15). Each check prints its curve and PASS or FAIL;
+tests took before they were cut to a smoke. Each check prints its curve and PASS or FAIL;
 the exit status is 1 if any failed.
 
 - quiz: `whitney-flows run rl --env quiz --cycles 10`: mean reward of the first 5 cycles at
