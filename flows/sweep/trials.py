@@ -44,7 +44,7 @@ from flows.core.loop.cost import CostModel, Usage, add_usage, total_tokens, usag
 from flows.core.records.events import CYCLE_COMPLETED, RUN_FINISHED
 from flows.sweep.ledger import CostLedger
 from flows.sweep.results import SKIPPED, TrialRung
-from tasks.names import FLOW_RUN_LABEL
+from tasks.names import CYCLE_CHECKPOINT, FLOW_RUN_LABEL
 from tasks.release import release_sessions
 
 SWEEP_TAG = "whitney.sweep"
@@ -175,6 +175,14 @@ def settled(
     return usage
 
 
+def cycles_ran(request: TrialRequest, checkpoint: str | None) -> int:
+    """How many cycle events a completed trial leaves: up to its final checkpoint's cycle,
+    fewer than its rung's when its own budget stopped it early."""
+    match = CYCLE_CHECKPOINT.match(checkpoint or "")
+    last = int(match["cycle"]) if match else request.cycles - 1
+    return last + 1 - request.first_cycle
+
+
 def read_back(
     prefect: SyncPrefectClient,
     request: TrialRequest,
@@ -184,12 +192,15 @@ def read_back(
 ) -> TrialRung:
     """The trial's rung from its flow run's records and its usage."""
     completed = flow_run.state is not None and flow_run.state.is_completed()
-    expected = request.cycles - request.first_cycle
 
     def wanted(events: list[Any]) -> bool:
+        finished = [event.payload for event in events if event.event == RUN_FINISHED]
+        if not completed:
+            return True
+        if not finished:
+            return False
         cycles = {event.payload["cycle"] for event in events if event.event == CYCLE_COMPLETED}
-        finished = any(event.event == RUN_FINISHED for event in events)
-        return not completed or (finished and len(cycles) >= expected)
+        return len(cycles) >= cycles_ran(request, finished[-1]["checkpoint"])
 
     events = trial_events(prefect, flow_run, wanted)
     by_cycle = {

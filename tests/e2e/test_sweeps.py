@@ -204,12 +204,11 @@ def sampled_tokens(stack: Stack, flow_run_id: str) -> int:
 
 def test_a_rung_that_spent_the_budget_leaves_no_slot_to_a_waiting_trial(alive: Stack) -> None:
     """Three trials, one slot, a max_cost below any one rung's cost. Each trial's own token
-    budget stops it after its first cycle, one short of its rung, so the sweep reads its
-    cycle events for EVENT_WAIT_S (60 s) before they are known complete: longer than a
-    waiting trial takes to get the slot (Prefect's retry-after is at most 39 s by default,
-    2.6 s on the e2e stack: tests/e2e/conftest.py). The first
-    rung starts (no projection yet); once it ends, its cost is settled before its slot is
-    given back, so neither waiting trial starts."""
+    budget stops it after its first cycle, one short of its rung (the sweep reads back the one
+    cycle its final checkpoint names, and waits for no other). The first rung starts (no
+    projection yet); once it ends, its cost is settled before its slot is given back, so
+    neither waiting trial starts, however soon it asks for the slot again (within about 2 s on the
+    e2e stack: tests/e2e/conftest.py)."""
     config = {
         **SWEEP,
         "base": {**SWEEP["base"], "budget": {"max_tokens": 1}},

@@ -1,6 +1,6 @@
 """The sweep's plan with no server: grid and seeded random expansion, the trials' configs at a
 rung, field validation, which trials a rung keeps, the budget ledger, and the comparison
-table. Expected values are written out by hand here."""
+table, how many cycles a trial is read back to. Expected values are written out by hand here."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ from flows.sweep.plan import (
     trial_settings,
 )
 from flows.sweep.results import SKIPPED, SweepResult, TrialRung
+from flows.sweep.trials import TrialRequest, cycles_ran
 
 
 def grid(**extra: object) -> SweepConfig:
@@ -220,3 +221,26 @@ def test_trials_do_not_depend_on_the_order_the_fields_are_written() -> None:
     reordered = SweepConfig(kind="rl", grid=dict(reversed(grid.items())), rungs=[1])
     assert expand(written) == expand(reordered)
     assert [trial.params["lora_rank"] for trial in expand(written)] == [4, 8, 4, 8]
+
+
+def test_a_trial_is_read_back_up_to_the_cycle_its_final_checkpoint_names() -> None:
+    """A trial its own budget stopped early leaves fewer cycle events than its rung: the sweep
+    waits for those its final checkpoint (`states/cycle-n`, the state after cycle n) names."""
+    request = TrialRequest(
+        trial=0,
+        rung=0,
+        cycles=4,
+        deployment="rl/rl",
+        parameters={},
+        flow_run_name="s-trial-0-rung-0",
+        sweep_flow_run_id="s",
+        concurrency_limit="s",
+        metric="reward_mean",
+        first_cycle=0,
+        timeout_s=60.0,
+    )
+    assert cycles_ran(request, "whitney://runs/r01/states/cycle-3") == 4
+    assert cycles_ran(request, "whitney://runs/r01/states/cycle-0") == 1
+    resumed = request.model_copy(update={"first_cycle": 2})
+    assert cycles_ran(resumed, "whitney://runs/r01/states/cycle-2") == 1
+    assert cycles_ran(request, "whitney://runs/r01/states/final") == 4  # no cycle: the rung's
