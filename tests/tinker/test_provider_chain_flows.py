@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.local.served import ServedWhitney, served
-from tests.tinker.prefect_server import running
+from tests.prefect_server import running
 from tests.tinker.steps import KEYS, sdk_key
 from tests.tinker.test_provider_flows import environment
 from tests.tinker.test_tinker_provider import tinker_key
