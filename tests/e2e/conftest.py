@@ -1,11 +1,12 @@
 """The end-to-end stack, once per session, as docs/prefect-server.md ("Run it on a Prefect
 server") sets it up by hand:
 
-- `prefect server start` on 127.0.0.1:<free port>, with a fresh temporary PREFECT_HOME and
-  the project's server settings (`flows.core.orchestration.prefect_env.SERVER_SETTINGS`, as
-  the guide exports them); its database SQLite in that home, or, with
-  `WHITNEY_E2E_POSTGRES=1` and always in CI, a PostgreSQL cluster of its own
-  (tests/e2e/postgres.py; "The stack on PostgreSQL" in the guide);
+- `prefect server start` on 127.0.0.1:<free port> (tests/prefect_server.py's command line), with
+  a fresh temporary PREFECT_HOME and the project's server settings
+  (`flows.core.orchestration.prefect_env.SERVER_SETTINGS`, as the guide exports them); its
+  database SQLite in that home, or, with `WHITNEY_E2E_POSTGRES=1` and always in CI, a
+  PostgreSQL cluster of its own (tests/e2e/postgres.py; "The stack on PostgreSQL" in the
+  guide);
 - the embedded Whitney server (`whitney-flows serve`) on 127.0.0.1:<free port>, with a known
   key (in WHITNEY_LOCAL_API_KEYS) and a temporary data directory;
 - `prefect work-pool create whitney-process --type process`;
@@ -43,6 +44,7 @@ from typing import Any
 import pytest
 
 from flows.core.orchestration.prefect_env import SERVER_SETTINGS
+from tests.prefect_server import prefect_server_argv
 
 from . import postgres, redis_broker
 from .harness import (
@@ -285,7 +287,7 @@ def _running_stack(
         processes.append(
             ManagedProcess(
                 PREFECT_SERVER,
-                [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(prefect_port)],
+                prefect_server_argv(prefect_port),
                 {**env, **server_env},
                 log_dir,
             )

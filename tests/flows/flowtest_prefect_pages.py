@@ -1,6 +1,7 @@
 """A Prefect API of a test module's own whose page, when a read names no limit, is a few runs
 (PREFECT_SERVER_API_DEFAULT_LIMIT, 200 unless set): more than a page is then a few runs, not
-hundreds. SQLite, as the session's harness; the flows' reads find it in PREFECT_API_URL."""
+hundreds. SQLite, as the session's harness (tests/prefect_server.py); the flows' reads find it
+in PREFECT_API_URL."""
 
 from __future__ import annotations
 
@@ -14,38 +15,25 @@ from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
 from prefect.client.schemas.objects import FlowRun
 from prefect.events.worker import EventsWorker
 from prefect.logging.handlers import APILogWorker
-from prefect.server.api.server import SubprocessASGIServer
-from prefect.settings import (
-    PREFECT_API_URL,
-    PREFECT_SERVER_API_DEFAULT_LIMIT,
-    PREFECT_SERVER_DATABASE_CONNECTION_URL,
-    temporary_settings,
-)
-from prefect.testing.utilities import _find_available_port
+from prefect.settings import PREFECT_API_URL, temporary_settings
 from prefect.utilities.asyncutils import run_coro_as_sync
+
+from tests.prefect_server import prefect_server
 
 
 @contextmanager
 def prefect_api_with_page(page: int, directory: Path) -> Iterator[None]:
-    """A Prefect API (its database in `directory`) whose page is `page` runs, this process's
-    PREFECT_API_URL until the block ends."""
-    database = f"sqlite+aiosqlite:///{directory / 'prefect.db'}"
-    with temporary_settings(
-        updates={
-            PREFECT_SERVER_API_DEFAULT_LIMIT: page,
-            PREFECT_SERVER_DATABASE_CONNECTION_URL: database,
-        }
+    """A Prefect server (its home and log in `directory`) whose page is `page` runs, this
+    process's PREFECT_API_URL until the block ends."""
+    page_setting = {"PREFECT_SERVER_API_DEFAULT_LIMIT": str(page)}
+    with (
+        prefect_server(directory, page_setting) as api_url,
+        temporary_settings(updates={PREFECT_API_URL: api_url}),
     ):
-        server = SubprocessASGIServer(port=_find_available_port())
-        server.start(timeout=180)
         try:
-            with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
-                try:
-                    yield
-                finally:
-                    run_coro_as_sync(drain_workers())
+            yield
         finally:
-            server.stop()
+            run_coro_as_sync(drain_workers())
 
 
 async def drain_workers() -> None:

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.local.served import ServedWhitney, served
-from tests.tinker.prefect_server import prefect_server
+from tests.prefect_server import prefect_server
 from tests.tinker.steps import KEYS, MAX_BODY_BYTES
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.harness import ManagedProcess
 from tests.local.served import ServedWhitney, served
-from tests.tinker.prefect_server import running
 from tests.tinker.steps import KEYS, sdk_key
 from tests.tinker.test_provider_flows import environment
 from tests.tinker.test_tinker_provider import tinker_key
@@ -216,8 +216,11 @@ def trials_of(prefect_api: str, tmp: Path) -> Iterator[dict[str, str]]:
         assert done.returncode == 0, done.stderr[-3000:]
     worker = [*prefect, "worker", "start", "--pool", POOL, "--prefetch-seconds", "5"]
     # it looks for scheduled flow runs each second (Prefect's 10 s: up to 10 s idle a trial)
-    with running(worker, env | {"PREFECT_WORKER_QUERY_SECONDS": "1"}, tmp / "worker.log"):
+    process = ManagedProcess("worker", worker, env | {"PREFECT_WORKER_QUERY_SECONDS": "1"}, tmp)
+    try:
         yield env
+    finally:
+        process.stop()
 
 
 def swept(api_url: str, env: dict[str, str], name: str) -> list[dict]:
