@@ -1,7 +1,7 @@
 """A Prefect API of a test module's own whose page, when a read names no limit, is a few runs
 (PREFECT_SERVER_API_DEFAULT_LIMIT, 200 unless set): more than a page is then a few runs, not
-hundreds. SQLite, as the session's harness (tests/prefect_server.py); the flows' reads find it
-in PREFECT_API_URL."""
+hundreds: a server of tests/prefect_server.py, on SQLite as the session's harness; the flows'
+reads find it in PREFECT_API_URL."""
 
 from __future__ import annotations
 
