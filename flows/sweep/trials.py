@@ -194,13 +194,11 @@ def read_back(
     completed = flow_run.state is not None and flow_run.state.is_completed()
 
     def wanted(events: list[Any]) -> bool:
-        finished = [event.payload for event in events if event.event == RUN_FINISHED]
         if not completed:
             return True
-        if not finished:
-            return False
+        finished = [event.payload for event in events if event.event == RUN_FINISHED]
         cycles = {event.payload["cycle"] for event in events if event.event == CYCLE_COMPLETED}
-        return len(cycles) >= cycles_ran(request, finished[-1]["checkpoint"])
+        return bool(finished) and len(cycles) >= cycles_ran(request, finished[-1]["checkpoint"])
 
     events = trial_events(prefect, flow_run, wanted)
     by_cycle = {
