@@ -144,8 +144,13 @@ class Stack:
         if name == PREFECT_SERVER:
             return self.api.healthy()
         if name == WHITNEY_SERVER:
+            from whitney.errors import TransportError
+
             with self.whitney_client() as client:
-                return bool(client.capabilities().providers)
+                try:
+                    return bool(client.capabilities().providers)
+                except TransportError:
+                    return False  # not listening yet: a restarted server rebuilds its state first
         workers = self.api.post(f"/work_pools/{WORK_POOL}/workers/filter", json={})
         return any(
             worker["name"] == _worker(name)
