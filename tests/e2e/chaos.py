@@ -36,6 +36,8 @@ from .test_deployments import adapter_sha256, executions, finished_run, sessions
 FLOW = "flow-process"
 PARTS = (FLOW, WORKER, PREFECT_SERVER, WHITNEY_SERVER)
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "CRASHED"}
+CONTINUING = {"RUNNING", "COMPLETED"}
+"""The states of a run that continues a killed one: started, or already to its end."""
 RECOVERY_TIMEOUT_S = 240.0
 ORPHAN_TIMEOUT_S = 900.0
 """How long a killed worker's flow run may take to crash, or to complete if it trains on."""
@@ -137,8 +139,9 @@ class Soak:
 
     def resumed(self, flow_run_id: str, timeout_s: float | None = None) -> str:
         """Wait (`timeout_s`, else the recovery timeout) until the flow run, killed, is Crashed
-        and continued by a Running run (or, if it got to its end meanwhile, Completed); what
-        happened."""
+        and continued by a run that is Running or already Completed (a killed worker's orphans
+        are waited for one after another: a later one's continuation may have finished by
+        then), or, if it got to its end meanwhile, is Completed itself; what happened."""
         ended = self.stack.api.wait_flow_run(
             flow_run_id,
             ["CRASHED", "COMPLETED"],
@@ -153,7 +156,7 @@ class Soak:
                 "/flow_runs/filter",
                 json={"flow_runs": {"tags": {"all_": [PARENT_TAG + flow_run_id]}}},
             )
-            return found[0] if found and found[0]["state_type"] == "RUNNING" else None
+            return found[0] if found and found[0]["state_type"] in CONTINUING else None
 
         try:
             successor = wait_for(f"the run continuing {flow_run_id}", continued, TRIGGER_WAIT_S)
