@@ -167,12 +167,12 @@ def test_a_sweep_of_four_trials_runs_two_at_a_time_and_halves(alive: Stack) -> N
     assert status[best] == "best"
     assert "data:image/png;base64," in artifact["data"]
 
-    # the best trial and its checkpoint, as an event of the sweep
-    (event,) = [
-        e
-        for e in alive.api.events([f"prefect.flow-run.{done['id']}"])
-        if e["event"] == "whitney.sweep.best"
-    ]
+    # the best trial and its checkpoint, as an event of the sweep (stored on Prefect's clock)
+    def best_events() -> list[dict[str, Any]] | None:
+        events = alive.api.events([f"prefect.flow-run.{done['id']}"])
+        return [e for e in events if e["event"] == "whitney.sweep.best"] or None
+
+    (event,) = wait_for("the sweep's whitney.sweep.best event", best_events, 30)
     best_run = finished_run(alive, trials[best, 1]["id"])
     assert event["payload"]["trial"] == best
     assert set(event["payload"]) == documented_payload("whitney.sweep.best")
