@@ -20,6 +20,7 @@ import pytest
 from .conftest import BLOCK_NAME, Stack
 from .harness import wait_for
 from .test_deployments import assert_nothing_open, finished_run, journal, whitney_runs
+from .test_resume import events_named
 
 SWEEP: dict[str, Any] = {
     "kind": "rl",
@@ -168,11 +169,7 @@ def test_a_sweep_of_four_trials_runs_two_at_a_time_and_halves(alive: Stack) -> N
     assert "data:image/png;base64," in artifact["data"]
 
     # the best trial and its checkpoint, as an event of the sweep (stored on Prefect's clock)
-    def best_events() -> list[dict[str, Any]] | None:
-        events = alive.api.events([f"prefect.flow-run.{done['id']}"])
-        return [e for e in events if e["event"] == "whitney.sweep.best"] or None
-
-    (event,) = wait_for("the sweep's whitney.sweep.best event", best_events, 30)
+    (event,) = events_named(alive, done["id"], "whitney.sweep.best")
     best_run = finished_run(alive, trials[best, 1]["id"])
     assert event["payload"]["trial"] == best
     assert set(event["payload"]) == documented_payload("whitney.sweep.best")
