@@ -778,6 +778,7 @@ class TargetLogprobs(torch.autograd.Function):
         upstream = grad.reshape(-1, 1)
         live = (upstream[:, 0] != 0).nonzero().squeeze(-1)
         kept = ctx.kept
+        scratch = GradientScratch()
         if kept is None:
             grad_hidden = torch.zeros_like(rows)
             for (index,) in row_chunks(SAVED_LOGITS, fixed.shape[0], live):
@@ -788,7 +789,7 @@ class TargetLogprobs(torch.autograd.Function):
                 )
                 for part, target, up in chunks:
                     ctx.check()
-                    logits_gradient(part, target, up, out=part)
+                    scratch.logits_gradient(part, target, up, out=part)
                 grad_hidden[index] = logits @ weight
         else:
             every = len(live) == len(rows)  # every row live: the kept rows in place, not gathered
@@ -797,7 +798,7 @@ class TargetLogprobs(torch.autograd.Function):
                 ctx.check()  # over the kept logits' first rows (live row i >= i is read first)
                 into = kept[done : done + len(index)]
                 logits = into if every else kept[index]
-                logits_gradient(logits, flat[index], upstream[index], out=into)
+                scratch.logits_gradient(logits, flat[index], upstream[index], out=into)
                 done += len(index)
             grad_hidden = at_rows(kept[:done] @ weight, live, rows)
         ctx.kept = None
@@ -814,15 +815,27 @@ def at_rows(values: Tensor, index: Tensor, like: Tensor) -> Tensor:
     return spread
 
 
-def logits_gradient(
-    logits: Tensor, targets: Tensor, grad: Tensor, out: Tensor | None = None
-) -> Tensor:
+class GradientScratch:
     """The gradient to the logits of log_softmax(logits) gathered at `targets`, as autograd
-    computes it: scattered (added into zeros), through log_softmax's backward (row by row);
-    written into `out` if given (`logits` itself may be: they are read before it is written)."""
-    grad_logits = torch.zeros_like(logits).scatter_add_(-1, targets, grad)
-    soft = torch.log_softmax(logits, -1)
-    return torch._log_softmax_backward_data(grad_logits, soft, -1, logits.dtype, out=out)
+    computes it, chunk after chunk of one backward, in two buffers of the first (largest) chunk
+    reused by every chunk: a fresh pair per chunk (16 MB each on SmolLM2) costs its page faults
+    and a zero fill every time."""
+
+    def __init__(self) -> None:
+        self.zeros: Tensor | None = None  # all zeros between calls
+        self.soft: Tensor | None = None
+
+    def logits_gradient(self, logits: Tensor, targets: Tensor, grad: Tensor, out: Tensor) -> Tensor:
+        """Scattered (added into zeros), through log_softmax's backward (row by row), written
+        into `out` (`logits` itself may be: they are read before it is written)."""
+        if self.zeros is None:
+            self.zeros, self.soft = torch.zeros_like(logits), torch.empty_like(logits)
+        zeros, soft = self.zeros[: len(logits)], self.soft[: len(logits)]
+        grad_logits = zeros.scatter_add_(-1, targets, grad)
+        torch._log_softmax(logits, -1, False, out=soft)
+        torch._log_softmax_backward_data(grad_logits, soft, -1, logits.dtype, out=out)
+        zeros.scatter_(-1, targets, 0.0)
+        return out
 
 
 def row_chunks(limit: int, vocab: int, *tensors: Tensor) -> list[tuple[Tensor, ...]]:
