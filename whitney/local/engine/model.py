@@ -715,15 +715,18 @@ class LoraLinear(torch.autograd.Function):
         x2, gy = x.reshape(-1, x.shape[-1]), grad_y.reshape(-1, grad_y.shape[-1])
         a_all, bs = torch.cat(adapters[::2]), adapters[1::2]  # the group's A rows [n r, in]
         parts = gy.split([b.shape[0] for b in bs], dim=1)
-        down = torch.cat([part @ b for part, b in zip(parts, bs, strict=True)], 1).mul_(ctx.scale)
+        # the rank-r products transposed, r the rows of each: BLAS runs [r, rows] @ [rows, out]
+        # several times faster than [out, rows] @ [rows, r] over a column block of gy
+        down_t = torch.cat([b.t() @ part.t() for part, b in zip(parts, bs, strict=True)])
+        down_t.mul_(ctx.scale)  # s [g_1 B_1 | ... | g_n B_n] transposed [n r, rows]
         rank = bs[0].shape[1]
         grad_x = None
         if ctx.needs_input_grad[0]:
-            grad_x = lora_input_gradient(parts, ctx.bases, down, a_all).view(x.shape)
-        grad_as = (down.t() @ x2).split(rank)
+            grad_x = lora_input_gradient(parts, ctx.bases, down_t.t(), a_all).view(x.shape)
+        grad_as = (down_t @ x2).split(rank)
         across = x2 @ a_all.t()  # x A_i^T of every projection of the group [rows, n r]
         grad_bs = [
-            (part.t() @ xa).mul_(ctx.scale)
+            (xa.t() @ part).t().mul_(ctx.scale)
             for part, xa in zip(parts, across.split(rank, 1), strict=True)
         ]
         grads = [g for pair in zip(grad_as, grad_bs, strict=True) for g in pair]
