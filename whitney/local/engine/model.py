@@ -716,7 +716,8 @@ class LoraLinear(torch.autograd.Function):
         a_all, bs = torch.cat(adapters[::2]), adapters[1::2]  # the group's A rows [n r, in]
         parts = gy.split([b.shape[0] for b in bs], dim=1)
         # the rank-r products transposed, r the rows of each: BLAS runs [r, rows] @ [rows, out]
-        # several times faster than [out, rows] @ [rows, r] over a column block of gy
+        # faster than [out, rows] @ [rows, r] over a column block of gy
+        # (docs/measured.md#engine-lora-backward-transposed)
         down_t = torch.cat([b.t() @ part.t() for part, b in zip(parts, bs, strict=True)])
         down_t.mul_(ctx.scale)  # s [g_1 B_1 | ... | g_n B_n] transposed [n r, rows]
         rank = bs[0].shape[1]
